@@ -1,0 +1,116 @@
+//! # colibri-ut: the conformance suite
+//!
+//! One set of tests that every transport of the messaging layer must pass,
+//! generic over a [`Factory`] that makes the transport and hands out
+//! addresses. A transport runs the whole suite with one macro call in a test
+//! file:
+//!
+//! ```ignore
+//! struct MyFactory;
+//! impl colibri_ut::Factory for MyFactory { /* ... */ }
+//! colibri_ut::conformance_tests!(MyFactory);
+//! ```
+//!
+//! which expands into one `#[test]` per case of [`cases`]. Cases that need
+//! an optional capability (multi-message receive buffers, timeouts,
+//! synchronous delivery) test the feature when the transport declares it
+//! and test the clean `Unsupported` refusal when it does not.
+//!
+//! The cases follow the conformance checklist of Motr's net layer:
+//! lifecycle, end points, buffers and queues, descriptors and their abuse,
+//! multi-message receive, cancellation, timeouts, statistics, synchronous
+//! delivery, re-entrant callbacks, and a bounded concurrency stress test
+//! that checks the project's first invariant: every add gets exactly one
+//! final completion, and no data is corrupted.
+
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use colibri_net::Transport;
+
+pub mod cases;
+pub mod harness;
+
+pub use harness::{Node, Rng, pattern};
+
+/// Makes the transport under test and addresses for it.
+pub trait Factory: Send + Sync {
+    /// Name of the transport, for messages.
+    fn name(&self) -> &'static str;
+
+    /// The transport (shared by the domains of one test).
+    fn transport(&self) -> Arc<dyn Transport>;
+
+    /// A fresh address to start a transfer machine at. It may ask the
+    /// transport to pick a port; tests read the real address from the
+    /// started transfer machine.
+    fn addr(&self) -> String;
+
+    /// A valid address at which no transfer machine is started.
+    fn unreachable_addr(&self) -> String;
+
+    /// A string the transport must refuse as an address.
+    fn invalid_addr(&self) -> String {
+        "not an address".to_string()
+    }
+}
+
+/// Expands into one `#[test]` per conformance case, each calling
+/// `colibri_ut::cases::<case>(&factory)`.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:expr) => {
+        $crate::conformance_tests!(@cases $factory;
+            domain_init_fini,
+            tm_init_fini_without_start,
+            start_posts_started_once,
+            start_invalid_address,
+            start_address_in_use,
+            failed_tm_only_finalises,
+            recv_added_before_start,
+            add_needs_started,
+            stop_abort_cancels_everything,
+            stop_without_abort,
+            stop_racing_start,
+            fini_refusals,
+            end_point_identity_and_refs,
+            end_point_addr_recreates,
+            send_holds_end_point_ref,
+            register_limits,
+            add_refusals_return_buffer,
+            message_data_and_shapes,
+            message_to_unreachable,
+            message_without_receive_buffer,
+            message_too_large,
+            bulk_both_directions_with_shapes,
+            passive_descriptor_fresh_per_add,
+            descriptor_corrupt_and_foreign,
+            descriptor_wrong_pairing,
+            descriptor_size_violations,
+            descriptor_wrong_actor,
+            descriptor_forged_cookie,
+            descriptor_stale_after_cancel,
+            multi_message_receive,
+            multi_message_events_serialized,
+            cancel_semantics,
+            cancel_races_completion,
+            timeouts,
+            timeouts_mixed_with_cancel,
+            stats_exact_and_reset,
+            sync_delivery,
+            reentrant_callbacks,
+            data_view_rejects_api_calls,
+            echo_many_round_trips,
+            stress_exactly_once,
+        );
+    };
+    (@cases $factory:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::cases::$name(&$factory);
+            }
+        )*
+    };
+}

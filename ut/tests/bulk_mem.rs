@@ -1,0 +1,43 @@
+//! The conformance suite on the in-memory transport, once with the default
+//! configuration and once with several worker threads per transfer machine
+//! in blocking mode.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use colibri_bulk_mem::{MemConfig, MemTransport};
+use colibri_net::Transport;
+use colibri_ut::Factory;
+
+static NEXT_SERVICE: AtomicU32 = AtomicU32::new(1);
+
+struct Mem(MemConfig);
+
+impl Factory for Mem {
+    fn name(&self) -> &'static str {
+        "mem"
+    }
+    fn transport(&self) -> Arc<dyn Transport> {
+        Arc::new(MemTransport::new(self.0.clone()))
+    }
+    fn addr(&self) -> String {
+        format!("127.0.0.1:0:{}", NEXT_SERVICE.fetch_add(1, Ordering::Relaxed))
+    }
+    fn unreachable_addr(&self) -> String {
+        // Dynamic ports start at 32768 and no test asks for port 1.
+        "127.0.0.1:1:1".to_string()
+    }
+}
+
+mod default_config {
+    use super::*;
+    colibri_ut::conformance_tests!(Mem(MemConfig::default()));
+}
+
+mod pool_blocking {
+    use super::*;
+    colibri_ut::conformance_tests!(Mem(MemConfig {
+        workers: 3,
+        ..MemConfig::blocking()
+    }));
+}
