@@ -36,3 +36,4 @@
 
 pub mod ids;
 pub mod time;
+pub mod wire;
