@@ -35,5 +35,6 @@
 #![forbid(unsafe_code)]
 
 pub mod ids;
+pub mod matching;
 pub mod time;
 pub mod wire;
