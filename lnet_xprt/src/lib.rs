@@ -34,7 +34,9 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod fault;
 pub mod ids;
 pub mod matching;
+pub mod rng;
 pub mod time;
 pub mod wire;
