@@ -37,6 +37,8 @@
 pub mod fault;
 pub mod ids;
 pub mod matching;
+pub mod node;
 pub mod rng;
+pub mod sim;
 pub mod time;
 pub mod wire;
