@@ -34,5 +34,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod discovery;
 pub mod ids;
+pub mod peer;
 pub mod time;
