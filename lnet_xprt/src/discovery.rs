@@ -2536,4 +2536,129 @@ mod tests {
         );
         ok(&d);
     }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        const NIDS: [&str; 6] = [
+            "10.0.0.2@tcp",
+            "192.168.0.2@o2ib",
+            "10.0.0.3@tcp",
+            "10.0.0.4@tcp",
+            "192.168.0.4@o2ib",
+            "10.0.0.5@tcp",
+        ];
+
+        #[derive(Debug, Clone)]
+        enum Ev {
+            Send(usize, bool),
+            Reply(usize, u32, Vec<usize>, bool),
+            Push(usize, u32, Vec<usize>),
+            Ack(usize),
+            PingFail(usize),
+            DlcAdd(usize, Vec<usize>),
+            DlcDel(usize, Vec<usize>),
+            CfgUpdate,
+            Toggle,
+            Discover(usize),
+            Tick(u64),
+        }
+
+        fn ev() -> impl Strategy<Value = Ev> {
+            let i = 0..NIDS.len();
+            let list = proptest::collection::vec(0..NIDS.len(), 0..4);
+            prop_oneof![
+                4 => (i.clone(), any::<bool>()).prop_map(|(i, n)| Ev::Send(i, n)),
+                3 => (i.clone(), 0..8u32, list.clone(), any::<bool>())
+                    .prop_map(|(i, s, l, m)| Ev::Reply(i, s, l, m)),
+                2 => (i.clone(), 0..8u32, list.clone()).prop_map(|(i, s, l)| Ev::Push(i, s, l)),
+                2 => i.clone().prop_map(Ev::Ack),
+                1 => i.clone().prop_map(Ev::PingFail),
+                1 => (i.clone(), list.clone()).prop_map(|(i, l)| Ev::DlcAdd(i, l)),
+                1 => (i.clone(), list).prop_map(|(i, l)| Ev::DlcDel(i, l)),
+                1 => Just(Ev::CfgUpdate),
+                1 => Just(Ev::Toggle),
+                1 => i.prop_map(Ev::Discover),
+                3 => (0..200u64).prop_map(Ev::Tick),
+            ]
+        }
+
+        proptest! {
+            /// Whatever happens, the table and states stay consistent and
+            /// every message handed in comes out exactly once (transmitted or
+            /// failed) or is still parked on a peer being discovered.
+            #[test]
+            fn messages_conserved_and_invariants_hold(evs in proptest::collection::vec(ev(), 1..60)) {
+                let mut d: Discovery<u32> = Discovery::new(DiscoveryConfig::default(), 1);
+                let mut now = Time::from_secs(1);
+                let mut next_msg = 0u32;
+                let mut out: Vec<u32> = Vec::new();
+                let mut seq = 1u32;
+                let me = nid(ME);
+                let collect = |acts: Vec<Action<u32>>, out: &mut Vec<u32>| {
+                    for a in acts {
+                        match a {
+                            Action::Transmit { msg, .. } | Action::Fail { msg, .. } => out.push(msg),
+                            _ => {}
+                        }
+                    }
+                };
+                for e in evs {
+                    let acts = match e {
+                        Ev::Send(i, normal) => {
+                            next_msg += 1;
+                            let class = if normal { SendClass::Normal } else { SendClass::NoDiscovery };
+                            d.handle_send(now, nid(NIDS[i]), next_msg, class)
+                        }
+                        Ev::Reply(i, s, l, mr) => {
+                            let mut names: Vec<&str> = vec![NIDS[i]];
+                            names.extend(l.iter().map(|&j| NIDS[j]));
+                            let inf = if mr { mr_info(s, &names) } else { plain_info(s, &names) };
+                            d.handle_ping_reply(now, nid(NIDS[i]), me, inf)
+                        }
+                        Ev::Push(i, s, l) => {
+                            let mut names: Vec<&str> = vec![NIDS[i]];
+                            names.extend(l.iter().map(|&j| NIDS[j]));
+                            d.handle_push(now, nid(NIDS[i]), mr_info(s, &names))
+                        }
+                        Ev::Ack(i) => d.handle_push_ack(now, nid(NIDS[i])),
+                        Ev::PingFail(i) => d.handle_ping_failure(now, nid(NIDS[i]), PingFailure::SendFailed),
+                        Ev::DlcAdd(i, l) => {
+                            let l: Vec<Nid> = l.iter().map(|&j| nid(NIDS[j])).collect();
+                            let _ = d.dlc_add_peer_nis(now, nid(NIDS[i]), &l, true);
+                            Vec::new()
+                        }
+                        Ev::DlcDel(i, l) => {
+                            let l: Vec<Nid> = l.iter().map(|&j| nid(NIDS[j])).collect();
+                            let _ = d.dlc_del_peer_nis(now, nid(NIDS[i]), &l);
+                            Vec::new()
+                        }
+                        Ev::CfgUpdate => { seq += 1; d.local_ni_config_changed(now, seq) }
+                        Ev::Toggle => {
+                            seq += 1;
+                            let on = !d.config().enabled;
+                            d.set_enabled(now, on, seq)
+                        }
+                        Ev::Discover(i) => { let _ = d.discover(now, nid(NIDS[i]), true); Vec::new() }
+                        Ev::Tick(s) => { now += Duration::from_secs(s); d.handle_timeout(now) }
+                    };
+                    collect(acts, &mut out);
+                    prop_assert_eq!(d.invariant_violation(), None);
+                    let parked: usize = d.peers().peers().map(|p| d.parked_count(p.primary_nid())).sum();
+                    prop_assert_eq!(out.len() + parked, next_msg as usize);
+                }
+                // Draining: after the timeouts pass, nothing stays parked.
+                now += Duration::from_secs(1000);
+                let acts = d.handle_timeout(now);
+                collect(acts, &mut out);
+                now += Duration::from_secs(1000);
+                let acts = d.handle_timeout(now);
+                collect(acts, &mut out);
+                out.sort_unstable();
+                let expect: Vec<u32> = (1..=next_msg).collect();
+                prop_assert_eq!(out, expect);
+            }
+        }
+    }
 }
