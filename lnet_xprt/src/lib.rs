@@ -35,6 +35,7 @@
 #![forbid(unsafe_code)]
 
 pub mod discovery;
+pub mod health;
 pub mod ids;
 pub mod peer;
 pub mod time;
