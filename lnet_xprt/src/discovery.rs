@@ -47,11 +47,9 @@
 //!    harmless.
 //!
 //! ```
-//! use colibri_lnet::discovery::{
-//!     Action, Discovery, DiscoveryConfig, PeerState, PingFeatures, PingInfo, PingNi, SendClass,
-//! };
+//! use colibri_lnet::discovery::{Action, Discovery, DiscoveryConfig, PeerState, SendClass};
 //! use colibri_lnet::ids::Nid;
-//! use colibri_lnet::peer::NiStatus;
+//! use colibri_lnet::wire::{NiStatus, PingFeatures, PingInfo, PingNi};
 //! use colibri_lnet::time::Time;
 //!
 //! let peer: Nid = "10.0.0.2@tcp".parse()?;
@@ -70,11 +68,15 @@
 //! assert!(matches!(actions[0], Action::SendPing { to, .. } if to == peer));
 //!
 //! // The reply says: Multi-Rail, two NIs. We push our NIs and release the message.
+//! let up = |nid| PingNi { nid, status: NiStatus::Up, msg_size: 0 };
 //! let info = PingInfo {
-//!     seq: 7,
-//!     features: PingFeatures::NI_STATUS | PingFeatures::MULTI_RAIL | PingFeatures::DISCOVERY,
+//!     features: PingFeatures::NI_STATUS
+//!         .with(PingFeatures::MULTI_RAIL)
+//!         .with(PingFeatures::DISCOVERY),
 //!     pid: 12345,
-//!     nis: vec![PingNi { nid: peer, status: NiStatus::Up }, PingNi { nid: peer_ib, status: NiStatus::Up }],
+//!     seqno: 7,
+//!     lo_msg_size: 0,
+//!     nis: vec![up(peer), up(peer_ib)],
 //! };
 //! let actions = dd.handle_ping_reply(now, peer, me, info);
 //! assert!(actions.iter().any(|a| matches!(a, Action::SendPush { .. })));
@@ -88,95 +90,12 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
-use crate::ids::{Nid, Pid};
-use crate::peer::{NiStatus, PeerError, PeerId, PeerTable};
+use crate::ids::Nid;
+use crate::peer::{PeerError, PeerId, PeerTable};
 use crate::time::Time;
+use crate::wire::{NiStatus, PingFeatures, PingInfo};
 
 const TARGET: &str = "colibri_lnet::discovery";
-
-/// Ping buffer feature bits (`pi_features`, lnet.md section 1.2).
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct PingFeatures(u32);
-
-impl PingFeatures {
-    /// `LNET_PING_FEAT_BASE`.
-    pub const BASE: Self = Self(0x1);
-    /// `LNET_PING_FEAT_NI_STATUS`: NI statuses are valid (always set).
-    pub const NI_STATUS: Self = Self(0x2);
-    /// `LNET_PING_FEAT_RTE_DISABLED`: routing is disabled on the node.
-    pub const RTE_DISABLED: Self = Self(0x4);
-    /// `LNET_PING_FEAT_MULTI_RAIL`: the node is Multi-Rail capable.
-    pub const MULTI_RAIL: Self = Self(0x8);
-    /// `LNET_PING_FEAT_DISCOVERY`: discovery is enabled on the node.
-    pub const DISCOVERY: Self = Self(0x10);
-    /// `LNET_PING_FEAT_LARGE_ADDR`: large-address NIDs follow.
-    pub const LARGE_ADDR: Self = Self(0x20);
-    /// `LNET_PING_FEAT_PRIMARY_LARGE`: the primary NID is a large one.
-    pub const PRIMARY_LARGE: Self = Self(0x40);
-    /// `LNET_PING_FEAT_METADATA`: metadata entries follow.
-    pub const METADATA: Self = Self(0x80);
-
-    /// Feature set from raw bits (unknown bits are kept).
-    #[must_use]
-    pub const fn from_bits(bits: u32) -> Self {
-        Self(bits)
-    }
-
-    /// The raw bits.
-    #[must_use]
-    pub const fn bits(self) -> u32 {
-        self.0
-    }
-
-    /// Whether every bit of `other` is set.
-    #[must_use]
-    pub const fn contains(self, other: Self) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-impl std::ops::BitOr for PingFeatures {
-    type Output = Self;
-
-    fn bitor(self, rhs: Self) -> Self {
-        Self(self.0 | rhs.0)
-    }
-}
-
-impl fmt::Debug for PingFeatures {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "PingFeatures({:#x})", self.0)
-    }
-}
-
-/// One interface entry of a ping buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PingNi {
-    /// The interface's NID.
-    pub nid: Nid,
-    /// Its advertised status.
-    pub status: NiStatus,
-}
-
-/// The contents of a ping buffer (a ping REPLY or a PUSH), decoded.
-///
-/// This is the plain-Rust view of Lustre's `lnet_ping_info` that discovery
-/// consumes; the wire module encodes and decodes the bytes. The wire's entry
-/// 0 (`0@lo`, whose status field carries the sequence number) is **not** in
-/// [`nis`](Self::nis): it is [`seq`](Self::seq). `nis[0]` is the node's
-/// primary NID, then its other NIs net by net.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PingInfo {
-    /// Ping buffer sequence number (entry 0's status): bumped by the node each
-    /// time its set of NIs or their status changes.
-    pub seq: u32,
-    /// Feature bits.
-    pub features: PingFeatures,
-    /// The process id of the node's LNet (`pi_pid`).
-    pub pid: Pid,
-    /// The node's interfaces, primary first (loopback entry excluded).
-    pub nis: Vec<PingNi>,
-}
 
 /// Why a [`PingInfo`] is not acceptable (`lnet_ping_info_validate`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -201,57 +120,40 @@ pub enum PingInfoError {
     NotMultiRail,
 }
 
-impl PingInfo {
-    /// The node's primary NID (`nis[0]`).
-    #[must_use]
-    pub fn primary_nid(&self) -> Option<Nid> {
-        self.nis.first().map(|n| n.nid)
+/// Checks what discovery relies on beyond what the wire decoder already
+/// checked (`lnet_ping_info_validate`): `NI_STATUS` set, at least one NI
+/// besides loopback, no loopback or ANY entry.
+///
+/// # Errors
+/// The first problem found.
+pub fn validate_ping_info(info: &PingInfo) -> Result<(), PingInfoError> {
+    if !info.features.contains(PingFeatures::NI_STATUS) {
+        return Err(PingInfoError::NoNiStatus);
     }
+    if info.nis.is_empty() {
+        return Err(PingInfoError::Empty);
+    }
+    if let Some((index, ni)) = info
+        .nis
+        .iter()
+        .enumerate()
+        .find(|(_, ni)| ni.nid.is_any() || ni.nid.is_lo())
+    {
+        return Err(PingInfoError::BadNid { index, nid: ni.nid });
+    }
+    Ok(())
+}
 
-    /// Whether the node is Multi-Rail capable.
-    #[must_use]
-    pub const fn is_multi_rail(&self) -> bool {
-        self.features.contains(PingFeatures::MULTI_RAIL)
-    }
+fn merge_data(info: &PingInfo) -> Vec<(Nid, NiStatus)> {
+    info.nis.iter().map(|n| (n.nid, n.status)).collect()
+}
 
-    /// Whether the node has discovery enabled.
-    #[must_use]
-    pub const fn discovery_enabled(&self) -> bool {
-        self.features.contains(PingFeatures::DISCOVERY)
-    }
+const fn is_multi_rail(info: &PingInfo) -> bool {
+    info.features.contains(PingFeatures::MULTI_RAIL)
+}
 
-    /// Whether the node routes (no `RTE_DISABLED` bit).
-    #[must_use]
-    pub const fn routing_enabled(&self) -> bool {
-        !self.features.contains(PingFeatures::RTE_DISABLED)
-    }
-
-    /// Checks what discovery relies on: `NI_STATUS` set, at least one NI, no
-    /// loopback or ANY entry.
-    ///
-    /// # Errors
-    /// The first problem found.
-    pub fn validate(&self) -> Result<(), PingInfoError> {
-        if !self.features.contains(PingFeatures::NI_STATUS) {
-            return Err(PingInfoError::NoNiStatus);
-        }
-        if self.nis.is_empty() {
-            return Err(PingInfoError::Empty);
-        }
-        if let Some((index, ni)) = self
-            .nis
-            .iter()
-            .enumerate()
-            .find(|(_, ni)| ni.nid.is_any() || ni.nid.is_lo())
-        {
-            return Err(PingInfoError::BadNid { index, nid: ni.nid });
-        }
-        Ok(())
-    }
-
-    fn merge_data(&self) -> Vec<(Nid, NiStatus)> {
-        self.nis.iter().map(|n| (n.nid, n.status)).collect()
-    }
+const fn has_discovery(info: &PingInfo) -> bool {
+    info.features.contains(PingFeatures::DISCOVERY)
 }
 
 /// Discovery parameters.
@@ -897,7 +799,7 @@ impl<M> Discovery<M> {
             return Vec::new();
         }
         let mut out = Vec::new();
-        if let Err(error) = info.validate() {
+        if let Err(error) = validate_ping_info(&info) {
             self.stats.invalid_ping_info += 1;
             tracing::warn!(target: TARGET, %from, %error, "invalid ping reply");
             self.discovery_failed(
@@ -908,7 +810,7 @@ impl<M> Discovery<M> {
             return out;
         }
         if let Some(d) = self.disc.get_mut(&id) {
-            d.peer_seq = Some(info.seq);
+            d.peer_seq = Some(info.seqno);
             d.deadline = None;
             d.discovered = self.config.enabled;
             d.last_error = None;
@@ -936,11 +838,11 @@ impl<M> Discovery<M> {
         };
         let configured = peer.is_configured();
         let was_mr = peer.is_multi_rail();
-        let no_discovery = !self.config.enabled || !info.discovery_enabled();
+        let no_discovery = !self.config.enabled || !has_discovery(info);
         let multi_rail = if configured {
             was_mr
         } else {
-            self.config.enabled && info.discovery_enabled() && info.is_multi_rail()
+            self.config.enabled && has_discovery(info) && is_multi_rail(info)
         };
         if was_mr && !multi_rail && !configured {
             // Lustre marks such a peer for deletion and re-creates it as a
@@ -961,7 +863,7 @@ impl<M> Discovery<M> {
             tracing::error!(target: TARGET, peer = %id, %e, "cannot set peer flags");
         }
         let may_change = self.config.enabled && multi_rail && !no_discovery;
-        let report = match self.table.merge(id, &info.merge_data(), may_change) {
+        let report = match self.table.merge(id, &merge_data(info), may_change) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(target: TARGET, peer = %id, %e, "merge failed");
@@ -972,7 +874,7 @@ impl<M> Discovery<M> {
             tracing::warn!(target: TARGET, peer = %id, %nid, %e, "NID from ping data not taken");
         }
         for &(nid, old, new) in &report.status_changes {
-            if new != NiStatus::Unknown {
+            if new != NiStatus::Invalid {
                 out.push(Action::PeerNiStatus { nid, old, new });
             }
         }
@@ -1065,8 +967,8 @@ impl<M> Discovery<M> {
             }
             PeerState::Init | PeerState::PushSent | PeerState::Active => {}
         }
-        let valid = info.validate().and_then(|()| {
-            if info.is_multi_rail() {
+        let valid = validate_ping_info(&info).and_then(|()| {
+            if is_multi_rail(&info) {
                 Ok(())
             } else {
                 Err(PingInfoError::NotMultiRail)
@@ -1080,9 +982,9 @@ impl<M> Discovery<M> {
         let id = match self.table.peer_id_of(from) {
             Some(id) => {
                 let last = self.disc.get(&id).and_then(|d| d.peer_seq);
-                if last.is_some_and(|last| info.seq <= last) {
+                if last.is_some_and(|last| info.seqno <= last) {
                     self.stats.stale_pushes += 1;
-                    tracing::debug!(target: TARGET, %from, seq = info.seq, ?last, "stale push ignored");
+                    tracing::debug!(target: TARGET, %from, seq = info.seqno, ?last, "stale push ignored");
                     return out;
                 }
                 id
@@ -1096,7 +998,7 @@ impl<M> Discovery<M> {
             },
         };
         if let Some(d) = self.disc.get_mut(&id) {
-            d.peer_seq = Some(info.seq);
+            d.peer_seq = Some(info.seqno);
             if state == PeerState::Init {
                 d.discovered = self.config.enabled;
             }
@@ -1414,6 +1316,7 @@ impl<M> Discovery<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::PingNi;
 
     type Dd = Discovery<u32>;
 
@@ -1432,14 +1335,16 @@ mod tests {
 
     fn info(seq: u32, features: PingFeatures, nids: &[&str]) -> PingInfo {
         PingInfo {
-            seq,
             features,
             pid: 12345,
+            seqno: seq,
+            lo_msg_size: 0,
             nis: nids
                 .iter()
                 .map(|s| PingNi {
                     nid: nid(s),
                     status: NiStatus::Up,
+                    msg_size: 0,
                 })
                 .collect(),
         }
@@ -1447,9 +1352,9 @@ mod tests {
 
     fn mr_features() -> PingFeatures {
         PingFeatures::BASE
-            | PingFeatures::NI_STATUS
-            | PingFeatures::MULTI_RAIL
-            | PingFeatures::DISCOVERY
+            .with(PingFeatures::NI_STATUS)
+            .with(PingFeatures::MULTI_RAIL)
+            .with(PingFeatures::DISCOVERY)
     }
 
     fn mr_info(seq: u32, nids: &[&str]) -> PingInfo {
@@ -1459,7 +1364,9 @@ mod tests {
     fn plain_info(seq: u32, nids: &[&str]) -> PingInfo {
         info(
             seq,
-            PingFeatures::BASE | PingFeatures::NI_STATUS | PingFeatures::DISCOVERY,
+            PingFeatures::BASE
+                .with(PingFeatures::NI_STATUS)
+                .with(PingFeatures::DISCOVERY),
             nids,
         )
     }
@@ -1489,7 +1396,7 @@ mod tests {
     fn up(s: &str) -> Action<u32> {
         Action::PeerNiStatus {
             nid: nid(s),
-            old: NiStatus::Unknown,
+            old: NiStatus::Invalid,
             new: NiStatus::Up,
         }
     }
@@ -2409,7 +2316,7 @@ mod tests {
         assert!(matches!(a[0], Action::SendPush { .. }));
         assert!(a.contains(&Action::PeerNiStatus {
             nid: nid(A),
-            old: NiStatus::Unknown,
+            old: NiStatus::Invalid,
             new: NiStatus::Down
         }));
         ok(&d);

@@ -39,6 +39,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use crate::fault::HealthError as FaultHealthError;
 use crate::ids::Nid;
 use crate::time::Time;
 
@@ -60,10 +61,10 @@ impl Health {
     /// A health value.
     ///
     /// # Errors
-    /// [`HealthError::OutOfRange`] above 1000.
-    pub const fn new(value: u32) -> Result<Self, HealthError> {
+    /// [`HealthParamError::OutOfRange`] above 1000.
+    pub const fn new(value: u32) -> Result<Self, HealthParamError> {
         if value > MAX_HEALTH {
-            Err(HealthError::OutOfRange(value))
+            Err(HealthParamError::OutOfRange(value))
         } else {
             Ok(Self(value))
         }
@@ -110,7 +111,7 @@ impl fmt::Display for Health {
 /// Invalid health values or parameters.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum HealthError {
+pub enum HealthParamError {
     /// A health value above 1000.
     #[error("health value {0} is above 1000")]
     OutOfRange(u32),
@@ -171,25 +172,25 @@ impl HealthConfig {
     ///
     /// # Errors
     /// The first rule broken.
-    pub fn validate(&self) -> Result<(), HealthError> {
+    pub fn validate(&self) -> Result<(), HealthParamError> {
         if self.sensitivity > MAX_HEALTH {
-            return Err(HealthError::Sensitivity(self.sensitivity));
+            return Err(HealthParamError::Sensitivity(self.sensitivity));
         }
         let tt = self.transaction_timeout.as_secs();
         if tt == 0 {
-            return Err(HealthError::TransactionTimeout);
+            return Err(HealthParamError::TransactionTimeout);
         }
         if u64::from(self.retry_count) >= tt {
-            return Err(HealthError::RetryCount {
+            return Err(HealthParamError::RetryCount {
                 retry_count: self.retry_count,
                 timeout_secs: tt,
             });
         }
         if self.sensitivity == 0 && self.retry_count > 0 {
-            return Err(HealthError::RetryWithoutHealth);
+            return Err(HealthParamError::RetryWithoutHealth);
         }
         if self.max_recovery_ping_interval.as_secs() == 0 {
-            return Err(HealthError::RecoveryInterval);
+            return Err(HealthParamError::RecoveryInterval);
         }
         Ok(())
     }
@@ -306,35 +307,23 @@ impl HealthStatus {
             resend,
         }
     }
+}
 
-    /// The bit for this status in a fault rule's health-error mask
-    /// (`LNET_HEALTH_STATUS_*` as mask bits, lnet.md 8); `Ok` has none.
-    #[must_use]
-    pub const fn fault_bit(self) -> u32 {
-        match self {
-            Self::Ok => 0,
-            Self::LocalInterrupt => 1 << 1,
-            Self::LocalDropped => 1 << 2,
-            Self::LocalAborted => 1 << 3,
-            Self::LocalNoRoute => 1 << 4,
-            Self::LocalError => 1 << 5,
-            Self::LocalTimeout => 1 << 6,
-            Self::RemoteError => 1 << 7,
-            Self::RemoteDropped => 1 << 8,
-            Self::RemoteTimeout => 1 << 9,
-            Self::NetworkTimeout => 1 << 10,
+impl From<FaultHealthError> for HealthStatus {
+    /// The status a fault rule's simulated health error produces.
+    fn from(e: FaultHealthError) -> Self {
+        match e {
+            FaultHealthError::LocalInterrupt => Self::LocalInterrupt,
+            FaultHealthError::LocalDropped => Self::LocalDropped,
+            FaultHealthError::LocalAborted => Self::LocalAborted,
+            FaultHealthError::LocalNoRoute => Self::LocalNoRoute,
+            FaultHealthError::LocalError => Self::LocalError,
+            FaultHealthError::LocalTimeout => Self::LocalTimeout,
+            FaultHealthError::RemoteError => Self::RemoteError,
+            FaultHealthError::RemoteDropped => Self::RemoteDropped,
+            FaultHealthError::RemoteTimeout => Self::RemoteTimeout,
+            FaultHealthError::NetworkTimeout => Self::NetworkTimeout,
         }
-    }
-
-    /// The failure statuses whose bits are set in `mask`, in declaration
-    /// order (`0xffff_ffff` selects them all).
-    #[must_use]
-    pub fn from_fault_mask(mask: u32) -> Vec<Self> {
-        Self::ALL
-            .iter()
-            .copied()
-            .filter(|s| s.fault_bit() != 0 && mask & s.fault_bit() != 0)
-            .collect()
     }
 }
 
@@ -496,7 +485,7 @@ impl HealthMonitor {
     ///
     /// # Errors
     /// `config` fails [`HealthConfig::validate`].
-    pub fn new(config: HealthConfig) -> Result<Self, HealthError> {
+    pub fn new(config: HealthConfig) -> Result<Self, HealthParamError> {
         config.validate()?;
         Ok(Self {
             config,
@@ -836,7 +825,7 @@ mod tests {
         assert_eq!(Health::new(950).unwrap().increased(100), Health::MAX);
         assert_eq!(Health::new(50).unwrap().decreased(100), Health::ZERO);
         assert_eq!(Health::new(500).unwrap().decreased(100).value(), 400);
-        assert_eq!(Health::new(1001), Err(HealthError::OutOfRange(1001)));
+        assert_eq!(Health::new(1001), Err(HealthParamError::OutOfRange(1001)));
         assert_eq!(Health::default(), Health::MAX);
     }
 
@@ -862,7 +851,7 @@ mod tests {
                 ..c
             }
             .validate(),
-            Err(HealthError::RetryWithoutHealth)
+            Err(HealthParamError::RetryWithoutHealth)
         );
         assert_eq!(
             HealthConfig {
@@ -879,7 +868,7 @@ mod tests {
                 ..c
             }
             .validate(),
-            Err(HealthError::Sensitivity(1001))
+            Err(HealthParamError::Sensitivity(1001))
         );
         assert!(matches!(
             HealthConfig {
@@ -888,7 +877,7 @@ mod tests {
                 ..c
             }
             .validate(),
-            Err(HealthError::RetryCount { .. })
+            Err(HealthParamError::RetryCount { .. })
         ));
         assert!(
             HealthMonitor::new(HealthConfig {
@@ -931,15 +920,11 @@ mod tests {
     }
 
     #[test]
-    fn fault_bits_round_trip() {
-        assert_eq!(HealthStatus::from_fault_mask(0), vec![]);
-        assert_eq!(HealthStatus::from_fault_mask(0xffff_ffff).len(), 10);
-        assert_eq!(
-            HealthStatus::from_fault_mask(1 << 8 | 1 << 2),
-            vec![HealthStatus::LocalDropped, HealthStatus::RemoteDropped]
-        );
-        for s in HealthStatus::ALL.iter().skip(1) {
-            assert_eq!(HealthStatus::from_fault_mask(s.fault_bit()), vec![*s]);
+    fn fault_errors_map_to_statuses() {
+        for e in FaultHealthError::ALL {
+            let s = HealthStatus::from(e);
+            assert_ne!(s, HealthStatus::Ok);
+            assert_eq!(format!("{e:?}"), format!("{s:?}"));
         }
     }
 

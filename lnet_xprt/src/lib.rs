@@ -35,7 +35,11 @@
 #![forbid(unsafe_code)]
 
 pub mod discovery;
+pub mod fault;
 pub mod health;
 pub mod ids;
+pub mod matching;
 pub mod peer;
+pub mod rng;
 pub mod time;
+pub mod wire;

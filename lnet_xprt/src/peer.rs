@@ -29,6 +29,7 @@
 use std::collections::BTreeMap;
 
 use crate::ids::{Net, Nid};
+use crate::wire::NiStatus;
 
 /// A stable handle naming one peer of a [`PeerTable`].
 ///
@@ -49,20 +50,6 @@ impl std::fmt::Display for PeerId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "peer#{}", self.0)
     }
-}
-
-/// The status a peer advertises for one of its interfaces in its ping buffer
-/// (`lnet_ni_status.ns_status`, lnet.md section 1.2).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum NiStatus {
-    /// Not reported (wire value `0`, `LNET_NI_STATUS_INVALID`), or not yet
-    /// learnt: NIs added by DLC or by traffic start here.
-    #[default]
-    Unknown,
-    /// The interface is up (wire value `0x15aac0de`).
-    Up,
-    /// The interface is down (wire value `0xdeadface`).
-    Down,
 }
 
 /// Errors of peer table operations and of the DLC (configuration) calls of
@@ -412,7 +399,7 @@ impl PeerTable {
         Ok(self.nis.entry(nid).or_insert_with(|| PeerNi {
             nid,
             peer: None,
-            status: NiStatus::Unknown,
+            status: NiStatus::Invalid,
             configured: false,
         }))
     }
@@ -1094,7 +1081,7 @@ mod tests {
         assert!(t.ni(nid("10.0.0.9@tcp")).is_none());
         assert_eq!(
             r.status_changes,
-            vec![(nid("10.0.0.8@tcp"), NiStatus::Unknown, NiStatus::Down)]
+            vec![(nid("10.0.0.8@tcp"), NiStatus::Invalid, NiStatus::Down)]
         );
     }
 
