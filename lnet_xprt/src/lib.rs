@@ -34,10 +34,13 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod discovery;
 pub mod fault;
+pub mod health;
 pub mod ids;
 pub mod matching;
 pub mod node;
+pub mod peer;
 pub mod rng;
 pub mod sim;
 pub mod time;
