@@ -36,9 +36,16 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
+use crate::discovery::{
+    Action, Discovery, DiscoveryConfig, DiscoveryError, PingFailure, SendClass,
+};
 use crate::fault::{
     DelayRuleSpec, DropRuleSpec, FaultError, FaultInjector, FaultMsg, HealthError, RecvVerdict,
     RuleId, SendVerdict,
+};
+use crate::health::{
+    Completion, Direction, HealthConfig, HealthMonitor, HealthParamError, HealthStatus,
+    LocalStatusChange, NiSide, RecoveryPing, Verdict,
 };
 use crate::ids::{LNET_PID_LUSTRE, Net, Nid, Pid, ProcessId};
 use crate::matching::{
@@ -46,6 +53,7 @@ use crate::matching::{
     MatchTable, Matched, MdHandle, MdOptions, MdSpec, MeHandle, MeSpec, Op, OpError, ResponseMatch,
     Threshold, Unlink,
 };
+use crate::peer::PeerError;
 use crate::time::Time;
 use crate::wire::{
     Body, Header, LNET_MTU, Message, MsgType, NiStatus, PING_ENTRY_LEN, PING_HEADER_LEN,
@@ -69,6 +77,12 @@ pub enum NodeError {
     /// Fault rule misuse.
     #[error(transparent)]
     Fault(#[from] FaultError),
+    /// Invalid health parameters.
+    #[error(transparent)]
+    Health(#[from] HealthParamError),
+    /// Peer table / DLC error (e.g. `Busy` while the peer is being discovered).
+    #[error(transparent)]
+    Peer(#[from] PeerError),
     /// The NID is not one of this node's NIs.
     #[error("{0} is not a local NI")]
     NoSuchNi(Nid),
@@ -237,9 +251,10 @@ enum Role {
     Forward,
 }
 
-/// A message on the send path.
+/// A message on the send path (opaque; parked by discovery, queued for
+/// credits, or in flight).
 #[derive(Clone, Debug)]
-struct OutMsg {
+pub struct OutMsg {
     header: Header,
     payload: Vec<u8>,
     role: Role,
@@ -255,6 +270,35 @@ struct OutMsg {
     deadline: Time,
     /// Path chosen for the current attempt: (local NI, next hop).
     path: Option<(Nid, Nid)>,
+    /// Send through the LND even to a local NID (local recovery pings).
+    via_lnd: bool,
+    /// Never resend (recovery pings).
+    no_resend: bool,
+}
+
+impl OutMsg {
+    /// The message's final destination.
+    #[must_use]
+    pub fn dest(&self) -> Nid {
+        self.header.dest_nid
+    }
+
+    /// The message type.
+    #[must_use]
+    pub fn msg_type(&self) -> MsgType {
+        self.header.msg_type()
+    }
+
+    fn discovery_class(&self) -> SendClass {
+        // lnet_msg_discovery: only PUT/GET requests on non-reserved portals
+        // discover; responses, LNet's own traffic and forwarded messages never do.
+        match self.role {
+            Role::Request { .. } if self.header.body.portal() != Some(RESERVED_PORTAL) => {
+                SendClass::Normal
+            }
+            _ => SendClass::NoDiscovery,
+        }
+    }
 }
 
 /// A received message, kept while delayed (fault rules, lazy portal).
@@ -266,6 +310,17 @@ pub struct RxMsg {
     from: Nid,
 }
 
+/// Why LNet pinged someone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PingPurpose {
+    /// `Node::ping` (`lnetctl ping`).
+    User,
+    /// Discovery of a peer.
+    Discovery,
+    /// Health recovery of a local NI or a peer NI.
+    Recovery(NiSide),
+}
+
 /// Internal MDs used by LNet itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum InternalMd {
@@ -274,6 +329,7 @@ enum InternalMd {
     /// Sink of a ping we sent to `to`.
     PingSink {
         to: Nid,
+        purpose: PingPurpose,
     },
     /// Source of a push to `to` with our sequence `seq`.
     PushSource {
@@ -289,6 +345,8 @@ struct Tracker {
     kind: EventKind,
     deadline: Time,
     info: EventInfo,
+    /// Next hop the request went to (health blame on timeout).
+    next_hop: Option<Nid>,
 }
 
 /// What a ping returned ([`Node::poll_ping_result`]).
@@ -336,6 +394,10 @@ pub struct Node {
     pushes_received: VecDeque<(Nid, PingInfo)>,
     ping_results: VecDeque<PingResult>,
     pending_delayed: Vec<DelayedOutcome<RxMsg>>,
+    disc: Discovery<OutMsg>,
+    health: HealthMonitor,
+    /// The local NI of the message being received (for internal events).
+    rx_ni: Option<Nid>,
     stats: NodeStats,
 }
 
@@ -357,6 +419,13 @@ fn event_info(kind: EventKind) -> EventInfo {
     }
 }
 
+/// Whether two NIDs belong to the same peer (ME NID rule of lnet.md 2.2).
+fn same_peer(peers: &crate::peer::PeerTable, a: Nid, b: Nid) -> bool {
+    peers
+        .peer_id_of(a)
+        .is_some_and(|pa| peers.peer_id_of(b) == Some(pa))
+}
+
 fn health_to_op_error(h: HealthError) -> OpError {
     match h {
         HealthError::LocalNoRoute | HealthError::RemoteError => OpError::Unreachable,
@@ -374,7 +443,24 @@ impl Node {
     /// # Errors
     /// Duplicate or invalid NIs.
     pub fn new(cfg: NodeConfig) -> Result<Self, NodeError> {
+        let health = HealthMonitor::new(HealthConfig {
+            sensitivity: cfg.health_sensitivity,
+            retry_count: cfg.retry_count,
+            transaction_timeout: cfg.transaction_timeout,
+            ..HealthConfig::default()
+        })?;
+        let disc = Discovery::new(
+            DiscoveryConfig {
+                enabled: cfg.discovery,
+                ping_timeout: cfg.transaction_timeout,
+                push_timeout: cfg.transaction_timeout,
+            },
+            1,
+        );
         let mut node = Self {
+            disc,
+            health,
+            rx_ni: None,
             faults: FaultInjector::new(cfg.seed ^ 0xfa17),
             table: MatchTable::new(cfg.interface_cookie),
             nis: Vec::new(),
@@ -417,6 +503,7 @@ impl Node {
         if self.nis.iter().any(|n| n.cfg.nid == ni.nid) {
             return Err(NodeError::DuplicateNi(ni.nid));
         }
+        self.health.add_local_ni(ni.nid);
         self.nis.push(LocalNi {
             cfg: ni,
             status: NiStatus::Up,
@@ -595,11 +682,14 @@ impl Node {
             .ok_or(NodeError::NoSuchNi(nid))?;
         self.nis.remove(idx);
         self.cfg.nis.retain(|n| n.nid != nid);
+        self.health.remove_local_ni(nid);
         self.local_config_changed(now)
     }
 
     fn local_config_changed(&mut self, now: Time) -> Result<(), NodeError> {
         self.post_ping_target()?;
+        let actions = self.disc.local_ni_config_changed(now, self.ping_seq);
+        self.run_actions(now, actions);
         self.after_input(now);
         Ok(())
     }
@@ -819,7 +909,9 @@ impl Node {
     /// # Errors
     /// Invalid target.
     pub fn ping(&mut self, now: Time, nid: Nid) -> Result<(), NodeError> {
-        self.send_ping(now, nid, INTERFACES_FOR_PING)
+        self.send_ping(now, nid, INTERFACES_FOR_PING, PingPurpose::User)?;
+        self.after_input(now);
+        Ok(())
     }
 
     /// The next completed ping.
@@ -832,17 +924,24 @@ impl Node {
         self.pushes_received.pop_front()
     }
 
-    fn send_ping(&mut self, now: Time, nid: Nid, max_nis: u32) -> Result<(), NodeError> {
+    fn send_ping(
+        &mut self,
+        now: Time,
+        nid: Nid,
+        max_nis: u32,
+        purpose: PingPurpose,
+    ) -> Result<(), NodeError> {
         if nid.is_any() {
             return Err(NodeError::Invalid("ping target"));
         }
-        let size = PING_HEADER_LEN + PING_ENTRY_LEN * max_nis as usize;
+        let size = (PING_HEADER_LEN + PING_ENTRY_LEN * max_nis as usize).max(PING_INFO_MIN_SIZE);
         let md = self.table.md_bind(
-            MdSpec::new(vec![0; size.max(PING_INFO_MIN_SIZE)], MdOptions::TRUNCATE)
+            MdSpec::new(vec![0; size], MdOptions::TRUNCATE)
                 .threshold(Threshold::Count(2))
                 .unlink(Unlink::Unlink),
         )?;
-        self.internal.insert(md, InternalMd::PingSink { to: nid });
+        self.internal
+            .insert(md, InternalMd::PingSink { to: nid, purpose });
         let target = ProcessId::lustre(nid);
         self.table.commit_bound(md)?;
         let header = Header {
@@ -856,7 +955,7 @@ impl Node {
                 match_bits: PING_MATCHBITS,
                 ptl_index: RESERVED_PORTAL,
                 src_offset: 0,
-                sink_length: u32::try_from(size.max(PING_INFO_MIN_SIZE)).unwrap_or(LNET_MTU),
+                sink_length: u32::try_from(size).unwrap_or(LNET_MTU),
             },
         };
         self.track(
@@ -867,7 +966,17 @@ impl Node {
             RESERVED_PORTAL,
             PING_MATCHBITS,
         );
-        self.start_request(now, header, Vec::new(), md, target);
+        let mut msg = self.request(now, header, Vec::new(), md, target);
+        if let PingPurpose::Recovery(side) = purpose {
+            // Recovery pings use exactly this NID, are never resent, and a
+            // local NI is pinged through itself (lnet.md 7.3).
+            msg.no_resend = true;
+            if side == NiSide::Local {
+                msg.via_lnd = true;
+                msg.src_nid = Some(nid);
+            }
+        }
+        self.launch(now, msg);
         Ok(())
     }
 
@@ -876,6 +985,12 @@ impl Node {
     /// # Errors
     /// Invalid target.
     pub fn push(&mut self, now: Time, nid: Nid) -> Result<(), NodeError> {
+        self.send_push(now, nid, None)?;
+        self.after_input(now);
+        Ok(())
+    }
+
+    fn send_push(&mut self, now: Time, nid: Nid, from: Option<Nid>) -> Result<(), NodeError> {
         if nid.is_any() {
             return Err(NodeError::Invalid("push target"));
         }
@@ -892,18 +1007,151 @@ impl Node {
                 seq: info.seqno,
             },
         );
-        self.put(
+        self.table.commit_bound(md)?;
+        let target = ProcessId::lustre(nid);
+        let payload = info.encode();
+        let header = Header {
+            dest_nid: nid,
+            src_nid: Nid::ANY,
+            dest_pid: LNET_PID_LUSTRE,
+            src_pid: self.cfg.pid,
+            payload_length: u32::try_from(payload.len()).unwrap_or(LNET_MTU),
+            body: Body::Put {
+                ack_wmd: self.table.wire_handle(md),
+                match_bits: PING_MATCHBITS,
+                hdr_data: 0,
+                ptl_index: RESERVED_PORTAL,
+                offset: 0,
+            },
+        };
+        self.track(
             now,
             md,
-            true,
-            ProcessId::lustre(nid),
+            EventKind::Ack,
+            target,
             RESERVED_PORTAL,
             PING_MATCHBITS,
-            0,
-            0,
-        )?;
+        );
+        let mut msg = self.request(now, header, payload, md, target);
+        msg.src_nid = from.filter(|f| self.is_local_nid(*f));
         self.stats.push_sent += 1;
+        self.launch(now, msg);
         Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Peers and discovery (DLC)
+
+    /// The discovery state machine and its peer tables.
+    #[must_use]
+    pub fn discovery(&self) -> &Discovery<OutMsg> {
+        &self.disc
+    }
+
+    /// The health of every local NI and peer NI.
+    #[must_use]
+    pub fn health(&self) -> &HealthMonitor {
+        &self.health
+    }
+
+    /// `lnetctl peer add --prim_nid primary --nid nids…`.
+    ///
+    /// # Errors
+    /// As [`Discovery::dlc_add_peer_nis`] (`Busy` during discovery, NID in use, …).
+    pub fn dlc_add_peer(
+        &mut self,
+        now: Time,
+        primary: Nid,
+        nids: &[Nid],
+        multi_rail: bool,
+    ) -> Result<(), NodeError> {
+        self.disc.dlc_add_peer_nis(now, primary, nids, multi_rail)?;
+        self.after_input(now);
+        Ok(())
+    }
+
+    /// `lnetctl peer del --prim_nid primary --nid nids…`.
+    ///
+    /// # Errors
+    /// As [`Discovery::dlc_del_peer_nis`].
+    pub fn dlc_del_peer(&mut self, now: Time, primary: Nid, nids: &[Nid]) -> Result<(), NodeError> {
+        self.disc.dlc_del_peer_nis(now, primary, nids)?;
+        self.after_input(now);
+        Ok(())
+    }
+
+    /// `lnetctl discover nid` (non-blocking here: the result shows in the
+    /// peer's discovery state).
+    ///
+    /// # Errors
+    /// As [`Discovery::discover`].
+    pub fn discover(&mut self, now: Time, nid: Nid, force: bool) -> Result<(), NodeError> {
+        self.disc.discover(now, nid, force)?;
+        let actions = self.disc.process_queue(now);
+        self.run_actions(now, actions);
+        self.after_input(now);
+        Ok(())
+    }
+
+    /// `lnetctl set discovery 0|1`.
+    pub fn set_discovery(&mut self, now: Time, on: bool) -> Result<(), NodeError> {
+        self.cfg.discovery = on;
+        self.post_ping_target()?;
+        let actions = self.disc.set_enabled(now, on, self.ping_seq);
+        self.run_actions(now, actions);
+        self.after_input(now);
+        Ok(())
+    }
+
+    /// Carries out what discovery asked for.
+    fn run_actions(&mut self, now: Time, actions: Vec<Action<OutMsg>>) {
+        for a in actions {
+            match a {
+                Action::Transmit { msg, .. } => self.route_and_post(now, msg),
+                Action::Fail { msg, error, .. } => {
+                    let e = match error {
+                        DiscoveryError::PingTimeout(_) => OpError::TimedOut,
+                        DiscoveryError::InvalidReply { .. } => OpError::Protocol,
+                        _ => OpError::Unreachable,
+                    };
+                    tracing::debug!(target: "colibri_lnet::node", %error, "parked message failed");
+                    self.fail_msg(now, msg, e);
+                }
+                Action::SendPing { to, max_nis, .. } => {
+                    if let Err(e) = self.send_ping(now, to, max_nis, PingPurpose::Discovery) {
+                        tracing::warn!(target: "colibri_lnet::node", %to, error = %e, "cannot send discovery ping");
+                        let more = self
+                            .disc
+                            .handle_ping_failure(now, to, PingFailure::SendFailed);
+                        self.run_actions(now, more);
+                    }
+                }
+                Action::SendPush { to, from, .. } => {
+                    if let Err(e) = self.send_push(now, to, from) {
+                        tracing::warn!(target: "colibri_lnet::node", %to, error = %e, "cannot send push");
+                        let more = self.disc.handle_push_failure(now, to);
+                        self.run_actions(now, more);
+                    }
+                }
+                Action::PeerNiStatus { nid, old, new } => {
+                    // An interface the peer now reports DOWN counts as a
+                    // remote failure (lnet.md 3.7).
+                    if old == NiStatus::Up && new == NiStatus::Down {
+                        let h = self.health.peer_health(nid);
+                        let v = self.health.set_health(
+                            now,
+                            NiSide::Peer,
+                            nid,
+                            h.decreased(self.cfg.health_sensitivity),
+                        );
+                        self.apply_verdict(now, v);
+                    }
+                }
+                Action::PeersMerged { into, absorbed } => {
+                    tracing::info!(target: "colibri_lnet::node", %into, %absorbed, "peers merged");
+                }
+            }
+        }
     }
 
     fn check_target(&self, target: ProcessId, portal: u32) -> Result<(), NodeError> {
@@ -938,6 +1186,7 @@ impl Node {
                 kind,
                 deadline: now + self.cfg.transaction_timeout,
                 info,
+                next_hop: None,
             },
         );
     }
@@ -951,15 +1200,15 @@ impl Node {
         self.trackers.remove(&key)
     }
 
-    fn start_request(
-        &mut self,
+    fn request(
+        &self,
         now: Time,
         header: Header,
         payload: Vec<u8>,
         md: MdHandle,
         target: ProcessId,
-    ) {
-        let msg = OutMsg {
+    ) -> OutMsg {
+        OutMsg {
             header,
             payload,
             role: Role::Request { md },
@@ -969,7 +1218,20 @@ impl Node {
             retries: 0,
             deadline: now + self.cfg.transaction_timeout,
             path: None,
-        };
+            via_lnd: false,
+            no_resend: false,
+        }
+    }
+
+    fn start_request(
+        &mut self,
+        now: Time,
+        header: Header,
+        payload: Vec<u8>,
+        md: MdHandle,
+        target: ProcessId,
+    ) {
+        let msg = self.request(now, header, payload, md, target);
         self.launch(now, msg);
         self.after_input(now);
     }
@@ -1005,10 +1267,11 @@ impl Node {
         }
     }
 
-    /// Runs a message through the send path.
+    /// Runs a message through the send path: loopback, or the discovery gate
+    /// (which may park it until the peer is discovered).
     fn launch(&mut self, now: Time, mut msg: OutMsg) {
         let dst = msg.header.dest_nid;
-        if self.is_local_nid(dst) {
+        if self.is_local_nid(dst) && !msg.via_lnd {
             // Loopback LND: no credits, no selection.
             let src = if dst == Nid::LO_0 { Nid::LO_0 } else { dst };
             if !matches!(msg.role, Role::Forward) {
@@ -1022,6 +1285,18 @@ impl Node {
             self.complete(now, id, Ok(()));
             return;
         }
+        if msg.via_lnd {
+            self.route_and_post(now, msg);
+            return;
+        }
+        let class = msg.discovery_class();
+        let actions = self.disc.handle_send(now, dst, msg, class);
+        self.run_actions(now, actions);
+    }
+
+    /// Pathway selection, then the credit queues and the wire.
+    fn route_and_post(&mut self, now: Time, mut msg: OutMsg) {
+        let dst = msg.header.dest_nid;
         match self.select_path(&msg) {
             Ok((local, next_hop)) => {
                 if !matches!(msg.role, Role::Forward) {
@@ -1046,7 +1321,10 @@ impl Node {
         };
         if let Role::Request { md } = msg.role {
             if self.table.md_is_aborted(md) {
-                self.complete(now, id, Err(HealthError::LocalAborted));
+                // Not yet handed to the LND: canceled, never resent.
+                if let Some(msg) = self.msgs.remove(&id) {
+                    self.fail_msg(now, msg, OpError::Canceled);
+                }
                 return;
             }
         }
@@ -1105,46 +1383,89 @@ impl Node {
         Ok(())
     }
 
-    /// Finalizes (or resends) message `id`.
+    /// Number of NIs of the peer owning `nid` (1 if unknown).
+    fn peer_ni_count(&self, nid: Nid) -> usize {
+        self.disc
+            .peers()
+            .peer_of(nid)
+            .map_or(1, |p| p.ni_count().max(1))
+    }
+
+    /// Finalizes (or resends) message `id`, applying the health rules.
     fn complete(&mut self, now: Time, id: u64, result: Result<(), HealthError>) {
-        let Some(msg) = self.msgs.remove(&id) else {
+        let Some(mut msg) = self.msgs.remove(&id) else {
             return;
         };
-        match result {
-            Ok(()) => self.finalize_ok(now, msg),
-            Err(h) => {
-                tracing::debug!(target: "colibri_lnet::node", ?h, dst = %msg.header.dest_nid, "send failed");
-                if self.may_resend(now, &msg, h) {
-                    let mut msg = msg;
+        let loopback = msg.path.is_some_and(|(l, _)| self.is_local_nid(l))
+            && !msg.via_lnd
+            && self.is_local_nid(msg.header.dest_nid);
+        if let (Some((local, next_hop)), false) = (msg.path, loopback) {
+            let status = result.map_or_else(HealthStatus::from, |()| HealthStatus::Ok);
+            let aborted = matches!(msg.role, Role::Request { md } if self.table.md_is_aborted(md));
+            let c = Completion {
+                status,
+                direction: Direction::Send,
+                local_ni: local,
+                peer_ni: Some(next_hop),
+                peer_ni_count: self.peer_ni_count(msg.header.dest_nid),
+                peer_is_gateway: next_hop != msg.header.dest_nid,
+                i_am_router: self.cfg.routing,
+                retries_done: msg.retries,
+                past_deadline: now > msg.deadline,
+                no_resend: msg.no_resend || aborted,
+            };
+            let v = self.health.on_completion(now, &c);
+            self.apply_verdict(now, v);
+            if let Err(h) = result {
+                tracing::debug!(target: "colibri_lnet::node", ?h, dst = %msg.header.dest_nid, resend = v.resend, "send failed");
+                if v.resend {
                     msg.retries += 1;
                     msg.path = None;
                     self.stats.resend_count += 1;
-                    self.launch(now, msg);
+                    // Resends skip the discovery gate: the peer is already known.
+                    self.route_and_post(now, msg);
                 } else {
                     self.fail_msg(now, msg, health_to_op_error(h));
                 }
+                return;
             }
+            if let Role::Request { md } = msg.role {
+                if let Some(t) = self.trackers.values_mut().find(|t| t.md == md) {
+                    t.next_hop = Some(next_hop);
+                }
+            }
+        }
+        match result {
+            Ok(()) => self.finalize_ok(now, msg),
+            Err(h) => self.fail_msg(now, msg, health_to_op_error(h)),
         }
     }
 
-    /// Whether a failed message is sent again (lnet.md 7.2): only for
-    /// retryable failures, below `retry_count`, before the deadline, and not
-    /// for messages on an aborted MD.
-    fn may_resend(&self, now: Time, msg: &OutMsg, h: HealthError) -> bool {
-        let retryable = matches!(
-            h,
-            HealthError::LocalInterrupt
-                | HealthError::LocalDropped
-                | HealthError::LocalAborted
-                | HealthError::LocalNoRoute
-                | HealthError::LocalTimeout
-                | HealthError::RemoteDropped
-        );
-        let aborted = matches!(msg.role, Role::Request { md } if self.table.md_is_aborted(md));
-        retryable && !aborted && msg.retries < self.cfg.retry_count && now < msg.deadline
+    /// Acts on a health verdict's local NI status change: the ping buffer is
+    /// rebuilt and peers are pushed (lnet.md 7.1).
+    fn apply_verdict(&mut self, now: Time, v: Verdict) {
+        let Some(change) = v.local_status else { return };
+        let (nid, status) = match change {
+            LocalStatusChange::Down(n) => (n, NiStatus::Down),
+            LocalStatusChange::Up(n) => (n, NiStatus::Up),
+        };
+        let Some(ni) = self.nis.iter_mut().find(|n| n.cfg.nid == nid) else {
+            return;
+        };
+        if ni.status == status {
+            return;
+        }
+        ni.status = status;
+        tracing::info!(target: "colibri_lnet::node", %nid, ?status, "local NI status changed");
+        if let Err(e) = self.post_ping_target() {
+            tracing::warn!(target: "colibri_lnet::node", error = %e, "cannot rebuild ping buffer");
+            return;
+        }
+        let actions = self.disc.local_ni_config_changed(now, self.ping_seq);
+        self.run_actions(now, actions);
     }
 
-    fn finalize_ok(&mut self, _now: Time, msg: OutMsg) {
+    fn finalize_ok(&mut self, now: Time, msg: OutMsg) {
         match msg.role {
             Role::Request { md } => {
                 let mut info = event_info(EventKind::Send);
@@ -1160,14 +1481,14 @@ impl Node {
                 if let Body::Put { hdr_data, .. } = msg.header.body {
                     info.hdr_data = hdr_data;
                 }
-                self.finish_md(md, info);
+                self.finish_md(now, md, info);
             }
-            Role::Reply { md, info } => self.finish_md(md, info),
+            Role::Reply { md, info } => self.finish_md(now, md, info),
             Role::Ack | Role::Forward => {}
         }
     }
 
-    fn fail_msg(&mut self, _now: Time, msg: OutMsg, err: OpError) {
+    fn fail_msg(&mut self, now: Time, msg: OutMsg, err: OpError) {
         self.stats.send_failures += 1;
         match msg.role {
             Role::Request { md } => {
@@ -1182,29 +1503,29 @@ impl Node {
                 // also released (nobody else would unlink it).
                 self.untrack(md);
                 let internal = self.internal.get(&md).copied();
-                self.finish_md(md, info);
+                self.finish_md(now, md, info);
                 if internal.is_some() && self.table.md_is_active(md) {
                     if let Ok(Some(ev)) = self.table.md_unlink(md) {
-                        self.route_event(ev);
+                        self.route_event(now, ev);
                     }
                 }
             }
             Role::Reply { md, mut info } => {
                 info.status = Err(err);
-                self.finish_md(md, info);
+                self.finish_md(now, md, info);
             }
             Role::Ack | Role::Forward => {}
         }
     }
 
-    fn finish_md(&mut self, md: MdHandle, info: EventInfo) {
+    fn finish_md(&mut self, now: Time, md: MdHandle, info: EventInfo) {
         if let Some(ev) = self.table.finish(md, info) {
-            self.route_event(ev);
+            self.route_event(now, ev);
         }
     }
 
     /// Delivers an event to the user, or to LNet itself for internal MDs.
-    fn route_event(&mut self, ev: Event) {
+    fn route_event(&mut self, now: Time, ev: Event) {
         let Some(kind) = self.internal.get(&ev.md).copied() else {
             self.events.push_back(ev);
             return;
@@ -1213,7 +1534,7 @@ impl Node {
             self.internal.remove(&ev.md);
         }
         match (kind, ev.kind()) {
-            (InternalMd::PingSink { to }, EventKind::Reply) => {
+            (InternalMd::PingSink { to, purpose }, EventKind::Reply) => {
                 let result = match ev.status() {
                     Err(e) => Err(PingError::Op(e)),
                     Ok(()) => {
@@ -1226,15 +1547,11 @@ impl Node {
                         PingInfo::decode(&data[..n]).map_err(PingError::Wire)
                     }
                 };
-                self.ping_results.push_back(PingResult { nid: to, result });
+                self.ping_done(now, to, purpose, result);
             }
-            (InternalMd::PingSink { to }, EventKind::Send) => {
-                if let Err(e) = ev.status() {
-                    self.ping_results.push_back(PingResult {
-                        nid: to,
-                        result: Err(PingError::Op(e)),
-                    });
-                }
+            (InternalMd::PingSink { to, purpose }, EventKind::Send) if ev.status().is_err() => {
+                let e = ev.status().err().unwrap_or(OpError::NetworkError);
+                self.ping_done(now, to, purpose, Err(PingError::Op(e)));
             }
             (InternalMd::PushTarget, EventKind::Put) => {
                 let data = ev.buffer.as_deref().unwrap_or(&[]);
@@ -1242,7 +1559,10 @@ impl Node {
                 match PingInfo::decode(&data[..n]) {
                     Ok(info) => {
                         self.stats.push_received += 1;
-                        self.pushes_received.push_back((ev.info.source, info));
+                        self.pushes_received
+                            .push_back((ev.info.source, info.clone()));
+                        let actions = self.disc.handle_push(now, ev.info.source, info);
+                        self.run_actions(now, actions);
                     }
                     Err(WireError::Truncated { needed, .. }) => {
                         // Grow the push target for next time (lnet_push_target_resize).
@@ -1261,8 +1581,66 @@ impl Node {
                     }
                 }
             }
-            (InternalMd::PushSource { .. }, _) | (InternalMd::PingTarget, _) => {}
+            (InternalMd::PushSource { to, .. }, EventKind::Ack) => {
+                let actions = if ev.status().is_ok() {
+                    self.disc.handle_push_ack(now, to)
+                } else {
+                    self.disc.handle_push_failure(now, to)
+                };
+                self.run_actions(now, actions);
+            }
+            (InternalMd::PushSource { to, .. }, EventKind::Send) if ev.status().is_err() => {
+                let actions = self.disc.handle_push_failure(now, to);
+                self.run_actions(now, actions);
+            }
             _ => {}
+        }
+    }
+
+    /// A ping we sent finished (reply, failure or timeout).
+    fn ping_done(
+        &mut self,
+        now: Time,
+        to: Nid,
+        purpose: PingPurpose,
+        result: Result<PingInfo, PingError>,
+    ) {
+        match purpose {
+            PingPurpose::User => self.ping_results.push_back(PingResult { nid: to, result }),
+            PingPurpose::Recovery(side) => {
+                let v = self.health.on_recovery_ping_result(
+                    now,
+                    RecoveryPing { side, nid: to },
+                    result.is_ok(),
+                );
+                self.apply_verdict(now, v);
+            }
+            PingPurpose::Discovery => {
+                let actions = match result {
+                    Ok(info) => {
+                        let local = self.rx_ni.unwrap_or_else(|| self.primary_nid());
+                        self.disc.handle_ping_reply(now, to, local, info)
+                    }
+                    Err(PingError::Wire(WireError::Truncated { needed, .. })) => {
+                        let needed_nis =
+                            u32::try_from(needed.saturating_sub(PING_HEADER_LEN) / PING_ENTRY_LEN)
+                                .unwrap_or(u32::MAX);
+                        self.disc.handle_ping_failure(
+                            now,
+                            to,
+                            PingFailure::Truncated { needed_nis },
+                        )
+                    }
+                    // A response timeout is discovery's own timer's business.
+                    Err(PingError::Op(OpError::TimedOut)) => Vec::new(),
+                    Err(e) => {
+                        tracing::debug!(target: "colibri_lnet::node", %to, error = %e, "discovery ping failed");
+                        self.disc
+                            .handle_ping_failure(now, to, PingFailure::SendFailed)
+                    }
+                };
+                self.run_actions(now, actions);
+            }
         }
     }
 
@@ -1354,13 +1732,37 @@ impl Node {
         Ok(())
     }
 
-    /// The initiator of a request, as matching sees it.
-    fn initiator_of(&self, header: &Header) -> ProcessId {
-        ProcessId::new(header.src_nid, header.src_pid)
+    /// The initiator of a request, as matching sees it: the primary NID of
+    /// the source peer (lnet.md 2.2).
+    fn initiator_of(&mut self, header: &Header) -> ProcessId {
+        let nid = if self.is_local_nid(header.src_nid) {
+            header.src_nid
+        } else {
+            self.disc.note_receive(header.src_nid)
+        };
+        ProcessId::new(nid, header.src_pid)
     }
 
     fn process_rx(&mut self, now: Time, rx: RxMsg) {
+        self.rx_ni = Some(rx.ni);
+        self.process_rx_inner(now, rx);
+        self.rx_ni = None;
+    }
+
+    fn process_rx_inner(&mut self, now: Time, rx: RxMsg) {
         let h = rx.header;
+        if rx.ni != Nid::LO_0 && !self.is_local_nid(rx.from) {
+            // Receiving never starts discovery, but it records the sender and
+            // counts as a success for the NI and the peer NI (lnet.md 7.2).
+            self.disc.note_receive(rx.from);
+            let c = Completion {
+                peer_is_gateway: rx.from != h.src_nid,
+                i_am_router: self.cfg.routing,
+                ..Completion::receive(rx.ni, rx.from, self.peer_ni_count(rx.from))
+            };
+            let v = self.health.on_completion(now, &c);
+            self.apply_verdict(now, v);
+        }
         if h.dest_nid != rx.ni && !(rx.ni == Nid::LO_0 && self.is_local_nid(h.dest_nid)) {
             self.forward(now, rx);
             return;
@@ -1398,7 +1800,11 @@ impl Node {
                     roffset: src_offset,
                     match_bits,
                 };
-                match self.table.match_request(info, rx.clone(), &|_, _| false) {
+                let peers = self.disc.peers();
+                match self
+                    .table
+                    .match_request(info, rx.clone(), &|a, b| same_peer(peers, a, b))
+                {
                     Ok((MatchOutcome::Matched(m), _)) => self.serve_get(now, &rx, m, return_wmd),
                     Ok(_) | Err(_) => {
                         self.stats.drop_count += 1;
@@ -1418,7 +1824,7 @@ impl Node {
                     info.initiator = self.initiator_of(&h);
                     info.mlength = mlength;
                     info.match_bits = h.body.match_bits().unwrap_or(info.match_bits);
-                    self.finish_md(m.md, info);
+                    self.finish_md(now, m.md, info);
                 }
                 ResponseMatch::Drop => {
                     self.stats.drop_count += 1;
@@ -1442,7 +1848,7 @@ impl Node {
                         info.initiator = self.initiator_of(&h);
                         info.rlength = h.payload_length;
                         info.mlength = m.mlength;
-                        self.finish_md(m.md, info);
+                        self.finish_md(now, m.md, info);
                     }
                     ResponseMatch::Drop => {
                         self.stats.drop_count += 1;
@@ -1455,7 +1861,11 @@ impl Node {
     }
 
     fn match_put(&mut self, now: Time, info: MatchInfo, rx: RxMsg) {
-        match self.table.match_request(info, rx, &|_, _| false) {
+        let peers = self.disc.peers();
+        match self
+            .table
+            .match_request(info, rx, &|a, b| same_peer(peers, a, b))
+        {
             Ok((MatchOutcome::Matched(m), Some(rx))) => self.deliver_put(now, rx, m),
             Ok((MatchOutcome::Delayed, _)) => {
                 tracing::debug!(target: "colibri_lnet::node", portal = info.portal, "PUT delayed on lazy portal");
@@ -1506,7 +1916,7 @@ impl Node {
         info.mlength = m.mlength;
         info.offset = m.offset;
         info.hdr_data = hdr_data;
-        self.finish_md(m.md, info);
+        self.finish_md(now, m.md, info);
         if !ack_wmd.is_none() && !ack_disabled {
             let ack = OutMsg {
                 header: Header {
@@ -1529,6 +1939,8 @@ impl Node {
                 retries: 0,
                 deadline: now + self.cfg.transaction_timeout,
                 path: None,
+                via_lnd: false,
+                no_resend: false,
             };
             self.launch(now, ack);
         }
@@ -1573,6 +1985,8 @@ impl Node {
             retries: 0,
             deadline: now + self.cfg.transaction_timeout,
             path: None,
+            via_lnd: false,
+            no_resend: false,
         };
         self.launch(now, reply);
     }
@@ -1591,6 +2005,8 @@ impl Node {
             // Routers do not drop messages past their deadline (LU-17854).
             deadline: Time::MAX,
             path: None,
+            via_lnd: false,
+            no_resend: false,
         };
         self.launch(now, msg);
     }
@@ -1604,7 +2020,9 @@ impl Node {
         let trackers = self.trackers.values().map(|t| t.deadline).min();
         let rx = self.delayed_rx.keys().next().map(|k| k.0);
         let tx = self.delayed_tx.keys().next().map(|k| k.0);
-        [trackers, rx, tx].into_iter().flatten().min()
+        let disc = self.disc.poll_timeout();
+        let health = self.health.poll_timeout();
+        [trackers, rx, tx, disc, health].into_iter().flatten().min()
     }
 
     /// Runs every timer due at `now`: expired response trackers (the event
@@ -1656,12 +2074,36 @@ impl Node {
                     if self.table.md_is_active(m.md) {
                         let _ = self.table.md_unlink(m.md);
                     }
-                    self.finish_md(m.md, info);
+                    self.finish_md(now, m.md, info);
                 }
                 ResponseMatch::Drop => {
                     if let Ok(Some(ev)) = self.table.md_unlink(t.md) {
-                        self.route_event(ev);
+                        self.route_event(now, ev);
                     }
+                }
+            }
+            // The next-hop peer NI is blamed (lnet_handle_remote_failure_locked).
+            if let Some(hop) = t.next_hop {
+                if !self.is_local_nid(hop) {
+                    self.health.on_response_timeout(now, hop);
+                }
+            }
+        }
+        // Discovery: queued peers to ping, ping/push deadlines.
+        if self.disc.poll_timeout().is_some_and(|t| t <= now) {
+            let actions = self.disc.handle_timeout(now);
+            self.run_actions(now, actions);
+        }
+        // Health: recovery pings with back-off.
+        if self.health.poll_timeout().is_some_and(|t| t <= now) {
+            for p in self.health.handle_timeout(now) {
+                if let Err(e) = self.send_ping(
+                    now,
+                    p.nid,
+                    INTERFACES_FOR_PING,
+                    PingPurpose::Recovery(p.side),
+                ) {
+                    tracing::debug!(target: "colibri_lnet::node", nid = %p.nid, error = %e, "recovery ping not sent");
                 }
             }
         }
