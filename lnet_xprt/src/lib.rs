@@ -41,5 +41,6 @@ pub mod ids;
 pub mod matching;
 pub mod peer;
 pub mod rng;
+pub mod route;
 pub mod time;
 pub mod wire;
