@@ -42,6 +42,7 @@ pub mod matching;
 pub mod node;
 pub mod peer;
 pub mod rng;
+pub mod route;
 pub mod sim;
 pub mod time;
 pub mod wire;
