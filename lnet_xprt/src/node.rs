@@ -54,6 +54,7 @@ use crate::matching::{
     Threshold, Unlink,
 };
 use crate::peer::PeerError;
+use crate::route::{GatewayRank, Route, RouteConfig, RouteError, RouteQuery, RouteTable};
 use crate::time::Time;
 use crate::wire::{
     Body, Header, LNET_MTU, Message, MsgType, NiStatus, PING_ENTRY_LEN, PING_HEADER_LEN,
@@ -83,6 +84,9 @@ pub enum NodeError {
     /// Peer table / DLC error (e.g. `Busy` while the peer is being discovered).
     #[error(transparent)]
     Peer(#[from] PeerError),
+    /// Route configuration error.
+    #[error(transparent)]
+    Route(#[from] RouteError),
     /// The NID is not one of this node's NIs.
     #[error("{0} is not a local NI")]
     NoSuchNi(Nid),
@@ -319,6 +323,8 @@ enum PingPurpose {
     Discovery,
     /// Health recovery of a local NI or a peer NI.
     Recovery(NiSide),
+    /// Router checker ping of a gateway.
+    Router,
 }
 
 /// Internal MDs used by LNet itself.
@@ -396,6 +402,7 @@ pub struct Node {
     pending_delayed: Vec<DelayedOutcome<RxMsg>>,
     disc: Discovery<OutMsg>,
     health: HealthMonitor,
+    routes: RouteTable,
     /// The local NI of the message being received (for internal events).
     rx_ni: Option<Nid>,
     stats: NodeStats,
@@ -457,9 +464,12 @@ impl Node {
             },
             1,
         );
+        let mut routes = RouteTable::new(RouteConfig::default(), cfg.seed ^ 0x7047e);
+        routes.set_routing(cfg.routing);
         let mut node = Self {
             disc,
             health,
+            routes,
             rx_ni: None,
             faults: FaultInjector::new(cfg.seed ^ 0xfa17),
             table: MatchTable::new(cfg.interface_cookie),
@@ -697,7 +707,48 @@ impl Node {
     /// Turns routing (forwarding) on or off.
     pub fn set_routing(&mut self, now: Time, on: bool) -> Result<(), NodeError> {
         self.cfg.routing = on;
+        self.routes.set_routing(on);
         self.local_config_changed(now)
+    }
+
+    /// Adds a route (`lnetctl route add --net net --gateway gw [--hop] [--priority]`);
+    /// `hops` `None` = undefined. The gateway is pinged by the router checker.
+    ///
+    /// # Errors
+    /// As [`RouteTable::add_route`].
+    pub fn add_route(
+        &mut self,
+        now: Time,
+        net: Net,
+        gateway: Nid,
+        hops: Option<u32>,
+        priority: u32,
+    ) -> Result<(), NodeError> {
+        let nets: Vec<Net> = self.nis.iter().map(|n| n.cfg.nid.net()).collect();
+        self.routes
+            .add_route(now, net, gateway, hops, priority, &nets)?;
+        self.after_input(now);
+        Ok(())
+    }
+
+    /// Deletes a route (`lnetctl route del`).
+    ///
+    /// # Errors
+    /// As [`RouteTable::del_route`].
+    pub fn del_route(&mut self, net: Net, gateway: Nid) -> Result<(), NodeError> {
+        Ok(self.routes.del_route(net, gateway)?)
+    }
+
+    /// The routes table.
+    #[must_use]
+    pub fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+
+    /// The routes to `net`.
+    #[must_use]
+    pub fn routes_to(&self, net: Net) -> &[Route] {
+        self.routes.routes_to(net)
     }
 
     /// Adds a drop rule (`lctl net_drop_add`).
@@ -1246,7 +1297,7 @@ impl Node {
     }
 
     /// Chooses (local NI, next hop) for a message.
-    fn select_path(&self, msg: &OutMsg) -> Result<(Nid, Nid), OpError> {
+    fn select_path(&mut self, msg: &OutMsg) -> Result<(Nid, Nid), OpError> {
         let dst = msg.header.dest_nid;
         if let Some(src) = msg.src_nid {
             if !self.is_local_nid(src) {
@@ -1256,15 +1307,44 @@ impl Node {
                 return Ok((src, msg.rtr_nid.unwrap_or(dst)));
             }
         }
-        let local = self
-            .nis
-            .iter()
-            .find(|n| n.cfg.nid.net() == dst.net() && n.status == NiStatus::Up)
-            .or_else(|| self.nis.iter().find(|n| n.cfg.nid.net() == dst.net()));
-        match local {
-            Some(ni) => Ok((ni.cfg.nid, msg.rtr_nid.unwrap_or(dst))),
-            None => Err(OpError::Unreachable),
+        if self.is_local_net(dst.net()) {
+            let local = self
+                .nis
+                .iter()
+                .find(|n| n.cfg.nid.net() == dst.net() && n.status == NiStatus::Up)
+                .or_else(|| self.nis.iter().find(|n| n.cfg.nid.net() == dst.net()));
+            return match local {
+                Some(ni) => Ok((ni.cfg.nid, msg.rtr_nid.unwrap_or(dst))),
+                None => Err(OpError::Unreachable),
+            };
         }
+        // Remote net: choose a route (lnet.md 6.2); responses prefer the
+        // router the request came through.
+        let nets: Vec<Net> = self.nis.iter().map(|n| n.cfg.nid.net()).collect();
+        let query = RouteQuery {
+            src_net: msg.src_nid.map(Nid::net),
+            preferred_gateway: msg.rtr_nid,
+            usable_nets: &nets,
+        };
+        let health = &self.health;
+        let gw = self
+            .routes
+            .select(dst.net(), &query, |g| GatewayRank {
+                health: health.peer_health(g),
+                ..GatewayRank::default()
+            })
+            .ok_or(OpError::Unreachable)?;
+        let local = match msg.src_nid {
+            Some(src) if src.net() == gw.net() => src,
+            _ => self
+                .nis
+                .iter()
+                .find(|n| n.cfg.nid.net() == gw.net() && n.status == NiStatus::Up)
+                .or_else(|| self.nis.iter().find(|n| n.cfg.nid.net() == gw.net()))
+                .map(|n| n.cfg.nid)
+                .ok_or(OpError::Unreachable)?,
+        };
+        Ok((local, gw))
     }
 
     /// Runs a message through the send path: loopback, or the discovery gate
@@ -1607,6 +1687,13 @@ impl Node {
     ) {
         match purpose {
             PingPurpose::User => self.ping_results.push_back(PingResult { nid: to, result }),
+            PingPurpose::Router => match result {
+                Ok(info) => self.routes.on_router_ping_reply(now, to, &info),
+                Err(e) => {
+                    tracing::debug!(target: "colibri_lnet::node", gw = %to, error = %e, "router ping failed");
+                    self.routes.on_router_ping_failed(now, to);
+                }
+            },
             PingPurpose::Recovery(side) => {
                 let v = self.health.on_recovery_ping_result(
                     now,
@@ -1762,6 +1849,10 @@ impl Node {
             };
             let v = self.health.on_completion(now, &c);
             self.apply_verdict(now, v);
+            if rx.from != h.src_nid && self.routes.is_gateway(rx.from) {
+                self.routes
+                    .on_message_from_gateway(now, rx.from, h.src_nid.net());
+            }
         }
         if h.dest_nid != rx.ni && !(rx.ni == Nid::LO_0 && self.is_local_nid(h.dest_nid)) {
             self.forward(now, rx);
@@ -2022,7 +2113,11 @@ impl Node {
         let tx = self.delayed_tx.keys().next().map(|k| k.0);
         let disc = self.disc.poll_timeout();
         let health = self.health.poll_timeout();
-        [trackers, rx, tx, disc, health].into_iter().flatten().min()
+        let routes = self.routes.poll_timeout();
+        [trackers, rx, tx, disc, health, routes]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Runs every timer due at `now`: expired response trackers (the event
@@ -2093,6 +2188,17 @@ impl Node {
         if self.disc.poll_timeout().is_some_and(|t| t <= now) {
             let actions = self.disc.handle_timeout(now);
             self.run_actions(now, actions);
+        }
+        // Router checker.
+        if self.routes.poll_timeout().is_some_and(|t| t <= now) {
+            for p in self.routes.handle_timeout(now) {
+                if let Err(e) =
+                    self.send_ping(now, p.gateway, INTERFACES_FOR_PING, PingPurpose::Router)
+                {
+                    tracing::debug!(target: "colibri_lnet::node", gw = %p.gateway, error = %e, "router ping not sent");
+                    self.routes.on_router_ping_failed(now, p.gateway);
+                }
+            }
         }
         // Health: recovery pings with back-off.
         if self.health.poll_timeout().is_some_and(|t| t <= now) {
