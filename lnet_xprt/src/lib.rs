@@ -42,5 +42,6 @@ pub mod matching;
 pub mod peer;
 pub mod rng;
 pub mod route;
+pub mod select;
 pub mod time;
 pub mod wire;
