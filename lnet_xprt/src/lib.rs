@@ -43,6 +43,7 @@ pub mod node;
 pub mod peer;
 pub mod rng;
 pub mod route;
+pub mod select;
 pub mod sim;
 pub mod time;
 pub mod wire;
