@@ -54,7 +54,10 @@ use crate::matching::{
     Threshold, Unlink,
 };
 use crate::peer::PeerError;
-use crate::route::{GatewayRank, Route, RouteConfig, RouteError, RouteQuery, RouteTable};
+use crate::route::{Route, RouteConfig, RouteError, RouteTable};
+use crate::select::{
+    LocalNiInfo as SelLocalNi, Pathway, PeerNiInfo, SelectConfig, Selector, SendRequest,
+};
 use crate::time::Time;
 use crate::wire::{
     Body, Header, LNET_MTU, Message, MsgType, NiStatus, PING_ENTRY_LEN, PING_HEADER_LEN,
@@ -403,6 +406,7 @@ pub struct Node {
     disc: Discovery<OutMsg>,
     health: HealthMonitor,
     routes: RouteTable,
+    selector: Selector,
     /// The local NI of the message being received (for internal events).
     rx_ni: Option<Nid>,
     stats: NodeStats,
@@ -470,6 +474,7 @@ impl Node {
             disc,
             health,
             routes,
+            selector: Selector::new(SelectConfig::default()),
             rx_ni: None,
             faults: FaultInjector::new(cfg.seed ^ 0xfa17),
             table: MatchTable::new(cfg.interface_cookie),
@@ -1296,55 +1301,51 @@ impl Node {
         id
     }
 
-    /// Chooses (local NI, next hop) for a message.
-    fn select_path(&mut self, msg: &OutMsg) -> Result<(Nid, Nid), OpError> {
+    /// Chooses the pathway with the Multi-Rail selector (lnet.md 4):
+    /// returns (local NI, next hop, destination NID for the header).
+    fn select_path(&mut self, msg: &OutMsg) -> Result<(Nid, Nid, Nid), OpError> {
         let dst = msg.header.dest_nid;
-        if let Some(src) = msg.src_nid {
-            if !self.is_local_nid(src) {
-                return Err(OpError::Unreachable);
-            }
-            if src.net() == dst.net() {
-                return Ok((src, msg.rtr_nid.unwrap_or(dst)));
-            }
-        }
-        if self.is_local_net(dst.net()) {
-            let local = self
-                .nis
-                .iter()
-                .find(|n| n.cfg.nid.net() == dst.net() && n.status == NiStatus::Up)
-                .or_else(|| self.nis.iter().find(|n| n.cfg.nid.net() == dst.net()));
-            return match local {
-                Some(ni) => Ok((ni.cfg.nid, msg.rtr_nid.unwrap_or(dst))),
-                None => Err(OpError::Unreachable),
-            };
-        }
-        // Remote net: choose a route (lnet.md 6.2); responses prefer the
-        // router the request came through.
-        let nets: Vec<Net> = self.nis.iter().map(|n| n.cfg.nid.net()).collect();
-        let query = RouteQuery {
-            src_net: msg.src_nid.map(Nid::net),
-            preferred_gateway: msg.rtr_nid,
-            usable_nets: &nets,
+        let response = matches!(msg.role, Role::Ack | Role::Reply { .. } | Role::Forward);
+        let req = SendRequest {
+            dst,
+            src: msg.src_nid,
+            // Routers forward to exactly the header's destination (no
+            // Multi-Rail forwarding, see DESIGN.md).
+            response,
+            rtr: msg.rtr_nid,
+            recovery: msg.no_resend,
+            reserved_portal: msg.header.body.portal() == Some(RESERVED_PORTAL),
         };
         let health = &self.health;
-        let gw = self
-            .routes
-            .select(dst.net(), &query, |g| GatewayRank {
-                health: health.peer_health(g),
-                ..GatewayRank::default()
+        let local: Vec<SelLocalNi> = self
+            .nis
+            .iter()
+            .map(|n| SelLocalNi {
+                health: health.local_health(n.cfg.nid),
+                ..SelLocalNi::new(n.cfg.nid)
             })
-            .ok_or(OpError::Unreachable)?;
-        let local = match msg.src_nid {
-            Some(src) if src.net() == gw.net() => src,
-            _ => self
-                .nis
-                .iter()
-                .find(|n| n.cfg.nid.net() == gw.net() && n.status == NiStatus::Up)
-                .or_else(|| self.nis.iter().find(|n| n.cfg.nid.net() == gw.net()))
-                .map(|n| n.cfg.nid)
-                .ok_or(OpError::Unreachable)?,
+            .collect();
+        let stats = |nid: Nid| PeerNiInfo {
+            health: health.peer_health(nid),
+            ..PeerNiInfo::default()
         };
-        Ok((local, gw))
+        let peer = self.disc.peers().peer_of(dst);
+        match self
+            .selector
+            .select(&req, peer, &local, &stats, &mut self.routes)
+        {
+            Ok(Pathway::Direct { local, peer_ni }) => Ok((local, peer_ni, peer_ni)),
+            Ok(Pathway::Routed {
+                local,
+                gateway,
+                peer_ni,
+            }) => Ok((local, gateway, peer_ni)),
+            Ok(Pathway::Loopback) => Ok((Nid::LO_0, Nid::LO_0, Nid::LO_0)),
+            Err(e) => {
+                tracing::debug!(target: "colibri_lnet::node", %dst, error = %e, "no pathway");
+                Err(OpError::Unreachable)
+            }
+        }
     }
 
     /// Runs a message through the send path: loopback, or the discovery gate
@@ -1378,9 +1379,10 @@ impl Node {
     fn route_and_post(&mut self, now: Time, mut msg: OutMsg) {
         let dst = msg.header.dest_nid;
         match self.select_path(&msg) {
-            Ok((local, next_hop)) => {
+            Ok((local, next_hop, dest)) => {
                 if !matches!(msg.role, Role::Forward) {
                     msg.header.src_nid = local;
+                    msg.header.dest_nid = dest;
                 }
                 msg.path = Some((local, next_hop));
                 let id = self.new_msg_id();
