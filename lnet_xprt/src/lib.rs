@@ -34,6 +34,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod credits;
 pub mod discovery;
 pub mod fault;
 pub mod health;
