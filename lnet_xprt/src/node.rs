@@ -36,6 +36,9 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
+use crate::credits::{
+    CreditError, Fwd, NetTunables, PoolKind, RouterBufferConfig, RouterCredits, TxCredits,
+};
 use crate::discovery::{
     Action, Discovery, DiscoveryConfig, DiscoveryError, PingFailure, SendClass,
 };
@@ -90,6 +93,9 @@ pub enum NodeError {
     /// Route configuration error.
     #[error(transparent)]
     Route(#[from] RouteError),
+    /// Credit configuration error.
+    #[error(transparent)]
+    Credit(#[from] CreditError),
     /// The NID is not one of this node's NIs.
     #[error("{0} is not a local NI")]
     NoSuchNi(Nid),
@@ -148,6 +154,8 @@ pub struct NodeConfig {
     pub seed: u64,
     /// Interface cookie put into wire handles (identifies this LNet instance).
     pub interface_cookie: u64,
+    /// Router buffer pools (used when routing is on).
+    pub router_buffers: RouterBufferConfig,
 }
 
 impl NodeConfig {
@@ -164,6 +172,7 @@ impl NodeConfig {
             health_sensitivity: 100,
             seed: 0,
             interface_cookie: 0x1ce_c0de,
+            router_buffers: RouterBufferConfig::default(),
         }
     }
 }
@@ -254,8 +263,9 @@ enum Role {
     Ack,
     /// A REPLY serving a GET; the GET event for `md` follows its completion.
     Reply { md: MdHandle, info: EventInfo },
-    /// A message we forward as a router.
-    Forward,
+    /// A message we forward as a router: it holds a router credit of the
+    /// peer NI it came from and a buffer of `pool`.
+    Forward { from: Nid, pool: PoolKind },
 }
 
 /// A message on the send path (opaque; parked by discovery, queued for
@@ -281,6 +291,8 @@ pub struct OutMsg {
     via_lnd: bool,
     /// Never resend (recovery pings).
     no_resend: bool,
+    /// Holds a peer NI and an NI tx credit on `path`.
+    holds_credits: bool,
 }
 
 impl OutMsg {
@@ -407,6 +419,8 @@ pub struct Node {
     health: HealthMonitor,
     routes: RouteTable,
     selector: Selector,
+    credits: TxCredits<u64>,
+    rtr_credits: RouterCredits<RxMsg>,
     /// The local NI of the message being received (for internal events).
     rx_ni: Option<Nid>,
     stats: NodeStats,
@@ -475,6 +489,8 @@ impl Node {
             health,
             routes,
             selector: Selector::new(SelectConfig::default()),
+            credits: TxCredits::new(),
+            rtr_credits: RouterCredits::new(cfg.router_buffers)?,
             rx_ni: None,
             faults: FaultInjector::new(cfg.seed ^ 0xfa17),
             table: MatchTable::new(cfg.interface_cookie),
@@ -518,6 +534,13 @@ impl Node {
         if self.nis.iter().any(|n| n.cfg.nid == ni.nid) {
             return Err(NodeError::DuplicateNi(ni.nid));
         }
+        let tunables = NetTunables {
+            credits: ni.credits,
+            peer_credits: ni.peer_credits,
+            peer_buffer_credits: 0,
+        };
+        self.credits.set_tunables(ni.nid.net(), tunables)?;
+        self.rtr_credits.set_tunables(ni.nid.net(), tunables)?;
         self.health.add_local_ni(ni.nid);
         self.nis.push(LocalNi {
             cfg: ni,
@@ -742,6 +765,18 @@ impl Node {
     /// As [`RouteTable::del_route`].
     pub fn del_route(&mut self, net: Net, gateway: Nid) -> Result<(), NodeError> {
         Ok(self.routes.del_route(net, gateway)?)
+    }
+
+    /// Peer NI and NI tx credits (`lnetctl peer show -v`, `net show -v`).
+    #[must_use]
+    pub fn tx_credits(&self) -> &TxCredits<u64> {
+        &self.credits
+    }
+
+    /// Router credits and buffer pools (`lnetctl routing show`).
+    #[must_use]
+    pub fn router_credits(&self) -> &RouterCredits<RxMsg> {
+        &self.rtr_credits
     }
 
     /// The routes table.
@@ -1276,6 +1311,7 @@ impl Node {
             path: None,
             via_lnd: false,
             no_resend: false,
+            holds_credits: false,
         }
     }
 
@@ -1305,7 +1341,10 @@ impl Node {
     /// returns (local NI, next hop, destination NID for the header).
     fn select_path(&mut self, msg: &OutMsg) -> Result<(Nid, Nid, Nid), OpError> {
         let dst = msg.header.dest_nid;
-        let response = matches!(msg.role, Role::Ack | Role::Reply { .. } | Role::Forward);
+        let response = matches!(
+            msg.role,
+            Role::Ack | Role::Reply { .. } | Role::Forward { .. }
+        );
         let req = SendRequest {
             dst,
             src: msg.src_nid,
@@ -1317,16 +1356,21 @@ impl Node {
             reserved_portal: msg.header.body.portal() == Some(RESERVED_PORTAL),
         };
         let health = &self.health;
+        let credits = &self.credits;
+        let clamp = |c: i64| i32::try_from(c).unwrap_or(if c < 0 { i32::MIN } else { i32::MAX });
         let local: Vec<SelLocalNi> = self
             .nis
             .iter()
             .map(|n| SelLocalNi {
                 health: health.local_health(n.cfg.nid),
+                tx_credits: clamp(credits.ni_credits(n.cfg.nid)),
                 ..SelLocalNi::new(n.cfg.nid)
             })
             .collect();
         let stats = |nid: Nid| PeerNiInfo {
             health: health.peer_health(nid),
+            tx_credits: clamp(credits.peer_ni_credits(nid)),
+            queued_bytes: credits.queued_bytes(nid),
             ..PeerNiInfo::default()
         };
         let peer = self.disc.peers().peer_of(dst);
@@ -1355,7 +1399,7 @@ impl Node {
         if self.is_local_nid(dst) && !msg.via_lnd {
             // Loopback LND: no credits, no selection.
             let src = if dst == Nid::LO_0 { Nid::LO_0 } else { dst };
-            if !matches!(msg.role, Role::Forward) {
+            if !matches!(msg.role, Role::Forward { .. }) {
                 msg.header.src_nid = src;
             }
             msg.path = Some((src, dst));
@@ -1380,14 +1424,19 @@ impl Node {
         let dst = msg.header.dest_nid;
         match self.select_path(&msg) {
             Ok((local, next_hop, dest)) => {
-                if !matches!(msg.role, Role::Forward) {
+                if !matches!(msg.role, Role::Forward { .. }) {
                     msg.header.src_nid = local;
                     msg.header.dest_nid = dest;
                 }
                 msg.path = Some((local, next_hop));
+                msg.holds_credits = true;
+                let bytes = msg.header.payload_length;
                 let id = self.new_msg_id();
                 self.msgs.insert(id, msg);
-                self.post_send(now, id);
+                // Peer NI credit, then NI credit; strictly FIFO when short.
+                for tx in self.credits.send(local, next_hop, bytes, id) {
+                    self.post_send(now, tx.item);
+                }
             }
             Err(e) => {
                 tracing::debug!(target: "colibri_lnet::node", dst = %dst, "no path");
@@ -1405,6 +1454,7 @@ impl Node {
             if self.table.md_is_aborted(md) {
                 // Not yet handed to the LND: canceled, never resent.
                 if let Some(msg) = self.msgs.remove(&id) {
+                    self.return_credits(now, &msg);
                     self.fail_msg(now, msg, OpError::Canceled);
                 }
                 return;
@@ -1473,11 +1523,49 @@ impl Node {
             .map_or(1, |p| p.ni_count().max(1))
     }
 
+    /// Gives back the tx credits (and, for forwarded messages, the router
+    /// credit and buffer) a finished message held, and posts the messages
+    /// that were waiting for them, in FIFO order.
+    fn return_credits(&mut self, now: Time, msg: &OutMsg) {
+        if let (true, Some((local, next_hop))) = (msg.holds_credits, msg.path) {
+            match self
+                .credits
+                .complete(local, next_hop, msg.header.payload_length)
+            {
+                Ok(ready) => {
+                    for tx in ready {
+                        self.post_send(now, tx.item);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(target: "colibri_lnet::node", error = %e, "tx credit accounting")
+                }
+            }
+        }
+    }
+
+    /// A forwarded message is done: its router buffer and router credit come
+    /// back, and forwarded messages waiting for them go on.
+    fn return_router_credits(&mut self, now: Time, from: Nid, pool: PoolKind) {
+        match self.rtr_credits.forwarded(from, pool) {
+            Ok(ready) => {
+                for f in ready {
+                    self.forward_now(now, f);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(target: "colibri_lnet::node", error = %e, "router credit accounting")
+            }
+        }
+    }
+
     /// Finalizes (or resends) message `id`, applying the health rules.
     fn complete(&mut self, now: Time, id: u64, result: Result<(), HealthError>) {
         let Some(mut msg) = self.msgs.remove(&id) else {
             return;
         };
+        self.return_credits(now, &msg);
+        msg.holds_credits = false;
         let loopback = msg.path.is_some_and(|(l, _)| self.is_local_nid(l))
             && !msg.via_lnd
             && self.is_local_nid(msg.header.dest_nid);
@@ -1566,7 +1654,8 @@ impl Node {
                 self.finish_md(now, md, info);
             }
             Role::Reply { md, info } => self.finish_md(now, md, info),
-            Role::Ack | Role::Forward => {}
+            Role::Ack => {}
+            Role::Forward { from, pool } => self.return_router_credits(now, from, pool),
         }
     }
 
@@ -1596,7 +1685,11 @@ impl Node {
                 info.status = Err(err);
                 self.finish_md(now, md, info);
             }
-            Role::Ack | Role::Forward => {}
+            Role::Ack => {}
+            Role::Forward { from, pool } => {
+                tracing::debug!(target: "colibri_lnet::node", dst = %msg.header.dest_nid, error = %err, "forwarding failed");
+                self.return_router_credits(now, from, pool);
+            }
         }
     }
 
@@ -2034,6 +2127,7 @@ impl Node {
                 path: None,
                 via_lnd: false,
                 no_resend: false,
+                holds_credits: false,
             };
             self.launch(now, ack);
         }
@@ -2080,17 +2174,41 @@ impl Node {
             path: None,
             via_lnd: false,
             no_resend: false,
+            holds_credits: false,
         };
         self.launch(now, reply);
     }
 
     /// Forwards a message for another node (router).
+    /// A message for another node arrived (router): it needs a router
+    /// credit of the peer NI it came from and a router buffer of the right
+    /// size before it is received and sent on (lnet.md 6.4-6.5).
     fn forward(&mut self, now: Time, rx: RxMsg) {
         self.stats.route_count += 1;
+        let from = rx.from;
+        match self.rtr_credits.receive(from, rx.header.payload_length, rx) {
+            Ok(ready) => {
+                for f in ready {
+                    self.forward_now(now, f);
+                }
+            }
+            Err(e) => {
+                self.stats.drop_count += 1;
+                tracing::debug!(target: "colibri_lnet::node", error = %e, "cannot forward");
+            }
+        }
+    }
+
+    /// A forwarded message holds its router credit and buffer: send it on.
+    fn forward_now(&mut self, now: Time, f: Fwd<RxMsg>) {
+        let rx = f.item;
         let msg = OutMsg {
             header: rx.header,
             payload: rx.payload,
-            role: Role::Forward,
+            role: Role::Forward {
+                from: f.from,
+                pool: f.pool,
+            },
             target: ProcessId::new(rx.header.dest_nid, rx.header.dest_pid),
             src_nid: None,
             rtr_nid: None,
@@ -2100,6 +2218,7 @@ impl Node {
             path: None,
             via_lnd: false,
             no_resend: false,
+            holds_credits: false,
         };
         self.launch(now, msg);
     }

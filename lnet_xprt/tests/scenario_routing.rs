@@ -104,3 +104,171 @@ fn put_and_get_cross_a_router() {
     assert_eq!(put.1.info.initiator.nid, nid("10.0.0.1@tcp"));
     assert_eq!(put.1.info.sender, nid("192.168.1.3@o2ib1"));
 }
+
+/// The router has one router credit per peer and one buffer per pool: a
+/// burst of PUTs (small pool) and GETs (tiny pool) from the client queues at
+/// the router and at the client's credit queues, strictly FIFO, and
+/// everything is delivered, in order.
+#[test]
+fn router_credits_exhausted_messages_queue_in_order_and_are_delivered() {
+    use colibri_lnet::credits::{PoolKind, RouterBufferConfig};
+
+    let topo = Topology::parse(
+        "seed 9\n\
+         node client 10.0.0.1@tcp\n\
+         node router 10.0.0.3@tcp 192.168.1.3@o2ib1 routing\n\
+         node server 192.168.1.2@o2ib1\n\
+         latency tcp 50us\n\
+         latency o2ib1 20us\n",
+    )
+    .unwrap()
+    .configure("router", |c| {
+        for ni in &mut c.nis {
+            ni.peer_credits = 1;
+        }
+        c.router_buffers = RouterBufferConfig {
+            tiny: 1,
+            small: 1,
+            large: 1,
+        };
+    })
+    .configure("client", |c| c.nis[0].peer_credits = 2);
+    let mut sim = Sim::new(topo).unwrap();
+    sim.with_node("client", |n, now| {
+        n.add_route(now, net("o2ib1"), nid("10.0.0.3@tcp"), Some(1), 0)
+    })
+    .unwrap();
+    sim.with_node("server", |n, now| {
+        n.add_route(now, net("tcp"), nid("192.168.1.3@o2ib1"), Some(1), 0)
+    })
+    .unwrap();
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    // The server accepts PUTs on portal 4 (any bits) and serves GETs on 5.
+    sim.with_node("server", |n, now| {
+        let me = n
+            .me_attach(MeSpec {
+                portal: 4,
+                match_id: ProcessId::ANY,
+                match_bits: 0,
+                ignore_bits: !0,
+                unlink: Unlink::Retain,
+                pos: InsertPos::After,
+            })
+            .unwrap();
+        n.md_attach(
+            now,
+            me,
+            MdSpec::new(
+                vec![0; 4096],
+                MdOptions::OP_PUT | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE,
+            ),
+        )
+        .unwrap();
+    });
+    sim.with_node("server", |n, now| {
+        let me = n
+            .me_attach(MeSpec {
+                portal: 5,
+                match_id: ProcessId::ANY,
+                match_bits: 0,
+                ignore_bits: !0,
+                unlink: Unlink::Retain,
+                pos: InsertPos::After,
+            })
+            .unwrap();
+        n.md_attach(
+            now,
+            me,
+            MdSpec::new(vec![0xab; 64], MdOptions::OP_GET | MdOptions::MANAGE_REMOTE),
+        )
+        .unwrap();
+    });
+    let server = ProcessId::lustre(nid("192.168.1.2@o2ib1"));
+    // Discover the server first (one PUT), then the burst at a single instant.
+    let md = sim
+        .with_node("client", |n, _| {
+            n.md_bind(MdSpec::new(vec![0; 100], MdOptions::empty()).threshold(Threshold::Count(2)))
+        })
+        .unwrap();
+    sim.with_node("client", |n, now| {
+        n.put(now, md, true, server, 4, 1000, 0, 0)
+    })
+    .unwrap();
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    let mut sinks = Vec::new();
+    for i in 0..10u64 {
+        let md = sim
+            .with_node("client", |n, _| {
+                n.md_bind(
+                    MdSpec::new(vec![i as u8; 100], MdOptions::empty())
+                        .threshold(Threshold::Count(2)),
+                )
+            })
+            .unwrap();
+        sim.with_node("client", |n, now| n.put(now, md, true, server, 4, i, 0, 0))
+            .unwrap();
+        let sink = sim
+            .with_node("client", |n, _| {
+                n.md_bind(
+                    MdSpec::new(vec![0; 8], MdOptions::empty()).threshold(Threshold::Count(2)),
+                )
+            })
+            .unwrap();
+        sim.with_node("client", |n, now| n.get(now, sink, server, 5, i, 0))
+            .unwrap();
+        sinks.push(sink);
+    }
+    sim.run_for(Duration::from_secs(5)).unwrap();
+
+    // Everything arrived, in the order it was sent.
+    let puts: Vec<u64> = sim
+        .events("server")
+        .iter()
+        .filter(|(_, e)| e.kind() == EventKind::Put && e.info.match_bits < 1000)
+        .map(|(_, e)| e.info.match_bits)
+        .collect();
+    assert_eq!(puts, (0..10).collect::<Vec<_>>());
+    let gets: Vec<u64> = sim
+        .events("server")
+        .iter()
+        .filter(|(_, e)| e.kind() == EventKind::Get)
+        .map(|(_, e)| e.info.match_bits)
+        .collect();
+    assert_eq!(gets, (0..10).collect::<Vec<_>>());
+    let client = sim.events("client");
+    assert_eq!(
+        client
+            .iter()
+            .filter(|(_, e)| e.kind() == EventKind::Ack && e.status().is_ok())
+            .count(),
+        11
+    );
+    assert_eq!(
+        client
+            .iter()
+            .filter(|(_, e)| e.kind() == EventKind::Reply && e.status().is_ok())
+            .count(),
+        10
+    );
+    for sink in sinks {
+        assert_eq!(sim.node("client").md_buffer(sink).unwrap(), &[0xab; 8]);
+    }
+
+    // The queues were used: negative minimum credits, and all returned.
+    let router = sim.node("router");
+    let rc = router.router_credits();
+    let from_client = rc.peer(nid("10.0.0.1@tcp")).unwrap();
+    assert!(
+        from_client.min_credits() < 0,
+        "router credits min {}",
+        from_client.min_credits()
+    );
+    assert_eq!(from_client.credits(), 1);
+    assert!(rc.pool(PoolKind::Small).min_credits() < 0);
+    assert!(rc.pool(PoolKind::Tiny).min_credits() < 0);
+    assert_eq!(rc.pool(PoolKind::Small).credits(), 1);
+    let tx = sim.node("client").tx_credits();
+    let to_router = tx.peer_ni(nid("10.0.0.3@tcp")).unwrap();
+    assert!(to_router.min_credits() < 0);
+    assert_eq!(to_router.credits(), 2);
+}
