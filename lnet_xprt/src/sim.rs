@@ -554,6 +554,46 @@ impl Sim {
         Ok(())
     }
 
+    /// Advances to the next time something happens and processes it.
+    /// Returns `false` when nothing is pending.
+    ///
+    /// # Errors
+    /// [`SimError::StepLimit`].
+    pub fn step(&mut self) -> Result<bool, SimError> {
+        self.settle_now()?;
+        match self.next_time() {
+            Some(t) => {
+                self.now = self.now.max(t);
+                self.settle_now()?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Steps until `done(self)` holds, or `limit` of virtual time has passed.
+    /// Returns whether `done` held.
+    ///
+    /// # Errors
+    /// [`SimError::StepLimit`].
+    pub fn run_until_cond(
+        &mut self,
+        limit: Duration,
+        mut done: impl FnMut(&Self) -> bool,
+    ) -> Result<bool, SimError> {
+        let end = self.now + limit;
+        while !done(self) {
+            match self.next_time() {
+                Some(t) if t <= end => {
+                    self.now = self.now.max(t);
+                    self.settle_now()?;
+                }
+                _ => return Ok(done(self)),
+            }
+        }
+        Ok(true)
+    }
+
     /// Runs until the virtual clock reaches `until` (processing everything due
     /// up to and including it).
     ///

@@ -272,3 +272,60 @@ fn router_credits_exhausted_messages_queue_in_order_and_are_delivered() {
     assert!(to_router.min_credits() < 0);
     assert_eq!(to_router.credits(), 2);
 }
+
+/// Seed 001: in a routed configuration the LND only tells the sender that
+/// the router got the message; a bare PUT the router fails to forward is
+/// lost without trace.
+#[test]
+fn routed_bare_put_lost_beyond_the_router_is_invisible() {
+    use colibri_lnet::fault::{DropRuleSpec, FaultMatch, HealthError, MsgMask, Trigger};
+    use colibri_lnet::wire::MsgType;
+
+    let mut sim = routed(11);
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    post(
+        &mut sim,
+        "server",
+        4,
+        MdSpec::new(vec![0; 32], MdOptions::OP_PUT),
+    );
+    let server = ProcessId::lustre(nid("192.168.1.2@o2ib1"));
+    // Discover the server first.
+    let md = sim
+        .with_node("client", |n, _| {
+            n.md_bind(MdSpec::new(vec![1; 4], MdOptions::empty()))
+        })
+        .unwrap();
+    sim.with_node("client", |n, now| n.put(now, md, false, server, 4, 0, 0, 0))
+        .unwrap();
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    assert_eq!(sim.events("server").len(), 1);
+    // The router's o2ib1 side now fails every PUT it sends.
+    sim.with_node("router", |n, now| {
+        n.add_drop_rule(
+            now,
+            DropRuleSpec {
+                matcher: FaultMatch::ANY.types(MsgMask::of(MsgType::Put)),
+                trigger: Trigger::Rate(1),
+                health_mask: HealthError::RemoteError.bit(),
+            },
+        )
+    })
+    .unwrap();
+    sim.take_events("client");
+    sim.with_node("client", |n, now| n.put(now, md, false, server, 4, 0, 0, 0))
+        .unwrap();
+    sim.run_for(Duration::from_secs(200)).unwrap();
+    let evs = sim.take_events("client");
+    assert_eq!(evs.len(), 1);
+    assert_eq!(
+        (evs[0].1.kind(), evs[0].1.status()),
+        (EventKind::Send, Ok(()))
+    );
+    assert_eq!(
+        sim.events("server").len(),
+        1,
+        "the second PUT never arrived"
+    );
+    assert_eq!(sim.node("router").stats().send_failures, 1);
+}
