@@ -5,8 +5,11 @@
 //! decrements it; at or above zero the item may go, below zero it waits in a
 //! **strictly FIFO** queue. Returning a credit increments it and, while the
 //! counter is still `<= 0`, hands the head of the queue its credit. So
-//! `credits < 0` exactly when items wait, and `-credits` of them do. The
-//! lowest value ever seen is kept (`min`, negative = something had to wait).
+//! `credits < 0` exactly when items wait, and `-credits` of them do (the one
+//! exception: right after [`CreditQueue::resize`] lowered the maximum below
+//! what is out, the counter is negative with nothing waiting until enough
+//! credits come back). The lowest value ever seen is kept (`min`, negative =
+//! something had to wait).
 //!
 //! On top of it:
 //! - [`TxCredits`]: a message being sent takes a **peer NI** credit (default
@@ -181,7 +184,8 @@ impl<T> CreditQueue<T> {
     }
 
     /// Changes the number of credits. Raising it grants waiting items
-    /// (returned, in order); lowering it takes effect as credits come back.
+    /// (returned, in order); lowering it takes effect as credits come back
+    /// (meanwhile `credits` may be below `-queued`).
     ///
     /// # Errors
     /// [`CreditError::ZeroCredits`] for `max == 0`.
