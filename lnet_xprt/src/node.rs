@@ -2370,3 +2370,234 @@ impl Node {
 
 /// Buffer size of a `lnetctl ping` (in interfaces).
 const INTERFACES_FOR_PING: u32 = crate::wire::INTERFACES_MIN;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nid(s: &str) -> Nid {
+        s.parse().unwrap()
+    }
+
+    fn node(nids: &[&str], discovery: bool) -> Node {
+        let mut cfg = NodeConfig::new(nids.iter().map(|n| NiConfig::new(nid(n))).collect());
+        cfg.discovery = discovery;
+        Node::new(cfg).unwrap()
+    }
+
+    fn put_md(n: &mut Node, data: &[u8]) -> MdHandle {
+        n.md_bind(
+            MdSpec::new(data.to_vec(), MdOptions::empty())
+                .threshold(Threshold::Count(2))
+                .unlink(Unlink::Unlink),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn configuration_is_validated() {
+        let dup = NodeConfig::new(vec![
+            NiConfig::new(nid("10.0.0.1@tcp")),
+            NiConfig::new(nid("10.0.0.1@tcp")),
+        ]);
+        assert!(matches!(Node::new(dup), Err(NodeError::DuplicateNi(_))));
+        let lo = NodeConfig::new(vec![NiConfig::new(Nid::LO_0)]);
+        assert!(matches!(Node::new(lo), Err(NodeError::Invalid(_))));
+        let mut bad_health = NodeConfig::new(vec![]);
+        bad_health.health_sensitivity = 5000;
+        assert!(matches!(Node::new(bad_health), Err(NodeError::Health(_))));
+        let mut n = node(&["10.0.0.1@tcp"], true);
+        assert!(matches!(
+            n.add_ni(Time::ZERO, NiConfig::new(nid("10.0.0.1@tcp"))),
+            Err(NodeError::DuplicateNi(_))
+        ));
+        assert!(matches!(
+            n.del_ni(Time::ZERO, nid("10.0.0.9@tcp")),
+            Err(NodeError::NoSuchNi(_))
+        ));
+    }
+
+    #[test]
+    fn ping_buffer_reflects_configuration() {
+        let mut n = node(&["10.0.0.1@tcp", "192.168.0.1@o2ib"], true);
+        let info = n.ping_info();
+        assert_eq!(info.primary_nid(), Some(nid("10.0.0.1@tcp")));
+        assert_eq!(info.nis.len(), 2);
+        assert!(info.features.contains(PingFeatures::DISCOVERY));
+        assert!(info.features.contains(PingFeatures::RTE_DISABLED));
+        assert!(info.features.contains(PingFeatures::MULTI_RAIL));
+        let seq = n.ping_seq();
+        n.set_routing(Time::ZERO, true).unwrap();
+        assert!(!n.ping_info().features.contains(PingFeatures::RTE_DISABLED));
+        n.set_discovery(Time::ZERO, false).unwrap();
+        assert!(!n.ping_info().features.contains(PingFeatures::DISCOVERY));
+        assert_eq!(n.ping_seq(), seq + 2);
+        n.del_ni(Time::ZERO, nid("10.0.0.1@tcp")).unwrap();
+        assert_eq!(n.primary_nid(), nid("192.168.0.1@o2ib"));
+        assert_eq!(n.ping_seq(), seq + 3);
+    }
+
+    #[test]
+    fn loopback_put_needs_no_lnd() {
+        let mut n = node(&["10.0.0.1@tcp"], true);
+        let me = n
+            .me_attach(MeSpec {
+                portal: 3,
+                match_id: ProcessId::ANY,
+                match_bits: 7,
+                ignore_bits: 0,
+                unlink: Unlink::Retain,
+                pos: InsertPos::After,
+            })
+            .unwrap();
+        let sink = n
+            .md_attach(Time::ZERO, me, MdSpec::new(vec![0; 4], MdOptions::OP_PUT))
+            .unwrap();
+        let src = put_md(&mut n, b"self");
+        let target = ProcessId::lustre(nid("10.0.0.1@tcp"));
+        n.put(Time::ZERO, src, true, target, 3, 7, 0, 0).unwrap();
+        assert!(n.poll_transmit().is_none());
+        let kinds: Vec<EventKind> = std::iter::from_fn(|| n.poll_event())
+            .map(|e| e.kind())
+            .collect();
+        assert!(kinds.contains(&EventKind::Put));
+        assert!(kinds.contains(&EventKind::Send));
+        assert!(kinds.contains(&EventKind::Ack));
+        assert_eq!(n.md_buffer(sink).unwrap(), b"self");
+    }
+
+    #[test]
+    fn transmit_then_completion_gives_send_event() {
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        let src = put_md(&mut n, b"abc");
+        let target = ProcessId::lustre(nid("10.0.0.2@tcp"));
+        n.put(Time::ZERO, src, false, target, 3, 9, 0, 42).unwrap();
+        let tx = n.poll_transmit().expect("a transmit");
+        assert_eq!((tx.from, tx.to), (nid("10.0.0.1@tcp"), nid("10.0.0.2@tcp")));
+        let (h, payload) = crate::wire::decode_message(&tx.bytes).unwrap();
+        assert_eq!(h.src_nid, nid("10.0.0.1@tcp"));
+        assert_eq!(h.dest_nid, nid("10.0.0.2@tcp"));
+        assert_eq!(payload, b"abc");
+        assert!(
+            matches!(h.body, Body::Put { hdr_data: 42, match_bits: 9, ack_wmd, .. } if ack_wmd.is_none())
+        );
+        assert!(n.poll_event().is_none(), "SEND only after the LND is done");
+        n.handle_tx_done(Time::ZERO, tx.id, Ok(())).unwrap();
+        let ev = n.poll_event().unwrap();
+        assert_eq!(ev.kind(), EventKind::Send);
+        assert!(ev.status().is_ok());
+        assert_eq!(
+            n.handle_tx_done(Time::ZERO, tx.id, Ok(())),
+            Err(NodeError::NoSuchTransmit(tx.id))
+        );
+        assert_eq!(n.tx_credits().peer_ni_credits(nid("10.0.0.2@tcp")), 8);
+    }
+
+    #[test]
+    fn peer_credits_queue_sends_fifo() {
+        let mut cfg = NodeConfig::new(vec![NiConfig {
+            nid: nid("10.0.0.1@tcp"),
+            credits: 256,
+            peer_credits: 2,
+        }]);
+        cfg.discovery = false;
+        let mut n = Node::new(cfg).unwrap();
+        let target = ProcessId::lustre(nid("10.0.0.2@tcp"));
+        for i in 0..5u64 {
+            let md = put_md(&mut n, &[i as u8]);
+            n.put(Time::ZERO, md, false, target, 3, i, 0, 0).unwrap();
+        }
+        let first: Vec<Transmit> = std::iter::from_fn(|| n.poll_transmit()).collect();
+        assert_eq!(first.len(), 2);
+        assert_eq!(n.tx_credits().peer_ni_credits(nid("10.0.0.2@tcp")), -3);
+        let bits = |t: &Transmit| Header::decode(&t.bytes).unwrap().body.match_bits();
+        let mut order: Vec<Option<u64>> = first.iter().map(bits).collect();
+        for t in first {
+            n.handle_tx_done(Time::ZERO, t.id, Ok(())).unwrap();
+            for t2 in std::iter::from_fn(|| n.poll_transmit()).collect::<Vec<_>>() {
+                order.push(bits(&t2));
+                n.handle_tx_done(Time::ZERO, t2.id, Ok(())).unwrap();
+                for t3 in std::iter::from_fn(|| n.poll_transmit()).collect::<Vec<_>>() {
+                    order.push(bits(&t3));
+                    n.handle_tx_done(Time::ZERO, t3.id, Ok(())).unwrap();
+                }
+            }
+        }
+        assert_eq!(order, (0..5).map(Some).collect::<Vec<_>>());
+        let q = n.tx_credits().peer_ni(nid("10.0.0.2@tcp")).unwrap();
+        assert_eq!((q.credits(), q.min_credits()), (2, -3));
+    }
+
+    #[test]
+    fn misuse_is_refused() {
+        let mut n = node(&["10.0.0.1@tcp"], true);
+        let spec = MeSpec {
+            portal: RESERVED_PORTAL,
+            match_id: ProcessId::ANY,
+            match_bits: 0,
+            ignore_bits: 0,
+            unlink: Unlink::Retain,
+            pos: InsertPos::After,
+        };
+        assert!(matches!(n.me_attach(spec), Err(NodeError::Invalid(_))));
+        assert!(matches!(
+            n.set_lazy_portal(0, true),
+            Err(NodeError::Invalid(_))
+        ));
+        let md = put_md(&mut n, b"x");
+        assert!(matches!(
+            n.put(Time::ZERO, md, false, ProcessId::ANY, 1, 0, 0, 0),
+            Err(NodeError::Invalid(_))
+        ));
+        assert!(matches!(
+            n.put(
+                Time::ZERO,
+                md,
+                false,
+                ProcessId::lustre(nid("10.0.0.2@tcp")),
+                64,
+                0,
+                0,
+                0
+            ),
+            Err(NodeError::Match(MatchError::BadPortal(64)))
+        ));
+        assert!(matches!(
+            n.handle_receive(Time::ZERO, nid("10.0.0.7@tcp"), nid("10.0.0.2@tcp"), &[]),
+            Err(NodeError::NoSuchNi(_))
+        ));
+        // LNET_NID_ANY cannot be pinged.
+        assert!(n.ping(Time::ZERO, Nid::ANY).is_err());
+    }
+
+    #[test]
+    fn response_tracking_sets_a_timer() {
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        assert_eq!(n.poll_timeout(), None);
+        let md = put_md(&mut n, b"x");
+        n.put(
+            Time::from_secs(1),
+            md,
+            true,
+            ProcessId::lustre(nid("10.0.0.2@tcp")),
+            3,
+            0,
+            0,
+            0,
+        )
+        .unwrap();
+        assert_eq!(n.poll_timeout(), Some(Time::from_secs(151)));
+        let tx = n.poll_transmit().unwrap();
+        n.handle_tx_done(Time::from_secs(1), tx.id, Ok(())).unwrap();
+        assert_eq!(n.poll_event().unwrap().kind(), EventKind::Send);
+        n.handle_timeout(Time::from_secs(100));
+        assert!(n.poll_event().is_none(), "early timeout calls are harmless");
+        n.handle_timeout(Time::from_secs(151));
+        let ev = n.poll_event().unwrap();
+        assert_eq!(
+            (ev.kind(), ev.status()),
+            (EventKind::Ack, Err(OpError::TimedOut))
+        );
+        assert!(ev.unlinked);
+    }
+}

@@ -93,7 +93,18 @@ pub struct Topology {
     default_latency: Duration,
     jitter: Duration,
     max_steps: u64,
+    routes: Vec<RouteSpec>,
     errors: Vec<SimError>,
+}
+
+/// A route to install on a node when the simulation starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RouteSpec {
+    node: usize,
+    net: Net,
+    gateway: Nid,
+    hops: Option<u32>,
+    priority: u32,
 }
 
 impl Topology {
@@ -107,6 +118,7 @@ impl Topology {
             default_latency: Duration::from_micros(10),
             jitter: Duration::from_micros(2),
             max_steps: 1_000_000,
+            routes: Vec::new(),
             errors: Vec::new(),
         }
     }
@@ -137,6 +149,37 @@ impl Topology {
     pub fn configure(mut self, name: &str, f: impl FnOnce(&mut NodeConfig)) -> Self {
         if let Some((_, cfg)) = self.nodes.iter_mut().find(|(n, _)| n == name) {
             f(cfg);
+        }
+        self
+    }
+
+    /// Adds a route on node `name` (which must already be added) to `net`
+    /// through `gateway` (`lnetctl route add`).
+    #[must_use]
+    pub fn route(
+        mut self,
+        name: &str,
+        net: &str,
+        gateway: &str,
+        hops: Option<u32>,
+        priority: u32,
+    ) -> Self {
+        let Some(node) = self.nodes.iter().position(|(n, _)| n == name) else {
+            self.errors.push(SimError::Parse {
+                line: 0,
+                msg: format!("route on unknown node {name:?}"),
+            });
+            return self;
+        };
+        match (net.parse::<Net>(), gateway.parse::<Nid>()) {
+            (Ok(net), Ok(gateway)) => self.routes.push(RouteSpec {
+                node,
+                net,
+                gateway,
+                hops,
+                priority,
+            }),
+            (Err(e), _) | (_, Err(e)) => self.errors.push(e.into()),
         }
         self
     }
@@ -180,11 +223,16 @@ impl Topology {
     /// seed 42
     /// node client 10.0.0.1@tcp 192.168.0.1@o2ib
     /// node router 10.0.0.3@tcp 192.168.1.3@o2ib1 routing
+    /// node server 192.168.1.2@o2ib1
+    /// route client o2ib1 10.0.0.3@tcp hops 1 priority 0
+    /// route server tcp 192.168.1.3@o2ib1
     /// latency tcp 50us
     /// jitter 5us
     /// ```
     ///
-    /// A `node` line may end with the flags `routing` and `nodiscovery`.
+    /// A `node` line may end with the flags `routing` and `nodiscovery`; a
+    /// `route` line names the node, the remote net and the gateway, and may
+    /// add `hops N` and `priority P`.
     /// Durations take the suffixes `ns`, `us`, `ms`, `s`.
     ///
     /// # Errors
@@ -210,6 +258,29 @@ impl Topology {
                 }
                 ["jitter", d] => {
                     topo.jitter = parse_duration(d).ok_or_else(|| err("bad duration"))?
+                }
+                ["route", node, net, gw, rest @ ..] => {
+                    let mut hops = None;
+                    let mut priority = 0;
+                    let mut it = rest.iter();
+                    while let Some(key) = it.next() {
+                        let val: u32 = it
+                            .next()
+                            .and_then(|v| v.parse().ok())
+                            .ok_or_else(|| err("route option needs a number"))?;
+                        match *key {
+                            "hops" => hops = Some(val),
+                            "priority" => priority = val,
+                            _ => return Err(err("unknown route option")),
+                        }
+                    }
+                    if !topo.nodes.iter().any(|(n, _)| n == node) {
+                        return Err(err("route on unknown node"));
+                    }
+                    topo = topo.route(node, net, gw, hops, priority);
+                    if let Some(e) = topo.errors.pop() {
+                        return Err(e);
+                    }
                 }
                 ["node", name, rest @ ..] => {
                     let mut nis = Vec::new();
@@ -326,6 +397,14 @@ impl Sim {
             })?;
             names.push(name);
             nodes.push(node);
+        }
+        for r in &topo.routes {
+            nodes[r.node]
+                .add_route(Time::ZERO, r.net, r.gateway, r.hops, r.priority)
+                .map_err(|error| SimError::Node {
+                    name: names[r.node].clone(),
+                    error,
+                })?;
         }
         let n = nodes.len();
         Ok(Self {
@@ -648,5 +727,105 @@ impl Sim {
             self.settle_now()?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nid(s: &str) -> Nid {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("5us"), Some(Duration::from_micros(5)));
+        assert_eq!(parse_duration("7ms"), Some(Duration::from_millis(7)));
+        assert_eq!(parse_duration("3s"), Some(Duration::from_secs(3)));
+        assert_eq!(parse_duration("9ns"), Some(Duration::from_nanos(9)));
+        assert_eq!(parse_duration("5"), None);
+        assert_eq!(parse_duration("us"), None);
+        assert_eq!(parse_duration("5h"), None);
+    }
+
+    #[test]
+    fn ni_down_fails_transmits_with_lnd_statuses() {
+        let topo =
+            Topology::parse("node a 10.0.0.1@tcp nodiscovery\nnode b 10.0.0.2@tcp nodiscovery\n")
+                .unwrap();
+        let mut sim = Sim::new(topo).unwrap();
+        let b = nid("10.0.0.2@tcp");
+        sim.set_ni_down(b, true);
+        sim.with_node("a", |n, now| n.ping(now, b)).unwrap();
+        sim.run_until_idle().unwrap();
+        assert_eq!(sim.trace()[0].outcome, Err(HealthError::RemoteDropped));
+        assert!(
+            sim.node_mut("a")
+                .poll_ping_result()
+                .unwrap()
+                .result
+                .is_err()
+        );
+        sim.set_ni_down(b, false);
+        sim.set_ni_down(nid("10.0.0.1@tcp"), true);
+        sim.with_node("a", |n, now| n.ping(now, b)).unwrap();
+        // The local NI keeps failing its recovery pings while it is down: the
+        // run never goes idle, so run for a while instead.
+        sim.run_for(Duration::from_secs(10)).unwrap();
+        assert!(
+            sim.trace()
+                .iter()
+                .any(|t| t.outcome == Err(HealthError::LocalDropped))
+        );
+        let a = nid("10.0.0.1@tcp");
+        assert!(sim.node("a").health().local_health(a).value() < 1000);
+        sim.set_ni_down(a, false);
+        // Back up: recovery pings through itself restore it, then all is idle.
+        sim.run_until_idle().unwrap();
+        assert_eq!(sim.node("a").health().local_health(a).value(), 1000);
+        // Nobody owns the NID: the "connection" cannot be made.
+        sim.with_node("a", |n, now| n.ping(now, nid("10.0.0.9@tcp")))
+            .unwrap();
+        sim.run_until_idle().unwrap();
+        assert_eq!(
+            sim.trace().last().unwrap().outcome,
+            Err(HealthError::RemoteError)
+        );
+    }
+
+    #[test]
+    fn step_and_conditions() {
+        let topo = Topology::new(3)
+            .node("a", &["10.0.0.1@tcp"])
+            .node("b", &["10.0.0.2@tcp"])
+            .latency("tcp", Duration::from_millis(1));
+        let mut sim = Sim::new(topo).unwrap();
+        assert!(!sim.step().unwrap(), "nothing to do");
+        sim.with_node("a", |n, now| n.ping(now, nid("10.0.0.2@tcp")))
+            .unwrap();
+        assert!(sim.step().unwrap());
+        assert!(sim.now() >= Time::from_millis(1));
+        let done = sim
+            .run_until_cond(Duration::from_secs(1), |s| s.trace().len() >= 2)
+            .unwrap();
+        assert!(done);
+        assert!(
+            !sim.run_until_cond(Duration::from_secs(1), |s| s.trace().len() >= 100)
+                .unwrap()
+        );
+        assert_eq!(sim.index("b"), 1);
+        assert!(matches!(
+            Sim::new(Topology::new(1).node("a", &["bad"])),
+            Err(SimError::Id(_))
+        ));
+        assert!(matches!(
+            Sim::new(
+                Topology::new(1)
+                    .node("a", &["10.0.0.1@tcp"])
+                    .node("a", &["10.0.0.2@tcp"])
+            ),
+            Err(SimError::DuplicateName(_))
+        ));
     }
 }

@@ -23,19 +23,14 @@ fn routed(seed: u64) -> Sim {
          node client 10.0.0.1@tcp\n\
          node router 10.0.0.3@tcp 192.168.1.3@o2ib1 routing\n\
          node server 192.168.1.2@o2ib1\n\
+         route client o2ib1 10.0.0.3@tcp hops 1\n\
+         route server tcp 192.168.1.3@o2ib1 hops 1 priority 0\n\
          latency tcp 50us\n\
          latency o2ib1 5us\n"
     ))
     .unwrap();
-    let mut sim = Sim::new(topo).unwrap();
-    sim.with_node("client", |n, now| {
-        n.add_route(now, net("o2ib1"), nid("10.0.0.3@tcp"), Some(1), 0)
-    })
-    .unwrap();
-    sim.with_node("server", |n, now| {
-        n.add_route(now, net("tcp"), nid("192.168.1.3@o2ib1"), Some(1), 0)
-    })
-    .unwrap();
+    let sim = Sim::new(topo).unwrap();
+    assert_eq!(sim.node("client").routes_to(net("o2ib1")).len(), 1);
     sim
 }
 
