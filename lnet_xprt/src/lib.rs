@@ -7,30 +7,68 @@
 //! feeds back. Threads and sockets drive the machines in production; tests
 //! drive them with a virtual clock and a deterministic fabric simulator.
 //!
-//! Layers, bottom up:
+//! Modules, bottom up:
 //!
 //! ```text
-//!   ids, time            NIDs, nets, process ids; monotonic time
+//!   ids, time, rng       NIDs, nets, process ids; monotonic time; seeded PRNG
 //!   wire                 72-byte LE message header, ping buffer (byte-exact with Lustre)
+//!   matching             portals, MEs, MDs, events (PUT/GET/REPLY/ACK/SEND/UNLINK)
+//!   fault                drop and delay rules (lctl net_drop_add / net_delay_add)
+//!   peer, discovery      peer tables, Multi-Rail discovery state machine (seed 000)
+//!   select               Multi-Rail pathway selection
+//!   credits              peer NI / NI tx credits, router credits and buffer pools
+//!   route                routes table, route choice, gateway aliveness
+//!   health               health values, failure reactions, recovery pings (seed 001)
+//!   node                 the LNet node tying them together: send and receive paths
+//!   sim                  deterministic fabric simulator driving several nodes
 //! ```
+//!
+//! See `DESIGN.md` (identifiers, wire, matching, faults, node, simulator) and
+//! `DESIGN-peers.md` (peers, discovery, selection, credits, routes, health)
+//! in the crate folder.
 //!
 //! ## Example
 //!
+//! Two nodes on a simulated `tcp` net; `a` PUTs five bytes into a buffer
+//! that `b` posted, asking for an ACK. Every message crosses the real wire
+//! encoders and decoders.
+//!
 //! ```
 //! use std::time::Duration;
-//! use colibri_lnet::ids::{LndType, Net, Nid, ProcessId};
-//! use colibri_lnet::time::Time;
+//! use colibri_lnet::ids::{Nid, ProcessId};
+//! use colibri_lnet::matching::{EventKind, InsertPos, MdOptions, MdSpec, MeSpec, Threshold, Unlink};
+//! use colibri_lnet::sim::{Sim, Topology};
 //!
-//! let nid: Nid = "10.0.0.1@tcp".parse()?;
-//! assert_eq!(nid.net(), Net::new(LndType::Tcp, 0));
-//! let target = ProcessId::lustre(nid);
-//! assert_eq!(target.to_string(), "12345-10.0.0.1@tcp");
+//! let mut sim = Sim::new(Topology::parse(
+//!     "seed 1\nnode a 10.0.0.1@tcp\nnode b 10.0.0.2@tcp\nlatency tcp 20us\n",
+//! )?)?;
 //!
-//! // Deadlines are plain values computed from the caller's `now`.
-//! let now = Time::from_secs(10);
-//! let deadline = now + Duration::from_secs(150);
-//! assert_eq!(deadline.saturating_duration_since(now), Duration::from_secs(150));
-//! # Ok::<(), colibri_lnet::ids::IdError>(())
+//! // b: a match entry on portal 4 with a 16-byte MD that accepts PUTs.
+//! let inbox = sim.with_node("b", |n, now| {
+//!     let me = n.me_attach(MeSpec {
+//!         portal: 4,
+//!         match_id: ProcessId::ANY,
+//!         match_bits: 0x42,
+//!         ignore_bits: 0,
+//!         unlink: Unlink::Retain,
+//!         pos: InsertPos::After,
+//!     })?;
+//!     n.md_attach(now, me, MdSpec::new(vec![0; 16], MdOptions::OP_PUT))
+//! })?;
+//!
+//! // a: a bound MD with the data (threshold 2: SEND and ACK), then PUT.
+//! let b: Nid = "10.0.0.2@tcp".parse()?;
+//! sim.with_node("a", |n, now| {
+//!     let md = n.md_bind(MdSpec::new(b"hello".to_vec(), MdOptions::empty())
+//!         .threshold(Threshold::Count(2)))?;
+//!     n.put(now, md, true, ProcessId::lustre(b), 4, 0x42, 0, 0)
+//! })?;
+//! sim.run_for(Duration::from_secs(1))?;
+//!
+//! assert_eq!(&sim.node("b").md_buffer(inbox).unwrap()[..5], b"hello");
+//! let kinds: Vec<EventKind> = sim.events("a").iter().map(|(_, e)| e.kind()).collect();
+//! assert!(kinds.contains(&EventKind::Send) && kinds.contains(&EventKind::Ack));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![forbid(unsafe_code)]
 
