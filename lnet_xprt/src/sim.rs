@@ -210,7 +210,7 @@ impl Topology {
         self
     }
 
-    /// Step budget of [`Sim::run_until`] / [`Sim::run_until_idle`].
+    /// Step budget of each run call ([`Sim::run_until`], [`Sim::run_until_idle`], …).
     #[must_use]
     pub fn max_steps(mut self, n: u64) -> Self {
         self.max_steps = n;
@@ -444,6 +444,19 @@ impl Sim {
             .unwrap_or_else(|| panic!("no node named {name:?}"))
     }
 
+    /// A node by name, if there is one.
+    #[must_use]
+    pub fn try_node(&self, name: &str) -> Option<&Node> {
+        let i = self.names.iter().position(|n| n == name)?;
+        self.nodes.get(i)
+    }
+
+    /// Names of the nodes, in topology order.
+    #[must_use]
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
     /// A node by name.
     ///
     /// # Panics
@@ -639,6 +652,7 @@ impl Sim {
     /// # Errors
     /// [`SimError::StepLimit`].
     pub fn step(&mut self) -> Result<bool, SimError> {
+        self.steps = 0;
         self.settle_now()?;
         match self.next_time() {
             Some(t) => {
@@ -661,6 +675,7 @@ impl Sim {
         mut done: impl FnMut(&Self) -> bool,
     ) -> Result<bool, SimError> {
         let end = self.now + limit;
+        self.steps = 0;
         while !done(self) {
             match self.next_time() {
                 Some(t) if t <= end => {
@@ -679,6 +694,7 @@ impl Sim {
     /// # Errors
     /// [`SimError::StepLimit`].
     pub fn run_until(&mut self, until: Time) -> Result<(), SimError> {
+        self.steps = 0;
         self.settle_now()?;
         while let Some(t) = self.next_time() {
             if t > until {
@@ -705,6 +721,7 @@ impl Sim {
     /// # Errors
     /// [`SimError::StepLimit`].
     pub fn run_until_idle(&mut self) -> Result<(), SimError> {
+        self.steps = 0;
         self.settle_now()?;
         while let Some(t) = self.next_time() {
             self.now = self.now.max(t);
@@ -719,6 +736,7 @@ impl Sim {
     /// # Errors
     /// [`SimError::StepLimit`].
     pub fn run_until_quiet(&mut self) -> Result<(), SimError> {
+        self.steps = 0;
         self.settle_now()?;
         while let Some(&(t, _)) = self.in_flight.keys().next() {
             let timer = self.nodes.iter().filter_map(Node::poll_timeout).min();

@@ -534,20 +534,26 @@ fn same_seed_replays_same_run() {
 
 #[test]
 fn step_limit_turns_livelock_into_error() {
-    let mut sim = Sim::new(
-        Topology::new(1)
-            .node("a", &["10.0.0.1@tcp"])
-            .node("b", &["10.0.0.2@tcp"])
-            .max_steps(5),
+    // A routing loop: LNet headers have no hop count, so a message for a net
+    // both routers send to each other bounces forever (lnet.md 6.4). The step
+    // budget turns that livelock into an error instead of a hung test.
+    let topo = Topology::parse(
+        "node a 10.0.0.1@tcp\n\
+         node r1 10.0.0.3@tcp 10.1.0.3@tcp1 routing\n\
+         node r2 10.1.0.4@tcp1 routing\n\
+         route a o2ib9 10.0.0.3@tcp\n\
+         route r1 o2ib9 10.1.0.4@tcp1\n\
+         route r2 o2ib9 10.1.0.3@tcp1\n\
+         route r2 tcp 10.1.0.3@tcp1\n",
     )
-    .unwrap();
-    // A flood of pings needs more steps than the budget allows.
-    for _ in 0..20 {
-        sim.with_node("a", |n, now| n.ping(now, nid("10.0.0.2@tcp")))
-            .unwrap();
-        let _ = sim.run_for(Duration::from_micros(1));
-    }
-    assert!(matches!(sim.run_until_idle(), Err(SimError::StepLimit(5))));
+    .unwrap()
+    .max_steps(10_000);
+    let mut sim = Sim::new(topo).unwrap();
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    sim.with_node("a", |n, now| n.ping(now, nid("1.2.3.4@o2ib9")))
+        .unwrap();
+    assert_eq!(sim.run_until_idle(), Err(SimError::StepLimit(10_000)));
+    assert!(sim.node("r1").stats().route_count > 100);
 }
 
 #[test]
