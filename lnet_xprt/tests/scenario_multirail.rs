@@ -327,3 +327,101 @@ fn discovery_ping_timeout_fails_parked_messages() {
         PeerState::Verify
     );
 }
+
+#[test]
+fn local_ni_at_zero_health_is_advertised_down_and_pushed() {
+    use colibri_lnet::wire::NiStatus;
+
+    let mut sim = two_rails(6);
+    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    let seq = sim.node("client").ping_seq();
+    // Everything the client's o2ib NI sends fails locally, recovery pings
+    // through itself included.
+    let mut m = FaultMatch::ANY;
+    m.src = nid(C_IB);
+    sim.with_node("client", |n, now| {
+        n.add_drop_rule(
+            now,
+            DropRuleSpec {
+                matcher: m,
+                trigger: Trigger::Rate(1),
+                health_mask: HealthError::LocalDropped.bit(),
+            },
+        )
+    })
+    .unwrap();
+    put_n(&mut sim, S_TCP, 4, Duration::from_millis(1));
+    sim.run_for(Duration::from_secs(120)).unwrap();
+    assert_eq!(
+        sim.node("client").health().local_health(nid(C_IB)).value(),
+        0
+    );
+    assert_eq!(
+        sim.node("client").ni_info(nid(C_IB)).unwrap().status,
+        NiStatus::Down
+    );
+    assert!(sim.node("client").ping_seq() > seq);
+    // The server learnt it from a push: its peer NI for C_IB is DOWN.
+    let (_, info) = std::iter::from_fn(|| sim.node_mut("server").poll_push())
+        .last()
+        .unwrap();
+    let entry = info.nis.iter().find(|n| n.nid == nid(C_IB)).unwrap();
+    assert_eq!(entry.status, NiStatus::Down);
+    let peer_ni = sim
+        .node("server")
+        .discovery()
+        .peers()
+        .ni(nid(C_IB))
+        .unwrap();
+    assert_eq!(peer_ni.status(), NiStatus::Down);
+    // Every PUT was still delivered over tcp.
+    assert_eq!(acks(&sim), 5);
+}
+
+#[test]
+fn dlc_configured_peer_is_not_rewritten_by_discovery() {
+    let mut sim = two_rails(7);
+    // lnetctl peer add --prim_nid S_TCP --non_mr: only the tcp NID is known.
+    sim.with_node("client", |n, now| {
+        n.dlc_add_peer(now, nid(S_TCP), &[nid(S_TCP)], false)
+    })
+    .unwrap();
+    assert_eq!(
+        sim.node("client").discovery().state_of(nid(S_TCP)),
+        PeerState::Verify
+    );
+    put_n(&mut sim, S_TCP, 4, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    // The server was pinged (its reply lists both NIs), but the configured
+    // peer keeps exactly its configuration: one NI, not Multi-Rail.
+    assert_eq!(sim.node("server").stats().ping_served, 1);
+    let peer = sim
+        .node("client")
+        .discovery()
+        .peers()
+        .peer_of(nid(S_TCP))
+        .unwrap();
+    assert_eq!(peer.ni_count(), 1);
+    assert!(!peer.is_multi_rail());
+    assert!(!peer.contains(nid(S_IB)));
+    assert_eq!(acks(&sim), 4);
+    // So all traffic used the configured NID.
+    assert!(client_puts(&sim, 0).iter().all(|(_, to)| *to == nid(S_TCP)));
+    // DLC changes while the peer is being discovered are refused with Busy.
+    let mut sim = two_rails(8);
+    put_n(&mut sim, S_TCP, 1, Duration::from_micros(1));
+    assert_eq!(
+        sim.node("client").discovery().state_of(nid(S_TCP)),
+        PeerState::WaitPingResponse
+    );
+    let busy = sim.with_node("client", |n, now| {
+        n.dlc_add_peer(now, nid(S_TCP), &[nid(S_IB)], true)
+    });
+    assert!(matches!(
+        busy,
+        Err(colibri_lnet::node::NodeError::Peer(
+            colibri_lnet::peer::PeerError::Busy(_)
+        ))
+    ));
+}
