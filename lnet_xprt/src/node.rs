@@ -133,8 +133,10 @@ impl NiConfig {
     }
 }
 
-/// Node configuration (module parameters and `lnetctl set` values).
+/// Node configuration (module parameters and `lnetctl set` values). Build it
+/// with [`NodeConfig::new`] and adjust fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NodeConfig {
     /// Our pid (12345 for kernel LNet).
     pub pid: Pid,
@@ -1851,6 +1853,12 @@ impl Node {
         if ni != Nid::LO_0 && !self.nis.iter().any(|n| n.cfg.nid == ni) {
             return Err(NodeError::NoSuchNi(ni));
         }
+        if ni != Nid::LO_0 && from.net() != ni.net() {
+            self.stats.protocol_errors += 1;
+            return Err(NodeError::Protocol(
+                "sender is not on the receiving NI's net",
+            ));
+        }
         let msg = match Message::decode(bytes) {
             Ok(m) => m,
             Err(e) => {
@@ -2565,6 +2573,10 @@ mod tests {
         assert!(matches!(
             n.handle_receive(Time::ZERO, nid("10.0.0.7@tcp"), nid("10.0.0.2@tcp"), &[]),
             Err(NodeError::NoSuchNi(_))
+        ));
+        assert!(matches!(
+            n.handle_receive(Time::ZERO, nid("10.0.0.1@tcp"), nid("10.0.0.2@o2ib"), &[]),
+            Err(NodeError::Protocol(_))
         ));
         // LNET_NID_ANY cannot be pinged.
         assert!(n.ping(Time::ZERO, Nid::ANY).is_err());
