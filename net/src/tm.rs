@@ -5,11 +5,11 @@
 //! event posting (with per-buffer serialization and synchronous delivery),
 //! and the lifecycle.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::ops::Deref;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -225,6 +225,9 @@ pub enum TmEventKind {
 /// The transfer machine event callback.
 pub type TmCallback = dyn Fn(&TmHandle, &TmEvent) + Send + Sync;
 
+/// Senders' end points a transfer machine keeps alive.
+const EP_CACHE: usize = 64;
+
 pub(crate) const F_IN_USE: u8 = 1;
 pub(crate) const F_CANCEL: u8 = 2;
 pub(crate) const F_TIMED_OUT: u8 = 4;
@@ -238,7 +241,7 @@ pub(crate) struct Slot {
     pub(crate) size: usize,
     pub(crate) ep: Option<EndPoint>,
     pub(crate) actor: Option<String>,
-    pub(crate) desc: Option<DescFields>,
+    pub(crate) desc: Option<Box<DescFields>>,
     pub(crate) cookie: u64,
     pub(crate) recv: RecvParams,
     pub(crate) deadline: Option<Instant>,
@@ -264,10 +267,10 @@ struct RecvState {
     delivered: u32,
     next_seq: u64,
     next_drain: u64,
-    inflight: HashMap<u64, Claim>,
+    inflight: Few<(u64, Claim)>,
     /// Finished reservations waiting for earlier ones; `None` for a
     /// released one.
-    ready: BTreeMap<u64, Option<Ready>>,
+    ready: Few<(u64, Option<Ready>)>,
     /// The final reservation was made (or the buffer is being failed):
     /// no more claims.
     closed: bool,
@@ -315,6 +318,69 @@ struct EvData {
     msgs: u32,
 }
 
+/// A small ordered collection holding its first element inline: the
+/// events one post produces (almost always one), the reservations of a
+/// receive buffer in flight (usually one). Only a second element allocates.
+struct Few<T> {
+    first: Option<T>,
+    rest: Vec<T>,
+}
+
+impl<T> Default for Few<T> {
+    fn default() -> Self {
+        Self {
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+}
+
+impl<T> Few<T> {
+    fn push(&mut self, v: T) {
+        if self.first.is_none() {
+            self.first = Some(v);
+        } else {
+            self.rest.push(v);
+        }
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.first.iter().chain(self.rest.iter())
+    }
+
+    /// Removes and returns the first element matching `pred`, keeping the
+    /// order of the others.
+    fn take(&mut self, pred: impl Fn(&T) -> bool) -> Option<T> {
+        if self.first.as_ref().is_some_and(&pred) {
+            let v = self.first.take();
+            if !self.rest.is_empty() {
+                self.first = Some(self.rest.remove(0));
+            }
+            return v;
+        }
+        let i = self.rest.iter().position(pred)?;
+        Some(self.rest.remove(i))
+    }
+}
+
+impl<T> IntoIterator for Few<T> {
+    type Item = T;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.first.into_iter().chain(self.rest)
+    }
+}
+
+type Out = Few<EvData>;
+
 enum Pending {
     Buf(Arc<Slot>, EvData),
     Tm(TmEvent),
@@ -340,9 +406,11 @@ struct TmCore {
     stats: [QueueStats; QueueType::COUNT],
     eps: HashMap<String, Weak<EpInner>>,
     eps_sweep_at: usize,
+    /// Recent senders' end points, kept alive so that a busy peer's end
+    /// point is not re-created for every message (oldest evicted first).
+    ep_cache: VecDeque<EndPoint>,
     own_ep: Option<EndPoint>,
     own_addr: Option<String>,
-    running: usize,
     sync: bool,
     pending: VecDeque<Pending>,
     notify: Option<Box<dyn FnOnce() + Send>>,
@@ -362,6 +430,9 @@ pub(crate) struct TmInner {
     callback: Arc<TmCallback>,
     deliver_lock: Mutex<()>,
     earliest: AtomicU64,
+    /// Events posted and not yet fully delivered (their callback has not
+    /// returned). Atomic so that finishing a callback takes no lock.
+    running: AtomicUsize,
     me: Weak<TmInner>,
 }
 
@@ -424,6 +495,7 @@ impl TmInner {
             addr: parsed.addr,
             tm: self.id,
             data: parsed.data,
+            cached: AtomicBool::new(false),
         });
         core.eps.insert(ep.addr.clone(), Arc::downgrade(&ep));
         if core.eps.len() >= core.eps_sweep_at {
@@ -431,6 +503,28 @@ impl TmInner {
             core.eps_sweep_at = (core.eps.len() * 2).max(64);
         }
         Ok(EndPoint(ep))
+    }
+
+    /// The end point of a message's sender: like `find_or_create_ep`, and
+    /// remembered in the sender cache.
+    fn sender_ep(&self, core: &mut TmCore, addr: &str) -> Result<EndPoint> {
+        // Traffic usually comes in runs from one peer: try the newest
+        // cached sender before hashing the address.
+        if let Some(last) = core.ep_cache.back() {
+            if last.addr() == addr {
+                return Ok(last.clone());
+            }
+        }
+        let ep = self.find_or_create_ep(core, addr)?;
+        if !ep.0.cached.swap(true, Ordering::AcqRel) {
+            if core.ep_cache.len() >= EP_CACHE {
+                if let Some(old) = core.ep_cache.pop_front() {
+                    old.0.cached.store(false, Ordering::Release);
+                }
+            }
+            core.ep_cache.push_back(ep.clone());
+        }
+        Ok(ep)
     }
 
     /// Delivers a transfer machine event: queued in synchronous mode, else
@@ -451,8 +545,11 @@ impl TmInner {
             }
             return;
         }
-        core.running += 1;
+        self.running.fetch_add(1, Ordering::AcqRel);
         drop(core);
+        // Waiters on the state or the event sequence see it before the
+        // callback runs.
+        self.cond.notify_all();
         self.call_tm_cb(&ev);
         // The event holds end point references: release them before the
         // callback counts as finished, so that fini sees them gone.
@@ -471,18 +568,22 @@ impl TmInner {
     }
 
     fn finish_callback(self: &Arc<Self>) {
+        if self.running.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        // The last running callback finished: deliver what waited for that
+        // (a deferred STOPPED) and wake fini and wait_stopped.
         let mut core = self.core.lock();
-        core.running -= 1;
-        while core.running == 0 {
+        while self.running.load(Ordering::Acquire) == 0 {
             let Some(ev) = core.deferred.pop_front() else {
                 break;
             };
-            core.running += 1;
+            self.running.fetch_add(1, Ordering::AcqRel);
             drop(core);
             self.call_tm_cb(&ev);
             drop(ev);
+            self.running.fetch_sub(1, Ordering::AcqRel);
             core = self.core.lock();
-            core.running -= 1;
         }
         drop(core);
         self.cond.notify_all();
@@ -570,7 +671,7 @@ impl TmInner {
             status: Ok(()),
             ep: None,
         };
-        if !core.sync && core.running > 0 {
+        if !core.sync && self.running.load(Ordering::Acquire) > 0 {
             // Callbacks of buffer events are still running on other
             // threads: STOPPED is delivered after the last of them.
             core.event_seq += 1;
@@ -662,7 +763,7 @@ impl TmInner {
             return Delivery::default();
         }
         let now = Instant::now();
-        let mut out: Vec<EvData> = Vec::with_capacity(1);
+        let mut out = Out::default();
         let (fin, redel);
         match post {
             Post::Complete(res) => {
@@ -688,11 +789,11 @@ impl TmInner {
                 return Delivery::default();
             }
             Post::Msg { seq, len, sender } => {
-                let Some(c) = slot.rs.lock().inflight.remove(&seq) else {
+                let Some((_, c)) = slot.rs.lock().inflight.take(|(k, _)| *k == seq) else {
                     warn!(tm = %self.id, seq, "message for an unknown reservation ignored");
                     return Delivery::default();
                 };
-                let (status, len, sender) = match self.find_or_create_ep(&mut core, sender) {
+                let (status, len, sender) = match self.sender_ep(&mut core, sender) {
                     Ok(ep) => (Ok(()), len.min(c.len), Some(ep)),
                     Err(e) => {
                         warn!(tm = %self.id, sender, %e, "message from an unparseable sender address");
@@ -704,7 +805,7 @@ impl TmInner {
                     }
                 };
                 let mut rs = slot.rs.lock();
-                rs.ready.insert(
+                rs.ready.push((
                     seq,
                     Some(Ready {
                         status,
@@ -713,12 +814,12 @@ impl TmInner {
                         sender,
                         fin: c.fin,
                     }),
-                );
+                ));
                 (fin, redel) = self.drain_recv(&core, slot, &mut rs, now, &mut out);
             }
             Post::Hole { seq } => {
                 let mut rs = slot.rs.lock();
-                let Some(c) = rs.inflight.remove(&seq) else {
+                let Some((_, c)) = rs.inflight.take(|(k, _)| *k == seq) else {
                     warn!(tm = %self.id, seq, "release of an unknown reservation ignored");
                     return Delivery::default();
                 };
@@ -730,7 +831,7 @@ impl TmInner {
                         rs.reserved = c.offset;
                     }
                 }
-                rs.ready.insert(seq, None);
+                rs.ready.push((seq, None));
                 (fin, redel) = self.drain_recv(&core, slot, &mut rs, now, &mut out);
             }
         }
@@ -753,7 +854,7 @@ impl TmInner {
         if out.is_empty() {
             return Delivery::default();
         }
-        for ev in &out {
+        for ev in out.iter() {
             core.stats[slot.queue.index()].record_event(
                 ev.status.is_ok(),
                 ev.length,
@@ -774,7 +875,7 @@ impl TmInner {
             }
             return Delivery::default();
         }
-        core.running += out.len();
+        self.running.fetch_add(out.len(), Ordering::AcqRel);
         let start = {
             // Queued under the transfer machine's lock, so events of one
             // buffer are delivered in the order they were posted.
@@ -783,6 +884,8 @@ impl TmInner {
             !std::mem::replace(&mut se.busy, true)
         };
         drop(core);
+        // For wait_event_after (cheap when nobody waits).
+        self.cond.notify_all();
         if start {
             Delivery {
                 job: Some((Arc::clone(self), Arc::clone(slot))),
@@ -801,10 +904,13 @@ impl TmInner {
         slot: &Slot,
         rs: &mut RecvState,
         now: Instant,
-        out: &mut Vec<EvData>,
+        out: &mut Out,
     ) -> (bool, bool) {
         let leaving = slot.flag(F_CANCEL) || core.state == TmState::Stopping;
-        while let Some(entry) = rs.ready.remove(&rs.next_drain) {
+        while let Some((_, entry)) = {
+            let next = rs.next_drain;
+            rs.ready.take(|(k, _)| *k == next)
+        } {
             rs.next_drain += 1;
             let Some(r) = entry else {
                 continue;
@@ -914,7 +1020,7 @@ impl TmInner {
                 let fin = rs.claimed >= slot.recv.max_receive_msgs
                     || slot.size - rs.reserved < slot.recv.min_receive_size;
                 rs.closed = fin;
-                rs.inflight.insert(seq, Claim { offset, len, fin });
+                rs.inflight.push((seq, Claim { offset, len, fin }));
                 slot.set(F_IN_USE);
                 return Ok(RecvClaim {
                     buf: QueuedBuf(Arc::clone(slot)),
@@ -1088,6 +1194,9 @@ impl TmInner {
                 core.pending.len()
             )));
         }
+        for ep in std::mem::take(&mut core.ep_cache) {
+            ep.0.cached.store(false, Ordering::Release);
+        }
         if !force {
             let own = core.own_addr.clone();
             let busy: Vec<String> = core
@@ -1106,7 +1215,7 @@ impl TmInner {
                 )));
             }
         }
-        while core.running > 0 || !core.deferred.is_empty() {
+        while self.running.load(Ordering::Acquire) > 0 || !core.deferred.is_empty() {
             self.cond.wait(&mut core);
         }
         core.state = TmState::Undefined;
@@ -1371,7 +1480,7 @@ impl TmHandle {
                     length = len;
                 }
                 match self.decode_desc(d) {
-                    Ok(f) => desc = Some(f),
+                    Ok(f) => desc = Some(Box::new(f)),
                     Err(e) => return Err((e, buf)),
                 }
             }
@@ -1734,7 +1843,7 @@ impl TmHandle {
                 let mut core = self.inner.core.lock();
                 match core.pending.pop_front() {
                     Some(p) => {
-                        core.running += 1;
+                        self.inner.running.fetch_add(1, Ordering::AcqRel);
                         p
                     }
                     None => break,
@@ -1851,14 +1960,14 @@ impl TmHandle {
         let mut core = self.inner.core.lock();
         loop {
             let settled = matches!(core.state, TmState::Stopped | TmState::Failed)
-                && core.running == 0
+                && self.inner.running.load(Ordering::Acquire) == 0
                 && core.deferred.is_empty();
             if settled {
                 return Ok(());
             }
             if self.inner.cond.wait_until(&mut core, deadline).timed_out() {
                 let settled = matches!(core.state, TmState::Stopped | TmState::Failed)
-                    && core.running == 0
+                    && self.inner.running.load(Ordering::Acquire) == 0
                     && core.deferred.is_empty();
                 return if settled { Ok(()) } else { Err(NetError::TimedOut) };
             }
@@ -1913,9 +2022,9 @@ impl TransferMachine {
                 stats: [QueueStats::default(); QueueType::COUNT],
                 eps: HashMap::new(),
                 eps_sweep_at: 64,
+                ep_cache: VecDeque::new(),
                 own_ep: None,
                 own_addr: None,
-                running: 0,
                 sync: false,
                 pending: VecDeque::new(),
                 notify: None,
@@ -1929,6 +2038,7 @@ impl TransferMachine {
             callback,
             deliver_lock: Mutex::new(()),
             earliest: AtomicU64::new(0),
+            running: AtomicUsize::new(0),
             me: me.clone(),
         });
         dom.inner.tms.fetch_add(1, Ordering::AcqRel);

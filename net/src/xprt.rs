@@ -354,7 +354,7 @@ impl QueuedBuf {
 
     /// The decoded descriptor of an active bulk buffer.
     pub fn desc(&self) -> Option<&DescFields> {
-        self.0.desc.as_ref()
+        self.0.desc.as_deref()
     }
 
     /// Receive parameters of a message receive buffer.

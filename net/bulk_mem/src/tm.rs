@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use tracing::{debug, trace, warn};
 
 use crate::MemConfig;
-use crate::addr::{self, MemAddr};
+use crate::addr::{self, MemAddr, MemEp};
 use crate::workq::WorkQueue;
 
 /// Work items of a transfer machine's worker threads.
@@ -179,7 +179,7 @@ impl Shared {
             return;
         };
         let unreachable = || NetError::Unreachable(ep.addr().to_string());
-        let Some(dest) = ep.downcast::<MemAddr>().and_then(addr::lookup) else {
+        let Some(dest) = ep.downcast::<MemEp>().and_then(MemEp::lookup) else {
             sink.complete(q, Err(unreachable()));
             return;
         };
@@ -337,7 +337,7 @@ impl XprtTm for MemTm {
         let a = MemAddr::parse(addr)?;
         Ok(EpAddr {
             addr: a.to_string(),
-            data: Arc::new(a),
+            data: Arc::new(MemEp::new(a)),
         })
     }
 
