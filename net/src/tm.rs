@@ -239,7 +239,9 @@ pub(crate) struct Slot {
     pub(crate) queue: QueueType,
     pub(crate) length: usize,
     pub(crate) size: usize,
-    pub(crate) ep: Option<EndPoint>,
+    /// Destination of a send; released when the buffer completes, even if
+    /// the transport keeps its `QueuedBuf`.
+    pub(crate) ep: Mutex<Option<EndPoint>>,
     pub(crate) actor: Option<String>,
     pub(crate) desc: Option<Box<DescFields>>,
     pub(crate) cookie: u64,
@@ -743,6 +745,8 @@ impl TmInner {
 
     fn remove_slot(&self, core: &mut TmCore, slot: &Slot) {
         core.slots.remove(slot.token);
+        // The reference a send holds on its end point ends with the send.
+        drop(slot.ep.lock().take());
         core.qlen[slot.queue.index()] -= 1;
         if slot.queue == QueueType::MsgRecv {
             if let Some(pos) = core.recv_list.iter().position(|&k| k == slot.token) {
@@ -1525,7 +1529,7 @@ impl TmHandle {
                 queue,
                 length,
                 size,
-                ep,
+                ep: Mutex::new(ep),
                 actor: actor.clone(),
                 desc,
                 cookie,

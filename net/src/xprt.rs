@@ -347,9 +347,9 @@ impl QueuedBuf {
         self.0.size
     }
 
-    /// The destination of a message send.
-    pub fn end_point(&self) -> Option<&EndPoint> {
-        self.0.ep.as_ref()
+    /// The destination of a message send (until the buffer completed).
+    pub fn end_point(&self) -> Option<EndPoint> {
+        self.0.ep.lock().clone()
     }
 
     /// The decoded descriptor of an active bulk buffer.
