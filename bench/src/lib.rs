@@ -93,7 +93,8 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         }
     };
     let n: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} too large"))
 }
 
 /// Formats a byte count with a binary unit (`64B`, `4KiB`, `16MiB`).

@@ -217,12 +217,25 @@ pub fn run_plan(
                 (true, false, _) => Some(Target::RatioAtMost(1.5)),
                 _ => None,
             };
-            rows.push(row("rtt", size, "us", &ours, &base, channel_name(plan.polling, size), false, target));
+            rows.push(row(
+                "rtt",
+                size,
+                "us",
+                &ours,
+                &base,
+                channel_name(plan.polling, size),
+                false,
+                target,
+            ));
         }
     }
     if plan.wants("oneway") {
         let size = plan.oneway_size;
-        progress(&format!("one-way stream {} ({})", fmt_size(size), plan.mode()));
+        progress(&format!(
+            "one-way stream {} ({})",
+            fmt_size(size),
+            plan.mode()
+        ));
         let mut w = OneWay::new(xprt, &cfg, size, plan.oneway_window)?;
         w.run((plan.oneway_count / 10).max(1))?;
         let (mut ours, mut base) = (Vec::new(), Vec::new());
@@ -230,7 +243,11 @@ pub fn run_plan(
             ours.push(plan.oneway_count as f64 / secs(w.run(plan.oneway_count)?) / 1e6);
             base.push(
                 plan.oneway_count as f64
-                    / secs(baseline::channel_one_way(plan.oneway_count, plan.polling, plan.cpus))
+                    / secs(baseline::channel_one_way(
+                        plan.oneway_count,
+                        plan.polling,
+                        plan.cpus,
+                    ))
                     / 1e6,
             );
         }
@@ -239,15 +256,29 @@ pub fn run_plan(
         let target = (plan.mem_targets && plan.polling).then_some(Target::AtLeast(1.0));
         let name = format!(
             "crossbeam bounded(1024) stream of 64 B arrays ({}){}",
-            if plan.polling { "try_recv spin" } else { "recv" },
-            if multi { "" } else { "; ours without multi-message buffers" }
+            if plan.polling {
+                "try_recv spin"
+            } else {
+                "recv"
+            },
+            if multi {
+                ""
+            } else {
+                "; ours without multi-message buffers"
+            }
         );
-        rows.push(row("oneway", size, "Mmsg/s", &ours, &base, name, true, target));
+        rows.push(row(
+            "oneway", size, "Mmsg/s", &ours, &base, name, true, target,
+        ));
     }
     if plan.wants("bulk") {
         for dir in [BulkDir::Read, BulkDir::Write] {
             for &size in &plan.bulk_sizes {
-                let name = if dir == BulkDir::Read { "bulk-read" } else { "bulk-write" };
+                let name = if dir == BulkDir::Read {
+                    "bulk-read"
+                } else {
+                    "bulk-write"
+                };
                 progress(&format!("{name} {} ({})", fmt_size(size), plan.mode()));
                 let iters = (plan.bulk_bytes / size.max(1)).max(4) as u64;
                 let mut w = Bulk::new(xprt, &cfg, size, dir)?;
@@ -261,7 +292,16 @@ pub fn run_plan(
                 w.finish();
                 let target =
                     (plan.mem_targets && size == 1 << 20).then_some(Target::RatioAtLeast(0.8));
-                rows.push(row(name, size, "GB/s", &ours, &base, "single-thread memcpy".into(), true, target));
+                rows.push(row(
+                    name,
+                    size,
+                    "GB/s",
+                    &ours,
+                    &base,
+                    "single-thread memcpy".into(),
+                    true,
+                    target,
+                ));
             }
         }
     }
@@ -270,9 +310,15 @@ pub fn run_plan(
 
 fn channel_name(polling: bool, size: usize) -> String {
     if polling {
-        format!("crossbeam bounded(1) ping-pong, try_recv spin, {} copied per hop", fmt_size(size))
+        format!(
+            "crossbeam bounded(1) ping-pong, try_recv spin, {} copied per hop",
+            fmt_size(size)
+        )
     } else {
-        format!("crossbeam bounded(0) (parking) ping-pong, {} copied per hop", fmt_size(size))
+        format!(
+            "crossbeam bounded(0) (parking) ping-pong, {} copied per hop",
+            fmt_size(size)
+        )
     }
 }
 
@@ -313,12 +359,22 @@ pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
         "{:<11} {:>6} {:>8} {:>24} {:>24} {:>7}  {}\n",
-        "test", "size", "unit", "ours median [min-max]", "baseline median [min-max]", "ratio", "target"
+        "test",
+        "size",
+        "unit",
+        "ours median [min-max]",
+        "baseline median [min-max]",
+        "ratio",
+        "target"
     ));
     for r in rows {
         let f = |s: &Stat| format!("{:.3} [{:.3}-{:.3}]", s.median, s.min, s.max);
         let target = match (r.target, r.met) {
-            (Some(t), Some(m)) => format!("{} {}", t.describe(r.unit), if m { "met" } else { "MISSED" }),
+            (Some(t), Some(m)) => format!(
+                "{} {}",
+                t.describe(r.unit),
+                if m { "met" } else { "MISSED" }
+            ),
             _ => String::new(),
         };
         out.push_str(&format!(
@@ -340,7 +396,9 @@ pub fn table(rows: &[Row]) -> String {
             seen.push(r.baseline_name.clone());
         }
     }
-    out.push_str("ratio = ours / baseline (for us, lower is better; for Mmsg/s and GB/s, higher)\n");
+    out.push_str(
+        "ratio = ours / baseline (for us, lower is better; for Mmsg/s and GB/s, higher)\n",
+    );
     out
 }
 
@@ -355,7 +413,16 @@ mod tests {
         assert_eq!(Stat::of(&[1.0, 2.0, 3.0, 10.0]).median, 2.5);
         assert!(Target::AtMost(2.0).met(1.9, 0.0));
         assert!(!Target::RatioAtLeast(0.8).met(0.0, 0.7));
-        let r = row("rtt", 64, "us", &[2.0], &[1.0], "x".into(), false, Some(Target::RatioAtMost(1.5)));
+        let r = row(
+            "rtt",
+            64,
+            "us",
+            &[2.0],
+            &[1.0],
+            "x".into(),
+            false,
+            Some(Target::RatioAtMost(1.5)),
+        );
         assert_eq!(r.ratio, 2.0);
         assert_eq!(r.met, Some(false));
         assert!(table(&[r]).contains("MISSED"));

@@ -164,11 +164,17 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
     let mut report = Report {
         transport: "mem",
         machine: Machine::probe(),
-        build: if cfg!(debug_assertions) { "debug" } else { "release" },
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
         sections: Vec::new(),
     };
     if report.build == "debug" && !a.quiet {
-        eprintln!("note: a debug build; run `cargo run --release -p colibri-cli -- bench` for real figures");
+        eprintln!(
+            "note: a debug build; run `cargo run --release -p colibri-cli -- bench` for real figures"
+        );
     }
     for &polling in modes {
         let mut plan = if a.smoke {
@@ -210,14 +216,11 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         let mut progress = |what: &str| {
             step += 1;
             if progress_on {
-                eprintln!(
-                    "[{:>5.1}s] {step}. {what}",
-                    started.elapsed().as_secs_f64()
-                );
+                eprintln!("[{:>5.1}s] {step}. {what}", started.elapsed().as_secs_f64());
             }
         };
-        let rows = run_plan(&plan, &xprt, &PairConfig::mem(), &mut progress)
-            .map_err(|e| e.to_string())?;
+        let rows =
+            run_plan(&plan, &xprt, &PairConfig::mem(), &mut progress).map_err(|e| e.to_string())?;
         report.sections.push(Section {
             mode,
             workers: a.workers.max(1),
@@ -246,8 +249,12 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 || "not pinned".to_string(),
                 |(c, sv)| format!("client on CPU {c}, server on CPU {sv}"),
             );
-            writeln!(out, "\n== {} workers ({} per transfer machine), {pin}", s.mode, s.workers)
-                .map_err(|e| e.to_string())?;
+            writeln!(
+                out,
+                "\n== {} workers ({} per transfer machine), {pin}",
+                s.mode, s.workers
+            )
+            .map_err(|e| e.to_string())?;
             write!(out, "{}", table(&s.rows)).map_err(|e| e.to_string())?;
         }
     }

@@ -74,7 +74,11 @@ struct Piece {
 impl BufVec {
     /// A zeroed vector of `nr_segs` segments of `seg_size` bytes each.
     pub fn new(nr_segs: usize, seg_size: usize) -> Self {
-        Self::from_boxed((0..nr_segs).map(|_| vec![0u8; seg_size].into_boxed_slice()).collect())
+        Self::from_boxed(
+            (0..nr_segs)
+                .map(|_| vec![0u8; seg_size].into_boxed_slice())
+                .collect(),
+        )
     }
 
     /// A zeroed vector of `total` bytes cut into segments of `seg_size`
@@ -321,7 +325,10 @@ mod tests {
         assert_eq!(b.len(), 12);
         assert_eq!(b.nr_segments(), 3);
         let b = BufVec::with_len(10, 4);
-        assert_eq!(b.segments().map(<[u8]>::len).collect::<Vec<_>>(), vec![4, 4, 2]);
+        assert_eq!(
+            b.segments().map(<[u8]>::len).collect::<Vec<_>>(),
+            vec![4, 4, 2]
+        );
         let b = BufVec::with_len(3, 0);
         assert_eq!(b.nr_segments(), 1);
         assert!(BufVec::new(0, 4).is_empty());

@@ -472,10 +472,7 @@ impl TmInner {
     }
 
     fn update_earliest(&self, core: &TmCore) {
-        let n = core
-            .timers
-            .first()
-            .map_or(0, |(d, _)| instant_to_nanos(*d));
+        let n = core.timers.first().map_or(0, |(d, _)| instant_to_nanos(*d));
         self.earliest.store(n, Ordering::Release);
     }
 
@@ -488,10 +485,10 @@ impl TmInner {
             return Ok(EndPoint(ep));
         }
         let parsed = self.xprt.ep_parse(addr)?;
-        if parsed.addr != addr {
-            if let Some(ep) = core.eps.get(&parsed.addr).and_then(Weak::upgrade) {
-                return Ok(EndPoint(ep));
-            }
+        if parsed.addr != addr
+            && let Some(ep) = core.eps.get(&parsed.addr).and_then(Weak::upgrade)
+        {
+            return Ok(EndPoint(ep));
         }
         let ep = Arc::new(EpInner {
             addr: parsed.addr,
@@ -512,17 +509,17 @@ impl TmInner {
     fn sender_ep(&self, core: &mut TmCore, addr: &str) -> Result<EndPoint> {
         // Traffic usually comes in runs from one peer: try the newest
         // cached sender before hashing the address.
-        if let Some(last) = core.ep_cache.back() {
-            if last.addr() == addr {
-                return Ok(last.clone());
-            }
+        if let Some(last) = core.ep_cache.back()
+            && last.addr() == addr
+        {
+            return Ok(last.clone());
         }
         let ep = self.find_or_create_ep(core, addr)?;
         if !ep.0.cached.swap(true, Ordering::AcqRel) {
-            if core.ep_cache.len() >= EP_CACHE {
-                if let Some(old) = core.ep_cache.pop_front() {
-                    old.0.cached.store(false, Ordering::Release);
-                }
+            if core.ep_cache.len() >= EP_CACHE
+                && let Some(old) = core.ep_cache.pop_front()
+            {
+                old.0.cached.store(false, Ordering::Release);
             }
             core.ep_cache.push_back(ep.clone());
         }
@@ -748,10 +745,10 @@ impl TmInner {
         // The reference a send holds on its end point ends with the send.
         drop(slot.ep.lock().take());
         core.qlen[slot.queue.index()] -= 1;
-        if slot.queue == QueueType::MsgRecv {
-            if let Some(pos) = core.recv_list.iter().position(|&k| k == slot.token) {
-                core.recv_list.remove(pos);
-            }
+        if slot.queue == QueueType::MsgRecv
+            && let Some(pos) = core.recv_list.iter().position(|&k| k == slot.token)
+        {
+            core.recv_list.remove(pos);
         }
         if let Some(d) = slot.deadline {
             core.timers.remove(&(d, slot.token));
@@ -802,7 +799,9 @@ impl TmInner {
                     Err(e) => {
                         warn!(tm = %self.id, sender, %e, "message from an unparseable sender address");
                         (
-                            Err(NetError::Protocol(format!("sender address {sender:?}: {e}"))),
+                            Err(NetError::Protocol(format!(
+                                "sender address {sender:?}: {e}"
+                            ))),
                             0,
                             None,
                         )
@@ -964,7 +963,7 @@ impl TmInner {
             let mut nb = slot.buf.lock().take();
             if let Some(b) = nb.as_mut() {
                 b.timeout_reset();
-                b.msgs_received = ev.msgs;
+                b.set_msgs_received(ev.msgs);
             }
             (nb, None)
         } else {
@@ -1159,14 +1158,14 @@ impl TmInner {
                 break;
             }
             core.timers.pop_first();
-            if let Some(slot) = core.slots.get(key).cloned() {
-                if !slot.flag(F_CANCEL) {
-                    slot.set(F_TIMED_OUT | F_CANCEL);
-                    trace!(tm = %self.id, token = key, "buffer timed out");
-                    self.xprt
-                        .buf_del(&self.sink(), &QueuedBuf(slot), DelReason::Timeout);
-                    n += 1;
-                }
+            if let Some(slot) = core.slots.get(key).cloned()
+                && !slot.flag(F_CANCEL)
+            {
+                slot.set(F_TIMED_OUT | F_CANCEL);
+                trace!(tm = %self.id, token = key, "buffer timed out");
+                self.xprt
+                    .buf_del(&self.sink(), &QueuedBuf(slot), DelReason::Timeout);
+                n += 1;
             }
         }
         self.update_earliest(&core);
@@ -1426,7 +1425,7 @@ impl TmHandle {
             };
         }
         check!(self.inner.check_api());
-        if !Arc::ptr_eq(&buf.dom, &self.inner.dom) {
+        if !Arc::ptr_eq(buf.dom(), &self.inner.dom) {
             return Err((NetError::WrongDomain, buf));
         }
         let queue = op.queue();
@@ -1442,8 +1441,7 @@ impl TmHandle {
         let mut recv = RecvParams::default();
         match op {
             AddOp::MsgRecv(p) => {
-                if p.max_receive_msgs == 0 || p.min_receive_size == 0 || p.min_receive_size > size
-                {
+                if p.max_receive_msgs == 0 || p.min_receive_size == 0 || p.min_receive_size > size {
                     return Err((
                         NetError::InvalidArgument(format!(
                             "receive parameters {p:?} for a buffer of {size} bytes"
@@ -1552,18 +1550,16 @@ impl TmHandle {
         let sink = self.inner.sink();
         let undo = |core: &mut TmCore, e: NetError| {
             core.slots.remove(key);
-            let buffer = slot
-                .buf
-                .lock()
-                .take()
-                .expect("the buffer was placed in its slot above and nobody takes it before completion");
+            let buffer = slot.buf.lock().take().expect(
+                "the buffer was placed in its slot above and nobody takes it before completion",
+            );
             (e, buffer)
         };
         let out_desc = if queue.is_passive() {
             let owner = core.own_addr.clone().unwrap_or_default();
             let extra = match self.inner.xprt.desc_extra(&q) {
                 Ok(x) => x,
-                Err(e) => return Err(undo(&mut *core, e)),
+                Err(e) => return Err(undo(&mut core, e)),
             };
             let fields = DescFields {
                 transport_id: caps.transport_id,
@@ -1581,13 +1577,13 @@ impl TmHandle {
             };
             match NetBufDesc::encode(&fields, self.inner.dom.limits.max_desc_size) {
                 Ok(d) => Some(d),
-                Err(e) => return Err(undo(&mut *core, e)),
+                Err(e) => return Err(undo(&mut core, e)),
             }
         } else {
             None
         };
         if let Err(e) = self.inner.xprt.buf_add(&sink, &q) {
-            return Err(undo(&mut *core, e));
+            return Err(undo(&mut core, e));
         }
         core.qlen[queue.index()] += 1;
         core.stats[queue.index()].adds += 1;
@@ -1658,11 +1654,7 @@ impl TmHandle {
     ///
     /// # Errors
     /// As [`TmHandle::add`].
-    pub fn add_active_recv(
-        &self,
-        buf: NetBuffer,
-        desc: &NetBufDesc,
-    ) -> Result<BufToken, AddError> {
+    pub fn add_active_recv(&self, buf: NetBuffer, desc: &NetBufDesc) -> Result<BufToken, AddError> {
         self.add(buf, AddOp::ActiveRecv { desc }).map(|a| a.token)
     }
 
@@ -1943,7 +1935,15 @@ impl TmHandle {
     /// stopped while waiting for STARTED.
     pub fn wait_for_state(&self, state: TmState, timeout: Duration) -> Result<()> {
         let terminal = |s: TmState| matches!(s, TmState::Failed | TmState::Undefined);
-        let got = self.wait_state(|s| s == state || terminal(s) || (state == TmState::Started && matches!(s, TmState::Stopping | TmState::Stopped)), timeout)?;
+        let got = self.wait_state(
+            |s| {
+                s == state
+                    || terminal(s)
+                    || (state == TmState::Started
+                        && matches!(s, TmState::Stopping | TmState::Stopped))
+            },
+            timeout,
+        )?;
         if got == state {
             Ok(())
         } else {
@@ -1973,7 +1973,11 @@ impl TmHandle {
                 let settled = matches!(core.state, TmState::Stopped | TmState::Failed)
                     && self.inner.running.load(Ordering::Acquire) == 0
                     && core.deferred.is_empty();
-                return if settled { Ok(()) } else { Err(NetError::TimedOut) };
+                return if settled {
+                    Ok(())
+                } else {
+                    Err(NetError::TimedOut)
+                };
             }
         }
     }
@@ -2089,16 +2093,16 @@ impl TransferMachine {
             TmState::Initialized => h.queued() > 0,
             _ => false,
         };
-        if needs_stop {
-            if let Err(e) = h.stop(true) {
-                warn!(tm = %inner.id, %e, "stop on drop failed");
-            }
+        if needs_stop && let Err(e) = h.stop(true) {
+            warn!(tm = %inner.id, %e, "stop on drop failed");
         }
-        if matches!(h.state(), TmState::Stopping | TmState::Stopped | TmState::Failed) {
-            if let Err(e) = h.wait_stopped(Duration::from_secs(30)) {
-                error!(tm = %inner.id, %e, "transfer machine did not stop on drop; leaking it");
-                return;
-            }
+        if matches!(
+            h.state(),
+            TmState::Stopping | TmState::Stopped | TmState::Failed
+        ) && let Err(e) = h.wait_stopped(Duration::from_secs(30))
+        {
+            error!(tm = %inner.id, %e, "transfer machine did not stop on drop; leaking it");
+            return;
         }
         if let Err(e) = inner.fini(true) {
             error!(tm = %inner.id, %e, "transfer machine could not be finalised on drop");

@@ -390,8 +390,10 @@ impl QueuedBuf {
     /// lock, never the other way round. When two are held (a copy between
     /// buffers), lock the source (sending) buffer first.
     pub fn data(&self) -> Option<MappedMutexGuard<'_, BufVec>> {
-        parking_lot::MutexGuard::try_map(self.0.buf.lock(), |b| b.as_mut().map(|nb| nb.bufvec_mut()))
-            .ok()
+        parking_lot::MutexGuard::try_map(self.0.buf.lock(), |b| {
+            b.as_mut().map(|nb| nb.bufvec_mut())
+        })
+        .ok()
     }
 }
 

@@ -136,16 +136,34 @@ fn optional_features_are_refused_not_faked() {
     let fake = Fake::new(Caps::new(1));
     let (dom, tm) = started(&fake);
     let tm2 = dom.tm_init(ignore_tm_events()).unwrap();
-    assert!(matches!(tm2.set_sync_delivery(), Err(NetError::Unsupported { .. })));
-    assert!(matches!(tm2.confine(&[0]), Err(NetError::Unsupported { .. })));
+    assert!(matches!(
+        tm2.set_sync_delivery(),
+        Err(NetError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        tm2.confine(&[0]),
+        Err(NetError::Unsupported { .. })
+    ));
     tm2.fini().unwrap();
     let (cbs, _ev) = event_channel(4);
-    let mut b = dom.register(BufVec::new(1, 64)).unwrap().with_callbacks(cbs.clone());
+    let mut b = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(cbs.clone());
     b.set_timeout(Some(std::time::Instant::now() + Duration::from_secs(9)));
     let e = tm.add_msg_recv(b, RecvParams::default()).unwrap_err();
-    assert!(matches!(e.error, NetError::Unsupported { what: "buffer timeouts", .. }));
+    assert!(matches!(
+        e.error,
+        NetError::Unsupported {
+            what: "buffer timeouts",
+            ..
+        }
+    ));
     drop(e);
-    let b = dom.register(BufVec::new(1, 64)).unwrap().with_callbacks(cbs);
+    let b = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(cbs);
     let e = tm.add_msg_recv(b, RecvParams::multi(8, 4)).unwrap_err();
     assert!(matches!(e.error, NetError::Unsupported { .. }));
     drop(e);
@@ -160,8 +178,14 @@ fn transport_refusing_an_add_gets_the_buffer_back_untouched() {
     let (dom, tm) = started(&fake);
     let (cbs, _ev) = event_channel(4);
     fake.script.lock().fail_add = true;
-    let b = dom.register(BufVec::from_bytes(b"keep me")).unwrap().with_callbacks(cbs);
-    let (e, b) = tm.add_msg_recv(b, RecvParams::default()).unwrap_err().into_parts();
+    let b = dom
+        .register(BufVec::from_bytes(b"keep me"))
+        .unwrap()
+        .with_callbacks(cbs);
+    let (e, b) = tm
+        .add_msg_recv(b, RecvParams::default())
+        .unwrap_err()
+        .into_parts();
     assert!(matches!(e, NetError::Busy(_)));
     assert_eq!(b.bufvec().to_vec(0, 7).unwrap(), b"keep me");
     assert_eq!(tm.queued(), 0);
@@ -178,7 +202,10 @@ fn duplicate_and_late_completions_are_ignored() {
     let (dom, tm) = started(&fake);
     let (cbs, ev) = event_channel(8);
     let ep = tm.ep_create("ep:peer").unwrap();
-    let b = dom.register(BufVec::new(1, 64)).unwrap().with_callbacks(cbs);
+    let b = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(cbs);
     let t = tm.add_msg_send(b, &ep, 10).unwrap();
     let q = fake.script.lock().queued.pop().unwrap();
     assert_eq!(q.token(), t);
@@ -190,9 +217,16 @@ fn duplicate_and_late_completions_are_ignored() {
     sink.complete(&q, Ok(10));
     let e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
     assert!(e.is_ok());
-    assert!(ev.recv_timeout(Duration::from_millis(50)).is_none(), "exactly one completion");
+    assert!(
+        ev.recv_timeout(Duration::from_millis(50)).is_none(),
+        "exactly one completion"
+    );
     assert!(!sink.begin_use(&q), "a completed buffer cannot be used");
-    assert_eq!(q.end_point(), None, "the send's end point reference ended with it");
+    assert_eq!(
+        q.end_point(),
+        None,
+        "the send's end point reference ended with it"
+    );
     let st = tm.stats(QueueType::MsgSend, false);
     assert_eq!((st.s_events, st.f_events), (1, 0));
     drop((e, ep));
@@ -207,7 +241,10 @@ fn stopped_with_buffers_left_completes_them_once() {
     let (dom, tm) = started(&fake);
     let (cbs, ev) = event_channel(8);
     for _ in 0..3 {
-        let b = dom.register(BufVec::new(1, 64)).unwrap().with_callbacks(cbs.clone());
+        let b = dom
+            .register(BufVec::new(1, 64))
+            .unwrap()
+            .with_callbacks(cbs.clone());
         tm.add_msg_recv(b, RecvParams::default()).unwrap();
     }
     tm.stop(false).unwrap();
@@ -243,9 +280,17 @@ fn late_started_never_resurrects() {
     assert_eq!(tm.state(), TmState::Stopped);
     fake.sink().post_started("ep:me");
     assert_eq!(tm.state(), TmState::Stopped);
-    let kinds: Vec<TmEventKind> = std::iter::from_fn(|| events.try_recv()).map(|e| e.kind).collect();
+    let kinds: Vec<TmEventKind> = std::iter::from_fn(|| events.try_recv())
+        .map(|e| e.kind)
+        .collect();
     assert_eq!(kinds.len(), 1, "{kinds:?}");
-    assert!(matches!(kinds[0], TmEventKind::StateChange { state: TmState::Stopped, .. }));
+    assert!(matches!(
+        kinds[0],
+        TmEventKind::StateChange {
+            state: TmState::Stopped,
+            ..
+        }
+    ));
     tm.fini().unwrap();
     dom.fini().unwrap();
 }
@@ -256,11 +301,20 @@ fn synchronous_start_failure_fails_the_tm_and_cancels_queued_receives() {
     let dom = Domain::new(&fake).unwrap();
     let tm = dom.tm_init(ignore_tm_events()).unwrap();
     let (cbs, ev) = event_channel(4);
-    let b = dom.register(BufVec::new(1, 64)).unwrap().with_callbacks(cbs);
+    let b = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(cbs);
     tm.add_msg_recv(b, RecvParams::default()).unwrap();
-    assert!(matches!(tm.start("bad"), Err(NetError::InvalidAddress { .. })));
+    assert!(matches!(
+        tm.start("bad"),
+        Err(NetError::InvalidAddress { .. })
+    ));
     assert_eq!(tm.state(), TmState::Failed);
-    assert_eq!(ev.recv_timeout(Duration::from_secs(5)).unwrap().error(), Some(&NetError::Cancelled));
+    assert_eq!(
+        ev.recv_timeout(Duration::from_secs(5)).unwrap().error(),
+        Some(&NetError::Cancelled)
+    );
     tm.fini().unwrap();
     dom.fini().unwrap();
 }
@@ -277,7 +331,10 @@ fn panicking_callback_does_not_lose_the_machine() {
         }
     }));
     for _ in 0..2 {
-        let b = dom.register(BufVec::new(1, 64)).unwrap().with_callbacks(cbs.clone());
+        let b = dom
+            .register(BufVec::new(1, 64))
+            .unwrap()
+            .with_callbacks(cbs.clone());
         tm.add_msg_recv(b, RecvParams::default()).unwrap();
     }
     let qs: Vec<_> = std::mem::take(&mut fake.script.lock().queued);
@@ -285,7 +342,11 @@ fn panicking_callback_does_not_lose_the_machine() {
         fake.sink().complete(q, Err(NetError::Cancelled));
     }
     assert_eq!(calls.load(Ordering::SeqCst), 2);
-    assert_eq!(dom.buffer_count(), 0, "the panicking callback's buffer was released");
+    assert_eq!(
+        dom.buffer_count(),
+        0,
+        "the panicking callback's buffer was released"
+    );
     drop(qs);
     stop(&fake, &tm);
     tm.fini().unwrap();
@@ -297,7 +358,10 @@ fn message_from_an_unparseable_sender_fails_that_message() {
     let fake = Fake::new(Caps::new(1));
     let (dom, tm) = started(&fake);
     let (cbs, ev) = event_channel(4);
-    let b = dom.register(BufVec::new(1, 64)).unwrap().with_callbacks(cbs);
+    let b = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(cbs);
     tm.add_msg_recv(b, RecvParams::default()).unwrap();
     let claim = fake.sink().claim_recv(5).unwrap();
     fake.sink().post_msg(claim, 5, "garbage");
@@ -317,7 +381,10 @@ fn descriptors_carry_transport_extra_bytes_and_identity() {
     let (cbs, ev) = event_channel(4);
     fake.script.lock().extra = b"rkey".to_vec();
     let peer = tm.ep_create("ep:peer").unwrap();
-    let b = dom.register(BufVec::new(1, 100)).unwrap().with_callbacks(cbs);
+    let b = dom
+        .register(BufVec::new(1, 100))
+        .unwrap()
+        .with_callbacks(cbs);
     let (t, d) = tm.add_passive_send(b, 60, Some(&peer)).unwrap();
     let f = d.decode().unwrap();
     assert_eq!(f.transport_id, 0xabcd);

@@ -118,13 +118,29 @@ fn main() {
     oneway(&mut c, &xprt);
     bulk(&mut c, &xprt);
     c.final_summary();
-    println!("\nratio ours/baseline of the mean time per iteration (polling workers, client CPU 1, server CPU 0):");
+    println!(
+        "\nratio ours/baseline of the mean time per iteration (polling workers, client CPU 1, server CPU 0):"
+    );
     let m = MEANS.lock().unwrap();
-    let groups: Vec<&String> = m.keys().map(|(g, _)| g).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    let groups: Vec<&String> = m
+        .keys()
+        .map(|(g, _)| g)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     for g in groups {
-        let get = |n: &str| m.get(&(g.clone(), n.to_string())).filter(|v| v.1 > 0).map(|v| v.0.as_secs_f64() / v.1 as f64);
+        let get = |n: &str| {
+            m.get(&(g.clone(), n.to_string()))
+                .filter(|v| v.1 > 0)
+                .map(|v| v.0.as_secs_f64() / v.1 as f64)
+        };
         if let (Some(o), Some(b)) = (get("ours"), get("baseline")) {
-            println!("  {g:<18} ours {:>10.3} us  baseline {:>10.3} us  time ratio {:>6.2}", o * 1e6, b * 1e6, o / b);
+            println!(
+                "  {g:<18} ours {:>10.3} us  baseline {:>10.3} us  time ratio {:>6.2}",
+                o * 1e6,
+                b * 1e6,
+                o / b
+            );
         }
     }
 }

@@ -144,13 +144,16 @@ impl MemEp {
     pub(crate) fn lookup(&self) -> Option<Arc<Shared>> {
         let generation = GENERATION.load(Ordering::Acquire);
         let mut c = self.cache.lock();
-        if c.0 == generation {
-            if let Some(tm) = c.1.upgrade() {
-                return Some(tm);
-            }
+        if c.0 == generation
+            && let Some(tm) = c.1.upgrade()
+        {
+            return Some(tm);
         }
         let found = lookup(&self.addr);
-        *c = (generation, found.as_ref().map_or_else(Weak::new, Arc::downgrade));
+        *c = (
+            generation,
+            found.as_ref().map_or_else(Weak::new, Arc::downgrade),
+        );
         found
     }
 }

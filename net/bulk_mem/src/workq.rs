@@ -88,7 +88,7 @@ impl<T> WorkQueue<T> {
                     return Some(item);
                 }
                 n = n.wrapping_add(1);
-                if n % 64 == 0 {
+                if n.is_multiple_of(64) {
                     if self.is_closed() {
                         return None;
                     }
@@ -137,7 +137,10 @@ mod tests {
         assert_eq!(q.pop(Duration::from_micros(5), None), Some(2));
         let t = Instant::now();
         assert_eq!(
-            q.pop(Duration::from_micros(50), Some(t + Duration::from_millis(20))),
+            q.pop(
+                Duration::from_micros(50),
+                Some(t + Duration::from_millis(20))
+            ),
             None
         );
         assert!(t.elapsed() >= Duration::from_millis(20));
@@ -178,7 +181,10 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut got = 0u64;
                     loop {
-                        match q.pop(Duration::ZERO, Some(Instant::now() + Duration::from_secs(5))) {
+                        match q.pop(
+                            Duration::ZERO,
+                            Some(Instant::now() + Duration::from_secs(5)),
+                        ) {
                             Some(u64::MAX) => return got,
                             Some(_) => got += 1,
                             None if q.is_closed() => return got,
