@@ -27,7 +27,7 @@
 //! ```
 //!
 //! The passive side re-checks every field against the real buffer when a
-//! request arrives ([`crate::TmSink::claim_passive`]), so a descriptor that
+//! request arrives ([`crate::xprt::TmSink::claim_passive`]), so a descriptor that
 //! was edited, replayed after its buffer completed, or presented by another
 //! end point fails cleanly.
 
