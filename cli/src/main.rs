@@ -54,7 +54,8 @@ enum Xprt {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {
-    /// Transport threads spin and never sleep (lowest latency).
+    /// Transport threads poll for up to 1 ms before sleeping, so a busy
+    /// transfer machine never sleeps (lowest latency).
     Polling,
     /// Transport threads sleep as soon as they are idle.
     Blocking,
@@ -158,7 +159,20 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         Mode::Blocking => &[false],
         Mode::Both => &[true, false],
     };
-    let pinned = (!a.no_pin).then(|| (a.cpus[0], a.cpus[1]));
+    let ncpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let pinned = if a.no_pin {
+        None
+    } else if a.cpus.iter().any(|&c| c >= ncpus) {
+        if !a.quiet {
+            eprintln!(
+                "note: CPUs {:?} do not all exist ({ncpus} available); threads are not pinned",
+                a.cpus
+            );
+        }
+        None
+    } else {
+        Some((a.cpus[0], a.cpus[1]))
+    };
     let progress_on = !a.quiet && std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut report = Report {
