@@ -409,3 +409,21 @@ fn descriptors_carry_transport_extra_bytes_and_identity() {
     tm.fini().unwrap();
     dom.fini().unwrap();
 }
+
+#[test]
+fn public_types_are_send_and_sync_as_documented() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Domain>();
+    send_sync::<colibri_net::TransferMachine>();
+    send_sync::<colibri_net::TmHandle>();
+    send_sync::<colibri_net::NetBuffer>();
+    send_sync::<colibri_net::EndPoint>();
+    send_sync::<colibri_net::NetBufDesc>();
+    send_sync::<colibri_net::BufferCallbacks>();
+    send_sync::<TmSink>();
+    send_sync::<QueuedBuf>();
+    send::<colibri_net::BufferEvent>();
+    send::<colibri_net::xprt::Delivery>();
+    send::<colibri_net::AddError>();
+}
