@@ -116,7 +116,11 @@ impl Future for BulkOpFuture {
 
 impl RpcHandle {
     fn bulk_cbs(&self, cell: &Arc<Completion<BulkDone>>) -> Arc<BufferCallbacks> {
-        let weak = Arc::downgrade(cell);
+        // The callbacks hold the cell until the transfer's completion (a
+        // handle given a callback is gone by then), and let go of it at
+        // that point: the buffer, stored in the cell, must not keep the
+        // cell alive through its callbacks.
+        let holder = Arc::new(parking_lot::Mutex::new(Some(Arc::clone(cell))));
         let m = Arc::downgrade(&self.inner);
         let cb = move |_tm: &colibri_net::TmHandle, mut ev: colibri_net::BufferEvent| {
             let Some(buffer) = ev.take_buffer() else {
@@ -130,7 +134,8 @@ impl RpcHandle {
                 bump(&m.stats.bulk_ok, 1);
                 bump(&m.stats.bulk_bytes, *n as u64);
             }
-            if let Some(c) = weak.upgrade() {
+            let cell = holder.lock().take();
+            if let Some(c) = cell {
                 c.complete(BulkDone { buffer, result });
             }
         };

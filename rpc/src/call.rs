@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -187,10 +187,6 @@ impl CallState {
         }
     }
 }
-
-/// Weak reference for bulk buffer callbacks (the buffer must not keep its
-/// call alive: the call holds the buffer once it comes back).
-pub(crate) type WeakCall = Weak<CallState>;
 
 fn taken() -> RpcError {
     RpcError::ApiMisuse("the call's result was already taken".into())

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{Span, debug, debug_span};
 
-use crate::call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, CallState, WeakCall};
+use crate::call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, CallState};
 use crate::codec;
 use crate::config::CallOpts;
 use crate::error::{Result, RpcError};
@@ -599,7 +599,12 @@ impl Session {
             ))));
             return handle;
         }
-        let weak: WeakCall = Arc::downgrade(&call);
+        // Each buffer's callback holds the call until that buffer's
+        // completion, then lets go (the buffer ends up inside the call).
+        let holders: Arc<Mutex<Vec<Option<Arc<CallState>>>>> = Arc::new(Mutex::new(
+            (0..n).map(|_| Some(Arc::clone(&call))).collect(),
+        ));
+        let hold = Arc::clone(&holders);
         let ids: Arc<Vec<u64>> = Arc::new(
             bulk.iter()
                 .map(|a| match a {
@@ -623,7 +628,8 @@ impl Session {
             let Some(i) = ids.iter().position(|&id| id == buffer.id()) else {
                 return;
             };
-            if let Some(c) = weak.upgrade() {
+            let c = hold.lock().get_mut(i).and_then(Option::take);
+            if let Some(c) = c {
                 c.bulk_done(i, BulkDone { buffer, result }, true);
             }
         };
@@ -636,6 +642,7 @@ impl Session {
         let mut error = None;
         for (i, arg) in bulk.into_iter().enumerate() {
             if error.is_some() {
+                holders.lock()[i] = None;
                 call.bulk_done(
                     i,
                     BulkDone {
@@ -680,6 +687,7 @@ impl Session {
                     });
                 }
                 Err(e) => {
+                    holders.lock()[i] = None;
                     let err = RpcError::Net(e.error.clone());
                     call.bulk_done(
                         i,
