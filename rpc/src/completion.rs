@@ -112,7 +112,7 @@ impl<T> Completion<T> {
             while !self.is_done() {
                 std::hint::spin_loop();
                 n = n.wrapping_add(1);
-                if n % 128 == 0 && start.elapsed() >= spin {
+                if n.is_multiple_of(128) && start.elapsed() >= spin {
                     break;
                 }
             }

@@ -595,22 +595,17 @@ impl Inner {
             bump(&self.stats.bytes_received, len as u64);
             ev.with_data(|bv| parse_bufvec(bv, off, len)).ok()
         } else {
-            if let Some(e) = ev.error() {
-                if !e.is_cancelled() {
-                    debug!(error = %e, "receive buffer failed");
-                }
+            if let Some(e) = ev.error().filter(|e| !e.is_cancelled()) {
+                debug!(error = %e, "receive buffer failed");
             }
             None
         };
         let sender = ev.take_sender();
-        if let Some(b) = ev.take_buffer() {
-            if !self.is_stopping() {
-                if let Err(e) = tm.add_msg_recv(b, self.recv_params) {
-                    if !self.is_stopping() {
-                        warn!(error = %e.error, "could not re-queue a receive buffer");
-                    }
-                }
-            }
+        if let Some(b) = ev.take_buffer().filter(|_| !self.is_stopping())
+            && let Err(e) = tm.add_msg_recv(b, self.recv_params)
+            && !self.is_stopping()
+        {
+            warn!(error = %e.error, "could not re-queue a receive buffer");
         }
         drop(ev);
         let (Some(items), Some(sender)) = (parsed, sender) else {
@@ -977,10 +972,9 @@ impl RpcMachine {
             if matches!(
                 tm.state(),
                 TmState::Started | TmState::Starting | TmState::Initialized
-            ) {
-                if let Err(e) = tm.stop(true) {
-                    result = Err(RpcError::Net(e));
-                }
+            ) && let Err(e) = tm.stop(true)
+            {
+                result = Err(RpcError::Net(e));
             }
             if let Err(e) = tm.wait_stopped(TM_WAIT) {
                 result = Err(RpcError::Net(e));
