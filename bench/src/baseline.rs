@@ -33,7 +33,11 @@ fn recv_spin<T>(rx: &Receiver<T>) -> Option<T> {
 }
 
 fn recv<T>(rx: &Receiver<T>, polling: bool) -> Option<T> {
-    if polling { recv_spin(rx) } else { rx.recv().ok() }
+    if polling {
+        recv_spin(rx)
+    } else {
+        rx.recv().ok()
+    }
 }
 
 /// `iters` round trips of a `size`-byte message between two threads on

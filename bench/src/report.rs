@@ -8,7 +8,10 @@ use std::time::Duration;
 use colibri_net::Transport;
 use serde::Serialize;
 
-use crate::{BenchResult, Bulk, BulkDir, OneWay, PairConfig, RoundTrip, baseline, fmt_size};
+use crate::{
+    BenchResult, Bulk, BulkDir, OneWay, PairConfig, RoundTrip, RpcBulk, RpcOneWay, RpcRoundTrip,
+    baseline, fmt_size,
+};
 
 /// Median, minimum and maximum of a figure over runs.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
@@ -77,12 +80,13 @@ impl Target {
 /// One line of a report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    /// Workload: `rtt`, `oneway`, `bulk-read`, `bulk-write`.
+    /// Workload: `rtt`, `oneway`, `bulk-read`, `bulk-write`, `rpc-rtt`,
+    /// `rpc-rate`, `rpc-bulk-read`, `rpc-bulk-write`, `rpc-oneway`.
     pub test: String,
     /// Message or transfer size in bytes.
     pub size: usize,
     /// Unit of `ours` and `baseline`: `us` (round-trip time), `Mmsg/s`,
-    /// `GB/s` (10^9 bytes per second).
+    /// `Mcall/s`, `Mitem/s`, `GB/s` (10^9 bytes per second).
     pub unit: &'static str,
     /// Our figure.
     pub ours: Stat,
@@ -126,7 +130,15 @@ pub struct Plan {
     pub bulk_sizes: Vec<usize>,
     /// Bytes moved per bulk run (at least 4 transfers).
     pub bulk_bytes: usize,
-    /// Workloads to run: any of `rtt`, `oneway`, `bulk`.
+    /// Null RPC calls per run (RPC round trip and rate).
+    pub rpc_iters: u64,
+    /// Calls in flight for the RPC rate figure.
+    pub rpc_window: usize,
+    /// Bulk size of the RPC bulk figures.
+    pub rpc_bulk_size: usize,
+    /// One-way items per RPC one-way run.
+    pub rpc_oneway_count: u64,
+    /// Workloads to run: any of `rtt`, `oneway`, `bulk`, `rpc`, `all`.
     pub tests: Vec<String>,
     /// Apply the in-memory transport's targets of issue 2.
     pub mem_targets: bool,
@@ -146,7 +158,11 @@ impl Plan {
             oneway_window: 256,
             bulk_sizes: vec![64 << 10, 1 << 20, 16 << 20],
             bulk_bytes: 512 << 20,
-            tests: vec!["rtt".into(), "oneway".into(), "bulk".into()],
+            rpc_iters: if polling { 100_000 } else { 5_000 },
+            rpc_window: 16,
+            rpc_bulk_size: 1 << 20,
+            rpc_oneway_count: if polling { 500_000 } else { 100_000 },
+            tests: vec!["rtt".into(), "oneway".into(), "bulk".into(), "rpc".into()],
             mem_targets: true,
         }
     }
@@ -159,6 +175,8 @@ impl Plan {
             oneway_count: 2_000,
             bulk_bytes: 8 << 20,
             bulk_sizes: vec![64 << 10, 1 << 20],
+            rpc_iters: 200,
+            rpc_oneway_count: 2_000,
             mem_targets: false,
             ..Self::standard(polling)
         }
@@ -217,12 +235,25 @@ pub fn run_plan(
                 (true, false, _) => Some(Target::RatioAtMost(1.5)),
                 _ => None,
             };
-            rows.push(row("rtt", size, "us", &ours, &base, channel_name(plan.polling, size), false, target));
+            rows.push(row(
+                "rtt",
+                size,
+                "us",
+                &ours,
+                &base,
+                channel_name(plan.polling, size),
+                false,
+                target,
+            ));
         }
     }
     if plan.wants("oneway") {
         let size = plan.oneway_size;
-        progress(&format!("one-way stream {} ({})", fmt_size(size), plan.mode()));
+        progress(&format!(
+            "one-way stream {} ({})",
+            fmt_size(size),
+            plan.mode()
+        ));
         let mut w = OneWay::new(xprt, &cfg, size, plan.oneway_window)?;
         w.run((plan.oneway_count / 10).max(1))?;
         let (mut ours, mut base) = (Vec::new(), Vec::new());
@@ -230,7 +261,11 @@ pub fn run_plan(
             ours.push(plan.oneway_count as f64 / secs(w.run(plan.oneway_count)?) / 1e6);
             base.push(
                 plan.oneway_count as f64
-                    / secs(baseline::channel_one_way(plan.oneway_count, plan.polling, plan.cpus))
+                    / secs(baseline::channel_one_way(
+                        plan.oneway_count,
+                        plan.polling,
+                        plan.cpus,
+                    ))
                     / 1e6,
             );
         }
@@ -239,15 +274,29 @@ pub fn run_plan(
         let target = (plan.mem_targets && plan.polling).then_some(Target::AtLeast(1.0));
         let name = format!(
             "crossbeam bounded(1024) stream of 64 B arrays ({}){}",
-            if plan.polling { "try_recv spin" } else { "recv" },
-            if multi { "" } else { "; ours without multi-message buffers" }
+            if plan.polling {
+                "try_recv spin"
+            } else {
+                "recv"
+            },
+            if multi {
+                ""
+            } else {
+                "; ours without multi-message buffers"
+            }
         );
-        rows.push(row("oneway", size, "Mmsg/s", &ours, &base, name, true, target));
+        rows.push(row(
+            "oneway", size, "Mmsg/s", &ours, &base, name, true, target,
+        ));
     }
     if plan.wants("bulk") {
         for dir in [BulkDir::Read, BulkDir::Write] {
             for &size in &plan.bulk_sizes {
-                let name = if dir == BulkDir::Read { "bulk-read" } else { "bulk-write" };
+                let name = if dir == BulkDir::Read {
+                    "bulk-read"
+                } else {
+                    "bulk-write"
+                };
                 progress(&format!("{name} {} ({})", fmt_size(size), plan.mode()));
                 let iters = (plan.bulk_bytes / size.max(1)).max(4) as u64;
                 let mut w = Bulk::new(xprt, &cfg, size, dir)?;
@@ -261,18 +310,183 @@ pub fn run_plan(
                 w.finish();
                 let target =
                     (plan.mem_targets && size == 1 << 20).then_some(Target::RatioAtLeast(0.8));
-                rows.push(row(name, size, "GB/s", &ours, &base, "single-thread memcpy".into(), true, target));
+                rows.push(row(
+                    name,
+                    size,
+                    "GB/s",
+                    &ours,
+                    &base,
+                    "single-thread memcpy".into(),
+                    true,
+                    target,
+                ));
             }
         }
+    }
+    if plan.wants("rpc") {
+        run_rpc(plan, xprt, &cfg, runs, progress, &mut rows)?;
     }
     Ok(rows)
 }
 
+/// The RPC rows: each against the layer below (or the RPC layer's own
+/// other setting) measured in the same, interleaved runs.
+fn run_rpc(
+    plan: &Plan,
+    xprt: &dyn Transport,
+    cfg: &PairConfig,
+    runs: usize,
+    progress: &mut dyn FnMut(&str),
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    let n = plan.rpc_iters.max(1);
+    progress(&format!(
+        "null RPC round trip vs raw 64B message round trip ({})",
+        plan.mode()
+    ));
+    {
+        let mut ours_w = RpcRoundTrip::new(xprt, cfg, 1)?;
+        let mut base_w = RoundTrip::new(xprt, cfg, 64)?;
+        ours_w.run((n / 10).max(1))?;
+        base_w.run((n / 10).max(1))?;
+        let (mut ours, mut base) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            ours.push(secs(ours_w.run(n)?) * 1e6 / n as f64);
+            base.push(secs(base_w.run(n)?) * 1e6 / n as f64);
+        }
+        ours_w.finish();
+        base_w.finish();
+        let target = plan.mem_targets.then_some(Target::RatioAtMost(1.5));
+        rows.push(row(
+            "rpc-rtt",
+            0,
+            "us",
+            &ours,
+            &base,
+            "raw 64 B message round trip (colibri_bench::RoundTrip), same transport".into(),
+            false,
+            target,
+        ));
+    }
+    progress(&format!(
+        "null RPC rate, {} in flight vs 1 ({})",
+        plan.rpc_window,
+        plan.mode()
+    ));
+    {
+        let mut ours_w = RpcRoundTrip::new(xprt, cfg, plan.rpc_window)?;
+        let mut base_w = RpcRoundTrip::new(xprt, cfg, 1)?;
+        ours_w.run((n / 10).max(1))?;
+        base_w.run((n / 10).max(1))?;
+        let (mut ours, mut base) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            ours.push(n as f64 / secs(ours_w.run(n)?) / 1e6);
+            base.push(n as f64 / secs(base_w.run(n)?) / 1e6);
+        }
+        ours_w.finish();
+        base_w.finish();
+        rows.push(row(
+            "rpc-rate",
+            0,
+            "Mcall/s",
+            &ours,
+            &base,
+            format!(
+                "the same null calls with 1 in flight (ours: {} in flight)",
+                plan.rpc_window
+            ),
+            true,
+            None,
+        ));
+    }
+    let size = plan.rpc_bulk_size;
+    let iters = ((256usize << 20) / size.max(1)).clamp(4, 10_000) as u64;
+    let iters = if plan.rpc_iters < 1000 { 4 } else { iters };
+    for dir in [BulkDir::Read, BulkDir::Write] {
+        let name = if dir == BulkDir::Read {
+            "rpc-bulk-read"
+        } else {
+            "rpc-bulk-write"
+        };
+        progress(&format!(
+            "{name} {} vs raw active bulk ({})",
+            fmt_size(size),
+            plan.mode()
+        ));
+        let mut ours_w = RpcBulk::new(xprt, cfg, size, dir)?;
+        let mut base_w = Bulk::new(xprt, cfg, size, dir)?;
+        ours_w.run(2)?;
+        base_w.run(2)?;
+        let (mut ours, mut base) = (Vec::new(), Vec::new());
+        let bytes = size as f64 * iters as f64;
+        for _ in 0..runs {
+            ours.push(bytes / secs(ours_w.run(iters)?) / 1e9);
+            base.push(bytes / secs(base_w.run(iters)?) / 1e9);
+        }
+        ours_w.finish();
+        base_w.finish();
+        let target = (plan.mem_targets && size == 1 << 20).then_some(Target::RatioAtLeast(0.9));
+        rows.push(row(
+            name,
+            size,
+            "GB/s",
+            &ours,
+            &base,
+            format!(
+                "raw active bulk (colibri_bench::Bulk, {}), same transport",
+                if dir == BulkDir::Read {
+                    "client active receive"
+                } else {
+                    "client active send"
+                }
+            ),
+            true,
+            target,
+        ));
+    }
+    progress(&format!(
+        "RPC one-way 64B items, batched vs one per message ({})",
+        plan.mode()
+    ));
+    {
+        let c = plan.rpc_oneway_count.max(1);
+        let mut ours_w = RpcOneWay::new(xprt, cfg, 64, true)?;
+        let mut base_w = RpcOneWay::new(xprt, cfg, 64, false)?;
+        ours_w.run((c / 10).max(1))?;
+        base_w.run((c / 10).max(1))?;
+        let (mut ours, mut base) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            ours.push(c as f64 / secs(ours_w.run(c)?) / 1e6);
+            base.push(c as f64 / secs(base_w.run(c)?) / 1e6);
+        }
+        let per = ours_w.items_per_msg();
+        ours_w.finish();
+        base_w.finish();
+        rows.push(row(
+            "rpc-oneway",
+            64,
+            "Mitem/s",
+            &ours,
+            &base,
+            format!("the same items without batching, one per message (ours: {per:.0} items per message)"),
+            true,
+            None,
+        ));
+    }
+    Ok(())
+}
+
 fn channel_name(polling: bool, size: usize) -> String {
     if polling {
-        format!("crossbeam bounded(1) ping-pong, try_recv spin, {} copied per hop", fmt_size(size))
+        format!(
+            "crossbeam bounded(1) ping-pong, try_recv spin, {} copied per hop",
+            fmt_size(size)
+        )
     } else {
-        format!("crossbeam bounded(0) (parking) ping-pong, {} copied per hop", fmt_size(size))
+        format!(
+            "crossbeam bounded(0) (parking) ping-pong, {} copied per hop",
+            fmt_size(size)
+        )
     }
 }
 
@@ -312,17 +526,27 @@ fn row(
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<11} {:>6} {:>8} {:>24} {:>24} {:>7}  {}\n",
-        "test", "size", "unit", "ours median [min-max]", "baseline median [min-max]", "ratio", "target"
+        "{:<14} {:>6} {:>8} {:>24} {:>24} {:>7}  {}\n",
+        "test",
+        "size",
+        "unit",
+        "ours median [min-max]",
+        "baseline median [min-max]",
+        "ratio",
+        "target"
     ));
     for r in rows {
         let f = |s: &Stat| format!("{:.3} [{:.3}-{:.3}]", s.median, s.min, s.max);
         let target = match (r.target, r.met) {
-            (Some(t), Some(m)) => format!("{} {}", t.describe(r.unit), if m { "met" } else { "MISSED" }),
+            (Some(t), Some(m)) => format!(
+                "{} {}",
+                t.describe(r.unit),
+                if m { "met" } else { "MISSED" }
+            ),
             _ => String::new(),
         };
         out.push_str(&format!(
-            "{:<11} {:>6} {:>8} {:>24} {:>24} {:>7.3}  {}\n",
+            "{:<14} {:>6} {:>8} {:>24} {:>24} {:>7.3}  {}\n",
             r.test,
             fmt_size(r.size),
             r.unit,
@@ -340,7 +564,9 @@ pub fn table(rows: &[Row]) -> String {
             seen.push(r.baseline_name.clone());
         }
     }
-    out.push_str("ratio = ours / baseline (for us, lower is better; for Mmsg/s and GB/s, higher)\n");
+    out.push_str(
+        "ratio = ours / baseline (for us, lower is better; for Mmsg/s and GB/s, higher)\n",
+    );
     out
 }
 
@@ -355,7 +581,16 @@ mod tests {
         assert_eq!(Stat::of(&[1.0, 2.0, 3.0, 10.0]).median, 2.5);
         assert!(Target::AtMost(2.0).met(1.9, 0.0));
         assert!(!Target::RatioAtLeast(0.8).met(0.0, 0.7));
-        let r = row("rtt", 64, "us", &[2.0], &[1.0], "x".into(), false, Some(Target::RatioAtMost(1.5)));
+        let r = row(
+            "rtt",
+            64,
+            "us",
+            &[2.0],
+            &[1.0],
+            "x".into(),
+            false,
+            Some(Target::RatioAtMost(1.5)),
+        );
         assert_eq!(r.ratio, 2.0);
         assert_eq!(r.met, Some(false));
         assert!(table(&[r]).contains("MISSED"));

@@ -101,7 +101,11 @@ fn wait_run<S>(
     }
 }
 
-fn filled(pair_side: &colibri_net::Domain, size: usize, cbs: &Arc<BufferCallbacks>) -> BenchResult<NetBuffer> {
+fn filled(
+    pair_side: &colibri_net::Domain,
+    size: usize,
+    cbs: &Arc<BufferCallbacks>,
+) -> BenchResult<NetBuffer> {
     let mut b = pair_side.register(BufVec::new(1, size.max(1)))?;
     b.bufvec_mut().fill(0xa5);
     b.set_callbacks(cbs.clone());
@@ -208,7 +212,8 @@ impl RoundTrip {
             BufferCallbacks::new()
                 .on(QueueType::MsgRecv, |tm, mut ev| {
                     let len = ev.length();
-                    if let (true, Some(s), Some(b)) = (ev.is_ok(), ev.take_sender(), ev.take_buffer())
+                    if let (true, Some(s), Some(b)) =
+                        (ev.is_ok(), ev.take_sender(), ev.take_buffer())
                     {
                         let _ = tm.add_msg_send(b, &s, len);
                     }
@@ -220,13 +225,18 @@ impl RoundTrip {
                 }),
         );
         for _ in 0..2 {
-            pair.server
-                .tm
-                .add_msg_recv(filled(&pair.server.dom, size, &scbs)?, RecvParams::default())?;
-            pair.client
-                .tm
-                .add_msg_recv(filled(&pair.client.dom, size, &ccbs)?, RecvParams::default())?;
-            sh.st.lock().free_send.push(filled(&pair.client.dom, size, &ccbs)?);
+            pair.server.tm.add_msg_recv(
+                filled(&pair.server.dom, size, &scbs)?,
+                RecvParams::default(),
+            )?;
+            pair.client.tm.add_msg_recv(
+                filled(&pair.client.dom, size, &ccbs)?,
+                RecvParams::default(),
+            )?;
+            sh.st
+                .lock()
+                .free_send
+                .push(filled(&pair.client.dom, size, &ccbs)?);
         }
         Ok(Self {
             pair: Some(pair),
@@ -262,7 +272,11 @@ impl RoundTrip {
         pair.stop();
         let leftovers = {
             let mut st = self.sh.st.lock();
-            (std::mem::take(&mut st.free_send), st.server.take(), st.client.take())
+            (
+                std::mem::take(&mut st.free_send),
+                st.server.take(),
+                st.client.take(),
+            )
         };
         drop(leftovers);
         pair.shutdown();
@@ -349,25 +363,27 @@ impl OneWay {
         });
         let received = Arc::new(AtomicU64::new(0));
         let c = sh.clone();
-        let ccbs = Arc::new(BufferCallbacks::new().on(QueueType::MsgSend, move |_tm, mut ev| {
-            let mut st = c.st.lock();
-            if st.run.closing {
-                return;
-            }
-            st.outstanding -= 1;
-            if let Err(e) = ev.status() {
-                st.run.fail(e);
-                c.cv.notify_all();
-                return;
-            }
-            if let Some(b) = ev.take_buffer() {
-                st.free.push(b);
-            }
-            if st.run.finished && st.outstanding == 0 {
-                c.cv.notify_all();
-            }
-            st.pump();
-        }));
+        let ccbs = Arc::new(
+            BufferCallbacks::new().on(QueueType::MsgSend, move |_tm, mut ev| {
+                let mut st = c.st.lock();
+                if st.run.closing {
+                    return;
+                }
+                st.outstanding -= 1;
+                if let Err(e) = ev.status() {
+                    st.run.fail(e);
+                    c.cv.notify_all();
+                    return;
+                }
+                if let Some(b) = ev.take_buffer() {
+                    st.free.push(b);
+                }
+                if st.run.finished && st.outstanding == 0 {
+                    c.cv.notify_all();
+                }
+                st.pump();
+            }),
+        );
         let (s, r) = (sh.clone(), received.clone());
         let params = if multi {
             RecvParams::multi(size, u32::MAX)
@@ -376,24 +392,26 @@ impl OneWay {
         };
         let goal = Arc::new(AtomicU64::new(u64::MAX));
         let g = goal.clone();
-        let scbs = Arc::new(BufferCallbacks::new().on(QueueType::MsgRecv, move |tm, mut ev| {
-            if ev.is_ok() {
-                // Lock-free on every message; the state lock only at the end.
-                let n = r.fetch_add(1, Ordering::AcqRel) + 1;
-                if n == g.load(Ordering::Acquire) {
-                    let end = Instant::now();
-                    let mut st = s.st.lock();
-                    st.run.finished = true;
-                    st.run.end = Some(end);
-                    s.cv.notify_all();
-                }
-            }
-            if let Some(b) = ev.take_buffer() {
+        let scbs = Arc::new(
+            BufferCallbacks::new().on(QueueType::MsgRecv, move |tm, mut ev| {
                 if ev.is_ok() {
-                    let _ = tm.add_msg_recv(b, params);
+                    // Lock-free on every message; the state lock only at the end.
+                    let n = r.fetch_add(1, Ordering::AcqRel) + 1;
+                    if n == g.load(Ordering::Acquire) {
+                        let end = Instant::now();
+                        let mut st = s.st.lock();
+                        st.run.finished = true;
+                        st.run.end = Some(end);
+                        s.cv.notify_all();
+                    }
                 }
-            }
-        }));
+                if let Some(b) = ev.take_buffer() {
+                    if ev.is_ok() {
+                        let _ = tm.add_msg_recv(b, params);
+                    }
+                }
+            }),
+        );
         let (rsize, rcount) = if multi {
             ((size * 1024).max(64 << 10), 128)
         } else {
@@ -405,7 +423,10 @@ impl OneWay {
                 .add_msg_recv(filled(&pair.server.dom, rsize, &scbs)?, params)?;
         }
         for _ in 0..window.max(1) {
-            sh.st.lock().free.push(filled(&pair.client.dom, size, &ccbs)?);
+            sh.st
+                .lock()
+                .free
+                .push(filled(&pair.client.dom, size, &ccbs)?);
         }
         Ok(Self {
             pair: Some(pair),
@@ -438,7 +459,12 @@ impl OneWay {
             st.pump();
             start
         };
-        wait_run(&self.sh, start, |s| &s.run, |s| s.run.finished && s.outstanding == 0)
+        wait_run(
+            &self.sh,
+            start,
+            |s| &s.run,
+            |s| s.run.finished && s.outstanding == 0,
+        )
     }
 
     /// Stops and finalises the pair.
@@ -454,7 +480,11 @@ impl OneWay {
         pair.stop();
         let leftovers = {
             let mut st = self.sh.st.lock();
-            (std::mem::take(&mut st.free), st.server.take(), st.client.take())
+            (
+                std::mem::take(&mut st.free),
+                st.server.take(),
+                st.client.take(),
+            )
         };
         drop(leftovers);
         pair.shutdown();
@@ -494,7 +524,8 @@ impl BkState {
             if self.descs.is_empty() || self.idle.is_empty() {
                 return;
             }
-            let (Some(d), Some(b), Some(tm)) = (self.descs.pop_front(), self.idle.pop(), &self.client)
+            let (Some(d), Some(b), Some(tm)) =
+                (self.descs.pop_front(), self.idle.pop(), &self.client)
             else {
                 return;
             };
@@ -510,12 +541,7 @@ impl BkState {
     }
 }
 
-fn offer(
-    tm: &TmHandle,
-    dir: BulkDir,
-    buf: NetBuffer,
-    size: usize,
-) -> Result<NetBufDesc, NetError> {
+fn offer(tm: &TmHandle, dir: BulkDir, buf: NetBuffer, size: usize) -> Result<NetBufDesc, NetError> {
     let r = match dir {
         BulkDir::Read => tm.add_passive_send(buf, size, None),
         BulkDir::Write => tm.add_passive_recv(buf, None),
@@ -541,7 +567,12 @@ impl Bulk {
     ///
     /// # Errors
     /// Failures to start or register.
-    pub fn new(xprt: &dyn Transport, cfg: &PairConfig, size: usize, dir: BulkDir) -> BenchResult<Self> {
+    pub fn new(
+        xprt: &dyn Transport,
+        cfg: &PairConfig,
+        size: usize,
+        dir: BulkDir,
+    ) -> BenchResult<Self> {
         let pair = BenchPair::new(xprt, cfg)?;
         let sh = Shared::new(BkState {
             run: Run::default(),
@@ -600,11 +631,19 @@ impl Bulk {
             }
         }));
         for _ in 0..3 {
-            let d = offer(&pair.server.tm, dir, filled(&pair.server.dom, size, &scbs)?, size)?;
+            let d = offer(
+                &pair.server.tm,
+                dir,
+                filled(&pair.server.dom, size, &scbs)?,
+                size,
+            )?;
             sh.st.lock().descs.push_back(d);
         }
         for _ in 0..2 {
-            sh.st.lock().idle.push(filled(&pair.client.dom, size, &ccbs)?);
+            sh.st
+                .lock()
+                .idle
+                .push(filled(&pair.client.dom, size, &ccbs)?);
         }
         Ok(Self {
             pair: Some(pair),
@@ -641,7 +680,11 @@ impl Bulk {
         pair.stop();
         let leftovers = {
             let mut st: MutexGuard<'_, BkState> = self.sh.st.lock();
-            (std::mem::take(&mut st.idle), std::mem::take(&mut st.descs), st.client.take())
+            (
+                std::mem::take(&mut st.idle),
+                std::mem::take(&mut st.descs),
+                st.client.take(),
+            )
         };
         drop(leftovers);
         pair.shutdown();

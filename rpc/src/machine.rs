@@ -88,6 +88,11 @@ impl Outbound {
         self.retry_at = Some(at);
     }
 
+    /// Items waiting.
+    pub(crate) fn queued_len(&self) -> usize {
+        self.queue.len()
+    }
+
     /// True when nothing is queued or in flight.
     pub(crate) fn idle(&self) -> bool {
         self.queue.is_empty() && self.retry.is_empty() && self.in_flight == 0

@@ -372,6 +372,12 @@ impl Session {
         self.s.st.lock().pending.len()
     }
 
+    /// Items waiting in the session's formation queue (not yet in a
+    /// message), for callers that want to bound it.
+    pub fn queued_items(&self) -> usize {
+        self.s.st.lock().out.queued_len()
+    }
+
     /// Enqueues an item; for requests, registers the call first.
     fn enqueue(
         &self,
