@@ -104,9 +104,9 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 
 /// Formats a byte count with a binary unit (`64B`, `4KiB`, `16MiB`).
 pub fn fmt_size(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}MiB", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}KiB", n >> 10)
     } else {
         format!("{n}B")

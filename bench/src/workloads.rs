@@ -179,10 +179,10 @@ impl RoundTrip {
                         c1.cv.notify_all();
                         return;
                     }
-                    if let Some(b) = ev.take_buffer() {
-                        if let Err(e) = tm.add_msg_recv(b, RecvParams::default()) {
-                            st.run.fail(e.error);
-                        }
+                    if let Some(b) = ev.take_buffer()
+                        && let Err(e) = tm.add_msg_recv(b, RecvParams::default())
+                    {
+                        st.run.fail(e.error);
                     }
                     if st.run.tick() {
                         c1.cv.notify_all();
@@ -405,10 +405,10 @@ impl OneWay {
                         s.cv.notify_all();
                     }
                 }
-                if let Some(b) = ev.take_buffer() {
-                    if ev.is_ok() {
-                        let _ = tm.add_msg_recv(b, params);
-                    }
+                if let Some(b) = ev.take_buffer()
+                    && ev.is_ok()
+                {
+                    let _ = tm.add_msg_recv(b, params);
                 }
             }),
         );

@@ -54,7 +54,8 @@ enum Xprt {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {
-    /// Transport threads spin and never sleep (lowest latency).
+    /// Transport threads poll for up to 1 ms before sleeping, so a busy
+    /// transfer machine never sleeps (lowest latency).
     Polling,
     /// Transport threads sleep as soon as they are idle.
     Blocking,
@@ -158,17 +159,36 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         Mode::Blocking => &[false],
         Mode::Both => &[true, false],
     };
-    let pinned = (!a.no_pin).then(|| (a.cpus[0], a.cpus[1]));
+    let ncpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let pinned = if a.no_pin {
+        None
+    } else if a.cpus.iter().any(|&c| c >= ncpus) {
+        if !a.quiet {
+            eprintln!(
+                "note: CPUs {:?} do not all exist ({ncpus} available); threads are not pinned",
+                a.cpus
+            );
+        }
+        None
+    } else {
+        Some((a.cpus[0], a.cpus[1]))
+    };
     let progress_on = !a.quiet && std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut report = Report {
         transport: "mem",
         machine: Machine::probe(),
-        build: if cfg!(debug_assertions) { "debug" } else { "release" },
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
         sections: Vec::new(),
     };
     if report.build == "debug" && !a.quiet {
-        eprintln!("note: a debug build; run `cargo run --release -p colibri-cli -- bench` for real figures");
+        eprintln!(
+            "note: a debug build; run `cargo run --release -p colibri-cli -- bench` for real figures"
+        );
     }
     for &polling in modes {
         let mut plan = if a.smoke {
@@ -210,14 +230,11 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         let mut progress = |what: &str| {
             step += 1;
             if progress_on {
-                eprintln!(
-                    "[{:>5.1}s] {step}. {what}",
-                    started.elapsed().as_secs_f64()
-                );
+                eprintln!("[{:>5.1}s] {step}. {what}", started.elapsed().as_secs_f64());
             }
         };
-        let rows = run_plan(&plan, &xprt, &PairConfig::mem(), &mut progress)
-            .map_err(|e| e.to_string())?;
+        let rows =
+            run_plan(&plan, &xprt, &PairConfig::mem(), &mut progress).map_err(|e| e.to_string())?;
         report.sections.push(Section {
             mode,
             workers: a.workers.max(1),
@@ -246,8 +263,12 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 || "not pinned".to_string(),
                 |(c, sv)| format!("client on CPU {c}, server on CPU {sv}"),
             );
-            writeln!(out, "\n== {} workers ({} per transfer machine), {pin}", s.mode, s.workers)
-                .map_err(|e| e.to_string())?;
+            writeln!(
+                out,
+                "\n== {} workers ({} per transfer machine), {pin}",
+                s.mode, s.workers
+            )
+            .map_err(|e| e.to_string())?;
             write!(out, "{}", table(&s.rows)).map_err(|e| e.to_string())?;
         }
     }

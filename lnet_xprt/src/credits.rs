@@ -401,10 +401,10 @@ impl<T> TxCredits<T> {
             *q = q.saturating_sub(u64::from(bytes) + HEADER_BYTES);
         }
         let mut ready = Vec::new();
-        if let Some(q) = self.ni.get_mut(&local) {
-            if let Some(tx) = q.release()? {
-                ready.push(tx);
-            }
+        if let Some(q) = self.ni.get_mut(&local)
+            && let Some(tx) = q.release()?
+        {
+            ready.push(tx);
         }
         let next = match self.peer.get_mut(&peer_ni) {
             Some(q) => q.release()?,

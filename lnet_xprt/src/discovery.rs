@@ -880,11 +880,11 @@ impl<M> Discovery<M> {
         }
         for &absorbed in &report.absorbed {
             self.stats.peers_merged += 1;
-            if let Some(gone) = self.disc.remove(&absorbed) {
-                if let Some(d) = self.disc.get_mut(&id) {
-                    d.parked.extend(gone.parked);
-                    d.node_seq = d.node_seq.max(gone.node_seq);
-                }
+            if let Some(gone) = self.disc.remove(&absorbed)
+                && let Some(d) = self.disc.get_mut(&id)
+            {
+                d.parked.extend(gone.parked);
+                d.node_seq = d.node_seq.max(gone.node_seq);
             }
             out.push(Action::PeersMerged { into: id, absorbed });
         }

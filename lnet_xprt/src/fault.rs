@@ -328,7 +328,7 @@ impl TriggerState {
                 let n = u64::from(n.max(1));
                 let fire = count == self.fire_at;
                 let next = count + 1;
-                if next % n == 0 {
+                if next.is_multiple_of(n) {
                     self.fire_at = next + rng.below(n);
                 }
                 fire

@@ -674,10 +674,12 @@ impl HealthMonitor {
         if reaction.local_failure && self.config.sensitivity > 0 {
             verdict.local_status = self.change_local(now, c.local_ni, false);
         }
-        if reaction.remote_failure && self.config.sensitivity > 0 && remote_tracked {
-            if let Some(peer) = c.peer_ni {
-                self.change_peer(now, peer, false, false);
-            }
+        if reaction.remote_failure
+            && self.config.sensitivity > 0
+            && remote_tracked
+            && let Some(peer) = c.peer_ni
+        {
+            self.change_peer(now, peer, false, false);
         }
         let local_ok = !reaction.local_failure || self.local.len() > 1;
         let remote_ok = !reaction.remote_failure || remote_tracked;

@@ -793,11 +793,11 @@ impl<T> MatchTable<T> {
     }
 
     fn remove_me(&mut self, me: MeHandle) {
-        if let Some(entry) = self.mes.remove(me.idx, me.generation) {
-            if let Some(p) = self.portals.get_mut(entry.spec.portal as usize) {
-                p.list.retain(|h| *h != me);
-                p.ignore_list.retain(|h| *h != me);
-            }
+        if let Some(entry) = self.mes.remove(me.idx, me.generation)
+            && let Some(p) = self.portals.get_mut(entry.spec.portal as usize)
+        {
+            p.list.retain(|h| *h != me);
+            p.ignore_list.retain(|h| *h != me);
         }
     }
 
@@ -1632,12 +1632,11 @@ mod tests {
                         }
                     }
                     4 => {
-                        if let Some(md) = live.get(len as usize % live.len().max(1)).copied() {
-                            if let Ok(Some(e)) = t.md_unlink(md) {
+                        if let Some(md) = live.get(len as usize % live.len().max(1)).copied()
+                            && let Ok(Some(e)) = t.md_unlink(md) {
                                 prop_assert!(e.unlinked);
                                 unlinked += 1;
                             }
-                        }
                     }
                     _ => {
                         let md = t.md_bind(MdSpec::new(vec![0; len as usize], MdOptions::empty())).unwrap();

@@ -1452,15 +1452,15 @@ impl Node {
         let Some(msg) = self.msgs.get(&id) else {
             return;
         };
-        if let Role::Request { md } = msg.role {
-            if self.table.md_is_aborted(md) {
-                // Not yet handed to the LND: canceled, never resent.
-                if let Some(msg) = self.msgs.remove(&id) {
-                    self.return_credits(now, &msg);
-                    self.fail_msg(now, msg, OpError::Canceled);
-                }
-                return;
+        if let Role::Request { md } = msg.role
+            && self.table.md_is_aborted(md)
+        {
+            // Not yet handed to the LND: canceled, never resent.
+            if let Some(msg) = self.msgs.remove(&id) {
+                self.return_credits(now, &msg);
+                self.fail_msg(now, msg, OpError::Canceled);
             }
+            return;
         }
         let fm = FaultMsg {
             src: msg.header.src_nid,
@@ -1601,10 +1601,10 @@ impl Node {
                 }
                 return;
             }
-            if let Role::Request { md } = msg.role {
-                if let Some(t) = self.trackers.values_mut().find(|t| t.md == md) {
-                    t.next_hop = Some(next_hop);
-                }
+            if let Role::Request { md } = msg.role
+                && let Some(t) = self.trackers.values_mut().find(|t| t.md == md)
+            {
+                t.next_hop = Some(next_hop);
             }
         }
         match result {
@@ -1677,10 +1677,11 @@ impl Node {
                 self.untrack(md);
                 let internal = self.internal.get(&md).copied();
                 self.finish_md(now, md, info);
-                if internal.is_some() && self.table.md_is_active(md) {
-                    if let Ok(Some(ev)) = self.table.md_unlink(md) {
-                        self.route_event(now, ev);
-                    }
+                if internal.is_some()
+                    && self.table.md_is_active(md)
+                    && let Ok(Some(ev)) = self.table.md_unlink(md)
+                {
+                    self.route_event(now, ev);
                 }
             }
             Role::Reply { md, mut info } => {
@@ -2307,10 +2308,10 @@ impl Node {
                 }
             }
             // The next-hop peer NI is blamed (lnet_handle_remote_failure_locked).
-            if let Some(hop) = t.next_hop {
-                if !self.is_local_nid(hop) {
-                    self.health.on_response_timeout(now, hop);
-                }
+            if let Some(hop) = t.next_hop
+                && !self.is_local_nid(hop)
+            {
+                self.health.on_response_timeout(now, hop);
             }
         }
         // Discovery: queued peers to ping, ping/push deadlines.

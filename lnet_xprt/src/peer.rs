@@ -460,14 +460,12 @@ impl PeerTable {
     ) -> Result<(), PeerError> {
         let peer = self.peers.get_mut(&id).ok_or(PeerError::NoSuchPeer(id))?;
         if !peer.mr_configured {
-            if !multi_rail {
-                if let Some(pn) = peer.nets.iter().find(|pn| pn.nids.len() > 1) {
-                    return Err(PeerError::NotUnique {
-                        primary: peer.primary,
-                        existing: pn.nids[0],
-                        net: pn.net,
-                    });
-                }
+            if !multi_rail && let Some(pn) = peer.nets.iter().find(|pn| pn.nids.len() > 1) {
+                return Err(PeerError::NotUnique {
+                    primary: peer.primary,
+                    existing: pn.nids[0],
+                    net: pn.net,
+                });
             }
             peer.multi_rail = multi_rail;
         }
@@ -495,14 +493,14 @@ impl PeerTable {
             }
             None => {}
         }
-        if !peer.multi_rail {
-            if let Some(pn) = peer.net(nid.net()) {
-                return Err(PeerError::NotUnique {
-                    primary: peer.primary,
-                    existing: pn.nids[0],
-                    net: nid.net(),
-                });
-            }
+        if !peer.multi_rail
+            && let Some(pn) = peer.net(nid.net())
+        {
+            return Err(PeerError::NotUnique {
+                primary: peer.primary,
+                existing: pn.nids[0],
+                net: nid.net(),
+            });
         }
         self.ensure_ni(nid)?;
         if let Some(ni) = self.nis.get_mut(&nid) {
@@ -599,13 +597,13 @@ impl PeerTable {
         }
         let owner = self.peer_id_of(primary);
         for &nid in nids {
-            if let Some(other) = self.peer_id_of(nid) {
-                if Some(other) != owner {
-                    return Err(PeerError::NidInUse {
-                        nid,
-                        owner: self.peers[&other].primary,
-                    });
-                }
+            if let Some(other) = self.peer_id_of(nid)
+                && Some(other) != owner
+            {
+                return Err(PeerError::NidInUse {
+                    nid,
+                    owner: self.peers[&other].primary,
+                });
             }
         }
         if let Some(id) = owner {
@@ -791,11 +789,11 @@ impl PeerTable {
                     continue;
                 }
             }
-            if let Some(ni) = self.nis.get_mut(&nid) {
-                if ni.status != status {
-                    report.status_changes.push((nid, ni.status, status));
-                    ni.status = status;
-                }
+            if let Some(ni) = self.nis.get_mut(&nid)
+                && ni.status != status
+            {
+                report.status_changes.push((nid, ni.status, status));
+                ni.status = status;
             }
         }
         if !may_change {
@@ -1226,7 +1224,7 @@ mod tests {
 
         fn nid_of(i: u8) -> Nid {
             // Eight addresses on each of two nets.
-            let net = if i % 2 == 0 { "tcp" } else { "o2ib" };
+            let net = if i.is_multiple_of(2) { "tcp" } else { "o2ib" };
             nid(&format!("10.0.0.{}@{net}", i % 16))
         }
 

@@ -436,10 +436,10 @@ impl Header {
                 conn_type: v.u32_at(40),
             },
         };
-        if let Some(p) = body.portal() {
-            if p >= MAX_PORTALS {
-                return Err(WireError::BadPortal(p));
-            }
+        if let Some(p) = body.portal()
+            && p >= MAX_PORTALS
+        {
+            return Err(WireError::BadPortal(p));
         }
         Ok(Self {
             dest_nid: v.dest_nid(),

@@ -164,3 +164,9 @@ impl XprtDomain for MemDomain {
         Ok(Box::new(tm::MemTm::new(tm, self.cfg.clone())))
     }
 }
+
+/// The README's example, compiled and run as a doctest so that it cannot
+/// rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
