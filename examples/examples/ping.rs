@@ -21,9 +21,9 @@ fn main() -> Result<(), colibri_examples::Error> {
         "127.0.0.1:0:2",
         count,
         size,
-        |r| match &r.rtt_us {
-            Ok(us) => println!("{} bytes: seq={} time={us:.1} us", r.bytes, r.seq),
-            Err(e) => println!("seq={} failed: {e}", r.seq),
+        |r| match (&r.rtt_us, &r.error) {
+            (Some(us), _) => println!("{} bytes: seq={} time={us:.1} us", r.bytes, r.seq),
+            (None, e) => println!("seq={} failed: {}", r.seq, e.as_deref().unwrap_or("?")),
         },
     )?;
     println!(

@@ -36,8 +36,10 @@ pub struct Reply {
     pub seq: u64,
     /// Bytes echoed.
     pub bytes: usize,
-    /// Round trip in microseconds, or the failure.
-    pub rtt_us: Result<f64, String>,
+    /// Round trip in microseconds, when the ping succeeded.
+    pub rtt_us: Option<f64>,
+    /// Why it failed, when it did.
+    pub error: Option<String>,
 }
 
 /// A ping run's summary.
@@ -98,10 +100,15 @@ pub fn ping(
             }
             Err(e) => Err(e.to_string()),
         };
+        let (rtt_us, error) = match rtt_us {
+            Ok(us) => (Some(us), None),
+            Err(e) => (None, Some(e)),
+        };
         each(&Reply {
             seq,
             bytes: size,
             rtt_us,
+            error,
         });
         if seq < count && !interval.is_zero() {
             std::thread::sleep(interval);
