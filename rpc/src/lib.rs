@@ -21,7 +21,7 @@
 //! * **Calls**: blocking ([`Session::call`]), asynchronous
 //!   ([`Session::start`] returns a [`CallHandle`] that can be waited on,
 //!   polled, given a callback, or `.await`ed: it is a plain
-//!   [`Future`](std::future::Future), and [`block_on`] is enough to run it),
+//!   [`Future`], and [`block_on`] is enough to run it),
 //!   one-way ([`Session::post`]). Each call has a timeout per attempt and a
 //!   number of resends ([`CallOpts`]); a resent request carries the same
 //!   xid, and the server answers it from its bounded reply cache when it
