@@ -276,6 +276,7 @@ pub struct RpcBulk {
     pool: Pool,
     dir: BulkDir,
     size: usize,
+    window: usize,
 }
 
 impl std::fmt::Debug for RpcBulk {
@@ -289,7 +290,8 @@ impl std::fmt::Debug for RpcBulk {
 
 impl RpcBulk {
     /// Starts two machines; the server moves the data with pre-registered
-    /// buffers and replies once its transfer completed.
+    /// buffers and replies once its transfer completed. Two calls in
+    /// flight, as the raw [`Bulk`](crate::Bulk) workload has two transfers.
     ///
     /// # Errors
     /// Failures to start or register.
@@ -299,10 +301,25 @@ impl RpcBulk {
         size: usize,
         dir: BulkDir,
     ) -> BenchResult<Self> {
+        Self::with_window(xprt, cfg, size, dir, 2)
+    }
+
+    /// As [`RpcBulk::new`] with `window` calls in flight.
+    ///
+    /// # Errors
+    /// Failures to start or register.
+    pub fn with_window(
+        xprt: &dyn Transport,
+        cfg: &PairConfig,
+        size: usize,
+        dir: BulkDir,
+        window: usize,
+    ) -> BenchResult<Self> {
+        let window = window.max(1);
         let e = |e: colibri_rpc::RpcError| BenchError(e.to_string());
         let pair = RpcPair::new(xprt, cfg, &RpcConfig::default())?;
         let spool: Pool = Arc::new(Mutex::new(Vec::new()));
-        for _ in 0..4 {
+        for _ in 0..window + 2 {
             let mut b = pair.server().alloc(size).map_err(e)?;
             b.bufvec_mut().fill(0x5a);
             spool.lock().push(b);
@@ -332,7 +349,7 @@ impl RpcBulk {
             });
         }
         let pool: Pool = Arc::new(Mutex::new(Vec::new()));
-        for _ in 0..2 {
+        for _ in 0..window {
             let mut b = pair.client().alloc(size).map_err(e)?;
             b.bufvec_mut().fill(0xa5);
             pool.lock().push(b);
@@ -345,6 +362,7 @@ impl RpcBulk {
             pool,
             dir,
             size,
+            window,
         })
     }
 
@@ -357,7 +375,7 @@ impl RpcBulk {
             .session
             .clone()
             .ok_or_else(|| BenchError("finished".into()))?;
-        let n = self.run.begin(iters, 2);
+        let n = self.run.begin(iters, self.window);
         let start = Instant::now();
         for _ in 0..n {
             next_bulk(

@@ -95,6 +95,7 @@ pub mod codec;
 mod completion;
 mod config;
 mod error;
+mod fasthash;
 mod machine;
 mod server;
 mod session;

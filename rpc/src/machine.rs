@@ -1,7 +1,7 @@
 //! The RPC machine: one transfer machine, its receive buffers, the send
 //! buffer pool and formation, the receive path, and the timer thread.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -18,6 +18,7 @@ use tracing::{debug, trace, warn};
 
 use crate::config::RpcConfig;
 use crate::error::{Result, RpcError, STATUS_PROTOCOL, STATUS_UNKNOWN_OPCODE};
+use crate::fasthash::FastMap;
 use crate::server::{Handler, ReplyHandle, Request, SrvSession};
 use crate::session::{Session, SessionInner};
 use crate::stats::{Counters, RpcStats, bump};
@@ -45,10 +46,31 @@ pub(crate) enum OutRef {
     Server(Arc<SrvSession>),
 }
 
+/// The xids of the calls a message carries (usually one: kept inline).
+#[derive(Debug, Default)]
+pub(crate) struct Xids {
+    first: Option<u64>,
+    rest: Vec<u64>,
+}
+
+impl Xids {
+    fn push(&mut self, x: u64) {
+        if self.first.is_none() {
+            self.first = Some(x);
+        } else {
+            self.rest.push(x);
+        }
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.first.into_iter().chain(self.rest.iter().copied())
+    }
+}
+
 /// A message in flight: where it came from and the calls it carries.
 pub(crate) struct MsgRecord {
     pub(crate) owner: OutRef,
-    pub(crate) xids: Vec<u64>,
+    pub(crate) xids: Xids,
     len: usize,
 }
 
@@ -88,6 +110,11 @@ impl Outbound {
         self.retry_at = Some(at);
     }
 
+    /// True when something waits to be sent.
+    pub(crate) fn has_work(&self) -> bool {
+        !self.queue.is_empty() || !self.retry.is_empty()
+    }
+
     /// Items waiting.
     pub(crate) fn queued_len(&self) -> usize {
         self.queue.len()
@@ -103,7 +130,7 @@ impl Outbound {
     pub(crate) fn drain(&mut self) -> Vec<u64> {
         let mut xids: Vec<u64> = self.queue.drain(..).filter_map(|q| q.call_xid).collect();
         for (_, rec) in self.retry.drain(..) {
-            xids.extend(rec.xids);
+            xids.extend(rec.xids.iter());
         }
         self.queued_bytes = 0;
         self.first_at = None;
@@ -146,9 +173,9 @@ pub(crate) struct Inner {
     starved_n: AtomicUsize,
     send_cbs: Arc<BufferCallbacks>,
     recv_cbs: Arc<BufferCallbacks>,
-    pub(crate) sessions: RwLock<HashMap<u64, Arc<SessionInner>>>,
-    pub(crate) handlers: RwLock<HashMap<u32, Handler>>,
-    pub(crate) srv_sessions: Mutex<HashMap<(u64, EndPoint), Arc<SrvSession>>>,
+    pub(crate) sessions: RwLock<FastMap<u64, Arc<SessionInner>>>,
+    pub(crate) handlers: RwLock<FastMap<u32, Handler>>,
+    pub(crate) srv_sessions: Mutex<FastMap<(u64, EndPoint), Arc<SrvSession>>>,
     timer: Mutex<TimerSt>,
     timer_cv: Condvar,
     next_wake: AtomicU64,
@@ -252,9 +279,9 @@ impl Inner {
                 starved_n: AtomicUsize::new(0),
                 send_cbs,
                 recv_cbs,
-                sessions: RwLock::new(HashMap::new()),
-                handlers: RwLock::new(HashMap::new()),
-                srv_sessions: Mutex::new(HashMap::new()),
+                sessions: RwLock::new(FastMap::default()),
+                handlers: RwLock::new(FastMap::default()),
+                srv_sessions: Mutex::new(FastMap::default()),
                 timer: Mutex::new(TimerSt::default()),
                 timer_cv: Condvar::new(),
                 next_wake: AtomicU64::new(u64::MAX),
@@ -467,7 +494,7 @@ impl Inner {
                 self.add_starved(owner.clone());
                 break;
             };
-            let mut xids = Vec::new();
+            let mut xids = Xids::default();
             let mut n: usize = 0;
             let mut off = MSG_HEADER_SIZE;
             {
@@ -486,8 +513,8 @@ impl Inner {
                     off += l;
                     n += 1;
                     out.queued_bytes -= l;
-                    if let Some(it) = out.queue.pop_front() {
-                        xids.extend(it.call_xid);
+                    if let Some(x) = out.queue.pop_front().and_then(|it| it.call_xid) {
+                        xids.push(x);
                     }
                 }
                 wire::write_msg_header(seg, n as u16, off as u32);
@@ -537,7 +564,7 @@ impl Inner {
                 bump(&self.stats.send_failures, 1);
                 debug!(peer = ep.addr(), error = %err, "message send refused");
                 if let Some(rec) = rec {
-                    failed.extend(rec.xids.iter().map(|&x| (x, err.clone())));
+                    failed.extend(rec.xids.iter().map(|x| (x, err.clone())));
                 }
                 if out.send_error.is_none() {
                     out.send_error = Some(err);

@@ -81,18 +81,19 @@ impl SrvSession {
     /// Checks the reply cache for a request. Returns a reply handle when
     /// the request must be executed.
     pub(crate) fn begin(self: &Arc<Self>, m: &Arc<Inner>, h: &ItemHeader) -> Option<ReplyHandle> {
-        let now = Instant::now();
         let mut st = self.st.lock();
         if st.closed {
             return None;
         }
-        st.last_active = now;
+        // `last_active` is set when the reply is made: a request in
+        // progress keeps the session anyway.
         match st.cache.get(&h.xid) {
             Some(Cached::InProgress) => {
                 bump(&m.stats.duplicates, 1);
                 return None;
             }
             Some(Cached::Done(bytes)) => {
+                let now = Instant::now();
                 bump(&m.stats.duplicates, 1);
                 let _g = self.span.enter();
                 debug!(xid = h.xid, "resent request answered from the reply cache");
@@ -110,6 +111,7 @@ impl SrvSession {
                 return None;
             }
             None if h.flags & FLAG_RESEND != 0 && h.xid <= st.evicted_max => {
+                let now = Instant::now();
                 bump(&m.stats.stale, 1);
                 let mut bytes = Vec::new();
                 let rh = reply_header(h, STATUS_STALE);
@@ -222,12 +224,14 @@ impl SrvSession {
                 st.out.drain();
             }
         }
-        let _ = m.flush(
-            &OutRef::Server(Arc::clone(self)),
-            &self.ep,
-            &mut st.out,
-            Instant::now(),
-        );
+        if st.out.has_work() {
+            let _ = m.flush(
+                &OutRef::Server(Arc::clone(self)),
+                &self.ep,
+                &mut st.out,
+                Instant::now(),
+            );
+        }
     }
 
     /// Flushes a delayed batch; returns when to come back and whether the

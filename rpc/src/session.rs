@@ -18,7 +18,7 @@ use crate::call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, CallStat
 use crate::codec;
 use crate::config::CallOpts;
 use crate::error::{Result, RpcError};
-use crate::machine::{Inner, MsgRecord, OutRef, Outbound, QItem};
+use crate::machine::{Inner, MsgRecord, OutRef, Outbound, QItem, Xids};
 use crate::stats::{SessionStats, bump};
 use crate::wire::{self, BulkDesc, BulkKind, FLAG_RESEND, ItemHeader, ItemKind, MAX_DESCS};
 
@@ -115,7 +115,7 @@ impl SessionInner {
         st.out.requeue(buf, rec, at);
     }
 
-    pub(crate) fn sent_done(self: &Arc<Self>, m: &Arc<Inner>, xids: &[u64], err: Option<RpcError>) {
+    pub(crate) fn sent_done(self: &Arc<Self>, m: &Arc<Inner>, xids: &Xids, err: Option<RpcError>) {
         let mut calls = Vec::new();
         {
             let mut st = self.st.lock();
@@ -124,7 +124,7 @@ impl SessionInner {
                 let _g = self.span.enter();
                 debug!(error = %e, "message to the server failed");
                 let mut failed: Vec<(u64, RpcError)> =
-                    xids.iter().map(|&x| (x, e.clone())).collect();
+                    xids.iter().map(|x| (x, e.clone())).collect();
                 if e.peer_gone() {
                     // Nothing more will come from this peer: fail every
                     // call now rather than at its timeout.
@@ -136,16 +136,20 @@ impl SessionInner {
                     st.out.send_error = Some(e);
                 }
             }
-            let failed = m.flush(
-                &OutRef::Client(self.clone()),
-                &self.ep,
-                &mut st.out,
-                Instant::now(),
-            );
-            Self::take_failed(&mut st, failed, &mut calls);
+            if st.out.has_work() {
+                let failed = m.flush(
+                    &OutRef::Client(self.clone()),
+                    &self.ep,
+                    &mut st.out,
+                    Instant::now(),
+                );
+                Self::take_failed(&mut st, failed, &mut calls);
+            }
             self.notify_drained(&st);
         }
-        Self::complete_failed(m, calls);
+        if !calls.is_empty() {
+            Self::complete_failed(m, calls);
+        }
     }
 
     pub(crate) fn on_reply(self: &Arc<Self>, m: &Arc<Inner>, h: &ItemHeader, payload: Vec<u8>) {
