@@ -136,6 +136,10 @@ pub struct Plan {
     pub rpc_window: usize,
     /// Bulk size of the RPC bulk figures.
     pub rpc_bulk_size: usize,
+    /// Bulk calls in flight in the RPC bulk figures (each costs a request
+    /// and a reply message on top of the transfer, so more than the raw
+    /// workload's two transfers are needed to hide those round trips).
+    pub rpc_bulk_window: usize,
     /// One-way items per RPC one-way run.
     pub rpc_oneway_count: u64,
     /// Workloads to run: any of `rtt`, `oneway`, `bulk`, `rpc`, `all`.
@@ -161,6 +165,7 @@ impl Plan {
             rpc_iters: if polling { 100_000 } else { 5_000 },
             rpc_window: 16,
             rpc_bulk_size: 1 << 20,
+            rpc_bulk_window: 8,
             rpc_oneway_count: if polling { 500_000 } else { 100_000 },
             tests: vec!["rtt".into(), "oneway".into(), "bulk".into(), "rpc".into()],
             mem_targets: true,
@@ -413,7 +418,7 @@ fn run_rpc(
             fmt_size(size),
             plan.mode()
         ));
-        let mut ours_w = RpcBulk::new(xprt, cfg, size, dir)?;
+        let mut ours_w = RpcBulk::with_window(xprt, cfg, size, dir, plan.rpc_bulk_window)?;
         let mut base_w = Bulk::new(xprt, cfg, size, dir)?;
         ours_w.run(2)?;
         base_w.run(2)?;
@@ -433,12 +438,14 @@ fn run_rpc(
             &ours,
             &base,
             format!(
-                "raw active bulk (colibri_bench::Bulk, {}), same transport",
+                "raw active bulk (colibri_bench::Bulk, {}, 2 transfers in flight), same \
+                 transport; ours: {} calls in flight",
                 if dir == BulkDir::Read {
                     "client active receive"
                 } else {
                     "client active send"
-                }
+                },
+                plan.rpc_bulk_window
             ),
             true,
             target,

@@ -427,7 +427,7 @@ impl std::fmt::Debug for RpcOneWay {
 
 impl RpcOneWay {
     /// Starts two machines. With `batching`, items share messages (no
-    /// added delay: items queue behind the 8 messages in flight); without,
+    /// added delay: items queue behind the 2 messages in flight); without,
     /// each item is one message.
     ///
     /// # Errors
@@ -441,7 +441,7 @@ impl RpcOneWay {
         let rcfg = RpcConfig::default()
             .with_batching(batching)
             .with_recv_buffers(32, 1 << 20)
-            .with_max_in_flight(if batching { 8 } else { 64 });
+            .with_max_in_flight(if batching { 2 } else { 64 });
         let pair = RpcPair::new(xprt, cfg, &rcfg)?;
         let received = Arc::new(AtomicU64::new(0));
         let r = received.clone();

@@ -42,7 +42,10 @@ pub struct RpcConfig {
     /// messages in flight are at their limit). Default zero.
     pub batch_delay: Duration,
     /// Most messages in flight per session (client sessions and the
-    /// server's reply path to each client session). Default 8.
+    /// server's reply path to each client session). Items queue behind
+    /// them and leave together in the next message, so a low limit batches
+    /// under load without delaying a lone call. Default 2 (with 16 null
+    /// calls in flight on bulk_mem, 2 gave twice the call rate of 8).
     pub max_in_flight: usize,
     /// Default time a call waits for its reply, per attempt. Default 10 s.
     pub timeout: Duration,
@@ -72,7 +75,7 @@ impl Default for RpcConfig {
             send_buffers: 256,
             batching: true,
             batch_delay: Duration::ZERO,
-            max_in_flight: 8,
+            max_in_flight: 2,
             timeout: Duration::from_secs(10),
             retries: 0,
             reply_cache: 1024,

@@ -138,17 +138,23 @@ impl Outbound {
         xids
     }
 
-    /// When the timer must look at this queue again.
-    pub(crate) fn deadline(&self, delay: Duration) -> Option<Instant> {
-        let batch = if self.queue.is_empty() || self.starved {
-            None
-        } else {
-            self.first_at.map(|t| t + delay)
-        };
-        match (batch, self.retry_at.filter(|_| !self.retry.is_empty())) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+    /// When the timer must look at this queue again: the end of the batch
+    /// delay, or the time to resend a message refused for lack of receive
+    /// buffers. `None` when only a send completion can make progress (the
+    /// session is at its limit of messages in flight, or waits for a send
+    /// buffer), or when there is nothing to send; with no batch delay,
+    /// queued items leave from the completions, never from the timer.
+    pub(crate) fn deadline(&self, delay: Duration, max_in_flight: usize) -> Option<Instant> {
+        if self.starved || self.in_flight >= max_in_flight {
+            return None;
         }
+        if let Some(t) = self.retry_at.filter(|_| !self.retry.is_empty()) {
+            return Some(t);
+        }
+        if self.queue.is_empty() || delay.is_zero() || self.forced {
+            return None;
+        }
+        self.first_at.map(|t| t + delay)
     }
 }
 
@@ -533,6 +539,9 @@ impl Inner {
         }
         if out.queue.is_empty() && out.retry.is_empty() {
             out.forced = false;
+        }
+        if let Some(t) = out.deadline(self.cfg.batch_delay, self.cfg.max_in_flight) {
+            self.arm(t);
         }
         failed
     }

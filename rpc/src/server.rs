@@ -186,9 +186,6 @@ impl SrvSession {
                 &mut st.out,
                 now,
             );
-            if let Some(t) = st.out.deadline(m.cfg.batch_delay) {
-                m.arm(t);
-            }
         }
     }
 
@@ -203,9 +200,6 @@ impl SrvSession {
             &mut st.out,
             Instant::now(),
         );
-        if let Some(t) = st.out.deadline(m.cfg.batch_delay) {
-            m.arm(t);
-        }
     }
 
     pub(crate) fn requeue(&self, _m: &Arc<Inner>, buf: NetBuffer, rec: MsgRecord, at: Instant) {
@@ -242,7 +236,12 @@ impl SrvSession {
         now: Instant,
     ) -> (Option<Instant>, bool) {
         let mut st = self.st.lock();
-        if st.out.deadline(m.cfg.batch_delay).is_some_and(|t| t <= now) {
+        let mi = m.cfg.max_in_flight;
+        if st
+            .out
+            .deadline(m.cfg.batch_delay, mi)
+            .is_some_and(|t| t <= now)
+        {
             let _ = m.flush(
                 &OutRef::Server(Arc::clone(self)),
                 &self.ep,
@@ -252,7 +251,7 @@ impl SrvSession {
         }
         let idle =
             st.in_progress == 0 && st.out.idle() && now >= st.last_active + m.cfg.session_idle;
-        (st.out.deadline(m.cfg.batch_delay), idle)
+        (st.out.deadline(m.cfg.batch_delay, mi), idle)
     }
 
     pub(crate) fn is_idle(&self, cfg: &RpcConfig, now: Instant) -> bool {

@@ -220,6 +220,7 @@ impl SessionInner {
             st.stats.timeouts += expired.len() as u64;
             bump(&m.stats.resends, resend.len() as u64);
             bump(&m.stats.timeouts, expired.len() as u64);
+            let resent = !resend.is_empty();
             for it in resend {
                 st.out.push(it, now);
             }
@@ -231,11 +232,17 @@ impl SessionInner {
                     .collect(),
                 &mut calls,
             );
-            if st.out.deadline(m.cfg.batch_delay).is_some_and(|t| t <= now) || !st.out.idle() {
+            let mi = m.cfg.max_in_flight;
+            if resent
+                || st
+                    .out
+                    .deadline(m.cfg.batch_delay, mi)
+                    .is_some_and(|t| t <= now)
+            {
                 let failed = m.flush(&OutRef::Client(self.clone()), &self.ep, &mut st.out, now);
                 Self::take_failed(st, failed, &mut calls);
             }
-            if let Some(t) = st.out.deadline(m.cfg.batch_delay) {
+            if let Some(t) = st.out.deadline(m.cfg.batch_delay, mi) {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
             self.notify_drained(st);
@@ -466,9 +473,6 @@ impl Session {
                 now,
             );
             SessionInner::take_failed(&mut st, failed, &mut calls);
-            if let Some(t) = st.out.deadline(m.cfg.batch_delay) {
-                m.arm(t);
-            }
         }
         if let Some(d) = deadline {
             m.arm(d);
