@@ -165,7 +165,7 @@ impl Plan {
             rpc_iters: if polling { 100_000 } else { 5_000 },
             rpc_window: 16,
             rpc_bulk_size: 1 << 20,
-            rpc_bulk_window: 8,
+            rpc_bulk_window: 4,
             rpc_oneway_count: if polling { 500_000 } else { 100_000 },
             tests: vec!["rtt".into(), "oneway".into(), "bulk".into(), "rpc".into()],
             mem_targets: true,

@@ -126,6 +126,15 @@ impl Run {
         }
     }
 
+    /// Ends the run now (the last unit of work was seen elsewhere).
+    fn mark_end(&self) {
+        let mut p = self.p.lock();
+        if p.end.is_none() {
+            p.end = Some(Instant::now());
+        }
+        self.cv.notify_all();
+    }
+
     fn begin(&self, target: u64, window: usize) -> u64 {
         let mut p = self.p.lock();
         *p = Progress {
@@ -154,6 +163,36 @@ impl Run {
                 )));
             }
         }
+    }
+}
+
+const CHUNK: u64 = 512;
+
+fn pump(s: Session, left: Arc<AtomicU64>, item: Arc<[u8]>, run: Arc<Run>) {
+    let mut n = 0;
+    while n < CHUNK {
+        if left
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_sub(1))
+            .is_err()
+        {
+            break;
+        }
+        if let Err(e) = s.post(ITEM, &item) {
+            run.fail(e);
+            return;
+        }
+        n += 1;
+    }
+    if left.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let s2 = s.clone();
+    match s.start(NULL, &[], CallOpts::new()) {
+        Ok(h) => h.on_complete(move |r| match r {
+            Ok(_) => pump(s2, left, item, run),
+            Err(e) => run.fail(e),
+        }),
+        Err(e) => run.fail(e),
     }
 }
 
@@ -412,6 +451,8 @@ pub struct RpcOneWay {
     pair: RpcPair,
     session: Option<Session>,
     received: Arc<AtomicU64>,
+    goal: Arc<AtomicU64>,
+    run: Arc<Run>,
     size: usize,
     batching: bool,
 }
@@ -444,10 +485,16 @@ impl RpcOneWay {
             .with_max_in_flight(if batching { 2 } else { 64 });
         let pair = RpcPair::new(xprt, cfg, &rcfg)?;
         let received = Arc::new(AtomicU64::new(0));
-        let r = received.clone();
+        let goal = Arc::new(AtomicU64::new(u64::MAX));
+        let run = Run::new();
+        let (r, g, rn) = (received.clone(), goal.clone(), run.clone());
         pair.server().on(ITEM, move |_req, _reply| {
-            r.fetch_add(1, Ordering::Release);
+            let n = r.fetch_add(1, Ordering::AcqRel) + 1;
+            if n == g.load(Ordering::Acquire) {
+                rn.mark_end();
+            }
         });
+        pair.server().on(NULL, |_req, reply| reply.ok(&[]));
         let session = pair
             .client()
             .session(pair.server().addr())
@@ -456,13 +503,17 @@ impl RpcOneWay {
             pair,
             session: Some(session),
             received,
+            goal,
+            run,
             size,
             batching,
         })
     }
 
-    /// Posts `count` items; returns the time until the server handled the
-    /// last one.
+    /// Posts `count` items (from the client's transport thread: each chunk
+    /// of 512 items is followed by a null call whose completion posts the
+    /// next chunk, two chunks in flight); returns the time until the server
+    /// handled the last item.
     ///
     /// # Errors
     /// A failed or stuck run.
@@ -471,32 +522,20 @@ impl RpcOneWay {
             .session
             .clone()
             .ok_or_else(|| BenchError("finished".into()))?;
-        let item = vec![0x42u8; self.size];
+        let count = count.max(1);
         let base = self.received.load(Ordering::Acquire);
+        self.goal.store(base + count, Ordering::Release);
+        self.run.begin(count, 0);
+        let left = Arc::new(AtomicU64::new(count));
+        let item: Arc<[u8]> = vec![0x42u8; self.size].into();
         let start = Instant::now();
-        let deadline = start + RUN_LIMIT;
-        for i in 0..count {
-            if i % 256 == 0 {
-                while s.queued_items() > 16_384 {
-                    if Instant::now() > deadline {
-                        return Err(BenchError("one-way run stuck".into()));
-                    }
-                    std::hint::spin_loop();
-                }
-            }
-            s.post(ITEM, &item).map_err(|e| BenchError(e.to_string()))?;
+        // Two pumps: each posts a chunk, then a null call queued behind it
+        // whose completion (on the client's transport thread) posts the
+        // next chunk. No thread outside the transport's posts or spins.
+        for _ in 0..2 {
+            pump(s.clone(), left.clone(), item.clone(), self.run.clone());
         }
-        let goal = base + count;
-        while self.received.load(Ordering::Acquire) < goal {
-            if Instant::now() > deadline {
-                return Err(BenchError(format!(
-                    "one-way run stuck: {} of {count} handled",
-                    self.received.load(Ordering::Acquire) - base
-                )));
-            }
-            std::hint::spin_loop();
-        }
-        Ok(start.elapsed())
+        self.run.wait(start)
     }
 
     /// Average items per message so far.
