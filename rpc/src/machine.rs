@@ -523,6 +523,20 @@ impl Inner {
                         xids.push(x);
                     }
                 }
+                if n == 0 {
+                    // Cannot happen (items are checked against the message
+                    // size when queued); never send an empty message.
+                    if let Some(it) = out.queue.pop_front() {
+                        out.queued_bytes -= it.bytes.len();
+                        let e = RpcError::TooBig {
+                            len: it.bytes.len(),
+                            max: seg.len() - MSG_HEADER_SIZE,
+                        };
+                        failed.extend(it.call_xid.map(|x| (x, e)));
+                    }
+                    self.send_free.lock().push(buf);
+                    continue;
+                }
                 wire::write_msg_header(seg, n as u16, off as u32);
             }
             out.first_at = (!out.queue.is_empty()).then_some(now);

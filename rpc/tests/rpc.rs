@@ -241,6 +241,42 @@ fn one_way_items_and_batching_preserve_order() {
 }
 
 #[test]
+fn batch_delay_sends_without_a_flush() {
+    let server = machine(RpcConfig::default());
+    let got = Arc::new(AtomicUsize::new(0));
+    let g = got.clone();
+    server.on(COUNT, move |_req, _reply| {
+        g.fetch_add(1, Ordering::SeqCst);
+    });
+    let client = machine(RpcConfig::default().with_batch_delay(Duration::from_millis(100)));
+    let s = client.session(server.addr()).unwrap();
+    for i in 0..3u32 {
+        s.post(COUNT, &i.to_le_bytes()).unwrap();
+    }
+    // The timer sends them after the delay, in one message.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.load(Ordering::SeqCst) < 3 {
+        assert!(Instant::now() < deadline, "items never sent");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!((s.stats().items_sent, s.stats().msgs_sent), (3, 1));
+    // A full message leaves at once, without waiting for the delay.
+    let big = vec![0u8; client.max_payload()];
+    let t0 = Instant::now();
+    s.post(COUNT, &big).unwrap();
+    s.post(COUNT, &big).unwrap();
+    while got.load(Ordering::SeqCst) < 4 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    s.flush(Duration::from_secs(10)).unwrap();
+    drop(s);
+    finish(client);
+    finish(server);
+}
+
+#[test]
 fn zero_delay_with_in_flight_limit_still_batches() {
     let server = machine(RpcConfig::default());
     let got = Arc::new(AtomicUsize::new(0));
