@@ -845,3 +845,22 @@ fn bulk_kinds_are_checked_on_the_server() {
     finish(client);
     finish(server);
 }
+
+#[test]
+fn public_types_are_send_and_sync() {
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<RpcMachine>();
+    send_sync::<colibri_rpc::RpcHandle>();
+    send_sync::<colibri_rpc::Session>();
+    send_sync::<RpcError>();
+    send_sync::<colibri_rpc::Request>();
+    send_sync::<ReplyHandle>();
+    send_sync::<colibri_rpc::CallHandle>();
+    send_sync::<colibri_rpc::BulkCall>();
+    send_sync::<colibri_rpc::BulkOp>();
+    send::<colibri_rpc::BulkOutcome>();
+    send::<colibri_rpc::BulkDone>();
+    send_sync::<RpcConfig>();
+    send_sync::<colibri_rpc::RpcStats>();
+}
