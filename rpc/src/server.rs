@@ -204,7 +204,7 @@ impl SrvSession {
 
     pub(crate) fn requeue(&self, _m: &Arc<Inner>, buf: NetBuffer, rec: MsgRecord, at: Instant) {
         let mut st = self.st.lock();
-        st.out.in_flight -= 1;
+        st.out.in_flight = st.out.in_flight.saturating_sub(1);
         st.out.requeue(buf, rec, at);
     }
 

@@ -111,7 +111,7 @@ impl SessionInner {
 
     pub(crate) fn requeue(&self, _m: &Arc<Inner>, buf: NetBuffer, rec: MsgRecord, at: Instant) {
         let mut st = self.st.lock();
-        st.out.in_flight -= 1;
+        st.out.in_flight = st.out.in_flight.saturating_sub(1);
         st.out.requeue(buf, rec, at);
     }
 
@@ -119,7 +119,7 @@ impl SessionInner {
         let mut calls = Vec::new();
         {
             let mut st = self.st.lock();
-            st.out.in_flight -= 1;
+            st.out.in_flight = st.out.in_flight.saturating_sub(1);
             if let Some(e) = err {
                 let _g = self.span.enter();
                 debug!(error = %e, "message to the server failed");
