@@ -864,3 +864,75 @@ fn public_types_are_send_and_sync() {
     send_sync::<RpcConfig>();
     send_sync::<colibri_rpc::RpcStats>();
 }
+
+#[test]
+fn several_transport_workers() {
+    // Three worker threads per transfer machine: callbacks of different
+    // messages run concurrently and messages may be handled out of order
+    // (so no order check here), but every call and item completes.
+    let xprt = MemTransport::new(colibri_bulk_mem::MemConfig {
+        workers: 3,
+        ..Default::default()
+    });
+    let server = RpcMachine::start_on(&xprt, "127.0.0.1:0:901", RpcConfig::default()).unwrap();
+    server.on(ECHO, |req, reply| {
+        let p = req.payload().to_vec();
+        reply.ok(&p);
+    });
+    let got = Arc::new(AtomicUsize::new(0));
+    let g = got.clone();
+    server.on(COUNT, move |_req, _reply| {
+        g.fetch_add(1, Ordering::SeqCst);
+    });
+    let h = server.handle();
+    server.on(READ, move |req, reply| {
+        let d = req.bulk()[0].clone();
+        let len = d.len as usize;
+        let mut buf = h.alloc(len).unwrap();
+        buf.bufvec_mut()
+            .copy_in(0, &pattern(req.payload()[0], len))
+            .unwrap();
+        h.bulk_push(&d, buf, len)
+            .on_complete(move |done| match done.result {
+                Ok(_) => reply.ok(b""),
+                Err(e) => reply.error(e.errno()),
+            });
+    });
+    let client = RpcMachine::start_on(&xprt, "127.0.0.1:0:902", RpcConfig::default()).unwrap();
+    let s = client.session(server.addr()).unwrap();
+    let threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let s = s.clone();
+            let c = client.handle();
+            std::thread::spawn(move || {
+                for i in 0..100u8 {
+                    assert_eq!(s.call(ECHO, &[t, i]).unwrap(), [t, i]);
+                    s.post(COUNT, &[t]).unwrap();
+                    if i % 10 == 0 {
+                        let sink = c.alloc(4096).unwrap();
+                        let out = s.call_bulk(READ, &[i], vec![BulkArg::Sink { buf: sink }]);
+                        assert!(out.result.is_ok());
+                        let data = out.buffers[0].buffer.bufvec().to_vec(0, 4096).unwrap();
+                        assert_eq!(data, pattern(i, 4096));
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    s.flush(Duration::from_secs(10)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.load(Ordering::SeqCst) < 400 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of 400 items",
+            got.load(Ordering::SeqCst)
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(s);
+    finish(client);
+    finish(server);
+}
