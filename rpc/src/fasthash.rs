@@ -1,12 +1,14 @@
 //! A fast hasher for the machine's maps, whose keys are integers (xids,
 //! session ids, opcodes) and end point addresses in memory: a
 //! multiply-rotate mix (in the style of FxHash), much cheaper than SipHash
-//! on the per-call path. Session ids are random and xids sequential; none
-//! of the keys is chosen by a peer to collide on purpose except session ids,
-//! and a collision only costs a longer probe.
+//! on the per-call path. Session ids arrive from peers, so the hash is
+//! seeded with a per-process random value (from the standard library's
+//! OS-seeded `RandomState`): colliding ids cannot be computed in advance.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::OnceLock;
 
 /// The hasher.
 #[derive(Debug, Default, Clone, Copy)]
@@ -40,5 +42,23 @@ impl Hasher for FastHasher {
     }
 }
 
+/// Builds [`FastHasher`]s starting from the process's random seed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FastState(u64);
+
+impl Default for FastState {
+    fn default() -> Self {
+        static SEED: OnceLock<u64> = OnceLock::new();
+        Self(*SEED.get_or_init(|| RandomState::new().hash_one(0x5eed_u64) | 1))
+    }
+}
+
+impl BuildHasher for FastState {
+    type Hasher = FastHasher;
+    fn build_hasher(&self) -> FastHasher {
+        FastHasher(self.0)
+    }
+}
+
 /// A `HashMap` with the fast hasher.
-pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+pub(crate) type FastMap<K, V> = HashMap<K, V, FastState>;
