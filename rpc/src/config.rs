@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::error::{Result, RpcError};
-use crate::wire::{ITEM_HEADER_SIZE, MSG_HEADER_SIZE};
+use crate::wire::{ITEM_HEADER_SIZE, MAX_WINDOW, MSG_HEADER_SIZE};
 
 /// Configuration of an [`RpcMachine`](crate::RpcMachine).
 ///
@@ -47,6 +47,33 @@ pub struct RpcConfig {
     /// under load without delaying a lone call. Default 2 (with 16 null
     /// calls in flight on bulk_mem, 2 gave twice the call rate of 8).
     pub max_in_flight: usize,
+    /// Most messages of a session (per direction) sent and not yet
+    /// acknowledged by the receiver. Messages of one session are numbered
+    /// and handled in order; the receiver holds messages that arrive ahead
+    /// of a missing one, and this bounds how many. At least
+    /// `max_in_flight`, at most [`MAX_WINDOW`](crate::wire::MAX_WINDOW)
+    /// (the most any receiver holds). Default 128.
+    pub window: usize,
+    /// How long a message the receiver refused (no free receive buffer, or
+    /// a connection that broke) keeps being sent again, with the same
+    /// sequence number, before the session gives it up and restarts its
+    /// sequence (its calls fail). Default 10 s.
+    pub msg_retry_time: Duration,
+    /// How long a receiver holds messages behind a missing one before it
+    /// gives the missing one up and handles them. A sender whose window
+    /// stays full with no acknowledgement for twice this restarts its
+    /// sequence. Must exceed `msg_retry_time`. Default 20 s.
+    pub gap_timeout: Duration,
+    /// A client session with calls waiting that has sent nothing for this
+    /// long sends a probe (an empty acknowledgement), so that a server
+    /// that stopped fails the calls at once (when the transport reports
+    /// it unreachable) instead of at their timeouts. Zero: never. Default
+    /// 1 s.
+    pub probe_interval: Duration,
+    /// Most client sessions a server keeps; messages of further sessions
+    /// are refused (requests answered `Busy`, one-way items dropped) until
+    /// sessions go idle. Default 65536.
+    pub max_sessions: usize,
     /// Default time a call waits for its reply, per attempt. Default 10 s.
     pub timeout: Duration,
     /// Default number of resends after a timeout. Default 0.
@@ -76,6 +103,11 @@ impl Default for RpcConfig {
             batching: true,
             batch_delay: Duration::ZERO,
             max_in_flight: 2,
+            window: 128,
+            msg_retry_time: Duration::from_secs(10),
+            gap_timeout: Duration::from_secs(20),
+            probe_interval: Duration::from_secs(1),
+            max_sessions: 65536,
             timeout: Duration::from_secs(10),
             retries: 0,
             reply_cache: 1024,
@@ -127,6 +159,35 @@ impl RpcConfig {
     #[must_use]
     pub fn with_max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n;
+        self
+    }
+
+    /// Sets `window`.
+    #[must_use]
+    pub fn with_window(mut self, n: usize) -> Self {
+        self.window = n;
+        self
+    }
+
+    /// Sets `msg_retry_time` and `gap_timeout`.
+    #[must_use]
+    pub fn with_retry_times(mut self, msg_retry: Duration, gap: Duration) -> Self {
+        self.msg_retry_time = msg_retry;
+        self.gap_timeout = gap;
+        self
+    }
+
+    /// Sets `probe_interval`.
+    #[must_use]
+    pub fn with_probe_interval(mut self, d: Duration) -> Self {
+        self.probe_interval = d;
+        self
+    }
+
+    /// Sets `max_sessions`.
+    #[must_use]
+    pub fn with_max_sessions(mut self, n: usize) -> Self {
+        self.max_sessions = n;
         self
     }
 
@@ -185,8 +246,27 @@ impl RpcConfig {
                 self.recv_buffer_size, self.max_msg_size
             ));
         }
-        if self.send_buffers == 0 || self.max_in_flight == 0 || self.reply_cache == 0 {
-            return bad("send_buffers, max_in_flight and reply_cache must be at least 1".into());
+        if self.send_buffers == 0
+            || self.max_in_flight == 0
+            || self.reply_cache == 0
+            || self.max_sessions == 0
+        {
+            return bad(
+                "send_buffers, max_in_flight, reply_cache and max_sessions must be at least 1"
+                    .into(),
+            );
+        }
+        if self.window < self.max_in_flight || self.window as u64 > MAX_WINDOW {
+            return bad(format!(
+                "window {} must be at least max_in_flight ({}) and at most {MAX_WINDOW}",
+                self.window, self.max_in_flight
+            ));
+        }
+        if self.gap_timeout <= self.msg_retry_time {
+            return bad(format!(
+                "gap_timeout {:?} must exceed msg_retry_time {:?}",
+                self.gap_timeout, self.msg_retry_time
+            ));
         }
         if self.timeout.is_zero() {
             return bad("timeout must be positive".into());

@@ -28,6 +28,9 @@ pub const STATUS_SHUTDOWN: i32 = -108; // ESHUTDOWN
 /// Wire status of a request whose payload failed to decode as the
 /// handler's type.
 pub const STATUS_INVALID: i32 = -22; // EINVAL
+/// Wire status of a request refused because the server has as many
+/// sessions as it takes (`RpcConfig::max_sessions`).
+pub const STATUS_BUSY: i32 = -16; // EBUSY
 
 /// Every failure of the RPC layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,6 +72,18 @@ pub enum RpcError {
     /// the request was not executed again. `ESTALE`.
     #[error("reply no longer in the server's reply cache (request not re-executed)")]
     Stale,
+    /// The server has as many client sessions as it takes
+    /// (`RpcConfig::max_sessions`) and refused this one's request. `EBUSY`.
+    #[error("server busy: too many client sessions")]
+    Busy,
+    /// A message of the session failed for good (the transport's failure
+    /// is given), or its receiver stopped acknowledging, so the session
+    /// restarted its message sequence; this call's request was in a
+    /// message the server may or may not have handled. `ECONNABORTED`.
+    #[error(
+        "session restarted its message sequence ({0}): the request may or may not have been handled"
+    )]
+    SessionReset(String),
     /// The server's handler dropped its reply handle without replying.
     /// `ENODATA`.
     #[error("server handler finished without replying")]
@@ -101,6 +116,8 @@ impl RpcError {
             Self::TooBig { .. } => -90,
             Self::Stale => STATUS_STALE,
             Self::NoReply => STATUS_NO_REPLY,
+            Self::Busy => STATUS_BUSY,
+            Self::SessionReset(_) => -103,
             Self::Remote(s) => *s,
             Self::Codec(_) | Self::InvalidArgument(_) | Self::ApiMisuse(_) => STATUS_INVALID,
         }
@@ -114,6 +131,7 @@ impl RpcError {
             STATUS_STALE => Self::Stale,
             STATUS_NO_REPLY => Self::NoReply,
             STATUS_SHUTDOWN => Self::Shutdown,
+            STATUS_BUSY => Self::Busy,
             s => Self::Remote(s),
         }
     }
@@ -168,6 +186,7 @@ mod tests {
             RpcError::Stale,
             RpcError::NoReply,
             RpcError::Shutdown,
+            RpcError::Busy,
             RpcError::Remote(-5),
             RpcError::Remote(42),
         ] {

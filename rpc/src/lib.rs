@@ -97,6 +97,7 @@ mod config;
 mod error;
 mod fasthash;
 mod machine;
+mod seq;
 mod server;
 mod session;
 mod stats;
@@ -106,11 +107,11 @@ pub use bulk::{BulkOp, BulkOpFuture};
 pub use call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, block_on};
 pub use config::{CallOpts, RpcConfig};
 pub use error::{
-    Result, RpcError, STATUS_INVALID, STATUS_NO_REPLY, STATUS_PROTOCOL, STATUS_SHUTDOWN,
-    STATUS_STALE, STATUS_UNKNOWN_OPCODE,
+    Result, RpcError, STATUS_BUSY, STATUS_INVALID, STATUS_NO_REPLY, STATUS_PROTOCOL,
+    STATUS_SHUTDOWN, STATUS_STALE, STATUS_UNKNOWN_OPCODE,
 };
 pub use machine::{RpcHandle, RpcMachine};
 pub use server::{ReplyHandle, Request};
 pub use session::Session;
 pub use stats::{RpcStats, SessionStats};
-pub use wire::{BulkDesc, BulkKind};
+pub use wire::{BulkDesc, BulkKind, MsgHeader};

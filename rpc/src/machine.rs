@@ -1,5 +1,6 @@
 //! The RPC machine: one transfer machine, its receive buffers, the send
-//! buffer pool and formation, the receive path, and the timer thread.
+//! buffer pool and formation, message sequencing and acknowledgements,
+//! the receive path, and the timer thread.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -17,18 +18,23 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use tracing::{debug, trace, warn};
 
 use crate::config::RpcConfig;
-use crate::error::{Result, RpcError, STATUS_PROTOCOL, STATUS_UNKNOWN_OPCODE};
+use crate::error::{Result, RpcError, STATUS_UNKNOWN_OPCODE};
 use crate::fasthash::FastMap;
+use crate::seq::{Inbound, Offer, new_epoch};
 use crate::server::{Handler, ReplyHandle, Request, SrvSession};
 use crate::session::{Session, SessionInner};
 use crate::stats::{Counters, RpcStats, bump};
-use crate::wire::{
-    self, BulkDesc, ItemError, ItemHeader, ItemKind, MSG_HEADER_SIZE, MsgReader, WireError,
-};
+use crate::wire::{self, BulkDesc, ItemError, ItemHeader, MSG_HEADER_SIZE, MsgHeader, WireError};
 
-/// How long a message refused for lack of receive buffers waits before it
-/// is sent again.
+/// First delay before a message refused by the receiver (no free receive
+/// buffer, or a broken connection) is sent again; it doubles with each
+/// refusal, up to [`RETRY_DELAY_MAX`].
 const RETRY_DELAY: Duration = Duration::from_millis(1);
+/// Longest delay between two sends of a refused message.
+const RETRY_DELAY_MAX: Duration = Duration::from_millis(16);
+/// How long a receiver waits for a message of its own to carry an
+/// acknowledgement before it sends one by itself.
+pub(crate) const ACK_DELAY: Duration = Duration::from_millis(10);
 /// How long start and stop wait for the transfer machine.
 const TM_WAIT: Duration = Duration::from_secs(30);
 
@@ -44,6 +50,19 @@ pub(crate) struct QItem {
 pub(crate) enum OutRef {
     Client(Arc<SessionInner>),
     Server(Arc<SrvSession>),
+}
+
+impl OutRef {
+    fn session(&self) -> u64 {
+        match self {
+            Self::Client(s) => s.id,
+            Self::Server(s) => s.id,
+        }
+    }
+
+    fn replies(&self) -> bool {
+        matches!(self, Self::Server(_))
+    }
 }
 
 /// The xids of the calls a message carries (usually one: kept inline).
@@ -67,47 +86,134 @@ impl Xids {
     }
 }
 
-/// A message in flight: where it came from and the calls it carries.
-pub(crate) struct MsgRecord {
-    pub(crate) owner: OutRef,
-    pub(crate) xids: Xids,
-    len: usize,
+/// What a send buffer carries.
+pub(crate) enum RecKind {
+    /// A sequenced message: when it was first refused, and how often.
+    Data {
+        first_fail: Option<Instant>,
+        tries: u32,
+    },
+    /// An acknowledgement or probe.
+    Ack,
 }
 
-/// Formation state of one direction to one peer: items waiting to be
-/// packed, and the messages in flight.
+/// A message in flight: where it came from and its header.
+pub(crate) struct MsgRecord {
+    pub(crate) owner: OutRef,
+    pub(crate) kind: RecKind,
+    pub(crate) hdr: MsgHeader,
+}
+
+/// A message sent and not yet acknowledged by the receiver: what to fail
+/// if it turns out lost.
+struct Unacked {
+    seq: u64,
+    xids: Xids,
+    posts: u32,
+}
+
+/// What a send completion (or an acknowledgement) left for the owner of
+/// the queue to do once its lock is released.
 #[derive(Default)]
+pub(crate) struct SendOutcome {
+    /// Send buffers to give back to the pool.
+    pub(crate) free: Vec<NetBuffer>,
+    /// Calls to fail.
+    pub(crate) failed: Vec<(u64, RpcError)>,
+    /// The failure that made the session restart its sequence.
+    pub(crate) reset: Option<RpcError>,
+    /// The failure says the peer is gone.
+    pub(crate) peer_gone: bool,
+}
+
+/// The send side of one session and direction: items waiting to be packed
+/// into messages, messages in flight, and the message sequence (epoch,
+/// next sequence number, messages not yet acknowledged by the receiver).
 pub(crate) struct Outbound {
     queue: VecDeque<QItem>,
     queued_bytes: usize,
     first_at: Option<Instant>,
+    /// Messages of the current epoch handed to the transport and not yet
+    /// completed.
     pub(crate) in_flight: usize,
-    retry: VecDeque<(NetBuffer, MsgRecord)>,
+    /// Messages of earlier epochs not yet completed.
+    stale_in_flight: usize,
+    /// Messages refused by the receiver, to be sent again (sequence
+    /// order).
+    retry: Vec<(NetBuffer, MsgRecord)>,
     retry_at: Option<Instant>,
     starved: bool,
     /// Send what is queued without waiting for the batch delay.
     pub(crate) forced: bool,
     /// The first send failure since it was last taken.
     pub(crate) send_error: Option<RpcError>,
+    epoch: u64,
+    next_seq: u64,
+    /// Highest sequence number the receiver acknowledged.
+    acked: u64,
+    unacked: VecDeque<Unacked>,
+    /// Since when the window has been full with no acknowledgement.
+    stalled_since: Option<Instant>,
+    /// When the last message or acknowledgement left.
+    pub(crate) last_tx: Instant,
+    /// Never sends a message again (a session refused by a full server).
+    transient: bool,
     pub(crate) msgs: u64,
     pub(crate) items: u64,
     pub(crate) bytes: u64,
 }
 
+impl Default for Outbound {
+    fn default() -> Self {
+        Self {
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            first_at: None,
+            in_flight: 0,
+            stale_in_flight: 0,
+            retry: Vec::new(),
+            retry_at: None,
+            starved: false,
+            forced: false,
+            send_error: None,
+            epoch: new_epoch(),
+            next_seq: 1,
+            acked: 0,
+            unacked: VecDeque::new(),
+            stalled_since: None,
+            last_tx: Instant::now(),
+            transient: false,
+            msgs: 0,
+            items: 0,
+            bytes: 0,
+        }
+    }
+}
+
+fn retryable(e: &NetError) -> bool {
+    matches!(e, NetError::NoBuffers | NetError::ConnectionReset(_))
+}
+
 impl Outbound {
+    /// A queue that sends its messages once, never again (refusals).
+    pub(crate) fn transient() -> Self {
+        Self {
+            transient: true,
+            ..Self::default()
+        }
+    }
+
+    /// True for a queue that never sends a message again.
+    pub(crate) fn is_transient(&self) -> bool {
+        self.transient
+    }
+
     pub(crate) fn push(&mut self, item: QItem, now: Instant) {
         self.queued_bytes += item.bytes.len();
         if self.queue.is_empty() {
             self.first_at = Some(now);
         }
         self.queue.push_back(item);
-    }
-
-    /// Puts a message refused for lack of receive buffers back, to be sent
-    /// again at `at` (before anything queued after it).
-    pub(crate) fn requeue(&mut self, buf: NetBuffer, rec: MsgRecord, at: Instant) {
-        self.retry.push_back((buf, rec));
-        self.retry_at = Some(at);
     }
 
     /// True when something waits to be sent.
@@ -122,39 +228,237 @@ impl Outbound {
 
     /// True when nothing is queued or in flight.
     pub(crate) fn idle(&self) -> bool {
-        self.queue.is_empty() && self.retry.is_empty() && self.in_flight == 0
+        self.queue.is_empty()
+            && self.retry.is_empty()
+            && self.in_flight == 0
+            && self.stale_in_flight == 0
     }
 
-    /// Empties the queues (shutdown, peer gone): returns the xids of the
-    /// calls whose requests were waiting.
-    pub(crate) fn drain(&mut self) -> Vec<u64> {
-        let mut xids: Vec<u64> = self.queue.drain(..).filter_map(|q| q.call_xid).collect();
-        for (_, rec) in self.retry.drain(..) {
-            xids.extend(rec.xids.iter());
-        }
+    /// Empties the queue (shutdown, peer gone): returns the xids of the
+    /// calls whose requests were waiting, and the buffers of the messages
+    /// waiting to be sent again.
+    pub(crate) fn drain(&mut self, free: &mut Vec<NetBuffer>) -> Vec<u64> {
+        let xids: Vec<u64> = self.queue.drain(..).filter_map(|q| q.call_xid).collect();
+        free.extend(self.retry.drain(..).map(|(b, _)| b));
         self.queued_bytes = 0;
         self.first_at = None;
         self.retry_at = None;
         xids
     }
 
+    /// Forgets every message in flight (shutdown: the transfer machine
+    /// stops and completes them; nothing waits for them).
+    pub(crate) fn forget_in_flight(&mut self) {
+        self.in_flight = 0;
+        self.stale_in_flight = 0;
+        self.unacked.clear();
+    }
+
     /// When the timer must look at this queue again: the end of the batch
-    /// delay, or the time to resend a message refused for lack of receive
-    /// buffers. `None` when only a send completion can make progress (the
-    /// session is at its limit of messages in flight, or waits for a send
-    /// buffer), or when there is nothing to send; with no batch delay,
-    /// queued items leave from the completions, never from the timer.
-    pub(crate) fn deadline(&self, delay: Duration, max_in_flight: usize) -> Option<Instant> {
-        if self.starved || self.in_flight >= max_in_flight {
+    /// delay, or the time to resend a refused message. `None` when only a
+    /// send completion or an acknowledgement can make progress (the
+    /// session is at its limit of messages in flight, waits for a send
+    /// buffer, or its window is full), or when there is nothing to send;
+    /// with no batch delay, queued items leave from the completions, never
+    /// from the timer.
+    pub(crate) fn deadline(&self, cfg: &RpcConfig) -> Option<Instant> {
+        if self.starved || self.in_flight >= cfg.max_in_flight {
             return None;
         }
         if let Some(t) = self.retry_at.filter(|_| !self.retry.is_empty()) {
             return Some(t);
         }
-        if self.queue.is_empty() || delay.is_zero() || self.forced {
+        if self.queue.is_empty()
+            || cfg.batch_delay.is_zero()
+            || self.forced
+            || self.unacked.len() >= cfg.window
+        {
             return None;
         }
-        self.first_at.map(|t| t + delay)
+        self.first_at.map(|t| t + cfg.batch_delay)
+    }
+
+    /// When a full window with no acknowledgement makes the session give
+    /// up its sequence.
+    pub(crate) fn stall_deadline(&self, cfg: &RpcConfig) -> Option<Instant> {
+        self.stalled_since.map(|t| t + cfg.gap_timeout * 2)
+    }
+
+    /// Starts a new sequence after message `failed_seq` failed for good
+    /// with `err`: the calls of every message not acknowledged fail (with
+    /// `err` for that message, `SessionReset` for the others, which the
+    /// receiver may or may not have handled); messages waiting to be sent
+    /// again are dropped. Returns the one-way items lost.
+    fn reset(&mut self, failed_seq: u64, err: &RpcError, o: &mut SendOutcome) -> u64 {
+        let others = RpcError::SessionReset(err.to_string());
+        let mut lost = 0;
+        for u in self.unacked.drain(..) {
+            let e = if u.seq == failed_seq { err } else { &others };
+            o.failed.extend(u.xids.iter().map(|x| (x, e.clone())));
+            lost += u64::from(u.posts);
+        }
+        o.free.extend(self.retry.drain(..).map(|(b, _)| b));
+        self.retry_at = None;
+        self.stale_in_flight += self.in_flight;
+        self.in_flight = 0;
+        self.epoch = new_epoch();
+        self.next_seq = 1;
+        self.acked = 0;
+        self.stalled_since = None;
+        if self.send_error.is_none() {
+            self.send_error = Some(err.clone());
+        }
+        o.reset = Some(err.clone());
+        lost
+    }
+
+    /// Restarts the sequence because the peer is gone (`e`): as
+    /// [`Outbound::reset`] for every message not acknowledged.
+    pub(crate) fn restart(&mut self, e: &RpcError, o: &mut SendOutcome) -> u64 {
+        self.reset(0, e, o)
+    }
+
+    /// Gives the sequence up because the window stayed full with no
+    /// acknowledgement (the receiver lost its state, or is stuck).
+    pub(crate) fn give_up_stalled(&mut self, o: &mut SendOutcome) -> u64 {
+        let err = RpcError::SessionReset(
+            "the receiver acknowledged nothing while the window was full".into(),
+        );
+        self.reset(0, &err, o)
+    }
+
+    /// The receiver acknowledged every message of `epoch` up to `seq`.
+    /// Returns the one-way items of messages it gave up waiting for
+    /// (acknowledged while we still had them to send again).
+    pub(crate) fn on_ack(&mut self, epoch: u64, seq: u64, o: &mut SendOutcome) -> u64 {
+        let seq = seq.min(self.next_seq - 1);
+        if epoch != self.epoch || seq <= self.acked {
+            return 0;
+        }
+        self.acked = seq;
+        self.stalled_since = None;
+        // Messages acknowledged while waiting to be sent again: the
+        // receiver gave up waiting for them.
+        let mut skipped = Vec::new();
+        let mut i = 0;
+        while i < self.retry.len() {
+            if self.retry[i].1.hdr.seq <= seq {
+                let (b, r) = self.retry.remove(i);
+                skipped.push(r.hdr.seq);
+                o.free.push(b);
+            } else {
+                i += 1;
+            }
+        }
+        let mut lost = 0;
+        while self.unacked.front().is_some_and(|u| u.seq <= seq) {
+            let Some(u) = self.unacked.pop_front() else {
+                break;
+            };
+            if skipped.contains(&u.seq) {
+                let e =
+                    RpcError::SessionReset("the receiver gave up waiting for the message".into());
+                o.failed.extend(u.xids.iter().map(|x| (x, e.clone())));
+                lost += u64::from(u.posts);
+            }
+        }
+        lost
+    }
+
+    /// A send completion of a sequenced message. Puts a refused message
+    /// back to be sent again (same epoch and sequence number) for up to
+    /// `retry_for` after its first refusal (`None`: never, the machine is
+    /// stopping), else the sequence restarts.
+    fn completed(
+        &mut self,
+        buf: NetBuffer,
+        mut rec: MsgRecord,
+        status: std::result::Result<(), &NetError>,
+        retry_for: Option<Duration>,
+        now: Instant,
+        o: &mut SendOutcome,
+    ) -> (u64, Option<Instant>) {
+        if rec.hdr.epoch != self.epoch {
+            // Its sequence was given up: its calls already failed.
+            self.stale_in_flight = self.stale_in_flight.saturating_sub(1);
+            o.free.push(buf);
+            return (0, None);
+        }
+        self.in_flight = self.in_flight.saturating_sub(1);
+        let e = match status {
+            Ok(()) => {
+                o.free.push(buf);
+                return (0, None);
+            }
+            Err(e) => e,
+        };
+        let Some(retry_for) = retry_for.filter(|_| !self.transient) else {
+            o.free.push(buf);
+            return (0, None);
+        };
+        if rec.hdr.seq <= self.acked {
+            // Acknowledged meanwhile: the receiver has it, or gave up on
+            // it.
+            o.free.push(buf);
+            return (0, None);
+        }
+        let RecKind::Data { first_fail, tries } = &mut rec.kind else {
+            o.free.push(buf);
+            return (0, None);
+        };
+        let first = *first_fail.get_or_insert(now);
+        if retryable(e) && now < first + retry_for {
+            let shift = (*tries).min(4);
+            *tries += 1;
+            let at = now + (RETRY_DELAY * (1 << shift)).min(RETRY_DELAY_MAX);
+            let pos = self.retry.partition_point(|(_, r)| r.hdr.seq < rec.hdr.seq);
+            self.retry.insert(pos, (buf, rec));
+            self.retry_at = Some(at);
+            return (0, Some(at));
+        }
+        let err = RpcError::Net(e.clone());
+        o.peer_gone = err.peer_gone();
+        o.free.push(buf);
+        (self.reset(rec.hdr.seq, &err, o), None)
+    }
+}
+
+/// Both directions of one session at one end: what we send, and the
+/// reorder window of what we receive (with its acknowledgements).
+#[derive(Default)]
+pub(crate) struct Link {
+    pub(crate) out: Outbound,
+    pub(crate) inb: Inbound<RxMsg>,
+}
+
+impl Link {
+    /// Applies the acknowledgement a received message carries.
+    pub(crate) fn on_ack(&mut self, m: &Inner, h: &MsgHeader, o: &mut SendOutcome) {
+        if let Some((e, s)) = h.ack {
+            let lost = self.out.on_ack(e, s, o);
+            bump(&m.stats.items_lost, lost);
+        }
+    }
+
+    /// Offers a received message to the reorder window, counting what
+    /// became of it.
+    pub(crate) fn offer(&mut self, m: &Inner, h: &MsgHeader, items: RxMsg, now: Instant) {
+        let (o, dropped) = self.inb.offer(h.epoch, h.seq, h.low, h.ack_now, items, now);
+        bump(&m.stats.msgs_discarded, dropped as u64);
+        match o {
+            Offer::Ready => {}
+            Offer::Held => {
+                bump(&m.stats.msgs_held, 1);
+                if let Some(t) = self.inb.gap_deadline(m.cfg.gap_timeout) {
+                    m.arm(t);
+                }
+            }
+            Offer::Duplicate => bump(&m.stats.msgs_duplicate, 1),
+            Offer::Stale | Offer::OutOfWindow => {
+                trace!(?o, seq = h.seq, "message dropped");
+                bump(&m.stats.msgs_discarded, 1);
+            }
+        }
     }
 }
 
@@ -198,49 +502,50 @@ impl fmt::Debug for Inner {
     }
 }
 
-/// One message's decoded content, copied out of the receive buffer.
-enum Parsed {
+/// One decoded item of a received message, copied out of the receive
+/// buffer.
+pub(crate) enum Parsed {
     Item {
         header: ItemHeader,
         payload: Vec<u8>,
         descs: Vec<BulkDesc>,
     },
     BadItem(ItemError),
-    BadMsg(WireError),
 }
 
-fn parse_into(bytes: &[u8], out: &mut Vec<Parsed>) {
-    match MsgReader::new(bytes) {
-        Ok(r) => {
-            for it in r {
-                out.push(match it {
-                    Ok(i) => Parsed::Item {
-                        header: i.header,
-                        payload: i.payload.to_vec(),
-                        descs: i.descs,
-                    },
-                    Err(e) => Parsed::BadItem(e),
-                });
-            }
-        }
-        Err(e) => out.push(Parsed::BadMsg(e)),
-    }
+/// The items of one received message.
+pub(crate) type RxMsg = Vec<Parsed>;
+
+fn parse_into(bytes: &[u8]) -> std::result::Result<(MsgHeader, RxMsg), WireError> {
+    let r = wire::MsgReader::new(bytes)?;
+    let h = *r.header();
+    let items = r
+        .map(|it| match it {
+            Ok(i) => Parsed::Item {
+                header: i.header,
+                payload: i.payload.to_vec(),
+                descs: i.descs,
+            },
+            Err(e) => Parsed::BadItem(e),
+        })
+        .collect();
+    Ok((h, items))
 }
 
-fn parse_bufvec(bv: &BufVec, off: usize, len: usize) -> Vec<Parsed> {
-    let mut out = Vec::new();
+fn parse_bufvec(
+    bv: &BufVec,
+    off: usize,
+    len: usize,
+) -> std::result::Result<(MsgHeader, RxMsg), WireError> {
     // Receive buffers are one segment: read the message in place.
     if let Some(seg) = bv.segments().next().filter(|s| off + len <= s.len()) {
-        parse_into(&seg[off..off + len], &mut out);
+        parse_into(&seg[off..off + len])
     } else {
         match bv.to_vec(off, len) {
-            Ok(v) => parse_into(&v, &mut out),
-            Err(_) => out.push(Parsed::BadMsg(WireError::Truncated(
-                "message outside its buffer",
-            ))),
+            Ok(v) => parse_into(&v),
+            Err(_) => Err(WireError::Truncated("message outside its buffer")),
         }
     }
-    out
 }
 
 impl Inner {
@@ -354,8 +659,9 @@ impl Inner {
         }
     }
 
-    /// Expires calls, resends, flushes delayed batches and retries, and
-    /// forgets idle server sessions. Returns when to come back.
+    /// Expires calls, resends, flushes delayed batches and retries, sends
+    /// delayed acknowledgements and probes, gives up on gaps, and forgets
+    /// idle server sessions. Returns when to come back.
     fn timer_pass(self: &Arc<Self>, now: Instant) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         let mut merge = |t: Option<Instant>| {
@@ -422,12 +728,18 @@ impl Inner {
         }
     }
 
-    fn put_send_buf(self: &Arc<Self>, b: NetBuffer) {
-        if self.is_stopping() {
+    /// Gives send buffers back to the pool and lets a starved queue use
+    /// them. Called with no session lock held.
+    pub(crate) fn put_send_bufs(self: &Arc<Self>, bufs: Vec<NetBuffer>) {
+        if bufs.is_empty() || self.is_stopping() {
             return;
         }
-        self.send_free.lock().push(b);
-        if self.starved_n.load(Ordering::Acquire) > 0 {
+        let n = bufs.len();
+        self.send_free.lock().extend(bufs);
+        for _ in 0..n {
+            if self.starved_n.load(Ordering::Acquire) == 0 {
+                break;
+            }
             let o = {
                 let mut q = self.starved.lock();
                 let o = q.pop_front();
@@ -454,36 +766,63 @@ impl Inner {
         }
     }
 
-    /// Sends what `out` may send now: packs queued items into messages
-    /// (up to the message size, one item per message without batching)
-    /// while the session has fewer than `max_in_flight` messages out and a
-    /// send buffer is free. Called with the owner's lock held. Returns the
-    /// calls whose requests could not be sent, with the reason.
+    fn write_header(buf: &mut NetBuffer, h: &MsgHeader) -> bool {
+        match buf.bufvec_mut().segments_mut().next() {
+            Some(seg) if seg.len() >= MSG_HEADER_SIZE => {
+                h.write(seg);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Sends what `link` may send now: messages refused earlier first,
+    /// then queued items packed into new messages (up to the message size,
+    /// one item per message without batching), while the session has
+    /// fewer than `max_in_flight` messages out, fewer than `window`
+    /// messages not acknowledged, and a send buffer is free. Every message
+    /// carries the acknowledgement of what `link` received. Called with
+    /// the owner's lock held. Returns the calls whose requests could not
+    /// be sent, with the reason.
     pub(crate) fn flush(
         self: &Arc<Self>,
         owner: &OutRef,
         ep: &EndPoint,
-        out: &mut Outbound,
+        link: &mut Link,
         now: Instant,
     ) -> Vec<(u64, RpcError)> {
-        let mut failed = Vec::new();
+        let mut o = SendOutcome::default();
+        let (out, ack) = (&mut link.out, &mut link.inb.ack);
         if self.is_stopping() {
-            failed.extend(out.drain().into_iter().map(|x| (x, RpcError::Shutdown)));
-            return failed;
+            let xids = out.drain(&mut o.free);
+            o.failed
+                .extend(xids.into_iter().map(|x| (x, RpcError::Shutdown)));
+            self.send_free.lock().append(&mut o.free);
+            return o.failed;
         }
         out.starved = false;
+        let window = self.cfg.window;
         while out.in_flight < self.cfg.max_in_flight {
             if !out.retry.is_empty() {
                 if out.retry_at.is_some_and(|t| t > now) && !out.forced {
                     break;
                 }
-                let Some((buf, rec)) = out.retry.pop_front() else {
-                    break;
-                };
-                self.send_msg(ep, out, buf, rec, &mut failed);
+                let (mut buf, mut rec) = out.retry.remove(0);
+                // Same epoch and sequence number; fresh acknowledgements.
+                rec.hdr.low = out.acked + 1;
+                rec.hdr.ack = ack.current();
+                if Self::write_header(&mut buf, &rec.hdr) && rec.hdr.ack.is_some() {
+                    ack.sent();
+                }
+                bump(&self.stats.send_retries, 1);
+                self.send_msg(ep, out, buf, rec, now, &mut o);
                 continue;
             }
             if out.queue.is_empty() {
+                break;
+            }
+            if out.unacked.len() >= window {
+                out.stalled_since.get_or_insert(now);
                 break;
             }
             let delay = self.cfg.batch_delay;
@@ -501,6 +840,7 @@ impl Inner {
                 break;
             };
             let mut xids = Xids::default();
+            let mut posts = 0u32;
             let mut n: usize = 0;
             let mut off = MSG_HEADER_SIZE;
             {
@@ -519,25 +859,44 @@ impl Inner {
                     off += l;
                     n += 1;
                     out.queued_bytes -= l;
-                    if let Some(x) = out.queue.pop_front().and_then(|it| it.call_xid) {
-                        xids.push(x);
+                    match out.queue.pop_front().and_then(|it| it.call_xid) {
+                        Some(x) => xids.push(x),
+                        None => posts += 1,
                     }
                 }
-                if n == 0 {
-                    // Cannot happen (items are checked against the message
-                    // size when queued); never send an empty message.
-                    if let Some(it) = out.queue.pop_front() {
-                        out.queued_bytes -= it.bytes.len();
-                        let e = RpcError::TooBig {
-                            len: it.bytes.len(),
-                            max: seg.len() - MSG_HEADER_SIZE,
-                        };
-                        failed.extend(it.call_xid.map(|x| (x, e)));
-                    }
-                    self.send_free.lock().push(buf);
-                    continue;
+            }
+            if n == 0 {
+                // Cannot happen (items are checked against the message
+                // size when queued); never send an empty message.
+                if let Some(it) = out.queue.pop_front() {
+                    out.queued_bytes -= it.bytes.len();
+                    let e = RpcError::TooBig {
+                        len: it.bytes.len(),
+                        max: self.max_item(),
+                    };
+                    o.failed.extend(it.call_xid.map(|x| (x, e)));
                 }
-                wire::write_msg_header(seg, n as u16, off as u32);
+                self.send_free.lock().push(buf);
+                continue;
+            }
+            let seq = out.next_seq;
+            out.next_seq += 1;
+            out.unacked.push_back(Unacked { seq, xids, posts });
+            let k = out.unacked.len();
+            let hdr = MsgHeader {
+                replies: owner.replies(),
+                ack_only: false,
+                ack_now: k == window || k == (window / 2).max(1),
+                items: n as u16,
+                len: off as u32,
+                session: owner.session(),
+                epoch: out.epoch,
+                seq,
+                low: out.acked + 1,
+                ack: ack.current(),
+            };
+            if Self::write_header(&mut buf, &hdr) && hdr.ack.is_some() {
+                ack.sent();
             }
             out.first_at = (!out.queue.is_empty()).then_some(now);
             out.msgs += 1;
@@ -546,18 +905,27 @@ impl Inner {
             bump(&self.stats.items_sent, n as u64);
             let rec = MsgRecord {
                 owner: owner.clone(),
-                xids,
-                len: off,
+                kind: RecKind::Data {
+                    first_fail: None,
+                    tries: 0,
+                },
+                hdr,
             };
-            self.send_msg(ep, out, buf, rec, &mut failed);
+            self.send_msg(ep, out, buf, rec, now, &mut o);
         }
         if out.queue.is_empty() && out.retry.is_empty() {
             out.forced = false;
         }
-        if let Some(t) = out.deadline(self.cfg.batch_delay, self.cfg.max_in_flight) {
+        if let Some(t) = out.deadline(&self.cfg) {
             self.arm(t);
         }
-        failed
+        if let Some(t) = out.stall_deadline(&self.cfg) {
+            self.arm(t);
+        }
+        if !o.free.is_empty() {
+            self.send_free.lock().append(&mut o.free);
+        }
+        o.failed
     }
 
     fn send_msg(
@@ -566,10 +934,12 @@ impl Inner {
         out: &mut Outbound,
         buf: NetBuffer,
         rec: MsgRecord,
-        failed: &mut Vec<(u64, RpcError)>,
+        now: Instant,
+        o: &mut SendOutcome,
     ) {
         let tag = buf.tag() as usize;
-        let len = rec.len;
+        let len = rec.hdr.len as usize;
+        let seq = rec.hdr.seq;
         let Some(slot) = self.records.get(tag) else {
             warn!(tag, "send buffer with an unknown tag");
             return;
@@ -578,23 +948,165 @@ impl Inner {
         match self.tm.add_msg_send(buf, ep, len) {
             Ok(_) => {
                 out.in_flight += 1;
+                out.last_tx = now;
                 bump(&self.stats.msgs_sent, 1);
                 bump(&self.stats.bytes_sent, len as u64);
             }
             Err(e) => {
-                let rec = slot.lock().take();
+                slot.lock().take();
                 let err = RpcError::Net(e.error);
                 bump(&self.stats.send_failures, 1);
                 debug!(peer = ep.addr(), error = %err, "message send refused");
-                if let Some(rec) = rec {
-                    failed.extend(rec.xids.iter().map(|x| (x, err.clone())));
-                }
-                if out.send_error.is_none() {
-                    out.send_error = Some(err);
-                }
-                self.send_free.lock().push(e.buffer);
+                o.free.push(e.buffer);
+                // The sequence number is spent: start a new sequence.
+                let lost = out.reset(seq, &err, o);
+                bump(&self.stats.items_lost, lost);
+                bump(&self.stats.seq_resets, 1);
             }
         }
+    }
+
+    /// Sends an acknowledgement of what `link` received, or a probe when
+    /// there is nothing to acknowledge. Called with the owner's lock held.
+    /// False when no send buffer was free or the transport refused it.
+    pub(crate) fn send_ack(
+        self: &Arc<Self>,
+        owner: &OutRef,
+        ep: &EndPoint,
+        link: &mut Link,
+        now: Instant,
+    ) -> bool {
+        if self.is_stopping() || link.out.transient && link.inb.ack.current().is_none() {
+            return false;
+        }
+        let Some(mut buf) = self.take_send_buf() else {
+            return false;
+        };
+        let hdr = MsgHeader {
+            replies: owner.replies(),
+            ack_only: true,
+            len: MSG_HEADER_SIZE as u32,
+            session: owner.session(),
+            epoch: link.out.epoch,
+            ack: link.inb.ack.current(),
+            ..MsgHeader::default()
+        };
+        if !Self::write_header(&mut buf, &hdr) {
+            self.send_free.lock().push(buf);
+            return false;
+        }
+        let Some(slot) = self.records.get(buf.tag() as usize) else {
+            return false;
+        };
+        *slot.lock() = Some(MsgRecord {
+            owner: owner.clone(),
+            kind: RecKind::Ack,
+            hdr,
+        });
+        match self.tm.add_msg_send(buf, ep, MSG_HEADER_SIZE) {
+            Ok(_) => {
+                link.inb.ack.sent();
+                link.out.last_tx = now;
+                bump(&self.stats.acks_sent, 1);
+                true
+            }
+            Err(e) => {
+                slot.lock().take();
+                debug!(peer = ep.addr(), error = %e.error, "acknowledgement refused");
+                self.send_free.lock().push(e.buffer);
+                false
+            }
+        }
+    }
+
+    /// After messages of `link` were handed out: acknowledge now when the
+    /// sender asked, else let a message of ours carry the acknowledgement,
+    /// or send one by itself after [`ACK_DELAY`]. Called with the owner's
+    /// lock held.
+    pub(crate) fn ack_after_dispatch(
+        self: &Arc<Self>,
+        owner: &OutRef,
+        ep: &EndPoint,
+        link: &mut Link,
+        now: Instant,
+    ) -> Vec<(u64, RpcError)> {
+        let mut failed = Vec::new();
+        if !link.inb.ack.pending() {
+            return failed;
+        }
+        if link.inb.ack.urgent() {
+            if link.out.has_work() {
+                failed = self.flush(owner, ep, link, now);
+            }
+            if link.inb.ack.pending() && !self.send_ack(owner, ep, link, now) {
+                link.inb.ack.due = Some(now + ACK_DELAY);
+                self.arm(now + ACK_DELAY);
+            }
+            return failed;
+        }
+        // Queued items will leave soon and carry it.
+        if !link.out.has_work() && link.inb.ack.due.is_none() {
+            let at = now + ACK_DELAY;
+            link.inb.ack.due = Some(at);
+            self.arm(at);
+        }
+        failed
+    }
+
+    /// The timer's part for `link`: a delayed acknowledgement that is due,
+    /// a gap given up on (true when messages became ready), a stalled
+    /// window given up on. Returns when to come back.
+    pub(crate) fn link_timer(
+        self: &Arc<Self>,
+        owner: &OutRef,
+        ep: &EndPoint,
+        link: &mut Link,
+        now: Instant,
+        o: &mut SendOutcome,
+    ) -> (Option<Instant>, bool) {
+        let mut next = None;
+        let mut merge = |t: Option<Instant>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n: Instant| n.min(t)));
+            }
+        };
+        if let Some(due) = link.inb.ack.due {
+            if !link.inb.ack.pending() {
+                link.inb.ack.due = None;
+            } else if due <= now && !self.send_ack(owner, ep, link, now) {
+                link.inb.ack.due = Some(now + ACK_DELAY);
+            }
+            merge(link.inb.ack.due);
+        }
+        let mut ready = false;
+        if let Some(t) = link.inb.gap_deadline(self.cfg.gap_timeout) {
+            if t <= now {
+                let skipped = link.inb.skip_gap(now);
+                bump(&self.stats.msgs_skipped, skipped);
+                debug!(
+                    session = format_args!("{:016x}", owner.session()),
+                    skipped, "gave up waiting for missing messages"
+                );
+                ready = link.inb.has_ready();
+            }
+            merge(link.inb.gap_deadline(self.cfg.gap_timeout));
+        }
+        if let Some(t) = link.out.stall_deadline(&self.cfg) {
+            if t <= now {
+                debug!(
+                    session = format_args!("{:016x}", owner.session()),
+                    "window full with no acknowledgement: sequence restarted"
+                );
+                let lost = link.out.give_up_stalled(o);
+                bump(&self.stats.items_lost, lost);
+                bump(&self.stats.seq_resets, 1);
+                let failed = self.flush(owner, ep, link, now);
+                o.failed.extend(failed);
+            } else {
+                merge(Some(t));
+            }
+        }
+        (next, ready)
     }
 
     fn on_send(self: &Arc<Self>, mut ev: BufferEvent) {
@@ -606,38 +1118,67 @@ impl Inner {
             .get(buf.tag() as usize)
             .and_then(|r| r.lock().take());
         let Some(rec) = rec else {
-            self.put_send_buf(buf);
+            self.put_send_bufs(vec![buf]);
             return;
         };
-        match ev.status() {
-            Ok(()) => {
-                self.put_send_buf(buf);
-                self.sent_done(rec, None);
-            }
-            Err(NetError::NoBuffers) if !self.is_stopping() => {
-                bump(&self.stats.send_retries, 1);
-                trace!("receiver had no free buffer: message sent again shortly");
-                let owner = rec.owner.clone();
-                let at = Instant::now() + RETRY_DELAY;
-                match &owner {
-                    OutRef::Client(s) => s.requeue(self, buf, rec, at),
-                    OutRef::Server(s) => s.requeue(self, buf, rec, at),
-                }
-                self.arm(at);
-            }
-            Err(e) => {
-                let e = e.clone();
+        let status = ev.status().as_ref().map(|_| ());
+        if let Err(e) = status {
+            if !e.is_cancelled() {
                 bump(&self.stats.send_failures, 1);
-                self.put_send_buf(buf);
-                self.sent_done(rec, Some(RpcError::Net(e)));
             }
+            if matches!(e, NetError::NoBuffers) {
+                trace!("receiver had no free buffer");
+            }
+        }
+        let owner = rec.owner.clone();
+        match rec.kind {
+            RecKind::Ack => {
+                self.put_send_bufs(vec![buf]);
+                if let Err(e) = status
+                    && !self.is_stopping()
+                {
+                    match &owner {
+                        OutRef::Client(s) => s.ack_failed(self, e),
+                        OutRef::Server(s) => s.ack_failed(self, e),
+                    }
+                }
+            }
+            RecKind::Data { .. } => match &owner {
+                OutRef::Client(s) => s.sent_done(self, buf, rec, status),
+                OutRef::Server(s) => s.sent_done(self, buf, rec, status),
+            },
         }
     }
 
-    fn sent_done(self: &Arc<Self>, rec: MsgRecord, err: Option<RpcError>) {
-        match &rec.owner {
-            OutRef::Client(s) => s.sent_done(self, &rec.xids, err),
-            OutRef::Server(s) => s.sent_done(self, err),
+    /// The common part of a data message's completion, under the owner's
+    /// lock.
+    pub(crate) fn completed(
+        self: &Arc<Self>,
+        link: &mut Link,
+        buf: NetBuffer,
+        rec: MsgRecord,
+        status: std::result::Result<(), &NetError>,
+        now: Instant,
+        o: &mut SendOutcome,
+    ) {
+        let carried_ack = rec.hdr.ack.is_some();
+        let retry_for = (!self.is_stopping()).then_some(self.cfg.msg_retry_time);
+        let (lost, retry_at) = link.out.completed(buf, rec, status, retry_for, now, o);
+        bump(&self.stats.items_lost, lost);
+        if let Some(at) = retry_at {
+            self.arm(at);
+        }
+        if let Some(e) = &o.reset {
+            bump(&self.stats.seq_resets, 1);
+            debug!(error = %e, "message failed for good: sequence restarted");
+        }
+        if status.is_err() && carried_ack && retry_at.is_none() {
+            // Its acknowledgement did not arrive: send it again.
+            link.inb.ack.lost();
+            if link.inb.ack.pending() && link.inb.ack.due.is_none() {
+                link.inb.ack.due = Some(now + ACK_DELAY);
+                self.arm(now + ACK_DELAY);
+            }
         }
     }
 
@@ -663,108 +1204,75 @@ impl Inner {
             warn!(error = %e.error, "could not re-queue a receive buffer");
         }
         drop(ev);
-        let (Some(items), Some(sender)) = (parsed, sender) else {
+        let (Some(parsed), Some(sender)) = (parsed, sender) else {
             return;
         };
-        for p in items {
-            match p {
-                Parsed::Item {
-                    header,
-                    payload,
-                    descs,
-                } => {
-                    bump(&self.stats.items_received, 1);
-                    match header.kind {
-                        ItemKind::Reply => self.on_reply(&header, payload),
-                        ItemKind::Request | ItemKind::OneWay => {
-                            self.on_request(&sender, header, payload, descs);
-                        }
-                    }
-                }
-                Parsed::BadItem(e) => {
-                    bump(&self.stats.protocol_errors, 1);
-                    debug!(peer = sender.addr(), error = %e.error, "malformed item");
-                    if let Some((session, xid, opcode)) = e.request {
-                        let header = ItemHeader {
-                            kind: ItemKind::Request,
-                            flags: 0,
-                            opcode,
-                            session,
-                            xid,
-                            status: 0,
-                        };
-                        if let Some(reply) = self.begin_request(&sender, &header) {
-                            reply.error(STATUS_PROTOCOL);
-                        }
-                    }
-                }
-                Parsed::BadMsg(e) => {
-                    bump(&self.stats.protocol_errors, 1);
-                    debug!(peer = sender.addr(), error = %e, "malformed message dropped (no request to answer)");
-                }
+        match parsed {
+            Ok((h, items)) => self.route(&sender, &h, items),
+            Err(e) => {
+                bump(&self.stats.protocol_errors, 1);
+                debug!(peer = sender.addr(), error = %e, "malformed message dropped (no request to answer)");
             }
         }
     }
 
-    fn on_reply(self: &Arc<Self>, h: &ItemHeader, payload: Vec<u8>) {
-        let s = self.sessions.read().get(&h.session).cloned();
-        let Some(s) = s else {
-            bump(&self.stats.unmatched_replies, 1);
-            return;
-        };
-        s.on_reply(self, h, payload);
-    }
-
-    /// Finds or creates the server session of a request and checks its
-    /// reply cache. Returns the reply handle when the request must be
-    /// executed; `None` when it was answered (or dropped) as a duplicate.
-    fn begin_request(self: &Arc<Self>, sender: &EndPoint, h: &ItemHeader) -> Option<ReplyHandle> {
-        let key = (h.session, sender.clone());
-        let srv = {
-            let mut map = self.srv_sessions.lock();
-            map.entry(key)
-                .or_insert_with(|| SrvSession::new(h.session, sender.clone()))
-                .clone()
-        };
-        srv.begin(self, h)
-    }
-
-    fn on_request(
-        self: &Arc<Self>,
-        sender: &EndPoint,
-        h: ItemHeader,
-        payload: Vec<u8>,
-        descs: Vec<BulkDesc>,
-    ) {
-        let oneway = h.kind == ItemKind::OneWay;
-        let reply = if oneway {
-            bump(&self.stats.oneways, 1);
-            ReplyHandle::oneway()
-        } else {
-            match self.begin_request(sender, &h) {
-                Some(r) => r,
-                None => return,
-            }
-        };
-        let handler = self.handlers.read().get(&h.opcode).cloned();
+    /// Gives a request or one-way item to the handler of its opcode
+    /// (unknown opcodes are answered `ENOSYS`).
+    pub(crate) fn run_handler(&self, req: Request, reply: ReplyHandle) {
+        let handler = self.handlers.read().get(&req.opcode()).cloned();
         let Some(handler) = handler else {
             bump(&self.stats.unknown_opcodes, 1);
             debug!(
-                opcode = h.opcode,
-                peer = sender.addr(),
+                opcode = req.opcode(),
+                peer = req.sender().addr(),
                 "no handler for opcode"
             );
             reply.error(STATUS_UNKNOWN_OPCODE);
             return;
         };
-        if !oneway {
+        if !req.is_oneway() {
             bump(&self.stats.requests, 1);
         }
-        let req = Request::new(h, payload, descs, sender.clone());
         handler(req, reply);
     }
-}
 
+    /// Hands a received message to the session it belongs to: replies to
+    /// a client session, requests and one-way items to a server session
+    /// (made on first use, unless the machine already has
+    /// `max_sessions`).
+    fn route(self: &Arc<Self>, sender: &EndPoint, h: &MsgHeader, items: RxMsg) {
+        if h.replies {
+            let s = self.sessions.read().get(&h.session).cloned();
+            match s {
+                Some(s) => s.receive(self, h, items),
+                None if h.ack_only => {}
+                None => {
+                    bump(&self.stats.unmatched_replies, u64::from(h.items));
+                }
+            }
+            return;
+        }
+        let key = (h.session, sender.clone());
+        let srv = {
+            let mut map = self.srv_sessions.lock();
+            match map.get(&key) {
+                Some(s) => Some(Arc::clone(s)),
+                None if h.ack_only => None,
+                None if map.len() >= self.cfg.max_sessions => None,
+                None => {
+                    let s = SrvSession::new(h.session, sender.clone());
+                    map.insert(key, Arc::clone(&s));
+                    Some(s)
+                }
+            }
+        };
+        match srv {
+            Some(s) => s.receive(self, h, items),
+            None if h.ack_only => {}
+            None => SrvSession::refuse(self, sender, h, items),
+        }
+    }
+}
 /// A shareable handle to an RPC machine: sessions, handlers, buffers and
 /// statistics. Clone it freely; every clone refers to the same machine.
 #[derive(Clone)]

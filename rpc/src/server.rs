@@ -6,18 +6,21 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use colibri_net::{EndPoint, NetBuffer};
-use parking_lot::Mutex;
+use colibri_net::{EndPoint, NetBuffer, NetError};
+use parking_lot::{Mutex, MutexGuard};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{Span, debug, debug_span};
 
 use crate::codec;
 use crate::config::RpcConfig;
-use crate::error::{Result, RpcError, STATUS_NO_REPLY, STATUS_STALE};
-use crate::machine::{Inner, MsgRecord, OutRef, Outbound, QItem};
+use crate::error::{Result, RpcError, STATUS_BUSY, STATUS_NO_REPLY, STATUS_PROTOCOL, STATUS_STALE};
+use crate::machine::{
+    ACK_DELAY, Inner, Link, MsgRecord, OutRef, Outbound, Parsed, QItem, RxMsg, SendOutcome,
+};
+use crate::seq::Inbound;
 use crate::stats::bump;
-use crate::wire::{self, BulkDesc, FLAG_RESEND, ItemHeader, ItemKind};
+use crate::wire::{self, BulkDesc, FLAG_RESEND, ItemHeader, ItemKind, MsgHeader};
 
 /// A request handler (see [`RpcHandle::on`](crate::RpcHandle::on)).
 pub(crate) type Handler = Arc<dyn Fn(Request, ReplyHandle) + Send + Sync>;
@@ -33,31 +36,37 @@ struct SrvState {
     /// Highest xid evicted from the cache.
     evicted_max: u64,
     in_progress: usize,
-    out: Outbound,
+    link: Link,
     last_active: Instant,
     closed: bool,
 }
 
+/// What the dispatcher does with an item once the session lock is
+/// released.
+enum Work {
+    /// Give a request or one-way item to its handler.
+    Run(Request, ReplyHandle),
+    /// Answer a malformed request with a failure.
+    Fail(ReplyHandle, i32),
+}
+
 /// The server's view of one client session: where to reply, the replies
-/// kept for resends, and the formation queue of replies.
+/// kept for resends, the reorder window of the session's messages, and
+/// the formation queue of replies.
 pub(crate) struct SrvSession {
-    id: u64,
+    pub(crate) id: u64,
     ep: EndPoint,
     span: Span,
     st: Mutex<SrvState>,
 }
 
 impl SrvSession {
-    pub(crate) fn new(id: u64, ep: EndPoint) -> Arc<Self> {
+    fn with_link(id: u64, ep: EndPoint, link: Link) -> Arc<Self> {
         let span = debug_span!(
             "rpc_server_session",
             id = format_args!("{id:016x}"),
             peer = ep.addr()
         );
-        {
-            let _g = span.enter();
-            debug!("new client session");
-        }
         Arc::new(Self {
             id,
             ep,
@@ -67,21 +76,96 @@ impl SrvSession {
                 order: VecDeque::new(),
                 evicted_max: 0,
                 in_progress: 0,
-                out: Outbound::default(),
+                link,
                 last_active: Instant::now(),
                 closed: false,
             }),
         })
     }
 
+    pub(crate) fn new(id: u64, ep: EndPoint) -> Arc<Self> {
+        let s = Self::with_link(id, ep, Link::default());
+        {
+            let _g = s.span.enter();
+            debug!("new client session");
+        }
+        s
+    }
+
     pub(crate) fn key(&self) -> (u64, EndPoint) {
         (self.id, self.ep.clone())
     }
 
+    fn owner(self: &Arc<Self>) -> OutRef {
+        OutRef::Server(Arc::clone(self))
+    }
+
+    /// Refuses message `h` of a session the machine has no room for (it
+    /// already has `max_sessions`): its requests are answered `Busy`, its
+    /// one-way items dropped, and the message acknowledged so that the
+    /// client's sequence moves on. Nothing is kept.
+    pub(crate) fn refuse(m: &Arc<Inner>, sender: &EndPoint, h: &MsgHeader, items: RxMsg) {
+        bump(&m.stats.sessions_refused, 1);
+        debug!(
+            session = format_args!("{:016x}", h.session),
+            peer = sender.addr(),
+            "too many sessions: message refused"
+        );
+        let link = Link {
+            out: Outbound::transient(),
+            inb: Inbound::acknowledging(h.epoch, h.seq),
+        };
+        let s = Self::with_link(h.session, sender.clone(), link);
+        let now = Instant::now();
+        let mut st = s.st.lock();
+        for p in items {
+            let header = match p {
+                Parsed::Item { header, .. } if header.kind == ItemKind::Request => header,
+                Parsed::BadItem(e) => match e.request {
+                    Some((session, xid, opcode)) => ItemHeader {
+                        kind: ItemKind::Request,
+                        flags: 0,
+                        opcode,
+                        session,
+                        xid,
+                        status: 0,
+                    },
+                    None => continue,
+                },
+                Parsed::Item { .. } => {
+                    bump(&m.stats.items_refused, 1);
+                    continue;
+                }
+            };
+            bump(&m.stats.items_refused, 1);
+            let mut bytes = Vec::new();
+            if wire::encode_item(&mut bytes, &reply_header(&header, STATUS_BUSY), &[], &[]).is_ok()
+            {
+                st.link.out.push(
+                    QItem {
+                        bytes,
+                        call_xid: None,
+                    },
+                    now,
+                );
+            }
+        }
+        st.link.out.forced = true;
+        let _ = m.flush(&s.owner(), &s.ep, &mut st.link, now);
+        if st.link.inb.ack.pending() {
+            m.send_ack(&s.owner(), &s.ep, &mut st.link, now);
+        }
+    }
+
     /// Checks the reply cache for a request. Returns a reply handle when
-    /// the request must be executed.
-    pub(crate) fn begin(self: &Arc<Self>, m: &Arc<Inner>, h: &ItemHeader) -> Option<ReplyHandle> {
-        let mut st = self.st.lock();
+    /// the request must be executed. Called with the session locked.
+    fn begin(
+        self: &Arc<Self>,
+        m: &Arc<Inner>,
+        st: &mut SrvState,
+        h: &ItemHeader,
+        now: Instant,
+    ) -> Option<ReplyHandle> {
         if st.closed {
             return None;
         }
@@ -93,12 +177,11 @@ impl SrvSession {
                 return None;
             }
             Some(Cached::Done(bytes)) => {
-                let now = Instant::now();
                 bump(&m.stats.duplicates, 1);
                 let _g = self.span.enter();
                 debug!(xid = h.xid, "resent request answered from the reply cache");
                 let bytes = bytes.clone();
-                st.out.push(
+                st.link.out.push(
                     QItem {
                         bytes,
                         call_xid: None,
@@ -106,17 +189,15 @@ impl SrvSession {
                     now,
                 );
                 bump(&m.stats.replies, 1);
-                drop(st);
-                self.flush(m, false);
+                let _ = m.flush(&self.owner(), &self.ep, &mut st.link, now);
                 return None;
             }
             None if h.flags & FLAG_RESEND != 0 && h.xid <= st.evicted_max => {
-                let now = Instant::now();
                 bump(&m.stats.stale, 1);
                 let mut bytes = Vec::new();
                 let rh = reply_header(h, STATUS_STALE);
                 if wire::encode_item(&mut bytes, &rh, &[], &[]).is_ok() {
-                    st.out.push(
+                    st.link.out.push(
                         QItem {
                             bytes,
                             call_xid: None,
@@ -124,8 +205,7 @@ impl SrvSession {
                         now,
                     );
                 }
-                drop(st);
-                self.flush(m, false);
+                let _ = m.flush(&self.owner(), &self.ep, &mut st.link, now);
                 return None;
             }
             None => {}
@@ -142,127 +222,236 @@ impl SrvSession {
         })
     }
 
+    /// A message from the client: its acknowledgement is applied at once,
+    /// its items are handed out in sequence order.
+    pub(crate) fn receive(self: &Arc<Self>, m: &Arc<Inner>, h: &MsgHeader, items: RxMsg) {
+        let now = Instant::now();
+        let mut o = SendOutcome::default();
+        let mut st = self.st.lock();
+        if st.closed {
+            return;
+        }
+        st.link.on_ack(m, h, &mut o);
+        if !h.ack_only {
+            st.last_active = now;
+            st.link.offer(m, h, items, now);
+        }
+        if h.ack.is_some() && st.link.out.has_work() {
+            let _ = m.flush(&self.owner(), &self.ep, &mut st.link, now);
+        }
+        self.dispatch(m, st);
+        m.put_send_bufs(o.free);
+    }
+
+    /// Hands out the ready items, one thread at a time, in order: handlers
+    /// of one session never run concurrently, while other sessions' run
+    /// on other threads.
+    fn dispatch<'a>(self: &'a Arc<Self>, m: &Arc<Inner>, mut st: MutexGuard<'a, SrvState>) {
+        if st.link.inb.dispatching || !st.link.inb.has_ready() {
+            return;
+        }
+        st.link.inb.dispatching = true;
+        loop {
+            let batch = st.link.inb.take_ready();
+            if batch.is_empty() {
+                st.link.inb.dispatching = false;
+                let _ = m.ack_after_dispatch(&self.owner(), &self.ep, &mut st.link, Instant::now());
+                return;
+            }
+            let now = Instant::now();
+            let mut work = Vec::new();
+            for p in batch.into_iter().flatten() {
+                match p {
+                    Parsed::Item {
+                        header,
+                        payload,
+                        descs,
+                    } => {
+                        bump(&m.stats.items_received, 1);
+                        match header.kind {
+                            ItemKind::OneWay => {
+                                bump(&m.stats.oneways, 1);
+                                let req = Request::new(header, payload, descs, self.ep.clone());
+                                work.push(Work::Run(req, ReplyHandle::oneway()));
+                            }
+                            ItemKind::Request => {
+                                if let Some(rh) = self.begin(m, &mut st, &header, now) {
+                                    let req = Request::new(header, payload, descs, self.ep.clone());
+                                    work.push(Work::Run(req, rh));
+                                }
+                            }
+                            // The decoder refuses replies in this direction.
+                            ItemKind::Reply => bump(&m.stats.protocol_errors, 1),
+                        }
+                    }
+                    Parsed::BadItem(e) => {
+                        bump(&m.stats.protocol_errors, 1);
+                        let _g = self.span.enter();
+                        debug!(error = %e.error, "malformed item");
+                        if let Some((session, xid, opcode)) = e.request {
+                            let header = ItemHeader {
+                                kind: ItemKind::Request,
+                                flags: 0,
+                                opcode,
+                                session,
+                                xid,
+                                status: 0,
+                            };
+                            if let Some(rh) = self.begin(m, &mut st, &header, now) {
+                                work.push(Work::Fail(rh, STATUS_PROTOCOL));
+                            }
+                        }
+                    }
+                }
+            }
+            drop(st);
+            for w in work {
+                match w {
+                    Work::Fail(rh, status) => rh.error(status),
+                    Work::Run(req, rh) => m.run_handler(req, rh),
+                }
+            }
+            st = self.st.lock();
+        }
+    }
+
     /// Records and sends a reply.
     fn reply(self: &Arc<Self>, m: &Arc<Inner>, bytes: Vec<u8>, xid: u64) {
         let now = Instant::now();
-        {
-            let mut st = self.st.lock();
-            if st.closed {
-                return;
-            }
-            st.in_progress = st.in_progress.saturating_sub(1);
-            st.last_active = now;
-            if let Some(e) = st.cache.get_mut(&xid) {
-                *e = Cached::Done(bytes.clone());
-            }
-            let cap = m.cfg.reply_cache;
-            let mut turns = st.order.len();
-            while st.cache.len() > cap && turns > 0 {
-                turns -= 1;
-                let Some(x) = st.order.pop_front() else {
-                    break;
-                };
-                match st.cache.get(&x) {
-                    Some(Cached::Done(_)) => {
-                        st.cache.remove(&x);
-                        st.evicted_max = st.evicted_max.max(x);
-                    }
-                    // Never evict a request still being executed.
-                    Some(Cached::InProgress) => st.order.push_back(x),
-                    None => {}
-                }
-            }
-            st.out.push(
-                QItem {
-                    bytes,
-                    call_xid: None,
-                },
-                now,
-            );
-            bump(&m.stats.replies, 1);
-            let _ = m.flush(
-                &OutRef::Server(Arc::clone(self)),
-                &self.ep,
-                &mut st.out,
-                now,
-            );
+        let mut st = self.st.lock();
+        if st.closed {
+            return;
         }
+        st.in_progress = st.in_progress.saturating_sub(1);
+        st.last_active = now;
+        if let Some(e) = st.cache.get_mut(&xid) {
+            *e = Cached::Done(bytes.clone());
+        }
+        let cap = m.cfg.reply_cache;
+        let mut turns = st.order.len();
+        while st.cache.len() > cap && turns > 0 {
+            turns -= 1;
+            let Some(x) = st.order.pop_front() else {
+                break;
+            };
+            match st.cache.get(&x) {
+                Some(Cached::Done(_)) => {
+                    st.cache.remove(&x);
+                    st.evicted_max = st.evicted_max.max(x);
+                }
+                // Never evict a request still being executed.
+                Some(Cached::InProgress) => st.order.push_back(x),
+                None => {}
+            }
+        }
+        st.link.out.push(
+            QItem {
+                bytes,
+                call_xid: None,
+            },
+            now,
+        );
+        bump(&m.stats.replies, 1);
+        let _ = m.flush(&self.owner(), &self.ep, &mut st.link, now);
     }
 
     pub(crate) fn flush(self: &Arc<Self>, m: &Arc<Inner>, force: bool) {
         let mut st = self.st.lock();
         if force {
-            st.out.forced = true;
+            st.link.out.forced = true;
         }
-        let _ = m.flush(
-            &OutRef::Server(Arc::clone(self)),
-            &self.ep,
-            &mut st.out,
-            Instant::now(),
-        );
+        let _ = m.flush(&self.owner(), &self.ep, &mut st.link, Instant::now());
     }
 
-    pub(crate) fn requeue(&self, _m: &Arc<Inner>, buf: NetBuffer, rec: MsgRecord, at: Instant) {
-        let mut st = self.st.lock();
-        st.out.in_flight = st.out.in_flight.saturating_sub(1);
-        st.out.requeue(buf, rec, at);
-    }
-
-    pub(crate) fn sent_done(self: &Arc<Self>, m: &Arc<Inner>, err: Option<RpcError>) {
-        let mut st = self.st.lock();
-        st.out.in_flight = st.out.in_flight.saturating_sub(1);
-        if let Some(e) = err {
-            let _g = self.span.enter();
-            debug!(error = %e, "reply message failed (the client resends or times out)");
-            if e.peer_gone() {
-                st.out.drain();
+    /// Completion of one of the session's reply messages.
+    pub(crate) fn sent_done(
+        self: &Arc<Self>,
+        m: &Arc<Inner>,
+        buf: NetBuffer,
+        rec: MsgRecord,
+        status: std::result::Result<(), &NetError>,
+    ) {
+        let now = Instant::now();
+        let mut o = SendOutcome::default();
+        {
+            let mut st = self.st.lock();
+            m.completed(&mut st.link, buf, rec, status, now, &mut o);
+            if let Some(e) = &o.reset {
+                let _g = self.span.enter();
+                debug!(error = %e, "reply message failed (the client resends or times out)");
+                if o.peer_gone {
+                    st.link.out.drain(&mut o.free);
+                }
+            }
+            if st.link.out.has_work() {
+                let _ = m.flush(&self.owner(), &self.ep, &mut st.link, now);
             }
         }
-        if st.out.has_work() {
-            let _ = m.flush(
-                &OutRef::Server(Arc::clone(self)),
-                &self.ep,
-                &mut st.out,
-                Instant::now(),
-            );
-        }
+        m.put_send_bufs(o.free);
     }
 
-    /// Flushes a delayed batch; returns when to come back and whether the
-    /// session is idle long enough to be forgotten.
+    /// An acknowledgement could not be sent.
+    pub(crate) fn ack_failed(self: &Arc<Self>, m: &Arc<Inner>, e: &NetError) {
+        let now = Instant::now();
+        let mut o = SendOutcome::default();
+        {
+            let mut st = self.st.lock();
+            if matches!(e, NetError::Unreachable(_)) {
+                let err = RpcError::Net(e.clone());
+                st.link.out.restart(&err, &mut o);
+                st.link.out.drain(&mut o.free);
+            } else if !st.link.out.is_transient() {
+                st.link.inb.ack.lost();
+                let at = now + ACK_DELAY;
+                st.link.inb.ack.due = Some(at);
+                m.arm(at);
+            }
+        }
+        m.put_send_bufs(o.free);
+    }
+
+    /// Flushes a delayed batch, sends a due acknowledgement, gives up on a
+    /// gap; returns when to come back and whether the session is idle
+    /// long enough to be forgotten.
     pub(crate) fn timer_pass(
         self: &Arc<Self>,
         m: &Arc<Inner>,
         now: Instant,
     ) -> (Option<Instant>, bool) {
+        let mut o = SendOutcome::default();
         let mut st = self.st.lock();
-        let mi = m.cfg.max_in_flight;
-        if st
-            .out
-            .deadline(m.cfg.batch_delay, mi)
-            .is_some_and(|t| t <= now)
-        {
-            let _ = m.flush(
-                &OutRef::Server(Arc::clone(self)),
-                &self.ep,
-                &mut st.out,
-                now,
-            );
+        if st.link.out.deadline(&m.cfg).is_some_and(|t| t <= now) {
+            let _ = m.flush(&self.owner(), &self.ep, &mut st.link, now);
         }
-        let idle =
-            st.in_progress == 0 && st.out.idle() && now >= st.last_active + m.cfg.session_idle;
-        (st.out.deadline(m.cfg.batch_delay, mi), idle)
+        let mut next = st.link.out.deadline(&m.cfg);
+        let (t, _) = m.link_timer(&self.owner(), &self.ep, &mut st.link, now, &mut o);
+        if let Some(t) = t {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
+        let idle = Self::idle_now(&st, &m.cfg, now);
+        self.dispatch(m, st);
+        m.put_send_bufs(o.free);
+        (next, idle)
+    }
+
+    fn idle_now(st: &SrvState, cfg: &RpcConfig, now: Instant) -> bool {
+        st.in_progress == 0
+            && st.link.out.idle()
+            && st.link.inb.is_idle()
+            && now >= st.last_active + cfg.session_idle
     }
 
     pub(crate) fn is_idle(&self, cfg: &RpcConfig, now: Instant) -> bool {
-        let st = self.st.lock();
-        st.in_progress == 0 && st.out.idle() && now >= st.last_active + cfg.session_idle
+        Self::idle_now(&self.st.lock(), cfg, now)
     }
 
     pub(crate) fn shutdown(&self) {
         let mut st = self.st.lock();
         st.closed = true;
-        st.out.drain();
+        let mut free = Vec::new();
+        st.link.out.drain(&mut free);
+        st.link.out.forget_in_flight();
+        st.link.inb.clear();
         st.cache.clear();
         st.order.clear();
     }

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use colibri_net::{BufferCallbacks, EndPoint, NetBuffer, QueueType};
-use parking_lot::{Condvar, Mutex};
+use colibri_net::{BufferCallbacks, EndPoint, NetBuffer, NetError, QueueType};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{Span, debug, debug_span};
@@ -18,9 +18,13 @@ use crate::call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, CallStat
 use crate::codec;
 use crate::config::CallOpts;
 use crate::error::{Result, RpcError};
-use crate::machine::{Inner, MsgRecord, OutRef, Outbound, QItem, Xids};
+use crate::machine::{
+    ACK_DELAY, Inner, Link, MsgRecord, OutRef, Parsed, QItem, RxMsg, SendOutcome,
+};
 use crate::stats::{SessionStats, bump};
-use crate::wire::{self, BulkDesc, BulkKind, FLAG_RESEND, ItemHeader, ItemKind, MAX_DESCS};
+use crate::wire::{
+    self, BulkDesc, BulkKind, FLAG_RESEND, ItemHeader, ItemKind, MAX_DESCS, MsgHeader,
+};
 
 /// A random nonzero 64-bit value (session ids).
 pub(crate) fn random_id() -> u64 {
@@ -50,7 +54,7 @@ struct Pending {
 struct SessState {
     next_xid: u64,
     pending: HashMap<u64, Pending>,
-    out: Outbound,
+    link: Link,
     closed: bool,
     waiters: usize,
     stats: SessionStats,
@@ -84,9 +88,41 @@ impl SessionInner {
     }
 
     fn notify_drained(&self, st: &SessState) {
-        if st.waiters > 0 && st.out.idle() {
+        if st.waiters > 0 && st.link.out.idle() {
             self.drained.notify_all();
         }
+    }
+
+    fn owner(self: &Arc<Self>) -> OutRef {
+        OutRef::Client(Arc::clone(self))
+    }
+
+    /// Leaves the machine's map once closed and done.
+    fn remove_if_done(&self, m: &Inner, st: &SessState) {
+        if st.closed && st.pending.is_empty() && st.link.out.idle() {
+            m.sessions.write().remove(&self.id);
+        }
+    }
+
+    /// The peer is gone (`e` says so): every call fails now rather than
+    /// at its timeout, queued items are dropped, and the next message
+    /// starts a new sequence.
+    fn peer_gone(st: &mut SessState, e: &RpcError, o: &mut SendOutcome, out: &mut Failed) {
+        // Every call fails with the reason, whichever message it was in.
+        let mut failed: Vec<(u64, RpcError)> = st.pending.keys().map(|&x| (x, e.clone())).collect();
+        failed.append(&mut o.failed);
+        if o.reset.is_none() {
+            st.link.out.restart(e, o);
+            failed.append(&mut o.failed);
+        }
+        failed.extend(
+            st.link
+                .out
+                .drain(&mut o.free)
+                .into_iter()
+                .map(|x| (x, e.clone())),
+        );
+        Self::take_failed(st, failed, out);
     }
 
     /// Flushes the session's queue (`force`: ignore the batch delay).
@@ -95,109 +131,190 @@ impl SessionInner {
         {
             let mut st = self.st.lock();
             if force {
-                st.out.forced = true;
+                st.link.out.forced = true;
             }
-            let failed = m.flush(
-                &OutRef::Client(self.clone()),
-                &self.ep,
-                &mut st.out,
-                Instant::now(),
-            );
+            let failed = m.flush(&self.owner(), &self.ep, &mut st.link, Instant::now());
             Self::take_failed(&mut st, failed, &mut calls);
             self.notify_drained(&st);
         }
         Self::complete_failed(m, calls);
     }
 
-    pub(crate) fn requeue(&self, _m: &Arc<Inner>, buf: NetBuffer, rec: MsgRecord, at: Instant) {
-        let mut st = self.st.lock();
-        st.out.in_flight = st.out.in_flight.saturating_sub(1);
-        st.out.requeue(buf, rec, at);
-    }
-
-    pub(crate) fn sent_done(self: &Arc<Self>, m: &Arc<Inner>, xids: &Xids, err: Option<RpcError>) {
+    /// Completion of one of the session's messages.
+    pub(crate) fn sent_done(
+        self: &Arc<Self>,
+        m: &Arc<Inner>,
+        buf: NetBuffer,
+        rec: MsgRecord,
+        status: std::result::Result<(), &NetError>,
+    ) {
+        let now = Instant::now();
+        let mut o = SendOutcome::default();
         let mut calls = Vec::new();
         {
             let mut st = self.st.lock();
-            st.out.in_flight = st.out.in_flight.saturating_sub(1);
-            if let Some(e) = err {
+            m.completed(&mut st.link, buf, rec, status, now, &mut o);
+            if let Some(e) = o.reset.clone() {
                 let _g = self.span.enter();
-                debug!(error = %e, "message to the server failed");
-                let mut failed: Vec<(u64, RpcError)> =
-                    xids.iter().map(|x| (x, e.clone())).collect();
-                if e.peer_gone() {
-                    // Nothing more will come from this peer: fail every
-                    // call now rather than at its timeout.
-                    failed.extend(st.out.drain().into_iter().map(|x| (x, e.clone())));
-                    failed.extend(st.pending.keys().map(|&x| (x, e.clone())));
-                }
-                Self::take_failed(&mut st, failed, &mut calls);
-                if st.out.send_error.is_none() {
-                    st.out.send_error = Some(e);
+                debug!(error = %e, "message to the server failed for good");
+                if o.peer_gone {
+                    Self::peer_gone(&mut st, &e, &mut o, &mut calls);
                 }
             }
-            if st.out.has_work() {
-                let failed = m.flush(
-                    &OutRef::Client(self.clone()),
-                    &self.ep,
-                    &mut st.out,
-                    Instant::now(),
-                );
+            let failed = std::mem::take(&mut o.failed);
+            Self::take_failed(&mut st, failed, &mut calls);
+            if st.link.out.has_work() {
+                let failed = m.flush(&self.owner(), &self.ep, &mut st.link, now);
                 Self::take_failed(&mut st, failed, &mut calls);
             }
             self.notify_drained(&st);
+            self.remove_if_done(m, &st);
         }
-        if !calls.is_empty() {
-            Self::complete_failed(m, calls);
-        }
+        m.put_send_bufs(o.free);
+        Self::complete_failed(m, calls);
     }
 
-    pub(crate) fn on_reply(self: &Arc<Self>, m: &Arc<Inner>, h: &ItemHeader, payload: Vec<u8>) {
-        let p = {
+    /// An acknowledgement or probe could not be sent.
+    pub(crate) fn ack_failed(self: &Arc<Self>, m: &Arc<Inner>, e: &NetError) {
+        let now = Instant::now();
+        let mut o = SendOutcome::default();
+        let mut calls = Vec::new();
+        {
             let mut st = self.st.lock();
-            let p = st.pending.remove(&h.xid);
-            if p.is_some() {
-                st.stats.replies += 1;
+            let err = RpcError::Net(e.clone());
+            if matches!(e, NetError::Unreachable(_)) {
+                let _g = self.span.enter();
+                debug!(error = %err, "probe or acknowledgement: the server is gone");
+                Self::peer_gone(&mut st, &err, &mut o, &mut calls);
+                bump(&m.stats.seq_resets, 1);
+                self.notify_drained(&st);
+            } else {
+                st.link.inb.ack.lost();
+                if retryable_soon(e) {
+                    // Probe again shortly: the transport may reconnect,
+                    // or tell us the peer is gone.
+                    st.link.out.last_tx = now
+                        .checked_sub(m.cfg.probe_interval)
+                        .map_or(now, |t| t + ACK_DELAY);
+                }
+                let at = now + ACK_DELAY;
+                st.link.inb.ack.due = Some(at);
+                m.arm(at);
             }
-            if st.closed && st.pending.is_empty() && st.out.idle() {
-                m.sessions.write().remove(&self.id);
-            }
-            p
-        };
-        let Some(p) = p else {
-            bump(&m.stats.unmatched_replies, 1);
-            return;
-        };
-        let result = if h.status == 0 {
-            bump(&m.stats.calls_ok, 1);
-            Ok(payload)
-        } else {
-            bump(&m.stats.calls_failed, 1);
-            Err(RpcError::from_status(h.status, h.opcode))
-        };
-        p.call.finish(result);
+        }
+        m.put_send_bufs(o.free);
+        Self::complete_failed(m, calls);
     }
 
-    /// Expires and resends calls; flushes a delayed batch. Returns when to
-    /// come back.
+    /// A message from the server: its acknowledgement is applied at once,
+    /// its replies are handed out in sequence order.
+    pub(crate) fn receive(self: &Arc<Self>, m: &Arc<Inner>, h: &MsgHeader, items: RxMsg) {
+        let now = Instant::now();
+        let mut o = SendOutcome::default();
+        let mut calls = Vec::new();
+        let mut st = self.st.lock();
+        st.link.on_ack(m, h, &mut o);
+        let failed = std::mem::take(&mut o.failed);
+        Self::take_failed(&mut st, failed, &mut calls);
+        if !h.ack_only {
+            st.link.offer(m, h, items, now);
+        }
+        if h.ack.is_some() && st.link.out.has_work() {
+            // The window may have opened.
+            let failed = m.flush(&self.owner(), &self.ep, &mut st.link, now);
+            Self::take_failed(&mut st, failed, &mut calls);
+        }
+        self.dispatch(m, st, &mut calls);
+        m.put_send_bufs(o.free);
+        Self::complete_failed(m, calls);
+    }
+
+    /// Hands out the ready replies, one thread at a time, in order.
+    fn dispatch<'a>(
+        self: &'a Arc<Self>,
+        m: &Arc<Inner>,
+        mut st: MutexGuard<'a, SessState>,
+        calls: &mut Failed,
+    ) {
+        if st.link.inb.dispatching || !st.link.inb.has_ready() {
+            return;
+        }
+        st.link.inb.dispatching = true;
+        loop {
+            let batch = st.link.inb.take_ready();
+            if batch.is_empty() {
+                st.link.inb.dispatching = false;
+                let failed =
+                    m.ack_after_dispatch(&self.owner(), &self.ep, &mut st.link, Instant::now());
+                Self::take_failed(&mut st, failed, calls);
+                self.remove_if_done(m, &st);
+                return;
+            }
+            let mut done = Vec::new();
+            for p in batch.into_iter().flatten() {
+                match p {
+                    Parsed::Item {
+                        header, payload, ..
+                    } => {
+                        bump(&m.stats.items_received, 1);
+                        match st.pending.remove(&header.xid) {
+                            Some(p) => {
+                                st.stats.replies += 1;
+                                done.push((p.call, header, payload));
+                            }
+                            None => bump(&m.stats.unmatched_replies, 1),
+                        }
+                    }
+                    Parsed::BadItem(e) => {
+                        bump(&m.stats.protocol_errors, 1);
+                        let _g = self.span.enter();
+                        debug!(error = %e.error, "malformed reply");
+                    }
+                }
+            }
+            drop(st);
+            Self::complete_failed(m, std::mem::take(calls));
+            for (call, h, payload) in done {
+                let result = if h.status == 0 {
+                    bump(&m.stats.calls_ok, 1);
+                    Ok(payload)
+                } else {
+                    bump(&m.stats.calls_failed, 1);
+                    Err(RpcError::from_status(h.status, h.opcode))
+                };
+                call.finish(result);
+            }
+            st = self.st.lock();
+        }
+    }
+
+    /// Expires and resends calls; flushes a delayed batch; sends due
+    /// acknowledgements and probes; gives up on gaps. Returns when to come
+    /// back.
     pub(crate) fn timer_pass(self: &Arc<Self>, m: &Arc<Inner>, now: Instant) -> Option<Instant> {
         let mut calls = Vec::new();
         let mut next: Option<Instant> = None;
+        let mut merge = |t: Option<Instant>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n: Instant| n.min(t)));
+            }
+        };
+        let mut o = SendOutcome::default();
+        let mut st = self.st.lock();
         {
-            let mut st = self.st.lock();
             let st = &mut *st;
             let mut expired = Vec::new();
             let mut resend = Vec::new();
             for (&xid, p) in &mut st.pending {
                 if p.deadline > now {
-                    next = Some(next.map_or(p.deadline, |n| n.min(p.deadline)));
+                    merge(Some(p.deadline));
                     continue;
                 }
                 match &p.req {
                     Some(req) if p.retries_left > 0 => {
                         p.retries_left -= 1;
                         p.deadline = now + p.timeout;
-                        next = Some(next.map_or(p.deadline, |n| n.min(p.deadline)));
+                        merge(Some(p.deadline));
                         let mut bytes = req.clone();
                         bytes[1] |= FLAG_RESEND;
                         resend.push(QItem {
@@ -222,7 +339,7 @@ impl SessionInner {
             bump(&m.stats.timeouts, expired.len() as u64);
             let resent = !resend.is_empty();
             for it in resend {
-                st.out.push(it, now);
+                st.link.out.push(it, now);
             }
             Self::take_failed(
                 st,
@@ -232,24 +349,36 @@ impl SessionInner {
                     .collect(),
                 &mut calls,
             );
-            let mi = m.cfg.max_in_flight;
-            if resent
-                || st
-                    .out
-                    .deadline(m.cfg.batch_delay, mi)
-                    .is_some_and(|t| t <= now)
-            {
-                let failed = m.flush(&OutRef::Client(self.clone()), &self.ep, &mut st.out, now);
+            if resent || st.link.out.deadline(&m.cfg).is_some_and(|t| t <= now) {
+                let failed = m.flush(&self.owner(), &self.ep, &mut st.link, now);
                 Self::take_failed(st, failed, &mut calls);
             }
-            if let Some(t) = st.out.deadline(m.cfg.batch_delay, mi) {
-                next = Some(next.map_or(t, |n| n.min(t)));
+            merge(st.link.out.deadline(&m.cfg));
+            let (t, _) = m.link_timer(&self.owner(), &self.ep, &mut st.link, now, &mut o);
+            merge(t);
+            let failed = std::mem::take(&mut o.failed);
+            Self::take_failed(st, failed, &mut calls);
+            // Probe a server we wait for and have not sent anything to for
+            // a while: a server that stopped fails the calls now.
+            let probe = m.cfg.probe_interval;
+            if !probe.is_zero() && !st.pending.is_empty() {
+                let at = st.link.out.last_tx + probe;
+                if at <= now && st.link.out.in_flight == 0 {
+                    st.link.out.last_tx = now;
+                    if m.send_ack(&self.owner(), &self.ep, &mut st.link, now) {
+                        bump(&m.stats.probes_sent, 1);
+                    }
+                    merge(Some(now + probe));
+                } else {
+                    merge(Some(at.max(now + ACK_DELAY)));
+                }
             }
             self.notify_drained(st);
-            if st.closed && st.pending.is_empty() && st.out.idle() {
-                m.sessions.write().remove(&self.id);
-            }
+            self.remove_if_done(m, st);
         }
+        // Messages that became ready when a gap was given up on.
+        self.dispatch(m, st, &mut calls);
+        m.put_send_bufs(o.free);
         Self::complete_failed(m, calls);
         next
     }
@@ -259,8 +388,10 @@ impl SessionInner {
         let calls: Vec<Arc<CallState>> = {
             let mut st = self.st.lock();
             st.closed = true;
-            st.out.drain();
-            st.out.in_flight = 0;
+            let mut free = Vec::new();
+            st.link.out.drain(&mut free);
+            st.link.out.forget_in_flight();
+            st.link.inb.clear();
             let c = st.pending.drain().map(|(_, p)| p.call).collect();
             self.drained.notify_all();
             c
@@ -269,6 +400,10 @@ impl SessionInner {
             c.finish(Err(RpcError::Shutdown));
         }
     }
+}
+
+fn retryable_soon(e: &NetError) -> bool {
+    matches!(e, NetError::ConnectionReset(_))
 }
 
 /// Closes the session when the last user handle goes.
@@ -285,7 +420,7 @@ impl Drop for Guard {
         let remove = {
             let mut st = self.s.st.lock();
             st.closed = true;
-            st.pending.is_empty() && st.out.idle()
+            st.pending.is_empty() && st.link.out.idle()
         };
         if remove {
             m.sessions.write().remove(&self.s.id);
@@ -335,7 +470,7 @@ impl Session {
             st: Mutex::new(SessState {
                 next_xid: 1,
                 pending: HashMap::new(),
-                out: Outbound::default(),
+                link: Link::default(),
                 closed: false,
                 waiters: 0,
                 stats: SessionStats::default(),
@@ -371,9 +506,9 @@ impl Session {
     pub fn stats(&self) -> SessionStats {
         let st = self.s.st.lock();
         SessionStats {
-            msgs_sent: st.out.msgs,
-            items_sent: st.out.items,
-            bytes_sent: st.out.bytes,
+            msgs_sent: st.link.out.msgs,
+            items_sent: st.link.out.items,
+            bytes_sent: st.link.out.bytes,
             ..st.stats
         }
     }
@@ -386,7 +521,7 @@ impl Session {
     /// Items waiting in the session's formation queue (not yet in a
     /// message), for callers that want to bound it.
     pub fn queued_items(&self) -> usize {
-        self.s.st.lock().out.queued_len()
+        self.s.st.lock().link.out.queued_len()
     }
 
     /// Enqueues an item; for requests, registers the call first.
@@ -447,7 +582,7 @@ impl Session {
                 );
                 st.stats.calls += 1;
                 bump(&m.stats.calls, 1);
-                st.out.push(
+                st.link.out.push(
                     QItem {
                         bytes,
                         call_xid: Some(xid),
@@ -458,7 +593,7 @@ impl Session {
                 deadline = None;
                 st.stats.posts += 1;
                 bump(&m.stats.posts, 1);
-                st.out.push(
+                st.link.out.push(
                     QItem {
                         bytes,
                         call_xid: None,
@@ -469,7 +604,7 @@ impl Session {
             let failed = m.flush(
                 &OutRef::Client(Arc::clone(&self.s)),
                 &self.s.ep,
-                &mut st.out,
+                &mut st.link,
                 now,
             );
             SessionInner::take_failed(&mut st, failed, &mut calls);
@@ -563,15 +698,15 @@ impl Session {
         self.s.flush(&self.m, true);
         let deadline = Instant::now() + timeout;
         let mut st = self.s.st.lock();
-        while !st.out.idle() && !self.m.is_stopping() {
+        while !st.link.out.idle() && !self.m.is_stopping() {
             st.waiters += 1;
             let timed_out = self.s.drained.wait_until(&mut st, deadline).timed_out();
             st.waiters -= 1;
-            if timed_out && !st.out.idle() {
+            if timed_out && !st.link.out.idle() {
                 return Err(RpcError::TimedOut);
             }
         }
-        match st.out.send_error.take() {
+        match st.link.out.send_error.take() {
             Some(e) => Err(e),
             None if self.m.is_stopping() => Err(RpcError::Shutdown),
             None => Ok(()),

@@ -53,8 +53,37 @@ pub struct RpcStats {
     pub bytes_received: u64,
     /// Message sends that failed.
     pub send_failures: u64,
-    /// Messages sent again because the receiver had no free buffer.
+    /// Messages sent again after the receiver refused them (no free
+    /// receive buffer) or the connection broke, with the same sequence
+    /// number.
     pub send_retries: u64,
+    /// Messages received ahead of a missing one and held until it came.
+    pub msgs_held: u64,
+    /// Messages received twice (a send that failed after the receiver had
+    /// it, then sent again) and dropped.
+    pub msgs_duplicate: u64,
+    /// Messages dropped unhandled: of an epoch the sender had given up,
+    /// held when it gave up, or too far ahead of a missing one.
+    pub msgs_discarded: u64,
+    /// Missing messages given up on after `gap_timeout` (the messages held
+    /// behind them were then handled).
+    pub msgs_skipped: u64,
+    /// Times a session restarted its message sequence (a message failed
+    /// for good, the peer was gone, or nothing was acknowledged).
+    pub seq_resets: u64,
+    /// One-way items in messages that failed for good (their receiver may
+    /// or may not have handled them).
+    pub items_lost: u64,
+    /// Acknowledgements sent on their own (not carried by a message).
+    pub acks_sent: u64,
+    /// Probes sent to servers that calls wait for.
+    pub probes_sent: u64,
+    /// Messages refused because the machine had `max_sessions` server
+    /// sessions.
+    pub sessions_refused: u64,
+    /// Requests (answered `Busy`) and one-way items (dropped) in refused
+    /// messages.
+    pub items_refused: u64,
     /// Bulk transfers completed successfully (both sides).
     pub bulk_ok: u64,
     /// Bytes moved by successful bulk transfers.
@@ -147,6 +176,16 @@ counters!(
     bytes_received,
     send_failures,
     send_retries,
+    msgs_held,
+    msgs_duplicate,
+    msgs_discarded,
+    msgs_skipped,
+    seq_resets,
+    items_lost,
+    acks_sent,
+    probes_sent,
+    sessions_refused,
+    items_refused,
     bulk_ok,
     bulk_bytes,
 );

@@ -2,29 +2,46 @@
 //! receipt.
 //!
 //! One network message carries one or more *items* (requests, replies,
-//! one-way items), packed back to back after a message header:
+//! one-way items) of one session in one direction, packed back to back
+//! after a message header. The header numbers the message in its
+//! session's sequence for that direction (see `rpc/DESIGN.md`, "Ordering"),
+//! and carries the acknowledgement of the opposite direction:
 //!
 //! ```text
-//! message header (16 bytes)
+//! message header (64 bytes)
 //! off size field
 //!   0    4  magic "CRPC" (0x4350_5243 little-endian)
-//!   4    1  version (1)
-//!   5    1  flags (0; no flag is defined)
-//!   6    2  item count N (at least 1)
+//!   4    1  version (2)
+//!   5    1  flags: bit 0 REPLIES (server to client; else client to
+//!           server), bit 1 ACK_ONLY (no items, no sequence number: an
+//!           acknowledgement or a probe), bit 2 ACK_NOW (the sender asks
+//!           for an acknowledgement as soon as this message is handled);
+//!           other bits 0; ACK_NOW never with ACK_ONLY
+//!   6    2  item count N (at least 1; 0 with ACK_ONLY)
 //!   8    4  message length in bytes, this header included; must equal the
 //!           length the transport delivered
 //!  12    4  reserved (0)
+//!  16    8  session id (nonzero)
+//!  24    8  epoch of the sender's sequence (nonzero; grows when the
+//!           sender restarts its sequence)
+//!  32    8  sequence number in the epoch (from 1; 0 with ACK_ONLY)
+//!  40    8  low: the sender's lowest sequence number not yet acknowledged
+//!           (1 <= low <= seq; 0 with ACK_ONLY)
+//!  48    8  acknowledged epoch of the opposite direction (0: none)
+//!  56    8  acknowledged sequence number: every message of that epoch up
+//!           to this one was handled (nonzero exactly when the epoch is)
 //!
 //! item header (40 bytes), N times, each followed by its payload and its
 //! bulk descriptor section
 //! off size field
-//!   0    1  kind: 1 request, 2 reply, 3 one-way
+//!   0    1  kind: 1 request, 2 reply, 3 one-way (replies exactly in
+//!           REPLIES messages)
 //!   1    1  flags: bit 0 = resent request (others 0)
 //!   2    1  number of bulk descriptors K (at most 16; 0 on replies and
 //!           one-way items)
 //!   3    1  reserved (0)
 //!   4    4  opcode
-//!   8    8  session id (nonzero)
+//!   8    8  session id (the message's)
 //!  16    8  transaction id (xid; nonzero on requests and replies)
 //!  24    4  status, i32: 0 on requests and one-way items; on replies 0 for
 //!           success, else the failure (negative errno or handler code)
@@ -46,16 +63,18 @@
 //! Decoding never panics: every length is checked against what remains,
 //! every reserved field and flag must be zero, and the items must end
 //! exactly at the message length. A malformed item stops the decoding of
-//! its message; the items before it are still delivered.
+//! its message; the items before it are still delivered. Version 1
+//! messages (16-byte header, no sequence numbers) are refused with
+//! [`WireError::BadVersion`].
 
 use colibri_net::NetBufDesc;
 
 /// Magic number at the start of every RPC message ("CRPC").
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CRPC");
 /// Version of the wire format.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Size of the message header.
-pub const MSG_HEADER_SIZE: usize = 16;
+pub const MSG_HEADER_SIZE: usize = 64;
 /// Size of an item header.
 pub const ITEM_HEADER_SIZE: usize = 40;
 /// Size of a bulk descriptor entry's fixed part.
@@ -64,6 +83,148 @@ pub const DESC_ENTRY_SIZE: usize = 16;
 pub const MAX_DESCS: usize = 16;
 /// Flag of a resent request.
 pub const FLAG_RESEND: u8 = 1;
+/// Message flag: the message travels from server to client (replies).
+pub const MSG_REPLIES: u8 = 1;
+/// Message flag: an acknowledgement (or probe) with no items and no
+/// sequence number.
+pub const MSG_ACK_ONLY: u8 = 2;
+/// Message flag: acknowledge as soon as this message is handled.
+pub const MSG_ACK_NOW: u8 = 4;
+/// Most messages of one session and direction a receiver holds out of
+/// order (sequence numbers at or beyond `expected + MAX_WINDOW` are
+/// dropped). A sender's window ([`RpcConfig::window`]) may not exceed it.
+///
+/// [`RpcConfig::window`]: crate::RpcConfig::window
+pub const MAX_WINDOW: u64 = 1024;
+
+/// The fixed header of a message: where it belongs in its session's
+/// sequence, and the acknowledgement of the opposite direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MsgHeader {
+    /// True for the server-to-client direction (replies).
+    pub replies: bool,
+    /// True for an acknowledgement or probe: no items, no sequence number.
+    pub ack_only: bool,
+    /// The sender asks for an acknowledgement once this message is handled.
+    pub ack_now: bool,
+    /// Number of items (0 exactly with `ack_only`).
+    pub items: u16,
+    /// Message length, this header included.
+    pub len: u32,
+    /// Session id.
+    pub session: u64,
+    /// Epoch of the sender's sequence (nonzero).
+    pub epoch: u64,
+    /// Sequence number in the epoch (0 exactly with `ack_only`).
+    pub seq: u64,
+    /// The sender's lowest sequence number not yet acknowledged (0 exactly
+    /// with `ack_only`).
+    pub low: u64,
+    /// Acknowledgement of the opposite direction: (epoch, every message up
+    /// to this sequence number handled).
+    pub ack: Option<(u64, u64)>,
+}
+
+impl MsgHeader {
+    fn flags(&self) -> u8 {
+        let mut f = 0;
+        if self.replies {
+            f |= MSG_REPLIES;
+        }
+        if self.ack_only {
+            f |= MSG_ACK_ONLY;
+        }
+        if self.ack_now {
+            f |= MSG_ACK_NOW;
+        }
+        f
+    }
+
+    /// Writes the header into the first [`MSG_HEADER_SIZE`] bytes of
+    /// `dst`.
+    ///
+    /// # Panics
+    /// If `dst` is shorter than the header (a bug of the caller).
+    pub fn write(&self, dst: &mut [u8]) {
+        let (ae, aseq) = self.ack.unwrap_or((0, 0));
+        dst[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        dst[4] = VERSION;
+        dst[5] = self.flags();
+        dst[6..8].copy_from_slice(&self.items.to_le_bytes());
+        dst[8..12].copy_from_slice(&self.len.to_le_bytes());
+        dst[12..16].copy_from_slice(&0u32.to_le_bytes());
+        dst[16..24].copy_from_slice(&self.session.to_le_bytes());
+        dst[24..32].copy_from_slice(&self.epoch.to_le_bytes());
+        dst[32..40].copy_from_slice(&self.seq.to_le_bytes());
+        dst[40..48].copy_from_slice(&self.low.to_le_bytes());
+        dst[48..56].copy_from_slice(&ae.to_le_bytes());
+        dst[56..64].copy_from_slice(&aseq.to_le_bytes());
+    }
+
+    /// Decodes and checks the header at the start of `buf`, a whole
+    /// message as delivered.
+    ///
+    /// # Errors
+    /// A [`WireError`] for anything that is not a valid message header, or
+    /// a length field that disagrees with `buf`.
+    pub fn decode(buf: &[u8]) -> Result<Self, WireError> {
+        if buf.len() < MSG_HEADER_SIZE {
+            return Err(WireError::Truncated("message header"));
+        }
+        let magic = u32_at(buf, 0);
+        if magic != MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        if buf[4] != VERSION {
+            return Err(WireError::BadVersion(buf[4]));
+        }
+        let flags = buf[5];
+        if flags & !(MSG_REPLIES | MSG_ACK_ONLY | MSG_ACK_NOW) != 0 {
+            return Err(WireError::BadField("message flags"));
+        }
+        let h = Self {
+            replies: flags & MSG_REPLIES != 0,
+            ack_only: flags & MSG_ACK_ONLY != 0,
+            ack_now: flags & MSG_ACK_NOW != 0,
+            items: u16_at(buf, 6),
+            len: u32_at(buf, 8),
+            session: u64_at(buf, 16),
+            epoch: u64_at(buf, 24),
+            seq: u64_at(buf, 32),
+            low: u64_at(buf, 40),
+            ack: match (u64_at(buf, 48), u64_at(buf, 56)) {
+                (0, 0) => None,
+                (0, _) | (_, 0) => return Err(WireError::BadField("acknowledgement")),
+                (e, s) => Some((e, s)),
+            },
+        };
+        if h.len as usize != buf.len() {
+            return Err(WireError::Length("message length field"));
+        }
+        if u32_at(buf, 12) != 0 {
+            return Err(WireError::BadField("message reserved field"));
+        }
+        if h.session == 0 {
+            return Err(WireError::BadField("zero session id"));
+        }
+        if h.epoch == 0 {
+            return Err(WireError::BadField("zero epoch"));
+        }
+        if h.ack_only {
+            if h.items != 0 || h.seq != 0 || h.low != 0 || h.ack_now {
+                return Err(WireError::BadField("acknowledgement-only message"));
+            }
+        } else {
+            if h.items == 0 {
+                return Err(WireError::BadField("message with no item"));
+            }
+            if h.seq == 0 || h.low == 0 || h.low > h.seq {
+                return Err(WireError::BadField("sequence number"));
+            }
+        }
+        Ok(h)
+    }
+}
 
 /// What an item is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -248,28 +409,20 @@ pub fn encode_item(
     Ok(())
 }
 
-/// Writes a message header for `nitems` items and `len` bytes in all into
-/// the first [`MSG_HEADER_SIZE`] bytes of `dst`.
-///
-/// # Panics
-/// If `dst` is shorter than the header (a bug of the caller).
-pub fn write_msg_header(dst: &mut [u8], nitems: u16, len: u32) {
-    dst[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-    dst[4] = VERSION;
-    dst[5] = 0;
-    dst[6..8].copy_from_slice(&nitems.to_le_bytes());
-    dst[8..12].copy_from_slice(&len.to_le_bytes());
-    dst[12..16].copy_from_slice(&0u32.to_le_bytes());
-}
-
-/// A whole message in a `Vec`: header and the given encoded items.
-pub fn encode_message(items: &[&[u8]]) -> Vec<u8> {
+/// A whole message in a `Vec`: header `h` (its item count and length
+/// are set from `items`) and the given encoded items.
+pub fn encode_message(h: &MsgHeader, items: &[&[u8]]) -> Vec<u8> {
     let len = MSG_HEADER_SIZE + items.iter().map(|i| i.len()).sum::<usize>();
     let mut out = vec![0u8; MSG_HEADER_SIZE];
     for i in items {
         out.extend_from_slice(i);
     }
-    write_msg_header(&mut out, items.len() as u16, len as u32);
+    MsgHeader {
+        items: items.len() as u16,
+        len: len as u32,
+        ..*h
+    }
+    .write(&mut out);
     out
 }
 
@@ -299,52 +452,37 @@ pub struct ItemError {
 #[derive(Debug)]
 pub struct MsgReader<'a> {
     buf: &'a [u8],
+    header: MsgHeader,
     off: usize,
     left: u16,
     failed: bool,
 }
 
 impl<'a> MsgReader<'a> {
-    /// Checks the message header.
+    /// Checks the message header ([`MsgHeader::decode`]).
     ///
     /// # Errors
     /// A [`WireError`] for anything that is not a valid message header, or
     /// a length field that disagrees with `buf`.
     pub fn new(buf: &'a [u8]) -> Result<Self, WireError> {
-        if buf.len() < MSG_HEADER_SIZE {
-            return Err(WireError::Truncated("message header"));
-        }
-        let magic = u32_at(buf, 0);
-        if magic != MAGIC {
-            return Err(WireError::BadMagic(magic));
-        }
-        if buf[4] != VERSION {
-            return Err(WireError::BadVersion(buf[4]));
-        }
-        if buf[5] != 0 {
-            return Err(WireError::BadField("message flags"));
-        }
-        let n = u16_at(buf, 6);
-        if n == 0 {
-            return Err(WireError::BadField("message with no item"));
-        }
-        if u32_at(buf, 8) as usize != buf.len() {
-            return Err(WireError::Length("message length field"));
-        }
-        if u32_at(buf, 12) != 0 {
-            return Err(WireError::BadField("message reserved field"));
-        }
+        let header = MsgHeader::decode(buf)?;
         Ok(Self {
             buf,
+            header,
             off: MSG_HEADER_SIZE,
-            left: n,
+            left: header.items,
             failed: false,
         })
     }
 
+    /// The message header.
+    pub fn header(&self) -> &MsgHeader {
+        &self.header
+    }
+
     /// Number of items the header announces.
     pub fn announced(&self) -> u16 {
-        u16_at(self.buf, 6)
+        self.header.items
     }
 
     fn item(&mut self) -> Result<Item<'a>, ItemError> {
@@ -360,7 +498,12 @@ impl<'a> MsgReader<'a> {
         let session = u64_at(b, 8);
         let xid = u64_at(b, 16);
         let opcode = u32_at(b, 4);
-        let request = (kind == Some(ItemKind::Request) && session != 0 && xid != 0)
+        // Only a request of this message's own session, in the client to
+        // server direction, is answered with an error reply.
+        let request = (kind == Some(ItemKind::Request)
+            && !self.header.replies
+            && session == self.header.session
+            && xid != 0)
             .then_some((session, xid, opcode));
         let fail = |error| ItemError { error, request };
         let Some(kind) = kind else {
@@ -374,8 +517,13 @@ impl<'a> MsgReader<'a> {
         if flags & !FLAG_RESEND != 0 || (flags != 0 && kind != ItemKind::Request) {
             return Err(fail(WireError::BadField("item flags")));
         }
-        if session == 0 {
-            return Err(fail(WireError::BadField("zero session id")));
+        if session != self.header.session {
+            return Err(fail(WireError::BadField("item of another session")));
+        }
+        if (kind == ItemKind::Reply) != self.header.replies {
+            return Err(fail(WireError::BadField(
+                "item kind against the message direction",
+            )));
         }
         if xid == 0 && kind != ItemKind::OneWay {
             return Err(fail(WireError::BadField("zero transaction id")));
@@ -470,10 +618,13 @@ impl<'a> Iterator for MsgReader<'a> {
 ///
 /// # Errors
 /// The header's failure, or the first item's.
-pub fn decode_message(buf: &[u8]) -> Result<Vec<Item<'_>>, WireError> {
-    MsgReader::new(buf)?
+pub fn decode_message(buf: &[u8]) -> Result<(MsgHeader, Vec<Item<'_>>), WireError> {
+    let r = MsgReader::new(buf)?;
+    let h = *r.header();
+    let items = r
         .map(|r| r.map_err(|e| e.error))
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((h, items))
 }
 
 #[cfg(test)]
@@ -492,6 +643,19 @@ mod tests {
         }
     }
 
+    fn msg_hdr(replies: bool) -> MsgHeader {
+        MsgHeader {
+            replies,
+            session: 0xabc,
+            epoch: 7,
+            seq: 3,
+            low: 2,
+            ack: Some((5, 11)),
+            ..MsgHeader::default()
+        }
+    }
+
+    /// A request with a bulk descriptor, then a one-way item.
     fn sample() -> Vec<u8> {
         let mut a = Vec::new();
         let d = BulkDesc {
@@ -502,29 +666,67 @@ mod tests {
         encode_item(&mut a, &hdr(ItemKind::Request, 1), b"hello", &[d]).unwrap();
         let mut b = Vec::new();
         encode_item(&mut b, &hdr(ItemKind::OneWay, 0), b"", &[]).unwrap();
+        encode_message(&msg_hdr(false), &[&a, &b])
+    }
+
+    fn sample_replies() -> Vec<u8> {
         let mut c = Vec::new();
         let mut h = hdr(ItemKind::Reply, 2);
         h.status = -5;
         encode_item(&mut c, &h, &[1, 2, 3], &[]).unwrap();
-        encode_message(&[&a, &b, &c])
+        encode_message(&msg_hdr(true), &[&c, &c])
     }
 
     #[test]
     fn round_trip() {
         let m = sample();
-        let items = decode_message(&m).unwrap();
-        assert_eq!(items.len(), 3);
+        let (h, items) = decode_message(&m).unwrap();
+        assert_eq!(
+            h,
+            MsgHeader {
+                items: 2,
+                len: m.len() as u32,
+                ..msg_hdr(false)
+            }
+        );
+        assert_eq!(items.len(), 2);
         assert_eq!(items[0].payload, b"hello");
         assert_eq!(items[0].descs.len(), 1);
         assert_eq!(items[0].descs[0].len, 4096);
         assert_eq!(items[0].descs[0].kind, BulkKind::Sink);
         assert_eq!(items[1].header.kind, ItemKind::OneWay);
-        assert_eq!(items[2].header.status, -5);
-        assert_eq!(items[2].payload, &[1, 2, 3]);
         assert_eq!(
-            item_size(5, &items[0].descs) + item_size(0, &[]) + item_size(3, &[]) + MSG_HEADER_SIZE,
+            item_size(5, &items[0].descs) + item_size(0, &[]) + MSG_HEADER_SIZE,
             m.len()
         );
+        let r = sample_replies();
+        let (h, items) = decode_message(&r).unwrap();
+        assert!(h.replies && !h.ack_only);
+        assert_eq!(items[1].header.status, -5);
+        assert_eq!(items[1].payload, &[1, 2, 3]);
+        // An acknowledgement: header only.
+        let ack = MsgHeader {
+            ack_only: true,
+            session: 1,
+            epoch: 1,
+            ack: Some((3, 4)),
+            ..MsgHeader::default()
+        };
+        let a = encode_message(&ack, &[]);
+        assert_eq!(a.len(), MSG_HEADER_SIZE);
+        let (h, items) = decode_message(&a).unwrap();
+        assert_eq!((h.ack, h.ack_only, items.len()), (Some((3, 4)), true, 0));
+        // A probe: no acknowledgement either.
+        let probe = encode_message(&MsgHeader { ack: None, ..ack }, &[]);
+        assert_eq!(decode_message(&probe).unwrap().0.ack, None);
+    }
+
+    fn header_error(m: &[u8]) -> WireError {
+        MsgHeader::decode(m).unwrap_err()
+    }
+
+    fn set_u64(m: &mut [u8], off: usize, v: u64) {
+        m[off..off + 8].copy_from_slice(&v.to_le_bytes());
     }
 
     #[test]
@@ -536,13 +738,73 @@ mod tests {
         }
         let mut bad = m.clone();
         bad[0] ^= 1;
-        assert!(matches!(decode_message(&bad), Err(WireError::BadMagic(_))));
+        assert!(matches!(header_error(&bad), WireError::BadMagic(_)));
         let mut bad = m.clone();
-        bad[4] = 2;
-        assert_eq!(decode_message(&bad), Err(WireError::BadVersion(2)));
+        bad[4] = 1;
+        assert_eq!(header_error(&bad), WireError::BadVersion(1));
         let mut bad = m.clone();
         bad.push(0);
         assert!(decode_message(&bad).is_err());
+        for (off, v, what) in [
+            (16, 0, "zero session id"),
+            (24, 0, "zero epoch"),
+            (32, 0, "sequence number"),
+            (40, 0, "sequence number"),
+            (40, 4, "sequence number"),
+            (48, 0, "acknowledgement"),
+            (56, 0, "acknowledgement"),
+        ] {
+            let mut bad = m.clone();
+            set_u64(&mut bad, off, v);
+            assert_eq!(
+                header_error(&bad),
+                WireError::BadField(what),
+                "offset {off}"
+            );
+        }
+        let mut bad = m.clone();
+        bad[5] = 8;
+        assert_eq!(header_error(&bad), WireError::BadField("message flags"));
+        let mut bad = m.clone();
+        bad[12] = 1;
+        assert_eq!(
+            header_error(&bad),
+            WireError::BadField("message reserved field")
+        );
+        let mut bad = m.clone();
+        bad[6..8].copy_from_slice(&0u16.to_le_bytes());
+        assert_eq!(
+            header_error(&bad),
+            WireError::BadField("message with no item")
+        );
+        // ACK_ONLY with items, a sequence number or ACK_NOW.
+        let mut bad = m.clone();
+        bad[5] = MSG_ACK_ONLY;
+        assert_eq!(
+            header_error(&bad),
+            WireError::BadField("acknowledgement-only message")
+        );
+        let ack = encode_message(
+            &MsgHeader {
+                ack_only: true,
+                session: 1,
+                epoch: 1,
+                ..MsgHeader::default()
+            },
+            &[],
+        );
+        for (off, flag) in [(32, 0), (40, 0), (0, MSG_ACK_NOW)] {
+            let mut bad = ack.clone();
+            if flag == 0 {
+                set_u64(&mut bad, off, 1);
+            } else {
+                bad[5] |= flag;
+            }
+            assert_eq!(
+                header_error(&bad),
+                WireError::BadField("acknowledgement-only message")
+            );
+        }
         // Item kind 0.
         let mut bad = m.clone();
         bad[MSG_HEADER_SIZE] = 0;
@@ -553,9 +815,35 @@ mod tests {
         bad[MSG_HEADER_SIZE + 28..MSG_HEADER_SIZE + 32].copy_from_slice(&u32::MAX.to_le_bytes());
         let e = MsgReader::new(&bad).unwrap().next().unwrap().unwrap_err();
         assert_eq!(e.request, Some((0xabc, 1, 9)));
+        // An item of another session is refused, and not answered.
+        let mut bad = m.clone();
+        set_u64(&mut bad, MSG_HEADER_SIZE + 8, 0xabd);
+        let e = MsgReader::new(&bad).unwrap().next().unwrap().unwrap_err();
+        assert_eq!(
+            (e.error, e.request),
+            (WireError::BadField("item of another session"), None)
+        );
+        // A request in a REPLIES message, a reply in a request message.
+        let mut bad = m.clone();
+        bad[5] |= MSG_REPLIES;
+        let e = MsgReader::new(&bad).unwrap().next().unwrap().unwrap_err();
+        assert_eq!(
+            (e.error, e.request),
+            (
+                WireError::BadField("item kind against the message direction"),
+                None
+            )
+        );
+        let mut bad = sample_replies();
+        bad[5] &= !MSG_REPLIES;
+        let e = MsgReader::new(&bad).unwrap().next().unwrap().unwrap_err();
+        assert_eq!(
+            e.error,
+            WireError::BadField("item kind against the message direction")
+        );
         // Items before a malformed one are delivered.
         let mut bad = m.clone();
-        let second = MSG_HEADER_SIZE + item_size(5, &decode_message(&m).unwrap()[0].descs);
+        let second = MSG_HEADER_SIZE + item_size(5, &decode_message(&m).unwrap().1[0].descs);
         bad[second + 3] = 1;
         let got: Vec<_> = MsgReader::new(&bad).unwrap().collect();
         assert_eq!(got.len(), 2);
@@ -572,15 +860,40 @@ mod tests {
 
         #[test]
         fn mutated_messages_never_panic(
-            pos in 0usize..200, byte in any::<u8>(), cut in 0usize..200
+            pos in 0usize..200, byte in any::<u8>(), cut in 0usize..200, replies in any::<bool>()
         ) {
-            let mut m = sample();
+            let mut m = if replies { sample_replies() } else { sample() };
             let p = pos % m.len();
             m[p] = byte;
             m.truncate(m.len() - cut % m.len());
             if let Ok(r) = MsgReader::new(&m) {
                 for _ in r {}
             }
+        }
+
+        #[test]
+        fn headers_round_trip(
+            replies in any::<bool>(), ack_now in any::<bool>(), session in 1u64..,
+            epoch in 1u64.., seq in 1u64.., low_back in any::<u64>(),
+            ack in proptest::option::of((1u64.., 1u64..)),
+        ) {
+            let h = MsgHeader {
+                replies,
+                ack_now,
+                session,
+                epoch,
+                seq,
+                low: seq - low_back % seq,
+                ack,
+                ..MsgHeader::default()
+            };
+            let mut it = Vec::new();
+            let kind = if replies { ItemKind::Reply } else { ItemKind::OneWay };
+            encode_item(&mut it, &ItemHeader { session, ..hdr(kind, 1) }, b"x", &[]).unwrap();
+            let m = encode_message(&h, &[&it]);
+            let (got, items) = decode_message(&m).unwrap();
+            prop_assert_eq!(got, MsgHeader { items: 1, len: m.len() as u32, ..h });
+            prop_assert_eq!(items.len(), 1);
         }
     }
 }

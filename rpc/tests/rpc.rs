@@ -12,7 +12,7 @@ use colibri_bulk_mem::MemTransport;
 use colibri_net::{
     BufVec, Domain, QueueType, RecvParams, TmState, event_channel, ignore_tm_events,
 };
-use colibri_rpc::wire::{self, ItemHeader, ItemKind};
+use colibri_rpc::wire::{self, ItemHeader, ItemKind, MsgHeader};
 use colibri_rpc::{
     BulkArg, BulkKind, CallOpts, ReplyHandle, RpcConfig, RpcError, RpcMachine, block_on,
 };
@@ -29,9 +29,28 @@ const WRITE: u32 = 6;
 /// a stopped machine's address must not be taken over by another test's
 /// machine while its peers still talk to it.
 fn machine(cfg: RpcConfig) -> RpcMachine {
+    machine_on(&MemTransport::default(), cfg)
+}
+
+/// A fresh address (see [`machine`]).
+fn fresh_addr() -> String {
     static SERVICE: AtomicU64 = AtomicU64::new(100);
-    let addr = format!("127.0.0.1:0:{}", SERVICE.fetch_add(1, Ordering::Relaxed));
-    RpcMachine::start_on(&MemTransport::default(), &addr, cfg).expect("start")
+    format!("127.0.0.1:0:{}", SERVICE.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A machine over `xprt` (for example with several workers).
+fn machine_on(xprt: &MemTransport, cfg: RpcConfig) -> RpcMachine {
+    RpcMachine::start_on(xprt, &fresh_addr(), cfg).expect("start")
+}
+
+/// The in-memory transport with `n` worker threads per transfer machine:
+/// callbacks of different receive buffers run concurrently, and two sends
+/// may be copied in either order.
+fn workers(n: usize) -> MemTransport {
+    MemTransport::new(colibri_bulk_mem::MemConfig {
+        workers: n,
+        ..Default::default()
+    })
 }
 
 fn finish(m: RpcMachine) {
@@ -175,7 +194,19 @@ fn concurrent_calls_from_many_threads() {
 
 #[test]
 fn one_way_items_and_batching_preserve_order() {
-    let server = machine(RpcConfig::default());
+    batching_preserves_order(&MemTransport::default());
+}
+
+/// The same with three transport workers per transfer machine: messages of
+/// one session are handled concurrently by the transport and may arrive
+/// out of order; the sessions' sequence numbers put them back in order.
+#[test]
+fn one_way_items_and_batching_preserve_order_three_workers() {
+    batching_preserves_order(&workers(3));
+}
+
+fn batching_preserves_order(xprt: &MemTransport) {
+    let server = machine_on(xprt, RpcConfig::default());
     let seen: Arc<Mutex<Vec<(u64, u32)>>> = Arc::new(Mutex::new(Vec::new()));
     let sn = seen.clone();
     server.on(COUNT, move |req, reply| {
@@ -184,7 +215,10 @@ fn one_way_items_and_batching_preserve_order() {
         sn.lock().push((req.session(), n));
     });
     // Batched: a delay lets items accumulate; 64-byte items.
-    let client = machine(RpcConfig::default().with_batch_delay(Duration::from_millis(5)));
+    let client = machine_on(
+        xprt,
+        RpcConfig::default().with_batch_delay(Duration::from_millis(5)),
+    );
     let a = client.session(server.addr()).unwrap();
     let b = client.session(server.addr()).unwrap();
     const N: u32 = 2000;
@@ -227,7 +261,12 @@ fn one_way_items_and_batching_preserve_order() {
     finish(client);
 
     // Unbatched: one item per message.
-    let client = machine(RpcConfig::default().with_batching(false));
+    let client = machine_on(
+        xprt,
+        RpcConfig::default()
+            .with_batching(false)
+            .with_max_in_flight(8),
+    );
     let c = client.session(server.addr()).unwrap();
     for i in 0..200u32 {
         c.post(COUNT, &i.to_le_bytes()).unwrap();
@@ -235,7 +274,120 @@ fn one_way_items_and_batching_preserve_order() {
     c.flush(Duration::from_secs(10)).unwrap();
     let st = c.stats();
     assert_eq!((st.items_sent, st.msgs_sent), (200, 200));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let order: Vec<u32> = seen
+            .lock()
+            .iter()
+            .filter(|(s, _)| *s == c.id())
+            .map(|x| x.1)
+            .collect();
+        if order.len() == 200 {
+            assert_eq!(order, (0..200).collect::<Vec<_>>(), "unbatched order");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} of 200 items", order.len());
+        std::thread::sleep(Duration::from_millis(1));
+    }
     drop(c);
+    finish(client);
+    finish(server);
+}
+
+/// Failed sends and reordering, forced: the server has two receive
+/// buffers of one small message each, so concurrent senders keep getting
+/// `NoBuffers` and send their messages again (same sequence numbers);
+/// three workers per transfer machine on both sides copy and deliver
+/// messages concurrently. Every one-way item of every session arrives
+/// exactly once, in order.
+#[test]
+fn refused_and_reordered_messages_are_delivered_once_in_order() {
+    const SESSIONS: u32 = 4;
+    const N: u32 = 1500;
+    let xprt = workers(3);
+    let small = 1024;
+    let server = machine_on(
+        &xprt,
+        RpcConfig::default()
+            .with_max_msg_size(small)
+            .with_recv_buffers(2, small),
+    );
+    let seen: Arc<Mutex<Vec<(u64, u32)>>> = Arc::new(Mutex::new(Vec::new()));
+    let sn = seen.clone();
+    server.on(COUNT, move |req, _reply| {
+        let n = u32::from_le_bytes(req.payload()[..4].try_into().unwrap());
+        sn.lock().push((req.session(), n));
+    });
+    server.on(ECHO, |req, reply| {
+        let p = req.payload().to_vec();
+        reply.ok(&p);
+    });
+    let client = machine_on(
+        &xprt,
+        RpcConfig::default()
+            .with_max_msg_size(small)
+            .with_max_in_flight(4),
+    );
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..SESSIONS)
+        .map(|k| {
+            let s = client.session(server.addr()).unwrap();
+            std::thread::spawn(move || {
+                for i in 0..N {
+                    let mut p = [0u8; 48];
+                    p[..4].copy_from_slice(&i.to_le_bytes());
+                    s.post(COUNT, &p).unwrap();
+                    // Calls are sequenced with the items around them.
+                    if i % 100 == 99 {
+                        let r = s.call_with(
+                            ECHO,
+                            &[k as u8],
+                            CallOpts::new().timeout(Duration::from_secs(30)),
+                        );
+                        assert_eq!(r.unwrap(), [k as u8]);
+                    }
+                    // Let the queue drain now and then, so that items leave
+                    // in many small messages.
+                    while s.queued_items() > 64 {
+                        std::thread::yield_now();
+                    }
+                }
+                s.flush(Duration::from_secs(30)).unwrap();
+                s.id()
+            })
+        })
+        .collect();
+    let ids: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.lock().len() < (SESSIONS * N) as usize {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} items",
+            seen.lock().len(),
+            SESSIONS * N
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let seen = seen.lock();
+    assert_eq!(seen.len(), (SESSIONS * N) as usize, "no item twice");
+    for id in ids {
+        let order: Vec<u32> = seen.iter().filter(|(s, _)| *s == id).map(|x| x.1).collect();
+        assert_eq!(order, (0..N).collect::<Vec<_>>(), "session {id:016x}");
+    }
+    let (cs, ss) = (client.stats(), server.stats());
+    assert!(cs.send_retries > 0, "no NoBuffers forced: {cs:?}");
+    assert_eq!((cs.seq_resets, cs.items_lost, ss.msgs_skipped), (0, 0, 0));
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    eprintln!(
+        "{} messages, {} sent again, {} held out of order, {} duplicates, {:?}",
+        cs.msgs_sent,
+        cs.send_retries,
+        ss.msgs_held,
+        ss.msgs_duplicate,
+        t0.elapsed()
+    );
+    drop(seen);
     finish(client);
     finish(server);
 }
@@ -646,6 +798,9 @@ fn client_shutdown_fails_calls_in_flight() {
     finish(server);
 }
 
+/// Items of a received message: headers and payloads.
+type RawItems = Vec<(ItemHeader, Vec<u8>)>;
+
 /// A bare transfer machine that speaks the wire format by hand.
 struct Raw {
     dom: Domain,
@@ -690,8 +845,14 @@ impl Raw {
         self.tm.add_msg_send(b, &ep, bytes.len()).unwrap();
     }
 
-    /// The next received message's items (send completions skipped).
-    fn recv(&self, wait: Duration) -> Option<Vec<(ItemHeader, Vec<u8>)>> {
+    /// The next received message's items (send completions and
+    /// acknowledgements skipped).
+    fn recv(&self, wait: Duration) -> Option<RawItems> {
+        self.recv_msg(wait).map(|(_, items)| items)
+    }
+
+    /// The next received message with items: its header and items.
+    fn recv_msg(&self, wait: Duration) -> Option<(MsgHeader, RawItems)> {
         let end = Instant::now() + wait;
         loop {
             let left = end.saturating_duration_since(Instant::now());
@@ -701,13 +862,17 @@ impl Raw {
                 if let Some(b) = ev.take_buffer() {
                     self.tm.add_msg_recv(b, RecvParams::default()).unwrap();
                 }
-                let items = wire::decode_message(&msg).unwrap();
-                return Some(
+                let (h, items) = wire::decode_message(&msg).unwrap();
+                if h.ack_only {
+                    continue;
+                }
+                return Some((
+                    h,
                     items
                         .into_iter()
                         .map(|i| (i.header, i.payload.to_vec()))
                         .collect(),
-                );
+                ));
             }
         }
     }
@@ -719,6 +884,18 @@ impl Raw {
         self.tm.fini().unwrap();
         assert_eq!(self.dom.buffer_count(), 0);
     }
+}
+
+/// A client-to-server message of `session`, epoch 1, number `seq`.
+fn message(session: u64, seq: u64, items: &[&[u8]]) -> Vec<u8> {
+    let h = MsgHeader {
+        session,
+        epoch: 1,
+        seq,
+        low: 1,
+        ..MsgHeader::default()
+    };
+    wire::encode_message(&h, items)
 }
 
 fn request(session: u64, xid: u64, opcode: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
@@ -747,7 +924,7 @@ fn malformed_input_gets_error_replies_never_a_crash() {
     // A request with a lying payload length: an EPROTO reply.
     let mut it = request(5, 1, ECHO, 0, b"abc");
     it[28..32].copy_from_slice(&1000u32.to_le_bytes());
-    raw.send(&to, &wire::encode_message(&[&it]));
+    raw.send(&to, &message(5, 1, &[&it]));
     let got = raw.recv(Duration::from_secs(10)).unwrap();
     assert_eq!(got[0].0.xid, 1);
     assert_eq!(got[0].0.status, colibri_rpc::STATUS_PROTOCOL);
@@ -757,7 +934,7 @@ fn malformed_input_gets_error_replies_never_a_crash() {
     let b = request(5, 3, ECHO, 0, b"ok");
     let mut c = request(5, 4, ECHO, 0, b"");
     c[0] = 9;
-    raw.send(&to, &wire::encode_message(&[&a, &b, &c]));
+    raw.send(&to, &message(5, 2, &[&a, &b, &c]));
     let mut replies = Vec::new();
     while replies.len() < 2 {
         replies.extend(raw.recv(Duration::from_secs(10)).unwrap());
@@ -797,7 +974,7 @@ fn reply_cache_is_bounded_and_never_reexecutes() {
     for xid in 1..=3u64 {
         raw.send(
             &to,
-            &wire::encode_message(&[&request(sid, xid, COUNT, 0, &[xid as u8])]),
+            &message(sid, xid, &[&request(sid, xid, COUNT, 0, &[xid as u8])]),
         );
         let got = raw.recv(Duration::from_secs(10)).unwrap();
         assert_eq!((got[0].0.xid, got[0].0.status), (xid, 0));
@@ -805,14 +982,14 @@ fn reply_cache_is_bounded_and_never_reexecutes() {
     // xid 3 is cached: a resend is answered from the cache.
     raw.send(
         &to,
-        &wire::encode_message(&[&request(sid, 3, COUNT, wire::FLAG_RESEND, &[3])]),
+        &message(sid, 4, &[&request(sid, 3, COUNT, wire::FLAG_RESEND, &[3])]),
     );
     let got = raw.recv(Duration::from_secs(10)).unwrap();
     assert_eq!((got[0].0.status, got[0].1.as_slice()), (0, &[3u8][..]));
     // xid 1 was evicted (cache of 2): a resend is refused as stale.
     raw.send(
         &to,
-        &wire::encode_message(&[&request(sid, 1, COUNT, wire::FLAG_RESEND, &[1])]),
+        &message(sid, 5, &[&request(sid, 1, COUNT, wire::FLAG_RESEND, &[1])]),
     );
     let got = raw.recv(Duration::from_secs(10)).unwrap();
     assert_eq!(got[0].0.status, colibri_rpc::STATUS_STALE);
