@@ -1262,6 +1262,8 @@ impl Inner {
                 None => {
                     let s = SrvSession::new(h.session, sender.clone());
                     map.insert(key, Arc::clone(&s));
+                    // The timer forgets idle sessions: make sure it knows.
+                    self.arm(Instant::now() + self.cfg.session_idle.min(Duration::from_secs(60)));
                     Some(s)
                 }
             }

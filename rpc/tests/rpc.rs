@@ -807,13 +807,22 @@ struct Raw {
     tm: colibri_net::TransferMachine,
     events: colibri_net::EventReceiver,
     cbs: Arc<colibri_net::BufferCallbacks>,
+    /// Re-offer receive buffers as soon as their message is read.
+    auto: bool,
+    parked: Mutex<Vec<colibri_net::NetBuffer>>,
 }
 
 impl Raw {
     fn new() -> Self {
+        Self::with_buffers(4, 64 << 10, true)
+    }
+
+    /// `n` receive buffers of `size` bytes, one message each; unless
+    /// `auto`, a buffer comes back only with [`Raw::repost`].
+    fn with_buffers(n: usize, size: usize, auto: bool) -> Self {
         let dom = Domain::new(&MemTransport::default()).unwrap();
         let tm = dom.tm_init(ignore_tm_events()).unwrap();
-        let (cbs, events) = event_channel(64);
+        let (cbs, events) = event_channel(4096);
         tm.start("127.0.0.1:0:9").unwrap();
         tm.wait_for_state(TmState::Started, Duration::from_secs(5))
             .unwrap();
@@ -822,16 +831,37 @@ impl Raw {
             tm,
             events,
             cbs,
+            auto,
+            parked: Mutex::new(Vec::new()),
         };
-        for _ in 0..4 {
+        for _ in 0..n {
             let b = r
                 .dom
-                .register(BufVec::new(1, 64 << 10))
+                .register(BufVec::new(1, size))
                 .unwrap()
                 .with_callbacks(r.cbs.clone());
             r.tm.add_msg_recv(b, RecvParams::default()).unwrap();
         }
         r
+    }
+
+    fn addr(&self) -> String {
+        self.tm.ep().unwrap().addr().to_string()
+    }
+
+    /// Re-offers the receive buffers kept back.
+    fn repost(&self) {
+        for b in self.parked.lock().drain(..) {
+            self.tm.add_msg_recv(b, RecvParams::default()).unwrap();
+        }
+    }
+
+    fn give_back(&self, b: colibri_net::NetBuffer) {
+        if self.auto {
+            self.tm.add_msg_recv(b, RecvParams::default()).unwrap();
+        } else {
+            self.parked.lock().push(b);
+        }
     }
 
     fn send(&self, to: &str, bytes: &[u8]) {
@@ -853,34 +883,57 @@ impl Raw {
 
     /// The next received message with items: its header and items.
     fn recv_msg(&self, wait: Duration) -> Option<(MsgHeader, RawItems)> {
+        self.recv_any(wait, false)
+    }
+
+    /// The next received message (with `acks`, acknowledgements too).
+    fn recv_any(&self, wait: Duration, acks: bool) -> Option<(MsgHeader, RawItems)> {
         let end = Instant::now() + wait;
         loop {
             let left = end.saturating_duration_since(Instant::now());
             let mut ev = self.events.recv_timeout(left)?;
-            if ev.queue() == QueueType::MsgRecv {
-                let msg = ev.message().unwrap();
-                if let Some(b) = ev.take_buffer() {
-                    self.tm.add_msg_recv(b, RecvParams::default()).unwrap();
-                }
-                let (h, items) = wire::decode_message(&msg).unwrap();
-                if h.ack_only {
-                    continue;
-                }
-                return Some((
-                    h,
-                    items
-                        .into_iter()
-                        .map(|i| (i.header, i.payload.to_vec()))
-                        .collect(),
-                ));
+            if ev.queue() != QueueType::MsgRecv {
+                continue;
+            }
+            let msg = ev.is_ok().then(|| ev.message());
+            if let Some(b) = ev.take_buffer() {
+                self.give_back(b);
+            }
+            // A message too large for the buffer fails it: skip.
+            let Some(Ok(msg)) = msg else {
+                continue;
+            };
+            let (h, items) = wire::decode_message(&msg).unwrap();
+            if h.ack_only && !acks {
+                continue;
+            }
+            return Some((
+                h,
+                items
+                    .into_iter()
+                    .map(|i| (i.header, i.payload.to_vec()))
+                    .collect(),
+            ));
+        }
+    }
+
+    /// Waits for an acknowledgement-only message acknowledging `ack`.
+    fn wait_ack(&self, ack: (u64, u64), wait: Duration) -> bool {
+        let end = Instant::now() + wait;
+        while let Some((h, _)) = self.recv_any(end.saturating_duration_since(Instant::now()), true)
+        {
+            if h.ack_only && h.ack == Some(ack) {
+                return true;
             }
         }
+        false
     }
 
     fn close(self) {
         self.tm.stop(true).unwrap();
         self.tm.wait_stopped(Duration::from_secs(10)).unwrap();
         while self.events.try_recv().is_some() {}
+        self.parked.lock().clear();
         self.tm.fini().unwrap();
         assert_eq!(self.dom.buffer_count(), 0);
     }
@@ -888,14 +941,36 @@ impl Raw {
 
 /// A client-to-server message of `session`, epoch 1, number `seq`.
 fn message(session: u64, seq: u64, items: &[&[u8]]) -> Vec<u8> {
+    message_in(session, 1, seq, false, items)
+}
+
+/// A client-to-server message of `session` in `epoch`, number `seq`
+/// (nothing acknowledged yet: low 1).
+fn message_in(session: u64, epoch: u64, seq: u64, ack_now: bool, items: &[&[u8]]) -> Vec<u8> {
     let h = MsgHeader {
         session,
-        epoch: 1,
+        epoch,
         seq,
         low: 1,
+        ack_now,
         ..MsgHeader::default()
     };
     wire::encode_message(&h, items)
+}
+
+/// A one-way item of `session` whose payload is `n`.
+fn oneway(session: u64, n: u32) -> Vec<u8> {
+    let mut it = Vec::new();
+    let h = ItemHeader {
+        kind: ItemKind::OneWay,
+        flags: 0,
+        opcode: COUNT,
+        session,
+        xid: 0,
+        status: 0,
+    };
+    wire::encode_item(&mut it, &h, &n.to_le_bytes(), &[]).unwrap();
+    it
 }
 
 fn request(session: u64, xid: u64, opcode: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
@@ -1112,4 +1187,325 @@ fn several_transport_workers() {
     drop(s);
     finish(client);
     finish(server);
+}
+
+/// A server that records the payloads (`n`) of one-way COUNT items.
+fn counting_server(cfg: RpcConfig) -> (RpcMachine, Arc<Mutex<Vec<u32>>>) {
+    let server = machine(cfg);
+    let seen: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(Vec::new()));
+    let sn = seen.clone();
+    server.on(COUNT, move |req, _reply| {
+        sn.lock()
+            .push(u32::from_le_bytes(req.payload()[..4].try_into().unwrap()));
+    });
+    (server, seen)
+}
+
+fn wait_for(seen: &Mutex<Vec<u32>>, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.lock().len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} items: {:?}",
+            seen.lock().len(),
+            seen.lock()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Reordering, duplicates and epochs injected by hand: the handler sees
+/// every item once, in sequence order; the server acknowledges what it
+/// handled.
+#[test]
+fn injected_reordering_duplicates_and_epochs() {
+    let (server, seen) = counting_server(RpcConfig::default());
+    let raw = Raw::new();
+    let to = server.addr().to_string();
+    let sid = 0x0dd;
+    // Epoch 10: messages 1..=6 sent as 3 1 1 2 5 4 6 2.
+    for seq in [3u64, 1, 1, 2, 5, 4, 6, 2] {
+        raw.send(
+            &to,
+            &message_in(sid, 10, seq, false, &[&oneway(sid, seq as u32)]),
+        );
+    }
+    wait_for(&seen, 6);
+    // An older epoch is stale; a newer one starts over at its low.
+    raw.send(&to, &message_in(sid, 9, 7, false, &[&oneway(sid, 99)]));
+    raw.send(&to, &message_in(sid, 11, 2, false, &[&oneway(sid, 12)]));
+    raw.send(&to, &message_in(sid, 11, 1, true, &[&oneway(sid, 11)]));
+    wait_for(&seen, 8);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(*seen.lock(), vec![1, 2, 3, 4, 5, 6, 11, 12]);
+    let st = server.stats();
+    assert_eq!(st.msgs_duplicate, 2, "{st:?}");
+    assert_eq!(st.msgs_discarded, 1, "{st:?}");
+    assert!(st.msgs_held >= 3, "{st:?}");
+    assert_eq!(st.oneways, 8);
+    // The server acknowledges epoch 11 up to 2 (at once: message 1 asked;
+    // the acknowledgement of what followed comes after the delay).
+    assert!(raw.wait_ack((11, 2), Duration::from_secs(5)));
+    raw.close();
+    finish(server);
+}
+
+/// A message refused for lack of receive buffers is sent again with the
+/// same epoch and sequence number, until the receiver takes it; later
+/// messages say what was acknowledged.
+#[test]
+fn refused_messages_are_sent_again_with_the_same_number() {
+    // One receive buffer, given back only when the test says so.
+    let raw = Raw::with_buffers(1, 64 << 10, false);
+    let client = machine(
+        RpcConfig::default()
+            .with_batching(false)
+            .with_max_in_flight(4),
+    );
+    let s = client.session(&raw.addr()).unwrap();
+    for n in 0..3u32 {
+        s.post(COUNT, &n.to_le_bytes()).unwrap();
+    }
+    let mut got = Vec::new();
+    let (h, items) = raw.recv_msg(Duration::from_secs(10)).unwrap();
+    got.push((h, items));
+    // The other two are refused, again and again, while the buffer is
+    // kept back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.stats().send_retries < 4 {
+        assert!(Instant::now() < deadline, "{:?}", client.stats());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for _ in 0..2 {
+        raw.repost();
+        got.push(raw.recv_msg(Duration::from_secs(10)).unwrap());
+    }
+    raw.repost();
+    assert!(
+        raw.recv_msg(Duration::from_millis(100)).is_none(),
+        "nothing more"
+    );
+    let epoch = got[0].0.epoch;
+    let mut seqs: Vec<u64> = got
+        .iter()
+        .map(|(h, items)| {
+            assert_eq!((h.epoch, h.session, h.low), (epoch, s.id(), 1));
+            // Message n carries item n - 1.
+            assert_eq!(items[0].1, ((h.seq - 1) as u32).to_le_bytes());
+            h.seq
+        })
+        .collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, [1, 2, 3]);
+    s.flush(Duration::from_secs(10)).unwrap();
+    // Acknowledge all three: the next message says so (low 4).
+    let ack = MsgHeader {
+        replies: true,
+        ack_only: true,
+        session: s.id(),
+        epoch: 5,
+        ack: Some((epoch, 3)),
+        ..MsgHeader::default()
+    };
+    raw.send(client.addr(), &wire::encode_message(&ack, &[]));
+    std::thread::sleep(Duration::from_millis(20));
+    s.post(COUNT, &3u32.to_le_bytes()).unwrap();
+    let (h, _) = raw.recv_msg(Duration::from_secs(10)).unwrap();
+    assert_eq!((h.epoch, h.seq, h.low), (epoch, 4, 4));
+    let st = client.stats();
+    assert_eq!((st.seq_resets, st.items_lost), (0, 0));
+    drop(s);
+    finish(client);
+    raw.close();
+}
+
+/// A message that fails for good (too large for the receiver's buffer)
+/// fails its call, and the session restarts its sequence in a newer epoch
+/// so that the receiver does not wait for the lost number.
+#[test]
+fn a_message_lost_for_good_restarts_the_sequence() {
+    let raw = Raw::with_buffers(2, 512, true);
+    let client = machine(RpcConfig::default());
+    let s = client.session(&raw.addr()).unwrap();
+    s.post(COUNT, &[1; 100]).unwrap();
+    let (h1, _) = raw.recv_msg(Duration::from_secs(10)).unwrap();
+    assert_eq!(h1.seq, 1);
+    let r = s.call_with(
+        ECHO,
+        &[0; 600],
+        CallOpts::new().timeout(Duration::from_secs(10)),
+    );
+    assert!(
+        matches!(
+            r,
+            Err(RpcError::Net(colibri_net::NetError::MessageTooLarge { .. }))
+        ),
+        "{r:?}"
+    );
+    assert!(matches!(
+        s.flush(Duration::from_secs(10)),
+        Err(RpcError::Net(_))
+    ));
+    s.post(COUNT, &[2; 100]).unwrap();
+    let (h2, _) = raw.recv_msg(Duration::from_secs(10)).unwrap();
+    assert!(h2.epoch > h1.epoch, "{h1:?} then {h2:?}");
+    assert_eq!((h2.seq, h2.low), (1, 1));
+    assert_eq!(client.stats().seq_resets, 1);
+    s.flush(Duration::from_secs(10)).unwrap();
+    drop(s);
+    finish(client);
+    raw.close();
+}
+
+/// A missing message that never comes is given up after `gap_timeout`:
+/// the messages held behind it are handled (in order) and the missing one
+/// is dropped if it comes later.
+#[test]
+fn a_gap_that_never_fills_is_given_up() {
+    let gap = Duration::from_millis(300);
+    let (server, seen) =
+        counting_server(RpcConfig::default().with_retry_times(Duration::from_millis(100), gap));
+    let raw = Raw::new();
+    let to = server.addr().to_string();
+    let sid = 0x6a9;
+    let t0 = Instant::now();
+    for seq in [1u64, 3, 4] {
+        raw.send(&to, &message(sid, seq, &[&oneway(sid, seq as u32)]));
+    }
+    wait_for(&seen, 1);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(*seen.lock(), vec![1], "3 and 4 wait for 2");
+    wait_for(&seen, 3);
+    assert!(t0.elapsed() >= gap && t0.elapsed() < Duration::from_secs(5));
+    raw.send(&to, &message(sid, 2, &[&oneway(sid, 2)]));
+    raw.send(&to, &message(sid, 5, &[&oneway(sid, 5)]));
+    wait_for(&seen, 4);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(*seen.lock(), vec![1, 3, 4, 5]);
+    let st = server.stats();
+    assert_eq!((st.msgs_skipped, st.msgs_duplicate), (1, 1));
+    raw.close();
+    finish(server);
+}
+
+/// A client keeps at most `window` messages unacknowledged, asks for an
+/// acknowledgement at half and full window, and goes on when it comes.
+#[test]
+fn the_window_bounds_unacknowledged_messages() {
+    let raw = Raw::new();
+    let client = machine(
+        RpcConfig::default()
+            .with_batching(false)
+            .with_max_in_flight(2)
+            .with_window(4),
+    );
+    let s = client.session(&raw.addr()).unwrap();
+    for n in 0..10u32 {
+        s.post(COUNT, &n.to_le_bytes()).unwrap();
+    }
+    let mut next = 1;
+    while next <= 10 {
+        let mut batch = Vec::new();
+        while let Some((h, _)) = raw.recv_msg(Duration::from_millis(100)) {
+            batch.push(h);
+        }
+        let last = next + batch.len() as u64 - 1;
+        assert!(
+            !batch.is_empty() && batch.len() <= 4,
+            "{} messages unacknowledged",
+            batch.len()
+        );
+        for (i, h) in batch.iter().enumerate() {
+            assert_eq!(h.seq, next + i as u64);
+            let k = h.seq - (next - 1);
+            assert_eq!(h.ack_now, k == 2 || k == 4, "{h:?}");
+        }
+        let ack = MsgHeader {
+            replies: true,
+            ack_only: true,
+            session: s.id(),
+            epoch: 1,
+            ack: Some((batch[0].epoch, last)),
+            ..MsgHeader::default()
+        };
+        raw.send(client.addr(), &wire::encode_message(&ack, &[]));
+        next = last + 1;
+    }
+    s.flush(Duration::from_secs(10)).unwrap();
+    drop(s);
+    finish(client);
+    raw.close();
+}
+
+/// A server with as many sessions as it takes answers a new session's
+/// calls `Busy` (and drops its one-way items) until one goes idle.
+#[test]
+fn sessions_beyond_the_limit_are_refused() {
+    let mut cfg = RpcConfig::default().with_max_sessions(1);
+    cfg.session_idle = Duration::from_millis(300);
+    let server = echo_server(cfg);
+    let client = machine(RpcConfig::default());
+    let a = client.session(server.addr()).unwrap();
+    let b = client.session(server.addr()).unwrap();
+    assert_eq!(a.call(ECHO, b"a").unwrap(), b"a");
+    assert_eq!(b.call(ECHO, b"b"), Err(RpcError::Busy));
+    b.post(ECHO, b"dropped").unwrap();
+    assert_eq!(b.call(ECHO, b"b"), Err(RpcError::Busy));
+    let st = server.stats();
+    assert!(st.sessions_refused >= 2 && st.items_refused >= 3, "{st:?}");
+    // Once a's server session is idle and forgotten, b gets in (its
+    // refused messages were acknowledged: its sequence goes on).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match b.call(ECHO, b"b") {
+            Ok(r) => {
+                assert_eq!(r, b"b");
+                break;
+            }
+            Err(RpcError::Busy) => {
+                assert!(Instant::now() < deadline, "never admitted");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(b.call(ECHO, b"again").unwrap(), b"again");
+    drop((a, b));
+    finish(client);
+    finish(server);
+}
+
+/// A call already sent to a server that then stops fails promptly: the
+/// client probes servers it waits for, and the transport reports the
+/// stopped one unreachable.
+#[test]
+fn a_stopped_server_fails_waiting_calls_promptly() {
+    let server = machine(RpcConfig::default());
+    let held: Arc<Mutex<Vec<ReplyHandle>>> = Arc::new(Mutex::new(Vec::new()));
+    let h = held.clone();
+    server.on(NEVER, move |_req, reply| h.lock().push(reply));
+    let client = machine(RpcConfig::default().with_probe_interval(Duration::from_millis(100)));
+    let s = client.session(server.addr()).unwrap();
+    // No resends, a long timeout: only the probe can tell.
+    let opts = CallOpts::new().timeout(Duration::from_secs(30)).retries(0);
+    let calls: Vec<_> = (0..3).map(|_| s.start(NEVER, b"", opts).unwrap()).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held.lock().len() < 3 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let t0 = Instant::now();
+    finish(server);
+    held.lock().clear();
+    for c in calls {
+        let r = c.wait();
+        assert!(
+            matches!(r, Err(RpcError::Net(colibri_net::NetError::Unreachable(_)))),
+            "{r:?}"
+        );
+    }
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert!(client.stats().probes_sent >= 1);
+    drop(s);
+    finish(client);
 }
