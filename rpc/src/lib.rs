@@ -15,7 +15,10 @@
 //!   ├── handlers per opcode ── Request + ReplyHandle (reply any time,
 //!   │                          from any thread)
 //!   ├── server sessions ── reply cache (at-most-once), reply queue
-//!   └── timer thread ── timeouts, resends, delayed batches
+//!   ├── per session and direction ── message sequence, reorder window,
+//!   │                                acknowledgements, ordered dispatch
+//!   └── timer thread ── timeouts, resends, delayed batches, refused
+//!                       messages, acknowledgements, probes
 //! ```
 //!
 //! * **Calls**: blocking ([`Session::call`]), asynchronous
@@ -33,6 +36,16 @@
 //!   session are in flight, and items queue behind them. An item larger
 //!   than a message is refused with [`RpcError::TooBig`]: its data goes
 //!   through bulk.
+//! * **Ordering**: the messages of each session and direction are
+//!   numbered; the receiver hands them out strictly in order, each once,
+//!   whatever order the transport delivers them in (several transport
+//!   threads, two connections), holding early ones and dropping
+//!   duplicates, and runs one session's handlers one at a time. Refused
+//!   messages (no receive buffer) are sent again with the same number;
+//!   receivers acknowledge what they handled, and a sender keeps at most
+//!   [`RpcConfig::window`] messages unacknowledged. A message that fails
+//!   for good restarts the session's sequence and fails the calls that may
+//!   not have arrived ([`RpcError::SessionReset`]).
 //! * **Bulk**: [`Session::start_bulk`] adds the client's buffers to
 //!   passive queues (usable only by the server) and sends their
 //!   descriptors in the request; the server's handler moves the data with
@@ -50,9 +63,10 @@
 //! ## Threads and locks
 //!
 //! Handlers, reply routing and completion callbacks run on the transport's
-//! threads, never with a transfer machine lock held. Each session has its
-//! own lock, taken before the transfer machine's (sends are added under
-//! it) and never while calling user code. See `rpc/DESIGN.md`.
+//! threads, never with a transfer machine lock held, one thread at a time
+//! per session. Each session has its own lock, taken before the transfer
+//! machine's (sends are added under it) and never while calling user code.
+//! See `rpc/DESIGN.md`.
 //!
 //! ## Example
 //!

@@ -1328,8 +1328,13 @@ impl RpcHandle {
     ///
     /// The handler runs on a transport thread, once per request, with the
     /// request and a [`ReplyHandle`]: it may reply at once, or keep the
-    /// handle (or send it to another thread) and reply later. It should
-    /// not block for long: other messages wait meanwhile.
+    /// handle (or send it to another thread) and reply later. The requests
+    /// and one-way items of one client session reach their handlers one
+    /// at a time, in the order the client queued them; different sessions
+    /// run concurrently when the transport has several threads. A handler
+    /// should not block for long (its session's later items wait
+    /// meanwhile), and must never wait for a later item of its own
+    /// session.
     pub fn on(&self, opcode: u32, handler: impl Fn(Request, ReplyHandle) + Send + Sync + 'static) {
         self.inner
             .handlers
