@@ -9,8 +9,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use colibri_net::{
-    AddError, BufToken, BufVec, BufferCallbacks, BufferEvent, DescFields, Domain, NetBuffer,
-    NetBufDesc, NetError, QueueType, RecvParams, TmEvent, TmEventKind, TmHandle, TmState,
+    AddError, BufToken, BufVec, BufferCallbacks, BufferEvent, DescFields, Domain, NetBufDesc,
+    NetBuffer, NetError, QueueType, RecvParams, TmEvent, TmEventKind, TmHandle, TmState,
     ignore_tm_events,
 };
 use parking_lot::Mutex;
@@ -45,8 +45,7 @@ fn pair(f: &dyn Factory) -> (Node, Node) {
 /// and returns the receive event.
 fn send_msg(a: &Node, b: &Node, data: &[u8]) -> BufferEvent {
     let ep = a.ep(&b.addr);
-    a.tm
-        .add_msg_send(a.buf_with(data, 0), &ep, data.len())
+    a.tm.add_msg_send(a.buf_with(data, 0), &ep, data.len())
         .expect("send");
     let s = a.next_event_on(QueueType::MsgSend);
     assert!(s.is_ok(), "send failed: {s:?}");
@@ -136,7 +135,11 @@ pub fn start_posts_started_once(f: &dyn Factory) {
     d.fini().unwrap();
 }
 
-fn expect_start_failure(tm: &TmHandle, addr: &str, events: &colibri_net::TmEventReceiver) -> NetError {
+fn expect_start_failure(
+    tm: &TmHandle,
+    addr: &str,
+    events: &colibri_net::TmEventReceiver,
+) -> NetError {
     match tm.start(addr) {
         Err(e) => {
             assert_eq!(tm.state(), TmState::Failed);
@@ -191,9 +194,15 @@ pub fn failed_tm_only_finalises(f: &dyn Factory) {
     let ev = n.next_event_on(QueueType::MsgRecv);
     assert_status(&ev, NetError::is_cancelled, "Cancelled");
     drop(ev);
-    assert!(matches!(n.tm.start(&f.addr()), Err(NetError::WrongState { .. })));
+    assert!(matches!(
+        n.tm.start(&f.addr()),
+        Err(NetError::WrongState { .. })
+    ));
     assert!(matches!(n.tm.stop(true), Err(NetError::WrongState { .. })));
-    assert!(matches!(n.tm.ep_create(&f.addr()), Err(NetError::WrongState { .. })));
+    assert!(matches!(
+        n.tm.ep_create(&f.addr()),
+        Err(NetError::WrongState { .. })
+    ));
     let (e, _) = refused(n.tm.add_msg_recv(n.buf(64), RecvParams::default()));
     assert!(matches!(e, NetError::WrongState { .. }));
     n.shutdown();
@@ -202,7 +211,8 @@ pub fn failed_tm_only_finalises(f: &dyn Factory) {
 /// Receive buffers may be added before the start and receive afterwards.
 pub fn recv_added_before_start(f: &dyn Factory) {
     let mut b = Node::init(f);
-    b.tm.add_msg_recv(b.buf(128), RecvParams::default()).unwrap();
+    b.tm.add_msg_recv(b.buf(128), RecvParams::default())
+        .unwrap();
     assert_eq!(b.tm.queue_len(QueueType::MsgRecv), 1);
     b.start_tm();
     let a = Node::start(f);
@@ -218,18 +228,39 @@ pub fn recv_added_before_start(f: &dyn Factory) {
 pub fn add_needs_started(f: &dyn Factory) {
     let n = Node::init(f);
     let (e, _) = refused(n.tm.add_passive_recv(n.buf(64), None));
-    assert!(matches!(e, NetError::WrongState { state: TmState::Initialized, .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            NetError::WrongState {
+                state: TmState::Initialized,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     let (e, _) = refused(n.tm.add_passive_send(n.buf(64), 10, None));
     assert!(matches!(e, NetError::WrongState { .. }));
     let other = Node::start(f);
     let (_, desc) = other.tm.add_passive_send(other.buf(64), 10, None).unwrap();
     let (e, _) = refused(n.tm.add_active_recv(n.buf(64), &desc));
     assert!(matches!(e, NetError::WrongState { .. }));
-    assert!(matches!(n.tm.ep_create(&other.addr), Err(NetError::WrongState { .. })));
+    assert!(matches!(
+        n.tm.ep_create(&other.addr),
+        Err(NetError::WrongState { .. })
+    ));
     n.shutdown();
     other.stop(true);
     let (e, _) = refused(other.tm.add_msg_recv(other.buf(64), RecvParams::default()));
-    assert!(matches!(e, NetError::WrongState { state: TmState::Stopped, .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            NetError::WrongState {
+                state: TmState::Stopped,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     other.shutdown();
 }
 
@@ -249,7 +280,11 @@ fn check_stop_cancels(f: &dyn Factory, abort: bool) {
     let n = Node::start(f);
     let tokens = queue_everything(&n);
     let evs = n.stop(abort);
-    assert_eq!(evs.len(), tokens.len(), "every buffer completes before STOPPED");
+    assert_eq!(
+        evs.len(),
+        tokens.len(),
+        "every buffer completes before STOPPED"
+    );
     for ev in &evs {
         assert!(ev.is_final());
         assert_status(ev, NetError::is_cancelled, "Cancelled");
@@ -295,7 +330,10 @@ pub fn stop_racing_start(f: &dyn Factory) {
         assert_eq!(tm.state(), TmState::Stopped);
         let s = states.lock().clone();
         assert_eq!(s.last(), Some(&TmState::Stopped), "{s:?}");
-        assert!(s.len() <= 2 && (s.len() == 1 || s[0] == TmState::Started), "{s:?}");
+        assert!(
+            s.len() <= 2 && (s.len() == 1 || s[0] == TmState::Started),
+            "{s:?}"
+        );
         tm.fini().unwrap();
     }
     d.fini().unwrap();
@@ -307,8 +345,11 @@ pub fn fini_refusals(f: &dyn Factory) {
     let d = Domain::new(&*f.transport()).unwrap();
     let (cbs, events) = colibri_net::event_channel(16);
     let tm = d.tm_init(ignore_tm_events()).unwrap();
-    tm.add_msg_recv(d.register(BufVec::new(1, 64)).unwrap().with_callbacks(cbs), RecvParams::default())
-        .unwrap();
+    tm.add_msg_recv(
+        d.register(BufVec::new(1, 64)).unwrap().with_callbacks(cbs),
+        RecvParams::default(),
+    )
+    .unwrap();
     let tm = match tm.fini() {
         Err(e) => {
             assert!(matches!(e.error, NetError::Busy(_)), "{:?}", e.error);
@@ -320,7 +361,13 @@ pub fn fini_refusals(f: &dyn Factory) {
     tm.wait_for_state(TmState::Started, EVENT_WAIT).unwrap();
     let tm = match tm.fini() {
         Err(e) => {
-            assert!(matches!(e.error, NetError::WrongState { state: TmState::Started, .. }));
+            assert!(matches!(
+                e.error,
+                NetError::WrongState {
+                    state: TmState::Started,
+                    ..
+                }
+            ));
             e.object
         }
         Ok(()) => panic!("fini while started"),
@@ -547,13 +594,20 @@ pub fn message_data_and_shapes(f: &dyn Factory) {
         assert!(s.is_ok(), "{s:?}");
         assert_eq!(s.length(), len);
         let back = final_buffer(s);
-        assert_eq!(back.bufvec().to_vec(0, len).unwrap(), data, "send buffer untouched");
+        assert_eq!(
+            back.bufvec().to_vec(0, len).unwrap(),
+            data,
+            "send buffer untouched"
+        );
         let r = b.next_event_on(QueueType::MsgRecv);
         assert!(r.is_ok(), "{r:?}");
         assert_eq!((r.offset(), r.length()), (0, len));
         assert_eq!(r.sender().unwrap().addr(), a.addr);
         assert_eq!(r.message().unwrap(), data);
-        assert!(b.tm.buffer_state(r.token()).is_none(), "buffer left the queue");
+        assert!(
+            b.tm.buffer_state(r.token()).is_none(),
+            "buffer left the queue"
+        );
         let rb = final_buffer(r);
         assert!(rb.timeout().is_none());
         assert_eq!(rb.msgs_received(), 1);
@@ -569,7 +623,11 @@ pub fn message_to_unreachable(f: &dyn Factory) {
     let ep = a.ep(&f.unreachable_addr());
     a.tm.add_msg_send(a.buf_with(b"hello?", 0), &ep, 6).unwrap();
     let ev = a.next_event_on(QueueType::MsgSend);
-    assert_status(&ev, |e| matches!(e, NetError::Unreachable(_)), "Unreachable");
+    assert_status(
+        &ev,
+        |e| matches!(e, NetError::Unreachable(_)),
+        "Unreachable",
+    );
     assert_eq!(a.tm.stats(QueueType::MsgSend, false).f_events, 1);
     drop((ev, ep));
     a.shutdown();
@@ -584,7 +642,10 @@ pub fn message_without_receive_buffer(f: &dyn Factory) {
     let ev = a.next_event_on(QueueType::MsgSend);
     assert_status(&ev, |e| *e == NetError::NoBuffers, "NoBuffers");
     let tev = b.next_tm_event();
-    assert!(matches!(tev.kind, TmEventKind::Error(NetError::NoBuffers)), "{tev:?}");
+    assert!(
+        matches!(tev.kind, TmEventKind::Error(NetError::NoBuffers)),
+        "{tev:?}"
+    );
     let st = b.tm.stats(QueueType::MsgRecv, false);
     assert_eq!((st.adds, st.s_events, st.f_events), (0, 0, 1));
     assert_eq!(b.tm.no_buffer_drops(), 1);
@@ -597,13 +658,23 @@ pub fn message_without_receive_buffer(f: &dyn Factory) {
 /// `MessageTooLarge`.
 pub fn message_too_large(f: &dyn Factory) {
     let (a, b) = pair(f);
-    b.tm.add_msg_recv(b.buf(100), RecvParams::default()).unwrap();
+    b.tm.add_msg_recv(b.buf(100), RecvParams::default())
+        .unwrap();
     let ep = a.ep(&b.addr);
-    a.tm.add_msg_send(a.buf_with(&pattern(3, 200), 0), &ep, 200).unwrap();
+    a.tm.add_msg_send(a.buf_with(&pattern(3, 200), 0), &ep, 200)
+        .unwrap();
     let s = a.next_event_on(QueueType::MsgSend);
-    assert_status(&s, |e| matches!(e, NetError::MessageTooLarge { .. }), "MessageTooLarge");
+    assert_status(
+        &s,
+        |e| matches!(e, NetError::MessageTooLarge { .. }),
+        "MessageTooLarge",
+    );
     let r = b.next_event_on(QueueType::MsgRecv);
-    assert_status(&r, |e| matches!(e, NetError::MessageTooLarge { .. }), "MessageTooLarge");
+    assert_status(
+        &r,
+        |e| matches!(e, NetError::MessageTooLarge { .. }),
+        "MessageTooLarge",
+    );
     assert!(r.is_final());
     drop((s, r, ep));
     a.shutdown();
@@ -651,10 +722,16 @@ pub fn bulk_both_directions_with_shapes(f: &dyn Factory) {
     bulk_write(&a, &b, &[10], &[10], 1, 6);
     let sa = a.tm.stats_all(false);
     assert_eq!(sa[QueueType::ActiveBulkRecv.index()].bytes, 2500 + 4096 + 6);
-    assert_eq!(sa[QueueType::ActiveBulkSend.index()].bytes, 2000 + 131_072 + 1);
+    assert_eq!(
+        sa[QueueType::ActiveBulkSend.index()].bytes,
+        2000 + 131_072 + 1
+    );
     let sb = b.tm.stats_all(false);
     assert_eq!(sb[QueueType::PassiveBulkSend.index()].s_events, 3);
-    assert_eq!(sb[QueueType::PassiveBulkRecv.index()].bytes, 2000 + 131_072 + 1);
+    assert_eq!(
+        sb[QueueType::PassiveBulkRecv.index()].bytes,
+        2000 + 131_072 + 1
+    );
     a.shutdown();
     b.shutdown();
 }
@@ -673,7 +750,10 @@ pub fn passive_descriptor_fresh_per_add(f: &dyn Factory) {
     assert_status(&ev, |e| *e == NetError::NoEntry, "NoEntry");
     drop(ev);
     let tev = b.next_tm_event();
-    assert!(matches!(tev.kind, TmEventKind::Error(NetError::NoEntry)), "{tev:?}");
+    assert!(
+        matches!(tev.kind, TmEventKind::Error(NetError::NoEntry)),
+        "{tev:?}"
+    );
     a.tm.add_active_send(a.buf_with(b"new", 0), &d2, 3).unwrap();
     assert!(a.next_event_on(QueueType::ActiveBulkSend).is_ok());
     let pe = b.next_event_on(QueueType::PassiveBulkRecv);
@@ -694,7 +774,9 @@ pub fn descriptor_corrupt_and_foreign(f: &dyn Factory) {
         v[i] ^= 0x40;
         bad.push(NetBufDesc::from_bytes(v));
     }
-    bad.push(NetBufDesc::from_bytes(desc.as_bytes()[..desc.len() - 3].to_vec()));
+    bad.push(NetBufDesc::from_bytes(
+        desc.as_bytes()[..desc.len() - 3].to_vec(),
+    ));
     bad.push(NetBufDesc::default());
     let mut fields: DescFields = desc.decode().unwrap();
     fields.transport_id ^= 0xdead;
@@ -720,14 +802,22 @@ pub fn descriptor_wrong_pairing(f: &dyn Factory) {
     let (_, d) = b.tm.add_passive_recv(b.buf(64), None).unwrap();
     a.tm.add_active_recv(a.buf(64), &d).unwrap();
     let ae = a.next_event_on(QueueType::ActiveBulkRecv);
-    assert_status(&ae, |e| matches!(e, NetError::WrongQueue { .. }), "WrongQueue");
+    assert_status(
+        &ae,
+        |e| matches!(e, NetError::WrongQueue { .. }),
+        "WrongQueue",
+    );
     let pe = b.next_event_on(QueueType::PassiveBulkRecv);
     assert_eq!(pe.status(), ae.status());
     drop((ae, pe));
     let (_, d) = b.tm.add_passive_send(b.buf(64), 64, None).unwrap();
     a.tm.add_active_send(a.buf(64), &d, 64).unwrap();
     let ae = a.next_event_on(QueueType::ActiveBulkSend);
-    assert_status(&ae, |e| matches!(e, NetError::WrongQueue { .. }), "WrongQueue");
+    assert_status(
+        &ae,
+        |e| matches!(e, NetError::WrongQueue { .. }),
+        "WrongQueue",
+    );
     let pe = b.next_event_on(QueueType::PassiveBulkSend);
     assert_eq!(pe.status(), ae.status());
     assert_eq!(b.tm.queued(), 0);
@@ -755,7 +845,9 @@ pub fn descriptor_size_violations(f: &dyn Factory) {
     drop((ae, pe));
     // A larger active receive buffer is fine: the transfer is the passive
     // length.
-    let (_, d) = b.tm.add_passive_send(b.buf_with(&pattern(9, 300), 0), 300, None).unwrap();
+    let (_, d) =
+        b.tm.add_passive_send(b.buf_with(&pattern(9, 300), 0), 300, None)
+            .unwrap();
     a.tm.add_active_recv(a.buf(1000), &d).unwrap();
     let ae = a.next_event_on(QueueType::ActiveBulkRecv);
     assert_eq!(ae.length(), 300);
@@ -775,14 +867,17 @@ pub fn descriptor_wrong_actor(f: &dyn Factory) {
     let (_, d) = b.tm.add_passive_send(b.buf(64), 64, Some(&only_c)).unwrap();
     a.tm.add_active_recv(a.buf(64), &d).unwrap();
     let ae = a.next_event_on(QueueType::ActiveBulkRecv);
-    assert_status(&ae, |e| matches!(e, NetError::AccessDenied { .. }), "AccessDenied");
+    assert_status(
+        &ae,
+        |e| matches!(e, NetError::AccessDenied { .. }),
+        "AccessDenied",
+    );
     let pe = b.next_event_on(QueueType::PassiveBulkSend);
     assert_eq!(pe.status(), ae.status());
     drop((ae, pe));
-    let (_, d) = b
-        .tm
-        .add_passive_send(b.buf_with(&pattern(5, 64), 0), 64, Some(&only_c))
-        .unwrap();
+    let (_, d) =
+        b.tm.add_passive_send(b.buf_with(&pattern(5, 64), 0), 64, Some(&only_c))
+            .unwrap();
     c.tm.add_active_recv(c.buf(64), &d).unwrap();
     let ce = c.next_event_on(QueueType::ActiveBulkRecv);
     assert!(ce.is_ok(), "{ce:?}");
@@ -800,7 +895,9 @@ pub fn descriptor_wrong_actor(f: &dyn Factory) {
 pub fn descriptor_forged_cookie(f: &dyn Factory) {
     let (a, b) = pair(f);
     let data = pattern(77, 128);
-    let (t, d) = b.tm.add_passive_send(b.buf_with(&data, 0), 128, None).unwrap();
+    let (t, d) =
+        b.tm.add_passive_send(b.buf_with(&data, 0), 128, None)
+            .unwrap();
     let max = b.dom.max_desc_size();
     let real = d.decode().unwrap();
     let mut forged = Vec::new();
@@ -843,15 +940,26 @@ pub fn descriptor_stale_after_cancel(f: &dyn Factory) {
     let (a, b) = pair(f);
     let (t, d) = b.tm.add_passive_send(b.buf(32), 32, None).unwrap();
     b.tm.del(t).unwrap();
-    assert!(b.next_event_on(QueueType::PassiveBulkSend).error().unwrap().is_cancelled());
+    assert!(
+        b.next_event_on(QueueType::PassiveBulkSend)
+            .error()
+            .unwrap()
+            .is_cancelled()
+    );
     a.tm.add_active_recv(a.buf(32), &d).unwrap();
-    assert_eq!(a.next_event_on(QueueType::ActiveBulkRecv).error(), Some(&NetError::NoEntry));
+    assert_eq!(
+        a.next_event_on(QueueType::ActiveBulkRecv).error(),
+        Some(&NetError::NoEntry)
+    );
     let (_, d) = b.tm.add_passive_send(b.buf(32), 32, None).unwrap();
     a.tm.add_active_recv(a.buf(32), &d).unwrap();
     assert!(a.next_event_on(QueueType::ActiveBulkRecv).is_ok());
     assert!(b.next_event_on(QueueType::PassiveBulkSend).is_ok());
     a.tm.add_active_recv(a.buf(32), &d).unwrap();
-    assert_eq!(a.next_event_on(QueueType::ActiveBulkRecv).error(), Some(&NetError::NoEntry));
+    assert_eq!(
+        a.next_event_on(QueueType::ActiveBulkRecv).error(),
+        Some(&NetError::NoEntry)
+    );
     a.shutdown();
     b.shutdown();
 }
@@ -869,7 +977,9 @@ pub fn multi_message_receive(f: &dyn Factory) {
     }
     let ep = a.ep(&b.addr);
     // Limited by the message count.
-    let t = b.tm.add_msg_recv(b.buf(1000), RecvParams::multi(100, 5)).unwrap();
+    let t =
+        b.tm.add_msg_recv(b.buf(1000), RecvParams::multi(100, 5))
+            .unwrap();
     for i in 0..5u64 {
         let data = pattern(i, 50);
         a.tm.add_msg_send(a.buf_with(&data, 0), &ep, 50).unwrap();
@@ -892,9 +1002,11 @@ pub fn multi_message_receive(f: &dyn Factory) {
         }
     }
     // Limited by the space left.
-    b.tm.add_msg_recv(b.buf(1000), RecvParams::multi(300, 100)).unwrap();
+    b.tm.add_msg_recv(b.buf(1000), RecvParams::multi(300, 100))
+        .unwrap();
     for i in 0..4usize {
-        a.tm.add_msg_send(a.buf_with(&pattern(9, 200), 0), &ep, 200).unwrap();
+        a.tm.add_msg_send(a.buf_with(&pattern(9, 200), 0), &ep, 200)
+            .unwrap();
         assert!(a.next_event_on(QueueType::MsgSend).is_ok());
         let r = b.next_event_on(QueueType::MsgRecv);
         assert_eq!(r.offset(), 200 * i);
@@ -935,11 +1047,17 @@ pub fn multi_message_events_serialized(f: &dyn Factory) {
         }
         i2.store(false, Ordering::SeqCst);
     }));
-    let rb = b.dom.register(BufVec::new(1, 64 * 1024)).unwrap().with_callbacks(cbs);
-    b.tm.add_msg_recv(rb, RecvParams::multi(64, 10_000)).unwrap();
+    let rb = b
+        .dom
+        .register(BufVec::new(1, 64 * 1024))
+        .unwrap()
+        .with_callbacks(cbs);
+    b.tm.add_msg_recv(rb, RecvParams::multi(64, 10_000))
+        .unwrap();
     let ep = a.ep(&b.addr);
     for i in 0..N {
-        a.tm.add_msg_send(a.buf_with(&pattern(i as u64, 64), 0), &ep, 64).unwrap();
+        a.tm.add_msg_send(a.buf_with(&pattern(i as u64, 64), 0), &ep, 64)
+            .unwrap();
     }
     for _ in 0..N {
         assert!(a.next_event_on(QueueType::MsgSend).is_ok());
@@ -950,7 +1068,10 @@ pub fn multi_message_events_serialized(f: &dyn Factory) {
     }
     assert_eq!(got.load(Ordering::SeqCst), N);
     b.stop(true);
-    assert!(!overlap.load(Ordering::SeqCst), "callbacks of one buffer overlapped");
+    assert!(
+        !overlap.load(Ordering::SeqCst),
+        "callbacks of one buffer overlapped"
+    );
     let log = log.lock();
     assert_eq!(log.len(), N + 1, "N messages and the cancellation");
     for w in log.windows(2) {
@@ -1006,7 +1127,9 @@ pub fn cancel_races_completion(f: &dyn Factory) {
     }
     let mut ok = 0;
     for i in 0..N {
-        let t = a.tm.add_msg_send(a.buf_with(&pattern(i as u64, 16), 0), &ep, 16).unwrap();
+        let t =
+            a.tm.add_msg_send(a.buf_with(&pattern(i as u64, 16), 0), &ep, 16)
+                .unwrap();
         let _ = a.tm.del(t).unwrap();
         let ev = a.next_event_on(QueueType::MsgSend);
         assert_eq!(ev.token(), t);
@@ -1020,7 +1143,10 @@ pub fn cancel_races_completion(f: &dyn Factory) {
     while b.events.recv_timeout(QUIET_WAIT).is_some() {
         received += 1;
     }
-    assert_eq!(received, ok, "every successful send arrived, no cancelled one did");
+    assert_eq!(
+        received, ok,
+        "every successful send arrived, no cancelled one did"
+    );
     let st = a.tm.stats(QueueType::MsgSend, false);
     assert_eq!(st.s_events + st.f_events, N as u64);
     drop(ep);
@@ -1060,7 +1186,9 @@ pub fn timeouts(f: &dyn Factory) {
     let mut tokens = Vec::new();
     for i in 0..24u64 {
         let mut buf = a.buf(64);
-        buf.set_timeout(Some(Instant::now() + Duration::from_millis(50 + (i % 4) * 30)));
+        buf.set_timeout(Some(
+            Instant::now() + Duration::from_millis(50 + (i % 4) * 30),
+        ));
         let t = match i % 3 {
             0 => a.tm.add_msg_recv(buf, RecvParams::default()).unwrap(),
             1 => a.tm.add_passive_recv(buf, None).unwrap().0,
@@ -1106,7 +1234,10 @@ pub fn timeouts_mixed_with_cancel(f: &dyn Factory) {
     let mut seen = HashMap::new();
     for _ in 0..10 {
         let ev = a.next_event();
-        assert!(seen.insert(ev.token(), ev.error().cloned()).is_none(), "one event per buffer");
+        assert!(
+            seen.insert(ev.token(), ev.error().cloned()).is_none(),
+            "one event per buffer"
+        );
     }
     for t in cancelled {
         assert_eq!(seen[&t], Some(NetError::Cancelled));
@@ -1133,15 +1264,24 @@ pub fn stats_exact_and_reset(f: &dyn Factory) {
         b.tm.add_msg_recv(b.buf(64), RecvParams::default()).unwrap();
     }
     for len in [10usize, 30, 20] {
-        a.tm.add_msg_send(a.buf_with(&pattern(len as u64, len), 0), &ep, len).unwrap();
+        a.tm.add_msg_send(a.buf_with(&pattern(len as u64, len), 0), &ep, len)
+            .unwrap();
         assert!(a.next_event_on(QueueType::MsgSend).is_ok());
         assert!(b.next_event_on(QueueType::MsgRecv).is_ok());
     }
     a.tm.add_msg_send(a.buf_with(b"xx", 0), &ep, 2).unwrap();
-    assert_eq!(a.next_event_on(QueueType::MsgSend).error(), Some(&NetError::NoBuffers));
+    assert_eq!(
+        a.next_event_on(QueueType::MsgSend).error(),
+        Some(&NetError::NoBuffers)
+    );
     let t = b.tm.add_msg_recv(b.buf(64), RecvParams::default()).unwrap();
     b.tm.del(t).unwrap();
-    assert!(b.next_event_on(QueueType::MsgRecv).error().unwrap().is_cancelled());
+    assert!(
+        b.next_event_on(QueueType::MsgRecv)
+            .error()
+            .unwrap()
+            .is_cancelled()
+    );
 
     let s = a.tm.stats(QueueType::MsgSend, false);
     assert_eq!(
@@ -1176,18 +1316,27 @@ pub fn sync_delivery(f: &dyn Factory) {
     let a = Node::start(f);
     let b = Node::init(f);
     if !b.tm.caps().sync_delivery {
-        assert!(matches!(b.tm.set_sync_delivery(), Err(NetError::Unsupported { .. })));
+        assert!(matches!(
+            b.tm.set_sync_delivery(),
+            Err(NetError::Unsupported { .. })
+        ));
         a.shutdown();
         b.shutdown();
         return;
     }
-    assert!(matches!(a.tm.set_sync_delivery(), Err(NetError::WrongState { .. })));
+    assert!(matches!(
+        a.tm.set_sync_delivery(),
+        Err(NetError::WrongState { .. })
+    ));
     assert!(matches!(a.tm.deliver_all(), Err(NetError::ApiMisuse(_))));
     b.tm.set_sync_delivery().unwrap();
     assert!(b.tm.is_sync_delivery());
     b.tm.start(&b.addr).unwrap();
     b.tm.wait_for_state(TmState::Started, EVENT_WAIT).unwrap();
-    assert!(b.tm_events.try_recv().is_none(), "STARTED waits for deliver_all");
+    assert!(
+        b.tm_events.try_recv().is_none(),
+        "STARTED waits for deliver_all"
+    );
     assert_eq!(b.tm.deliver_all().unwrap(), 1);
     let addr = match b.tm_events.try_recv().expect("STARTED").kind {
         TmEventKind::StateChange { ep: Some(ep), .. } => ep.addr().to_string(),
@@ -1200,7 +1349,11 @@ pub fn sync_delivery(f: &dyn Factory) {
         t2.lock().push(thread::current().id());
     }));
     for _ in 0..4 {
-        let rb = b.dom.register(BufVec::new(1, 64)).unwrap().with_callbacks(cbs.clone());
+        let rb = b
+            .dom
+            .register(BufVec::new(1, 64))
+            .unwrap()
+            .with_callbacks(cbs.clone());
         b.tm.add_msg_recv(rb, RecvParams::default()).unwrap();
     }
     let fired = Arc::new(AtomicUsize::new(0));
@@ -1210,7 +1363,8 @@ pub fn sync_delivery(f: &dyn Factory) {
     });
     let ep = a.ep(&addr);
     for i in 0..4u64 {
-        a.tm.add_msg_send(a.buf_with(&pattern(i, 8), 0), &ep, 8).unwrap();
+        a.tm.add_msg_send(a.buf_with(&pattern(i, 8), 0), &ep, 8)
+            .unwrap();
         assert!(a.next_event_on(QueueType::MsgSend).is_ok());
     }
     assert!(b.tm.events_pending());
@@ -1222,7 +1376,11 @@ pub fn sync_delivery(f: &dyn Factory) {
     assert!(threads.lock().iter().all(|&t| t == thread::current().id()));
     assert_eq!(b.tm.deliver_all().unwrap(), 0);
     // Stop: cancellations and STOPPED also wait for deliver_all.
-    let rb = b.dom.register(BufVec::new(1, 64)).unwrap().with_callbacks(b.cbs.clone());
+    let rb = b
+        .dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(b.cbs.clone());
     b.tm.add_msg_recv(rb, RecvParams::default()).unwrap();
     b.tm.stop(true).unwrap();
     b.tm.wait_for_state(TmState::Stopped, EVENT_WAIT).unwrap();
@@ -1255,7 +1413,8 @@ pub fn reentrant_callbacks(f: &dyn Factory) {
                 if tm.del(t).unwrap() {
                     d2.store(false, Ordering::SeqCst);
                 }
-                tm.add_msg_send(buf, &sender, len).expect("reply from callback");
+                tm.add_msg_send(buf, &sender, len)
+                    .expect("reply from callback");
             })
             .on(QueueType::MsgSend, |tm, mut ev| {
                 if let Some(buf) = ev.take_buffer() {
@@ -1264,14 +1423,20 @@ pub fn reentrant_callbacks(f: &dyn Factory) {
             }),
     );
     for _ in 0..2 {
-        let rb = b.dom.register(BufVec::new(1, 256)).unwrap().with_callbacks(echo.clone());
+        let rb = b
+            .dom
+            .register(BufVec::new(1, 256))
+            .unwrap()
+            .with_callbacks(echo.clone());
         b.tm.add_msg_recv(rb, RecvParams::default()).unwrap();
     }
     let ep = a.ep(&b.addr);
     for i in 0..20u64 {
         let data = pattern(i, 100 + i as usize);
-        a.tm.add_msg_recv(a.buf(256), RecvParams::default()).unwrap();
-        a.tm.add_msg_send(a.buf_with(&data, 0), &ep, data.len()).unwrap();
+        a.tm.add_msg_recv(a.buf(256), RecvParams::default())
+            .unwrap();
+        a.tm.add_msg_send(a.buf_with(&data, 0), &ep, data.len())
+            .unwrap();
         let evs = a.next_events(&[QueueType::MsgSend, QueueType::MsgRecv]);
         assert!(evs[0].is_ok());
         assert_eq!(evs[1].message().unwrap(), data);
@@ -1293,13 +1458,19 @@ pub fn data_view_rejects_api_calls(f: &dyn Factory) {
     }
     let verdict: Arc<Mutex<Option<Result<bool, NetError>>>> = Arc::default();
     let v2 = verdict.clone();
-    let cbs = Arc::new(BufferCallbacks::new().on(QueueType::MsgRecv, move |tm, ev| {
-        if !ev.is_final() {
-            let r = ev.with_data(|_| tm.del(ev.token())).unwrap();
-            *v2.lock() = Some(r);
-        }
-    }));
-    let rb = b.dom.register(BufVec::new(1, 1024)).unwrap().with_callbacks(cbs);
+    let cbs = Arc::new(
+        BufferCallbacks::new().on(QueueType::MsgRecv, move |tm, ev| {
+            if !ev.is_final() {
+                let r = ev.with_data(|_| tm.del(ev.token())).unwrap();
+                *v2.lock() = Some(r);
+            }
+        }),
+    );
+    let rb = b
+        .dom
+        .register(BufVec::new(1, 1024))
+        .unwrap()
+        .with_callbacks(cbs);
     b.tm.add_msg_recv(rb, RecvParams::multi(16, 10)).unwrap();
     let ep = a.ep(&b.addr);
     a.tm.add_msg_send(a.buf_with(b"view", 0), &ep, 4).unwrap();
@@ -1323,8 +1494,10 @@ pub fn echo_many_round_trips(f: &dyn Factory) {
     for i in 0..300u64 {
         let len = 1 + (i as usize * 37) % 2000;
         let data = pattern(i, len);
-        b.tm.add_msg_recv(b.buf(2048), RecvParams::default()).unwrap();
-        a.tm.add_msg_recv(a.buf(2048), RecvParams::default()).unwrap();
+        b.tm.add_msg_recv(b.buf(2048), RecvParams::default())
+            .unwrap();
+        a.tm.add_msg_recv(a.buf(2048), RecvParams::default())
+            .unwrap();
         a.tm.add_msg_send(a.buf_with(&data, 0), &ep, len).unwrap();
         let r = b.next_event_on(QueueType::MsgRecv);
         let msg = r.message().unwrap();
@@ -1357,7 +1530,12 @@ pub fn stress_exactly_once(f: &dyn Factory) {
                     corrupt: Arc<AtomicUsize>,
                     ledger: Arc<Mutex<HashMap<BufToken, u32>>>| {
         Arc::new(BufferCallbacks::new().on_all(move |tm, mut ev| {
-            if ev.is_ok() && matches!(ev.queue(), QueueType::MsgRecv | QueueType::ActiveBulkRecv | QueueType::PassiveBulkRecv) {
+            if ev.is_ok()
+                && matches!(
+                    ev.queue(),
+                    QueueType::MsgRecv | QueueType::ActiveBulkRecv | QueueType::PassiveBulkRecv
+                )
+            {
                 // Payloads carry their pattern seed in the first 8 bytes.
                 let msg = ev.message().unwrap();
                 if msg.len() >= 8 {
@@ -1391,8 +1569,15 @@ pub fn stress_exactly_once(f: &dyn Factory) {
         assert!(l.lock().insert(t, 0).is_none(), "token reused");
     };
     for _ in 0..16 {
-        let rb = b.dom.register(BufVec::new(1, 512)).unwrap().with_callbacks(cbs_b.clone());
-        record(&ledger, b.tm.add_msg_recv(rb, RecvParams::default()).unwrap());
+        let rb = b
+            .dom
+            .register(BufVec::new(1, 512))
+            .unwrap()
+            .with_callbacks(cbs_b.clone());
+        record(
+            &ledger,
+            b.tm.add_msg_recv(rb, RecvParams::default()).unwrap(),
+        );
     }
     let stop_at = Instant::now() + Duration::from_millis(700);
     let ops = AtomicUsize::new(0);
@@ -1409,32 +1594,56 @@ pub fn stress_exactly_once(f: &dyn Factory) {
                     let sd = r.next();
                     let res: Result<BufToken, AddError> = match r.below(6) {
                         0 | 1 => {
-                            let mut sb = a.dom.register(BufVec::new(1, 512)).unwrap().with_callbacks(cbs_a.clone());
+                            let mut sb = a
+                                .dom
+                                .register(BufVec::new(1, 512))
+                                .unwrap()
+                                .with_callbacks(cbs_a.clone());
                             sb.bufvec_mut().copy_in(0, &payload(sd, len)).unwrap();
                             a.tm.add_msg_send(sb, &ep, len)
                         }
                         2 => {
-                            let rb = b.dom.register(BufVec::new(1, 512)).unwrap().with_callbacks(cbs_b.clone());
+                            let rb = b
+                                .dom
+                                .register(BufVec::new(1, 512))
+                                .unwrap()
+                                .with_callbacks(cbs_b.clone());
                             b.tm.add_msg_recv(rb, RecvParams::default())
                         }
                         3 => {
-                            let mut pb = b.dom.register(BufVec::with_len(len, 100)).unwrap().with_callbacks(cbs_b.clone());
+                            let mut pb = b
+                                .dom
+                                .register(BufVec::with_len(len, 100))
+                                .unwrap()
+                                .with_callbacks(cbs_b.clone());
                             pb.bufvec_mut().copy_in(0, &payload(sd, len)).unwrap();
                             match b.tm.add_passive_send(pb, len, None) {
                                 Ok((t, d)) => {
                                     record(ledger, t);
-                                    let ab = a.dom.register(BufVec::new(3, 200)).unwrap().with_callbacks(cbs_a.clone());
+                                    let ab = a
+                                        .dom
+                                        .register(BufVec::new(3, 200))
+                                        .unwrap()
+                                        .with_callbacks(cbs_a.clone());
                                     a.tm.add_active_recv(ab, &d)
                                 }
                                 Err(e) => Err(e),
                             }
                         }
                         4 => {
-                            let pb = b.dom.register(BufVec::new(2, 300)).unwrap().with_callbacks(cbs_b.clone());
+                            let pb = b
+                                .dom
+                                .register(BufVec::new(2, 300))
+                                .unwrap()
+                                .with_callbacks(cbs_b.clone());
                             match b.tm.add_passive_recv(pb, None) {
                                 Ok((t, d)) => {
                                     record(ledger, t);
-                                    let mut ab = a.dom.register(BufVec::with_len(len, 64)).unwrap().with_callbacks(cbs_a.clone());
+                                    let mut ab = a
+                                        .dom
+                                        .register(BufVec::with_len(len, 64))
+                                        .unwrap()
+                                        .with_callbacks(cbs_a.clone());
                                     ab.bufvec_mut().copy_in(0, &payload(sd, len)).unwrap();
                                     a.tm.add_active_send(ab, &d, len)
                                 }
@@ -1477,8 +1686,17 @@ pub fn stress_exactly_once(f: &dyn Factory) {
         *ledger.get_mut(t).expect("completion of an unknown add") += 1;
     }
     let bad: Vec<_> = ledger.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(bad.is_empty(), "{} adds without exactly one completion: {:?}", bad.len(), &bad[..bad.len().min(5)]);
-    assert!(ledger.len() > 50, "the stress test did some work ({} adds)", ledger.len());
+    assert!(
+        bad.is_empty(),
+        "{} adds without exactly one completion: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+    assert!(
+        ledger.len() > 50,
+        "the stress test did some work ({} adds)",
+        ledger.len()
+    );
     drop(ledger);
     drop((cbs_a, cbs_b));
     a.shutdown();

@@ -86,7 +86,9 @@ impl Node {
 
     /// A registered buffer of the given segment sizes.
     pub fn buf_shaped(&self, segs: &[usize]) -> NetBuffer {
-        self.buf_vec(BufVec::from_segments(segs.iter().map(|&n| vec![0u8; n]).collect()))
+        self.buf_vec(BufVec::from_segments(
+            segs.iter().map(|&n| vec![0u8; n]).collect(),
+        ))
     }
 
     /// A registered buffer over `bv`.

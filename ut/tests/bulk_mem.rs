@@ -21,7 +21,10 @@ impl Factory for Mem {
         Arc::new(MemTransport::new(self.0.clone()))
     }
     fn addr(&self) -> String {
-        format!("127.0.0.1:0:{}", NEXT_SERVICE.fetch_add(1, Ordering::Relaxed))
+        format!(
+            "127.0.0.1:0:{}",
+            NEXT_SERVICE.fetch_add(1, Ordering::Relaxed)
+        )
     }
     fn unreachable_addr(&self) -> String {
         // Dynamic ports start at 32768 and no test asks for port 1.

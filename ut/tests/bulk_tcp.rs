@@ -22,7 +22,10 @@ impl Factory for Tcp {
         Arc::new(TcpTransport::new(self.0.clone()))
     }
     fn addr(&self) -> String {
-        format!("127.0.0.1:0:{}", NEXT_SERVICE.fetch_add(1, Ordering::Relaxed))
+        format!(
+            "127.0.0.1:0:{}",
+            NEXT_SERVICE.fetch_add(1, Ordering::Relaxed)
+        )
     }
     fn unreachable_addr(&self) -> String {
         // Port 1 (tcpmux) is privileged and has no listener here: the

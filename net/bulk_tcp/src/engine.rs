@@ -633,18 +633,10 @@ impl Loop {
                 complete(&tm, &q, Err(NetError::InvalidDescriptor("missing".into())));
                 return;
             };
-            let dest = match TcpAddr::parse(&f.owner) {
-                Ok(a) => a,
-                Err(_) => {
-                    complete(
-                        &tm,
-                        &q,
-                        Err(NetError::InvalidDescriptor(
-                            "owner is not a TCP address".into(),
-                        )),
-                    );
-                    return;
-                }
+            let Ok(dest) = TcpAddr::parse(&f.owner) else {
+                let e = NetError::InvalidDescriptor("owner is not a TCP address".into());
+                complete(&tm, &q, Err(e));
+                return;
             };
             match NetBufDesc::encode(f, usize::MAX) {
                 Ok(d) => (dest, Some((Arc::<[u8]>::from(d.into_bytes()), f.len))),

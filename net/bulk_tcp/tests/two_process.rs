@@ -14,7 +14,12 @@ use colibri_net::{BufToken, NetBufDesc, NetError, QueueType, RecvParams};
 use common::{Node, PeerProc, WAIT, pattern};
 
 fn desc_of(reply: &[u8]) -> NetBufDesc {
-    assert_eq!(reply.first(), Some(&b'D'), "{:?}", String::from_utf8_lossy(reply));
+    assert_eq!(
+        reply.first(),
+        Some(&b'D'),
+        "{:?}",
+        String::from_utf8_lossy(reply)
+    );
     NetBufDesc::from_bytes(reply[1..].to_vec())
 }
 

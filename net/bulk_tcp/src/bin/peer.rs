@@ -52,7 +52,8 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    b.get(at..at + 4).map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    b.get(at..at + 4)
+        .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
 }
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
@@ -105,7 +106,10 @@ impl Peer {
 
     fn send(&mut self, to: &EndPoint, msg: &[u8]) -> Res<()> {
         let b = self.buf(msg, msg.len())?;
-        let t = self.tm.add_msg_send(b, to, msg.len()).map_err(|e| e.error)?;
+        let t = self
+            .tm
+            .add_msg_send(b, to, msg.len())
+            .map_err(|e| e.error)?;
         self.record(t);
         Ok(())
     }
@@ -113,7 +117,10 @@ impl Peer {
     fn recv_buffers(&mut self, n: usize) -> Res<()> {
         for _ in 0..n {
             let b = self.buf(&[], 64 << 10)?;
-            let t = self.tm.add_msg_recv(b, RecvParams::default()).map_err(|e| e.error)?;
+            let t = self
+                .tm
+                .add_msg_recv(b, RecvParams::default())
+                .map_err(|e| e.error)?;
             self.record(t);
         }
         Ok(())
@@ -153,11 +160,18 @@ impl Peer {
         }
         let completions: u32 = ledger.values().sum();
         let exact = ledger.values().all(|&n| n == 1);
-        println!("DONE adds={} completions={completions} failed={failed}", ledger.len());
+        println!(
+            "DONE adds={} completions={completions} failed={failed}",
+            ledger.len()
+        );
         drop(events);
         let _ = tm.fini();
         let _ = dom.fini();
-        if exact { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        if exact {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -175,7 +189,11 @@ fn serve(addr: &str, max: Duration) -> Res<ExitCode> {
         let token = ev.token();
         let ok = ev.status().is_ok();
         let err = ev.error().map(|e| e.to_string());
-        let msg = if ok && matches!(queue, QueueType::MsgRecv | QueueType::ActiveBulkRecv | QueueType::PassiveBulkRecv) {
+        let msg = if ok
+            && matches!(
+                queue,
+                QueueType::MsgRecv | QueueType::ActiveBulkRecv | QueueType::PassiveBulkRecv
+            ) {
             Some(ev.message()?)
         } else {
             None
@@ -186,7 +204,9 @@ fn serve(addr: &str, max: Duration) -> Res<ExitCode> {
         match queue {
             QueueType::MsgRecv => {
                 if let Some(b) = buf {
-                    let t = p.tm.add_msg_recv(b, RecvParams::default()).map_err(|e| e.error)?;
+                    let t =
+                        p.tm.add_msg_recv(b, RecvParams::default())
+                            .map_err(|e| e.error)?;
                     p.record(t);
                 }
                 let (Some(m), Some(from)) = (msg, sender) else {
@@ -295,7 +315,9 @@ fn put_loop(server: &str, max: Duration) -> Res<ExitCode> {
             continue;
         }
         if let Some(b) = buf {
-            let t = p.tm.add_msg_recv(b, RecvParams::default()).map_err(|e| e.error)?;
+            let t =
+                p.tm.add_msg_recv(b, RecvParams::default())
+                    .map_err(|e| e.error)?;
             p.record(t);
         }
         if let Some(m) = msg.filter(|m| m.first() == Some(&b'D')) {
@@ -315,9 +337,8 @@ fn put_loop(server: &str, max: Duration) -> Res<ExitCode> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let max = |i: usize| {
-        Duration::from_secs(args.get(i).and_then(|s| s.parse().ok()).unwrap_or(60))
-    };
+    let max =
+        |i: usize| Duration::from_secs(args.get(i).and_then(|s| s.parse().ok()).unwrap_or(60));
     let r = match args.get(1).map(String::as_str) {
         Some("serve") if args.len() >= 3 => serve(&args[2], max(3)),
         Some("put-loop") if args.len() >= 3 => put_loop(&args[2], max(3)),

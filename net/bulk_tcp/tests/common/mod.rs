@@ -64,7 +64,10 @@ impl Node {
     pub fn buf(&self, data: &[u8], size: usize) -> NetBuffer {
         let mut bv = BufVec::with_len(size.max(1), 1 << 20);
         bv.copy_in(0, data).unwrap();
-        self.dom.register(bv).unwrap().with_callbacks(self.cbs.clone())
+        self.dom
+            .register(bv)
+            .unwrap()
+            .with_callbacks(self.cbs.clone())
     }
 
     pub fn recv_buffers(&self, n: usize, size: usize) {
@@ -168,7 +171,10 @@ impl PeerProc {
     pub fn serve(addr: &str) -> (Self, String) {
         let p = Self::spawn(&["serve", addr, "60"]);
         let l = p.line();
-        let a = l.strip_prefix("READY ").unwrap_or_else(|| panic!("{l}")).to_string();
+        let a = l
+            .strip_prefix("READY ")
+            .unwrap_or_else(|| panic!("{l}"))
+            .to_string();
         (p, a)
     }
 
