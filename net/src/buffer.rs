@@ -40,8 +40,13 @@ pub struct BufferCallbacks {
 
 impl fmt::Debug for BufferCallbacks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let set: Vec<QueueType> = QueueType::ALL.into_iter().filter(|q| self.has(*q)).collect();
-        f.debug_struct("BufferCallbacks").field("queues", &set).finish()
+        let set: Vec<QueueType> = QueueType::ALL
+            .into_iter()
+            .filter(|q| self.has(*q))
+            .collect();
+        f.debug_struct("BufferCallbacks")
+            .field("queues", &set)
+            .finish()
     }
 }
 
@@ -118,7 +123,11 @@ pub struct BufState {
 /// ```
 ///
 /// Dropping a buffer deregisters it.
-pub struct NetBuffer {
+pub struct NetBuffer(Box<BufInner>);
+
+/// The buffer's state, boxed so that moving a buffer (into a queue, into an
+/// event, back in an error) moves one pointer.
+pub(crate) struct BufInner {
     pub(crate) dom: Arc<DomainInner>,
     bufvec: BufVec,
     reg: Option<XprtData>,
@@ -133,17 +142,17 @@ pub struct NetBuffer {
 impl fmt::Debug for NetBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NetBuffer")
-            .field("id", &self.id)
-            .field("len", &self.bufvec.len())
-            .field("segments", &self.bufvec.nr_segments())
-            .field("tag", &self.app_tag)
+            .field("id", &self.0.id)
+            .field("len", &self.0.bufvec.len())
+            .field("segments", &self.0.bufvec.nr_segments())
+            .field("tag", &self.0.app_tag)
             .finish()
     }
 }
 
 impl NetBuffer {
     pub(crate) fn new(dom: Arc<DomainInner>, bufvec: BufVec, reg: Option<XprtData>) -> Self {
-        Self {
+        Self(Box::new(BufInner {
             dom,
             bufvec,
             reg,
@@ -153,55 +162,55 @@ impl NetBuffer {
             id: next_id(),
             app_tag: 0,
             msgs_received: 0,
-        }
+        }))
     }
 
     /// Process-unique identifier of the buffer.
     pub fn id(&self) -> u64 {
-        self.id
+        self.0.id
     }
 
     /// Identifier of the domain it is registered with.
     pub fn domain_id(&self) -> u64 {
-        self.dom.id
+        self.0.dom.id
     }
 
     /// Capacity in bytes.
     pub fn len(&self) -> usize {
-        self.bufvec.len()
+        self.0.bufvec.len()
     }
 
     /// True for a zero-capacity buffer (never registered: registration
     /// refuses empty buffers).
     pub fn is_empty(&self) -> bool {
-        self.bufvec.is_empty()
+        self.0.bufvec.is_empty()
     }
 
     /// The memory.
     pub fn bufvec(&self) -> &BufVec {
-        &self.bufvec
+        &self.0.bufvec
     }
 
     /// The memory, mutable (to fill a message before sending it).
     pub fn bufvec_mut(&mut self) -> &mut BufVec {
-        &mut self.bufvec
+        &mut self.0.bufvec
     }
 
     /// Sets the callbacks used when the buffer is added to a queue.
     pub fn set_callbacks(&mut self, callbacks: Arc<BufferCallbacks>) {
-        self.callbacks = Some(callbacks);
+        self.0.callbacks = Some(callbacks);
     }
 
     /// Sets the callbacks (builder style).
     #[must_use]
     pub fn with_callbacks(mut self, callbacks: Arc<BufferCallbacks>) -> Self {
-        self.callbacks = Some(callbacks);
+        self.0.callbacks = Some(callbacks);
         self
     }
 
     /// The callbacks, if set.
     pub fn callbacks(&self) -> Option<&Arc<BufferCallbacks>> {
-        self.callbacks.as_ref()
+        self.0.callbacks.as_ref()
     }
 
     /// Sets an absolute timeout for the next add; the buffer completes with
@@ -209,60 +218,68 @@ impl NetBuffer {
     /// with [`Caps::timeouts`](crate::Caps)). Reset to `None` every time the
     /// buffer is handed back.
     pub fn set_timeout(&mut self, deadline: Option<Instant>) {
-        self.timeout = deadline;
+        self.0.timeout = deadline;
     }
 
     /// The timeout for the next add.
     pub fn timeout(&self) -> Option<Instant> {
-        self.timeout
+        self.0.timeout
     }
 
     /// An application-defined tag (for example an index into the
     /// application's own tables); not interpreted.
     pub fn tag(&self) -> u64 {
-        self.app_tag
+        self.0.app_tag
     }
 
     /// Sets the application-defined tag.
     pub fn set_tag(&mut self, tag: u64) {
-        self.app_tag = tag;
+        self.0.app_tag = tag;
     }
 
     /// Messages received into this buffer during its last time on the
     /// message receive queue.
     pub fn msgs_received(&self) -> u32 {
-        self.msgs_received
+        self.0.msgs_received
     }
 
     /// State of a buffer in the application's hands: registered, not
     /// queued.
     pub fn state(&self) -> BufState {
         BufState {
-            registered: self.registered,
-            msgs_received: self.msgs_received,
+            registered: self.0.registered,
+            msgs_received: self.0.msgs_received,
             ..BufState::default()
         }
     }
 
+    pub(crate) fn dom(&self) -> &Arc<DomainInner> {
+        &self.0.dom
+    }
+
+    pub(crate) fn set_msgs_received(&mut self, n: u32) {
+        self.0.msgs_received = n;
+    }
+
     pub(crate) fn reg(&self) -> Option<XprtData> {
-        self.reg.clone()
+        self.0.reg.clone()
     }
 
     pub(crate) fn timeout_reset(&mut self) {
-        self.timeout = None;
+        self.0.timeout = None;
     }
 
     /// Deregisters the buffer and returns its memory.
     pub fn deregister(mut self) -> BufVec {
         self.release();
-        std::mem::take(&mut self.bufvec)
+        std::mem::take(&mut self.0.bufvec)
     }
 
     fn release(&mut self) {
-        if self.registered {
-            self.registered = false;
-            self.dom.xprt.buf_deregister(self.reg.take());
-            self.dom.bufs.fetch_sub(1, Ordering::AcqRel);
+        if self.0.registered {
+            self.0.registered = false;
+            self.0.dom.xprt.buf_deregister(self.0.reg.take());
+            self.0.dom.bufs.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }

@@ -30,6 +30,31 @@ impl fmt::Debug for BufVec {
     }
 }
 
+/// The pieces covering `[offset, offset + len)` of a vector whose segment
+/// offsets are `starts` (one more entry than segments: the total length at
+/// the end). The range must be in bounds.
+fn pieces(starts: &[usize], offset: usize, len: usize) -> impl Iterator<Item = Piece> + '_ {
+    let nsegs = starts.len() - 1;
+    // Index of the segment holding `offset`: the last start <= offset.
+    let first = starts[..nsegs]
+        .partition_point(|&s| s <= offset)
+        .saturating_sub(1);
+    let end = offset + len;
+    (first..nsegs)
+        .take_while(move |&seg| starts[seg] < end)
+        .map(move |seg| {
+            let seg_start = starts[seg];
+            let lo = offset.max(seg_start) - seg_start;
+            let hi = end.min(starts[seg + 1]) - seg_start;
+            Piece {
+                seg,
+                start: lo,
+                end: hi,
+            }
+        })
+        .filter(|p| p.end > p.start)
+}
+
 impl Default for BufVec {
     /// An empty vector.
     fn default() -> Self {
@@ -49,7 +74,11 @@ struct Piece {
 impl BufVec {
     /// A zeroed vector of `nr_segs` segments of `seg_size` bytes each.
     pub fn new(nr_segs: usize, seg_size: usize) -> Self {
-        Self::from_boxed((0..nr_segs).map(|_| vec![0u8; seg_size].into_boxed_slice()).collect())
+        Self::from_boxed(
+            (0..nr_segs)
+                .map(|_| vec![0u8; seg_size].into_boxed_slice())
+                .collect(),
+        )
     }
 
     /// A zeroed vector of `total` bytes cut into segments of `seg_size`
@@ -137,20 +166,7 @@ impl BufVec {
 
     /// The pieces covering `[offset, offset + len)`, which must be in range.
     fn pieces(&self, offset: usize, len: usize) -> impl Iterator<Item = Piece> + '_ {
-        // Index of the segment holding `offset`: the last start <= offset.
-        let first = self.starts[..self.segs.len()]
-            .partition_point(|&s| s <= offset)
-            .saturating_sub(1);
-        let end = offset + len;
-        (first..self.segs.len())
-            .take_while(move |&seg| self.starts[seg] < end)
-            .map(move |seg| {
-                let seg_start = self.starts[seg];
-                let lo = offset.max(seg_start) - seg_start;
-                let hi = end.min(self.starts[seg + 1]) - seg_start;
-                Piece { seg, start: lo, end: hi }
-            })
-            .filter(|p| p.end > p.start)
+        pieces(&self.starts, offset, len)
     }
 
     /// Copies `src` into the vector at `offset`.
@@ -159,9 +175,8 @@ impl BufVec {
     /// `InvalidArgument` when the range does not fit.
     pub fn copy_in(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         self.check_range(offset, src.len())?;
-        let pieces: Vec<Piece> = self.pieces(offset, src.len()).collect();
         let mut at = 0;
-        for p in pieces {
+        for p in pieces(&self.starts, offset, src.len()) {
             let n = p.end - p.start;
             self.segs[p.seg][p.start..p.end].copy_from_slice(&src[at..at + n]);
             at += n;
@@ -209,10 +224,9 @@ impl BufVec {
     ) -> Result<()> {
         self.check_range(offset, len)?;
         src.check_range(src_offset, len)?;
-        let dst_pieces: Vec<Piece> = self.pieces(offset, len).collect();
         let mut src_pieces = src.pieces(src_offset, len);
         let mut cur: Option<Piece> = src_pieces.next();
-        for d in dst_pieces {
+        for d in pieces(&self.starts, offset, len) {
             let mut d_at = d.start;
             while d_at < d.end {
                 let Some(s) = cur.as_mut() else {
@@ -251,11 +265,10 @@ impl BufVec {
     /// `InvalidArgument` when the range does not fit.
     pub fn slices_mut(&mut self, offset: usize, len: usize) -> Result<Vec<&mut [u8]>> {
         self.check_range(offset, len)?;
-        let pieces: Vec<Piece> = self.pieces(offset, len).collect();
-        let mut out = Vec::with_capacity(pieces.len());
+        let mut out = Vec::new();
         let mut rest: &mut [Box<[u8]>] = &mut self.segs;
         let mut base = 0usize;
-        for p in pieces {
+        for p in pieces(&self.starts, offset, len) {
             let (head, tail) = rest.split_at_mut(p.seg - base + 1);
             let seg = &mut head[p.seg - base];
             out.push(&mut seg[p.start..p.end]);
@@ -312,7 +325,10 @@ mod tests {
         assert_eq!(b.len(), 12);
         assert_eq!(b.nr_segments(), 3);
         let b = BufVec::with_len(10, 4);
-        assert_eq!(b.segments().map(<[u8]>::len).collect::<Vec<_>>(), vec![4, 4, 2]);
+        assert_eq!(
+            b.segments().map(<[u8]>::len).collect::<Vec<_>>(),
+            vec![4, 4, 2]
+        );
         let b = BufVec::with_len(3, 0);
         assert_eq!(b.nr_segments(), 1);
         assert!(BufVec::new(0, 4).is_empty());

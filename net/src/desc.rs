@@ -27,7 +27,7 @@
 //! ```
 //!
 //! The passive side re-checks every field against the real buffer when a
-//! request arrives ([`crate::TmSink::claim_passive`]), so a descriptor that
+//! request arrives ([`crate::xprt::TmSink::claim_passive`]), so a descriptor that
 //! was edited, replayed after its buffer completed, or presented by another
 //! end point fails cleanly.
 
@@ -104,7 +104,11 @@ impl NetBufDesc {
         b.extend_from_slice(&DESC_MAGIC.to_le_bytes());
         b.push(DESC_VERSION);
         b.push(fields.queue.code());
-        b.push(if fields.actor.is_some() { FLAG_ACTOR } else { 0 });
+        b.push(if fields.actor.is_some() {
+            FLAG_ACTOR
+        } else {
+            0
+        });
         b.push(0);
         b.extend_from_slice(&fields.transport_id.to_le_bytes());
         b.extend_from_slice(&fields.len.to_le_bytes());
@@ -240,7 +244,10 @@ impl<'de> Deserialize<'de> for NetBufDesc {
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("descriptor bytes")
             }
-            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> std::result::Result<Self::Value, E> {
+            fn visit_bytes<E: serde::de::Error>(
+                self,
+                v: &[u8],
+            ) -> std::result::Result<Self::Value, E> {
                 Ok(NetBufDesc::from_bytes(v.to_vec()))
             }
             fn visit_byte_buf<E: serde::de::Error>(
@@ -344,7 +351,11 @@ mod tests {
     fn truncations_are_rejected() {
         let d = NetBufDesc::encode(&sample(), 512).unwrap();
         for n in 0..d.len() {
-            assert!(NetBufDesc::from_bytes(d.as_bytes()[..n].to_vec()).decode().is_err());
+            assert!(
+                NetBufDesc::from_bytes(d.as_bytes()[..n].to_vec())
+                    .decode()
+                    .is_err()
+            );
         }
     }
 

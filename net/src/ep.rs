@@ -3,6 +3,7 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::tm::TmId;
 use crate::xprt::XprtData;
@@ -11,6 +12,8 @@ pub(crate) struct EpInner {
     pub(crate) addr: String,
     pub(crate) tm: TmId,
     pub(crate) data: XprtData,
+    /// Held by the transfer machine's cache of recent senders.
+    pub(crate) cached: AtomicBool,
 }
 
 /// An addressable peer, as seen by one transfer machine.
@@ -21,7 +24,11 @@ pub(crate) struct EpInner {
 /// the same end point. The handle is reference counted: `clone` takes a
 /// reference (Motr's `end_point_get`) and `drop` releases it
 /// (`end_point_put`); the transport's resources for it are released when
-/// the last reference goes. An end point belongs to the transfer machine
+/// the last reference goes. The transfer machine keeps the end points of
+/// its most recent message senders (up to 64) alive in a cache of its own,
+/// so that a busy peer's end point is not re-created for every message;
+/// that cache is not counted by [`EndPoint::ref_count`] and is emptied by
+/// finalisation. An end point belongs to the transfer machine
 /// that made it; its printable [`addr`](EndPoint::addr) recreates it in
 /// another one.
 #[derive(Clone)]
@@ -39,9 +46,10 @@ impl EndPoint {
     }
 
     /// Number of references currently held (application handles, queued
-    /// sends, pending events).
+    /// sends, pending events). The transfer machine's own cache of recent
+    /// message senders is not counted.
     pub fn ref_count(&self) -> usize {
-        Arc::strong_count(&self.0)
+        Arc::strong_count(&self.0) - usize::from(self.0.cached.load(Ordering::Acquire))
     }
 
     /// The transport's parsed form of the address (for transports).

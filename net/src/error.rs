@@ -158,17 +158,17 @@ impl NetError {
         // Values are Linux's; they are only used for display and for wire
         // statuses, never passed to the OS.
         -match self {
-            Self::Cancelled => 125,           // ECANCELED
-            Self::TimedOut => 110,            // ETIMEDOUT
-            Self::TimeoutInPast => 62,        // ETIME
-            Self::NoBuffers => 105,           // ENOBUFS
+            Self::Cancelled => 125,             // ECANCELED
+            Self::TimedOut => 110,              // ETIMEDOUT
+            Self::TimeoutInPast => 62,          // ETIME
+            Self::NoBuffers => 105,             // ENOBUFS
             Self::MessageTooLarge { .. } => 90, // EMSGSIZE
-            Self::TooBig(_) => 27,            // EFBIG
-            Self::Unreachable(_) => 101,      // ENETUNREACH
-            Self::ConnectionReset(_) => 104,  // ECONNRESET
-            Self::WrongQueue { .. } => 1,     // EPERM
-            Self::AccessDenied { .. } => 13,  // EACCES
-            Self::NoEntry => 2,               // ENOENT
+            Self::TooBig(_) => 27,              // EFBIG
+            Self::Unreachable(_) => 101,        // ENETUNREACH
+            Self::ConnectionReset(_) => 104,    // ECONNRESET
+            Self::WrongQueue { .. } => 1,       // EPERM
+            Self::AccessDenied { .. } => 13,    // EACCES
+            Self::NoEntry => 2,                 // ENOENT
             Self::InvalidDescriptor(_)
             | Self::InvalidAddress { .. }
             | Self::InvalidArgument(_)
@@ -177,11 +177,11 @@ impl NetError {
             | Self::ForeignEndPoint(_)
             | Self::NoCallback(_)
             | Self::ApiMisuse(_) => 22, // EINVAL
-            Self::AddrInUse(_) => 98,   // EADDRINUSE
-            Self::Busy(_) => 16,        // EBUSY
-            Self::Unsupported { .. } => 38, // ENOSYS
-            Self::Protocol(_) => 71,    // EPROTO
-            Self::Io { .. } => 5,       // EIO
+            Self::AddrInUse(_) => 98,           // EADDRINUSE
+            Self::Busy(_) => 16,                // EBUSY
+            Self::Unsupported { .. } => 38,     // ENOSYS
+            Self::Protocol(_) => 71,            // EPROTO
+            Self::Io { .. } => 5,               // EIO
         }
     }
 

@@ -99,8 +99,8 @@ pub use error::{AddError, FiniError, NetError, RegisterError, Result};
 pub use queue::QueueType;
 pub use stats::QueueStats;
 pub use tm::{
-    AddOp, Added, BufToken, RecvParams, TmCallback, TmEvent, TmEventKind, TmHandle, TmId,
-    TmState, TransferMachine,
+    AddOp, Added, BufToken, RecvParams, TmCallback, TmEvent, TmEventKind, TmHandle, TmId, TmState,
+    TransferMachine,
 };
 pub use wait::{EventReceiver, TmEventReceiver, event_channel, ignore_tm_events, tm_event_channel};
 pub use xprt::{Caps, Limits, Transport};

@@ -40,7 +40,10 @@ impl<T> Slab<T> {
             Some(i) => i as usize,
             None => {
                 // Generation starts at 1 so that key 0 is never valid.
-                self.entries.push(Entry { generation: 1, val: None });
+                self.entries.push(Entry {
+                    generation: 1,
+                    val: None,
+                });
                 self.entries.len() - 1
             }
         };
@@ -63,7 +66,10 @@ impl<T> Slab<T> {
     /// Removes and returns the value under `key`, if the key is current.
     pub(crate) fn remove(&mut self, key: u64) -> Option<T> {
         let (idx, generation) = split(key);
-        let e = self.entries.get_mut(idx).filter(|e| e.generation == generation)?;
+        let e = self
+            .entries
+            .get_mut(idx)
+            .filter(|e| e.generation == generation)?;
         let v = e.val.take()?;
         e.generation = e.generation.wrapping_add(1).max(1);
         self.free.push(idx as u32);

@@ -74,7 +74,10 @@ mod tests {
         s.record_event(true, 10, None);
         s.record_event(true, 30, Some(Duration::from_millis(2)));
         s.record_event(false, 99, Some(Duration::from_millis(5)));
-        assert_eq!((s.s_events, s.f_events, s.bytes, s.max_bytes), (2, 1, 40, 30));
+        assert_eq!(
+            (s.s_events, s.f_events, s.bytes, s.max_bytes),
+            (2, 1, 40, 30)
+        );
         assert_eq!(s.time_in_queue, Duration::from_millis(7));
         assert_eq!(s.max_time_in_queue, Duration::from_millis(5));
         let mut t = QueueStats::default();

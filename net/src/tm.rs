@@ -5,11 +5,11 @@
 //! event posting (with per-buffer serialization and synchronous delivery),
 //! and the lifecycle.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::ops::Deref;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -225,6 +225,9 @@ pub enum TmEventKind {
 /// The transfer machine event callback.
 pub type TmCallback = dyn Fn(&TmHandle, &TmEvent) + Send + Sync;
 
+/// Senders' end points a transfer machine keeps alive.
+const EP_CACHE: usize = 64;
+
 pub(crate) const F_IN_USE: u8 = 1;
 pub(crate) const F_CANCEL: u8 = 2;
 pub(crate) const F_TIMED_OUT: u8 = 4;
@@ -236,9 +239,11 @@ pub(crate) struct Slot {
     pub(crate) queue: QueueType,
     pub(crate) length: usize,
     pub(crate) size: usize,
-    pub(crate) ep: Option<EndPoint>,
+    /// Destination of a send; released when the buffer completes, even if
+    /// the transport keeps its `QueuedBuf`.
+    pub(crate) ep: Mutex<Option<EndPoint>>,
     pub(crate) actor: Option<String>,
-    pub(crate) desc: Option<DescFields>,
+    pub(crate) desc: Option<Box<DescFields>>,
     pub(crate) cookie: u64,
     pub(crate) recv: RecvParams,
     pub(crate) deadline: Option<Instant>,
@@ -264,10 +269,10 @@ struct RecvState {
     delivered: u32,
     next_seq: u64,
     next_drain: u64,
-    inflight: HashMap<u64, Claim>,
+    inflight: Few<(u64, Claim)>,
     /// Finished reservations waiting for earlier ones; `None` for a
     /// released one.
-    ready: BTreeMap<u64, Option<Ready>>,
+    ready: Few<(u64, Option<Ready>)>,
     /// The final reservation was made (or the buffer is being failed):
     /// no more claims.
     closed: bool,
@@ -315,6 +320,69 @@ struct EvData {
     msgs: u32,
 }
 
+/// A small ordered collection holding its first element inline: the
+/// events one post produces (almost always one), the reservations of a
+/// receive buffer in flight (usually one). Only a second element allocates.
+struct Few<T> {
+    first: Option<T>,
+    rest: Vec<T>,
+}
+
+impl<T> Default for Few<T> {
+    fn default() -> Self {
+        Self {
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+}
+
+impl<T> Few<T> {
+    fn push(&mut self, v: T) {
+        if self.first.is_none() {
+            self.first = Some(v);
+        } else {
+            self.rest.push(v);
+        }
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.first.iter().chain(self.rest.iter())
+    }
+
+    /// Removes and returns the first element matching `pred`, keeping the
+    /// order of the others.
+    fn take(&mut self, pred: impl Fn(&T) -> bool) -> Option<T> {
+        if self.first.as_ref().is_some_and(&pred) {
+            let v = self.first.take();
+            if !self.rest.is_empty() {
+                self.first = Some(self.rest.remove(0));
+            }
+            return v;
+        }
+        let i = self.rest.iter().position(pred)?;
+        Some(self.rest.remove(i))
+    }
+}
+
+impl<T> IntoIterator for Few<T> {
+    type Item = T;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.first.into_iter().chain(self.rest)
+    }
+}
+
+type Out = Few<EvData>;
+
 enum Pending {
     Buf(Arc<Slot>, EvData),
     Tm(TmEvent),
@@ -340,9 +408,11 @@ struct TmCore {
     stats: [QueueStats; QueueType::COUNT],
     eps: HashMap<String, Weak<EpInner>>,
     eps_sweep_at: usize,
+    /// Recent senders' end points, kept alive so that a busy peer's end
+    /// point is not re-created for every message (oldest evicted first).
+    ep_cache: VecDeque<EndPoint>,
     own_ep: Option<EndPoint>,
     own_addr: Option<String>,
-    running: usize,
     sync: bool,
     pending: VecDeque<Pending>,
     notify: Option<Box<dyn FnOnce() + Send>>,
@@ -362,6 +432,9 @@ pub(crate) struct TmInner {
     callback: Arc<TmCallback>,
     deliver_lock: Mutex<()>,
     earliest: AtomicU64,
+    /// Events posted and not yet fully delivered (their callback has not
+    /// returned). Atomic so that finishing a callback takes no lock.
+    running: AtomicUsize,
     me: Weak<TmInner>,
 }
 
@@ -399,10 +472,7 @@ impl TmInner {
     }
 
     fn update_earliest(&self, core: &TmCore) {
-        let n = core
-            .timers
-            .first()
-            .map_or(0, |(d, _)| instant_to_nanos(*d));
+        let n = core.timers.first().map_or(0, |(d, _)| instant_to_nanos(*d));
         self.earliest.store(n, Ordering::Release);
     }
 
@@ -415,15 +485,16 @@ impl TmInner {
             return Ok(EndPoint(ep));
         }
         let parsed = self.xprt.ep_parse(addr)?;
-        if parsed.addr != addr {
-            if let Some(ep) = core.eps.get(&parsed.addr).and_then(Weak::upgrade) {
-                return Ok(EndPoint(ep));
-            }
+        if parsed.addr != addr
+            && let Some(ep) = core.eps.get(&parsed.addr).and_then(Weak::upgrade)
+        {
+            return Ok(EndPoint(ep));
         }
         let ep = Arc::new(EpInner {
             addr: parsed.addr,
             tm: self.id,
             data: parsed.data,
+            cached: AtomicBool::new(false),
         });
         core.eps.insert(ep.addr.clone(), Arc::downgrade(&ep));
         if core.eps.len() >= core.eps_sweep_at {
@@ -431,6 +502,28 @@ impl TmInner {
             core.eps_sweep_at = (core.eps.len() * 2).max(64);
         }
         Ok(EndPoint(ep))
+    }
+
+    /// The end point of a message's sender: like `find_or_create_ep`, and
+    /// remembered in the sender cache.
+    fn sender_ep(&self, core: &mut TmCore, addr: &str) -> Result<EndPoint> {
+        // Traffic usually comes in runs from one peer: try the newest
+        // cached sender before hashing the address.
+        if let Some(last) = core.ep_cache.back()
+            && last.addr() == addr
+        {
+            return Ok(last.clone());
+        }
+        let ep = self.find_or_create_ep(core, addr)?;
+        if !ep.0.cached.swap(true, Ordering::AcqRel) {
+            if core.ep_cache.len() >= EP_CACHE
+                && let Some(old) = core.ep_cache.pop_front()
+            {
+                old.0.cached.store(false, Ordering::Release);
+            }
+            core.ep_cache.push_back(ep.clone());
+        }
+        Ok(ep)
     }
 
     /// Delivers a transfer machine event: queued in synchronous mode, else
@@ -451,8 +544,11 @@ impl TmInner {
             }
             return;
         }
-        core.running += 1;
+        self.running.fetch_add(1, Ordering::AcqRel);
         drop(core);
+        // Waiters on the state or the event sequence see it before the
+        // callback runs.
+        self.cond.notify_all();
         self.call_tm_cb(&ev);
         // The event holds end point references: release them before the
         // callback counts as finished, so that fini sees them gone.
@@ -471,18 +567,22 @@ impl TmInner {
     }
 
     fn finish_callback(self: &Arc<Self>) {
+        if self.running.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        // The last running callback finished: deliver what waited for that
+        // (a deferred STOPPED) and wake fini and wait_stopped.
         let mut core = self.core.lock();
-        core.running -= 1;
-        while core.running == 0 {
+        while self.running.load(Ordering::Acquire) == 0 {
             let Some(ev) = core.deferred.pop_front() else {
                 break;
             };
-            core.running += 1;
+            self.running.fetch_add(1, Ordering::AcqRel);
             drop(core);
             self.call_tm_cb(&ev);
             drop(ev);
+            self.running.fetch_sub(1, Ordering::AcqRel);
             core = self.core.lock();
-            core.running -= 1;
         }
         drop(core);
         self.cond.notify_all();
@@ -570,7 +670,7 @@ impl TmInner {
             status: Ok(()),
             ep: None,
         };
-        if !core.sync && core.running > 0 {
+        if !core.sync && self.running.load(Ordering::Acquire) > 0 {
             // Callbacks of buffer events are still running on other
             // threads: STOPPED is delivered after the last of them.
             core.event_seq += 1;
@@ -642,11 +742,13 @@ impl TmInner {
 
     fn remove_slot(&self, core: &mut TmCore, slot: &Slot) {
         core.slots.remove(slot.token);
+        // The reference a send holds on its end point ends with the send.
+        drop(slot.ep.lock().take());
         core.qlen[slot.queue.index()] -= 1;
-        if slot.queue == QueueType::MsgRecv {
-            if let Some(pos) = core.recv_list.iter().position(|&k| k == slot.token) {
-                core.recv_list.remove(pos);
-            }
+        if slot.queue == QueueType::MsgRecv
+            && let Some(pos) = core.recv_list.iter().position(|&k| k == slot.token)
+        {
+            core.recv_list.remove(pos);
         }
         if let Some(d) = slot.deadline {
             core.timers.remove(&(d, slot.token));
@@ -662,7 +764,7 @@ impl TmInner {
             return Delivery::default();
         }
         let now = Instant::now();
-        let mut out: Vec<EvData> = Vec::with_capacity(1);
+        let mut out = Out::default();
         let (fin, redel);
         match post {
             Post::Complete(res) => {
@@ -688,23 +790,25 @@ impl TmInner {
                 return Delivery::default();
             }
             Post::Msg { seq, len, sender } => {
-                let Some(c) = slot.rs.lock().inflight.remove(&seq) else {
+                let Some((_, c)) = slot.rs.lock().inflight.take(|(k, _)| *k == seq) else {
                     warn!(tm = %self.id, seq, "message for an unknown reservation ignored");
                     return Delivery::default();
                 };
-                let (status, len, sender) = match self.find_or_create_ep(&mut core, sender) {
+                let (status, len, sender) = match self.sender_ep(&mut core, sender) {
                     Ok(ep) => (Ok(()), len.min(c.len), Some(ep)),
                     Err(e) => {
                         warn!(tm = %self.id, sender, %e, "message from an unparseable sender address");
                         (
-                            Err(NetError::Protocol(format!("sender address {sender:?}: {e}"))),
+                            Err(NetError::Protocol(format!(
+                                "sender address {sender:?}: {e}"
+                            ))),
                             0,
                             None,
                         )
                     }
                 };
                 let mut rs = slot.rs.lock();
-                rs.ready.insert(
+                rs.ready.push((
                     seq,
                     Some(Ready {
                         status,
@@ -713,12 +817,12 @@ impl TmInner {
                         sender,
                         fin: c.fin,
                     }),
-                );
+                ));
                 (fin, redel) = self.drain_recv(&core, slot, &mut rs, now, &mut out);
             }
             Post::Hole { seq } => {
                 let mut rs = slot.rs.lock();
-                let Some(c) = rs.inflight.remove(&seq) else {
+                let Some((_, c)) = rs.inflight.take(|(k, _)| *k == seq) else {
                     warn!(tm = %self.id, seq, "release of an unknown reservation ignored");
                     return Delivery::default();
                 };
@@ -730,7 +834,7 @@ impl TmInner {
                         rs.reserved = c.offset;
                     }
                 }
-                rs.ready.insert(seq, None);
+                rs.ready.push((seq, None));
                 (fin, redel) = self.drain_recv(&core, slot, &mut rs, now, &mut out);
             }
         }
@@ -753,7 +857,7 @@ impl TmInner {
         if out.is_empty() {
             return Delivery::default();
         }
-        for ev in &out {
+        for ev in out.iter() {
             core.stats[slot.queue.index()].record_event(
                 ev.status.is_ok(),
                 ev.length,
@@ -774,7 +878,7 @@ impl TmInner {
             }
             return Delivery::default();
         }
-        core.running += out.len();
+        self.running.fetch_add(out.len(), Ordering::AcqRel);
         let start = {
             // Queued under the transfer machine's lock, so events of one
             // buffer are delivered in the order they were posted.
@@ -783,6 +887,8 @@ impl TmInner {
             !std::mem::replace(&mut se.busy, true)
         };
         drop(core);
+        // For wait_event_after (cheap when nobody waits).
+        self.cond.notify_all();
         if start {
             Delivery {
                 job: Some((Arc::clone(self), Arc::clone(slot))),
@@ -801,10 +907,13 @@ impl TmInner {
         slot: &Slot,
         rs: &mut RecvState,
         now: Instant,
-        out: &mut Vec<EvData>,
+        out: &mut Out,
     ) -> (bool, bool) {
         let leaving = slot.flag(F_CANCEL) || core.state == TmState::Stopping;
-        while let Some(entry) = rs.ready.remove(&rs.next_drain) {
+        while let Some((_, entry)) = {
+            let next = rs.next_drain;
+            rs.ready.take(|(k, _)| *k == next)
+        } {
             rs.next_drain += 1;
             let Some(r) = entry else {
                 continue;
@@ -854,7 +963,7 @@ impl TmInner {
             let mut nb = slot.buf.lock().take();
             if let Some(b) = nb.as_mut() {
                 b.timeout_reset();
-                b.msgs_received = ev.msgs;
+                b.set_msgs_received(ev.msgs);
             }
             (nb, None)
         } else {
@@ -914,7 +1023,7 @@ impl TmInner {
                 let fin = rs.claimed >= slot.recv.max_receive_msgs
                     || slot.size - rs.reserved < slot.recv.min_receive_size;
                 rs.closed = fin;
-                rs.inflight.insert(seq, Claim { offset, len, fin });
+                rs.inflight.push((seq, Claim { offset, len, fin }));
                 slot.set(F_IN_USE);
                 return Ok(RecvClaim {
                     buf: QueuedBuf(Arc::clone(slot)),
@@ -1049,14 +1158,14 @@ impl TmInner {
                 break;
             }
             core.timers.pop_first();
-            if let Some(slot) = core.slots.get(key).cloned() {
-                if !slot.flag(F_CANCEL) {
-                    slot.set(F_TIMED_OUT | F_CANCEL);
-                    trace!(tm = %self.id, token = key, "buffer timed out");
-                    self.xprt
-                        .buf_del(&self.sink(), &QueuedBuf(slot), DelReason::Timeout);
-                    n += 1;
-                }
+            if let Some(slot) = core.slots.get(key).cloned()
+                && !slot.flag(F_CANCEL)
+            {
+                slot.set(F_TIMED_OUT | F_CANCEL);
+                trace!(tm = %self.id, token = key, "buffer timed out");
+                self.xprt
+                    .buf_del(&self.sink(), &QueuedBuf(slot), DelReason::Timeout);
+                n += 1;
             }
         }
         self.update_earliest(&core);
@@ -1088,6 +1197,9 @@ impl TmInner {
                 core.pending.len()
             )));
         }
+        for ep in std::mem::take(&mut core.ep_cache) {
+            ep.0.cached.store(false, Ordering::Release);
+        }
         if !force {
             let own = core.own_addr.clone();
             let busy: Vec<String> = core
@@ -1106,7 +1218,7 @@ impl TmInner {
                 )));
             }
         }
-        while core.running > 0 || !core.deferred.is_empty() {
+        while self.running.load(Ordering::Acquire) > 0 || !core.deferred.is_empty() {
             self.cond.wait(&mut core);
         }
         core.state = TmState::Undefined;
@@ -1313,7 +1425,7 @@ impl TmHandle {
             };
         }
         check!(self.inner.check_api());
-        if !Arc::ptr_eq(&buf.dom, &self.inner.dom) {
+        if !Arc::ptr_eq(buf.dom(), &self.inner.dom) {
             return Err((NetError::WrongDomain, buf));
         }
         let queue = op.queue();
@@ -1329,8 +1441,7 @@ impl TmHandle {
         let mut recv = RecvParams::default();
         match op {
             AddOp::MsgRecv(p) => {
-                if p.max_receive_msgs == 0 || p.min_receive_size == 0 || p.min_receive_size > size
-                {
+                if p.max_receive_msgs == 0 || p.min_receive_size == 0 || p.min_receive_size > size {
                     return Err((
                         NetError::InvalidArgument(format!(
                             "receive parameters {p:?} for a buffer of {size} bytes"
@@ -1371,7 +1482,7 @@ impl TmHandle {
                     length = len;
                 }
                 match self.decode_desc(d) {
-                    Ok(f) => desc = Some(f),
+                    Ok(f) => desc = Some(Box::new(f)),
                     Err(e) => return Err((e, buf)),
                 }
             }
@@ -1416,7 +1527,7 @@ impl TmHandle {
                 queue,
                 length,
                 size,
-                ep,
+                ep: Mutex::new(ep),
                 actor: actor.clone(),
                 desc,
                 cookie,
@@ -1439,18 +1550,16 @@ impl TmHandle {
         let sink = self.inner.sink();
         let undo = |core: &mut TmCore, e: NetError| {
             core.slots.remove(key);
-            let buffer = slot
-                .buf
-                .lock()
-                .take()
-                .expect("the buffer was placed in its slot above and nobody takes it before completion");
+            let buffer = slot.buf.lock().take().expect(
+                "the buffer was placed in its slot above and nobody takes it before completion",
+            );
             (e, buffer)
         };
         let out_desc = if queue.is_passive() {
             let owner = core.own_addr.clone().unwrap_or_default();
             let extra = match self.inner.xprt.desc_extra(&q) {
                 Ok(x) => x,
-                Err(e) => return Err(undo(&mut *core, e)),
+                Err(e) => return Err(undo(&mut core, e)),
             };
             let fields = DescFields {
                 transport_id: caps.transport_id,
@@ -1468,13 +1577,13 @@ impl TmHandle {
             };
             match NetBufDesc::encode(&fields, self.inner.dom.limits.max_desc_size) {
                 Ok(d) => Some(d),
-                Err(e) => return Err(undo(&mut *core, e)),
+                Err(e) => return Err(undo(&mut core, e)),
             }
         } else {
             None
         };
         if let Err(e) = self.inner.xprt.buf_add(&sink, &q) {
-            return Err(undo(&mut *core, e));
+            return Err(undo(&mut core, e));
         }
         core.qlen[queue.index()] += 1;
         core.stats[queue.index()].adds += 1;
@@ -1545,11 +1654,7 @@ impl TmHandle {
     ///
     /// # Errors
     /// As [`TmHandle::add`].
-    pub fn add_active_recv(
-        &self,
-        buf: NetBuffer,
-        desc: &NetBufDesc,
-    ) -> Result<BufToken, AddError> {
+    pub fn add_active_recv(&self, buf: NetBuffer, desc: &NetBufDesc) -> Result<BufToken, AddError> {
         self.add(buf, AddOp::ActiveRecv { desc }).map(|a| a.token)
     }
 
@@ -1734,7 +1839,7 @@ impl TmHandle {
                 let mut core = self.inner.core.lock();
                 match core.pending.pop_front() {
                     Some(p) => {
-                        core.running += 1;
+                        self.inner.running.fetch_add(1, Ordering::AcqRel);
                         p
                     }
                     None => break,
@@ -1830,7 +1935,15 @@ impl TmHandle {
     /// stopped while waiting for STARTED.
     pub fn wait_for_state(&self, state: TmState, timeout: Duration) -> Result<()> {
         let terminal = |s: TmState| matches!(s, TmState::Failed | TmState::Undefined);
-        let got = self.wait_state(|s| s == state || terminal(s) || (state == TmState::Started && matches!(s, TmState::Stopping | TmState::Stopped)), timeout)?;
+        let got = self.wait_state(
+            |s| {
+                s == state
+                    || terminal(s)
+                    || (state == TmState::Started
+                        && matches!(s, TmState::Stopping | TmState::Stopped))
+            },
+            timeout,
+        )?;
         if got == state {
             Ok(())
         } else {
@@ -1851,16 +1964,20 @@ impl TmHandle {
         let mut core = self.inner.core.lock();
         loop {
             let settled = matches!(core.state, TmState::Stopped | TmState::Failed)
-                && core.running == 0
+                && self.inner.running.load(Ordering::Acquire) == 0
                 && core.deferred.is_empty();
             if settled {
                 return Ok(());
             }
             if self.inner.cond.wait_until(&mut core, deadline).timed_out() {
                 let settled = matches!(core.state, TmState::Stopped | TmState::Failed)
-                    && core.running == 0
+                    && self.inner.running.load(Ordering::Acquire) == 0
                     && core.deferred.is_empty();
-                return if settled { Ok(()) } else { Err(NetError::TimedOut) };
+                return if settled {
+                    Ok(())
+                } else {
+                    Err(NetError::TimedOut)
+                };
             }
         }
     }
@@ -1913,9 +2030,9 @@ impl TransferMachine {
                 stats: [QueueStats::default(); QueueType::COUNT],
                 eps: HashMap::new(),
                 eps_sweep_at: 64,
+                ep_cache: VecDeque::new(),
                 own_ep: None,
                 own_addr: None,
-                running: 0,
                 sync: false,
                 pending: VecDeque::new(),
                 notify: None,
@@ -1929,6 +2046,7 @@ impl TransferMachine {
             callback,
             deliver_lock: Mutex::new(()),
             earliest: AtomicU64::new(0),
+            running: AtomicUsize::new(0),
             me: me.clone(),
         });
         dom.inner.tms.fetch_add(1, Ordering::AcqRel);
@@ -1975,16 +2093,16 @@ impl TransferMachine {
             TmState::Initialized => h.queued() > 0,
             _ => false,
         };
-        if needs_stop {
-            if let Err(e) = h.stop(true) {
-                warn!(tm = %inner.id, %e, "stop on drop failed");
-            }
+        if needs_stop && let Err(e) = h.stop(true) {
+            warn!(tm = %inner.id, %e, "stop on drop failed");
         }
-        if matches!(h.state(), TmState::Stopping | TmState::Stopped | TmState::Failed) {
-            if let Err(e) = h.wait_stopped(Duration::from_secs(30)) {
-                error!(tm = %inner.id, %e, "transfer machine did not stop on drop; leaking it");
-                return;
-            }
+        if matches!(
+            h.state(),
+            TmState::Stopping | TmState::Stopped | TmState::Failed
+        ) && let Err(e) = h.wait_stopped(Duration::from_secs(30))
+        {
+            error!(tm = %inner.id, %e, "transfer machine did not stop on drop; leaking it");
+            return;
         }
         if let Err(e) = inner.fini(true) {
             error!(tm = %inner.id, %e, "transfer machine could not be finalised on drop");

@@ -43,7 +43,10 @@ fn epoch() -> Instant {
 /// Nanoseconds from the process epoch to `t`, plus one, so that 0 can mean
 /// "none" in atomics.
 pub(crate) fn instant_to_nanos(t: Instant) -> u64 {
-    t.saturating_duration_since(epoch()).as_nanos().min(u128::from(u64::MAX - 1)) as u64 + 1
+    t.saturating_duration_since(epoch())
+        .as_nanos()
+        .min(u128::from(u64::MAX - 1)) as u64
+        + 1
 }
 
 /// Inverse of [`instant_to_nanos`]; `None` for 0.

@@ -13,7 +13,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use crossbeam_channel::{Receiver, Sender, bounded};
 
 use crate::buffer::{BufferCallbacks, BufferEvent};
 use crate::tm::{TmCallback, TmEvent};
@@ -34,10 +34,7 @@ impl fmt::Debug for EventReceiver {
 impl EventReceiver {
     /// The next event, waiting up to `timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Option<BufferEvent> {
-        match self.rx.recv_timeout(timeout) {
-            Ok(ev) => Some(ev),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
-        }
+        self.rx.recv_timeout(timeout).ok()
     }
 
     /// The next event, if one is waiting.

@@ -347,14 +347,14 @@ impl QueuedBuf {
         self.0.size
     }
 
-    /// The destination of a message send.
-    pub fn end_point(&self) -> Option<&EndPoint> {
-        self.0.ep.as_ref()
+    /// The destination of a message send (until the buffer completed).
+    pub fn end_point(&self) -> Option<EndPoint> {
+        self.0.ep.lock().clone()
     }
 
     /// The decoded descriptor of an active bulk buffer.
     pub fn desc(&self) -> Option<&DescFields> {
-        self.0.desc.as_ref()
+        self.0.desc.as_deref()
     }
 
     /// Receive parameters of a message receive buffer.
@@ -390,8 +390,10 @@ impl QueuedBuf {
     /// lock, never the other way round. When two are held (a copy between
     /// buffers), lock the source (sending) buffer first.
     pub fn data(&self) -> Option<MappedMutexGuard<'_, BufVec>> {
-        parking_lot::MutexGuard::try_map(self.0.buf.lock(), |b| b.as_mut().map(|nb| nb.bufvec_mut()))
-            .ok()
+        parking_lot::MutexGuard::try_map(self.0.buf.lock(), |b| {
+            b.as_mut().map(|nb| nb.bufvec_mut())
+        })
+        .ok()
     }
 }
 

@@ -1548,12 +1548,11 @@ pub fn stress_exactly_once(f: &dyn Factory) {
             if ev.is_final() {
                 completions.lock().push((ev.token(), ev.is_ok()));
                 // Keep receiving while the machine runs.
-                if ev.queue() == QueueType::MsgRecv {
-                    if let Some(buf) = ev.take_buffer() {
-                        if let Ok(t) = tm.add_msg_recv(buf, RecvParams::default()) {
-                            assert!(ledger.lock().insert(t, 0).is_none(), "token reused");
-                        }
-                    }
+                if ev.queue() == QueueType::MsgRecv
+                    && let Some(buf) = ev.take_buffer()
+                    && let Ok(t) = tm.add_msg_recv(buf, RecvParams::default())
+                {
+                    assert!(ledger.lock().insert(t, 0).is_none(), "token reused");
                 }
             }
         }))
@@ -1675,8 +1674,8 @@ pub fn stress_exactly_once(f: &dyn Factory) {
         }
         // Stop both machines while the threads still run.
         thread::sleep(Duration::from_millis(300 + Rng::new(seed).below(300)));
-        a.tm.stop(seed % 2 == 0).unwrap();
-        b.tm.stop(seed % 3 == 0).unwrap();
+        a.tm.stop(seed.is_multiple_of(2)).unwrap();
+        b.tm.stop(seed.is_multiple_of(3)).unwrap();
     });
     a.tm.wait_stopped(EVENT_WAIT).unwrap();
     b.tm.wait_stopped(EVENT_WAIT).unwrap();

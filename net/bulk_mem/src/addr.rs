@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
 
 use colibri_net::NetError;
@@ -71,6 +72,10 @@ impl fmt::Display for MemAddr {
     }
 }
 
+/// Bumped whenever the registry changes, so that cached lookups know when
+/// to look again.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
 /// Started transfer machines by address.
 static REGISTRY: LazyLock<Mutex<HashMap<MemAddr, Weak<Shared>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
@@ -97,6 +102,7 @@ pub(crate) fn register(addr: MemAddr, tm: &Arc<Shared>) -> Result<MemAddr, NetEr
         addr
     };
     reg.insert(addr, Arc::downgrade(tm));
+    GENERATION.fetch_add(1, Ordering::AcqRel);
     Ok(addr)
 }
 
@@ -108,12 +114,48 @@ pub(crate) fn unregister(addr: MemAddr, tm: &Arc<Shared>) {
         .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(tm)))
     {
         reg.remove(&addr);
+        GENERATION.fetch_add(1, Ordering::AcqRel);
     }
 }
 
 /// The transfer machine started at `addr`, if any.
 pub(crate) fn lookup(addr: &MemAddr) -> Option<Arc<Shared>> {
     REGISTRY.lock().get(addr).and_then(Weak::upgrade)
+}
+
+/// The transport's data of an end point: its address, and the transfer
+/// machine last found there (valid while the registry has not changed).
+#[derive(Debug)]
+pub(crate) struct MemEp {
+    pub(crate) addr: MemAddr,
+    cache: Mutex<(u64, Weak<Shared>)>,
+}
+
+impl MemEp {
+    pub(crate) fn new(addr: MemAddr) -> Self {
+        Self {
+            addr,
+            cache: Mutex::new((0, Weak::new())),
+        }
+    }
+
+    /// The transfer machine started at this address, if any; the global
+    /// registry is only consulted after it changed.
+    pub(crate) fn lookup(&self) -> Option<Arc<Shared>> {
+        let generation = GENERATION.load(Ordering::Acquire);
+        let mut c = self.cache.lock();
+        if c.0 == generation
+            && let Some(tm) = c.1.upgrade()
+        {
+            return Some(tm);
+        }
+        let found = lookup(&self.addr);
+        *c = (
+            generation,
+            found.as_ref().map_or_else(Weak::new, Arc::downgrade),
+        );
+        found
+    }
 }
 
 #[cfg(test)]

@@ -88,10 +88,12 @@ impl Default for MemConfig {
 }
 
 impl MemConfig {
-    /// Workers that never sleep (lowest latency; each burns a CPU).
+    /// Workers that poll for a millisecond before they sleep: a busy
+    /// transfer machine never sleeps (lowest latency; each worker burns a
+    /// CPU while traffic flows), an idle one gets out of the way.
     pub fn polling() -> Self {
         Self {
-            spin: Duration::MAX,
+            spin: Duration::from_millis(1),
             ..Self::default()
         }
     }
@@ -162,3 +164,9 @@ impl XprtDomain for MemDomain {
         Ok(Box::new(tm::MemTm::new(tm, self.cfg.clone())))
     }
 }
+
+/// The README's example, compiled and run as a doctest so that it cannot
+/// rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

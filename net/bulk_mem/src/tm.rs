@@ -7,15 +7,14 @@ use std::thread::{self, JoinHandle};
 use std::time::Instant;
 
 use colibri_net::xprt::{
-    ClaimError, DelReason, Delivery, EpAddr, PassiveClaim, PassiveError, QueuedBuf, TmSink,
-    XprtTm,
+    ClaimError, DelReason, Delivery, EpAddr, PassiveClaim, PassiveError, QueuedBuf, TmSink, XprtTm,
 };
 use colibri_net::{NetError, QueueType, Result, TmId};
 use parking_lot::Mutex;
 use tracing::{debug, trace, warn};
 
 use crate::MemConfig;
-use crate::addr::{self, MemAddr};
+use crate::addr::{self, MemAddr, MemEp};
 use crate::workq::WorkQueue;
 
 /// Work items of a transfer machine's worker threads.
@@ -85,7 +84,9 @@ impl Shared {
         let cpus = self.cpus.lock().clone();
         for i in 0..self.cfg.workers.max(1) {
             let sh = Arc::clone(self);
-            let cpu = cpus.as_ref().and_then(|c| (!c.is_empty()).then(|| c[i % c.len()]));
+            let cpu = cpus
+                .as_ref()
+                .and_then(|c| (!c.is_empty()).then(|| c[i % c.len()]));
             let h = thread::Builder::new()
                 .name(format!("colibri-mem-{}-{i}", self.id.0))
                 .spawn(move || sh.worker(cpu))
@@ -96,10 +97,10 @@ impl Shared {
     }
 
     fn worker(self: Arc<Self>, cpu: Option<usize>) {
-        if let Some(cpu) = cpu {
-            if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
-                warn!(tm = %self.id, cpu, "could not pin worker thread");
-            }
+        if let Some(cpu) = cpu
+            && !core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
+        {
+            warn!(tm = %self.id, cpu, "could not pin worker thread");
         }
         loop {
             let deadline = self.sink().and_then(TmSink::next_deadline);
@@ -111,10 +112,10 @@ impl Shared {
             } else if self.queue.is_closed() && self.queue.is_empty() {
                 return;
             }
-            if let Some(sink) = self.sink() {
-                if sink.next_deadline().is_some_and(|d| d <= Instant::now()) {
-                    sink.expire_timeouts(Instant::now());
-                }
+            if let Some(sink) = self.sink()
+                && sink.next_deadline().is_some_and(|d| d <= Instant::now())
+            {
+                sink.expire_timeouts(Instant::now());
             }
             self.check_stop();
         }
@@ -175,11 +176,14 @@ impl Shared {
         }
         let len = q.length();
         let Some(ep) = q.end_point() else {
-            sink.complete(q, Err(NetError::InvalidArgument("send without end point".into())));
+            sink.complete(
+                q,
+                Err(NetError::InvalidArgument("send without end point".into())),
+            );
             return;
         };
         let unreachable = || NetError::Unreachable(ep.addr().to_string());
-        let Some(dest) = ep.downcast::<MemAddr>().and_then(addr::lookup) else {
+        let Some(dest) = ep.downcast::<MemEp>().and_then(MemEp::lookup) else {
             sink.complete(q, Err(unreachable()));
             return;
         };
@@ -202,7 +206,9 @@ impl Shared {
             Err(ClaimError::NoBuffers) => sink.complete(q, Err(NetError::NoBuffers)),
             Err(ClaimError::TooLarge { victim, space }) => {
                 let e = NetError::MessageTooLarge { len, space };
-                dest.push(Work::Deliver(dsink.complete_deferred(&victim, Err(e.clone()))));
+                dest.push(Work::Deliver(
+                    dsink.complete_deferred(&victim, Err(e.clone())),
+                ));
                 sink.complete(q, Err(e));
             }
             Err(_) => sink.complete(q, Err(unreachable())),
@@ -221,7 +227,10 @@ impl Shared {
             return;
         };
         let unreachable = || NetError::Unreachable(fields.owner.clone());
-        let Some(dest) = MemAddr::parse(&fields.owner).ok().and_then(|a| addr::lookup(&a)) else {
+        let Some(dest) = MemAddr::parse(&fields.owner)
+            .ok()
+            .and_then(|a| addr::lookup(&a))
+        else {
             sink.complete(q, Err(unreachable()));
             return;
         };
@@ -248,7 +257,9 @@ impl Shared {
             }
             Err(PassiveError { error, victim }) => {
                 if let Some(v) = victim {
-                    dest.push(Work::Deliver(dsink.complete_deferred(&v, Err(error.clone()))));
+                    dest.push(Work::Deliver(
+                        dsink.complete_deferred(&v, Err(error.clone())),
+                    ));
                 }
                 sink.complete(q, Err(error));
             }
@@ -258,7 +269,13 @@ impl Shared {
 
 /// Copies `len` bytes from `src` at `src_off` into `dst` at `dst_off`,
 /// locking the source first.
-fn copy(src: &QueuedBuf, src_off: usize, dst: &QueuedBuf, dst_off: usize, len: usize) -> Result<()> {
+fn copy(
+    src: &QueuedBuf,
+    src_off: usize,
+    dst: &QueuedBuf,
+    dst_off: usize,
+    len: usize,
+) -> Result<()> {
     let gone = || NetError::Cancelled;
     let s = src.data().ok_or_else(gone)?;
     let mut d = dst.data().ok_or_else(gone)?;
@@ -337,7 +354,7 @@ impl XprtTm for MemTm {
         let a = MemAddr::parse(addr)?;
         Ok(EpAddr {
             addr: a.to_string(),
-            data: Arc::new(a),
+            data: Arc::new(MemEp::new(a)),
         })
     }
 

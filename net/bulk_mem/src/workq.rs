@@ -4,12 +4,19 @@
 //! this project is measured on, while a hand-off to a spinning thread costs
 //! a fraction of a microsecond. Consumers therefore poll the queue for
 //! `spin` before sleeping on a condition variable; `spin` zero is a purely
-//! blocking queue, `Duration::MAX` a purely polling one.
+//! blocking queue.
+//!
+//! Items travel through a lock-free queue; the mutex and condition variable
+//! are only touched to park and to wake a parked consumer. Lost wake-ups
+//! are ruled out by a Dekker-style handshake: a producer pushes and then
+//! reads the sleeper count, a consumer raises the sleeper count and then
+//! looks at the queue again, each with a full fence in between, so at least
+//! one of them sees the other.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
 use std::time::{Duration, Instant};
 
+use crossbeam_queue::SegQueue;
 use parking_lot::{Condvar, Mutex};
 
 /// The queue. Its length is bounded by the buffers of the transfer
@@ -17,9 +24,9 @@ use parking_lot::{Condvar, Mutex};
 /// items), so it is not bounded here.
 #[derive(Debug)]
 pub(crate) struct WorkQueue<T> {
-    q: Mutex<VecDeque<T>>,
+    q: SegQueue<T>,
+    lock: Mutex<()>,
     cv: Condvar,
-    len: AtomicUsize,
     sleepers: AtomicUsize,
     closed: AtomicBool,
 }
@@ -27,33 +34,30 @@ pub(crate) struct WorkQueue<T> {
 impl<T> WorkQueue<T> {
     pub(crate) fn new() -> Self {
         Self {
-            q: Mutex::new(VecDeque::new()),
+            q: SegQueue::new(),
+            lock: Mutex::new(()),
             cv: Condvar::new(),
-            len: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
         }
     }
 
     pub(crate) fn push(&self, item: T) {
-        {
-            let mut q = self.q.lock();
-            q.push_back(item);
-            self.len.store(q.len(), Ordering::SeqCst);
-        }
+        self.q.push(item);
+        fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = self.lock.lock();
             self.cv.notify_one();
         }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.len.load(Ordering::SeqCst) == 0
+        self.q.is_empty()
     }
 
-    /// Wakes every consumer, for example to make them notice a state
-    /// change.
+    /// Wakes every consumer, for example to make them recompute a deadline.
     pub(crate) fn wake_all(&self) {
-        let _q = self.q.lock();
+        let _g = self.lock.lock();
         self.cv.notify_all();
     }
 
@@ -68,21 +72,11 @@ impl<T> WorkQueue<T> {
         self.closed.load(Ordering::SeqCst)
     }
 
-    fn try_pop(&self) -> Option<T> {
-        if self.len.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        let mut q = self.q.lock();
-        let item = q.pop_front();
-        self.len.store(q.len(), Ordering::SeqCst);
-        item
-    }
-
     /// Takes the next item, spinning up to `spin` and then sleeping. `None`
     /// when `deadline` (if any) passed, the queue was closed, or a
     /// [`WorkQueue::wake_all`] asked consumers to look around.
     pub(crate) fn pop(&self, spin: Duration, deadline: Option<Instant>) -> Option<T> {
-        if let Some(item) = self.try_pop() {
+        if let Some(item) = self.q.pop() {
             return Some(item);
         }
         if !spin.is_zero() {
@@ -90,11 +84,11 @@ impl<T> WorkQueue<T> {
             let mut n: u32 = 0;
             loop {
                 std::hint::spin_loop();
-                if let Some(item) = self.try_pop() {
+                if let Some(item) = self.q.pop() {
                     return Some(item);
                 }
                 n = n.wrapping_add(1);
-                if n % 64 == 0 {
+                if n.is_multiple_of(64) {
                     if self.is_closed() {
                         return None;
                     }
@@ -105,27 +99,25 @@ impl<T> WorkQueue<T> {
                 }
             }
         }
+        let mut g = self.lock.lock();
         self.sleepers.fetch_add(1, Ordering::SeqCst);
-        let mut q = self.q.lock();
-        let item = loop {
-            if let Some(item) = q.pop_front() {
-                break Some(item);
-            }
-            if self.is_closed() {
-                break None;
-            }
-            // Woken without an item (wake_all, or spuriously): return, so
-            // that the caller recomputes its deadline.
-            match deadline {
-                Some(d) => {
-                    self.cv.wait_until(&mut q, d);
+        fence(Ordering::SeqCst);
+        let item = match self.q.pop() {
+            Some(item) => Some(item),
+            None if self.is_closed() => None,
+            None => {
+                // Woken by a push, wake_all, close, the deadline or
+                // spuriously: in every case return, so that the caller
+                // recomputes its deadline.
+                match deadline {
+                    Some(d) => {
+                        self.cv.wait_until(&mut g, d);
+                    }
+                    None => self.cv.wait(&mut g),
                 }
-                None => self.cv.wait(&mut q),
+                self.q.pop()
             }
-            break q.pop_front();
         };
-        self.len.store(q.len(), Ordering::SeqCst);
-        drop(q);
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         item
     }
@@ -145,7 +137,10 @@ mod tests {
         assert_eq!(q.pop(Duration::from_micros(5), None), Some(2));
         let t = Instant::now();
         assert_eq!(
-            q.pop(Duration::from_micros(50), Some(t + Duration::from_millis(20))),
+            q.pop(
+                Duration::from_micros(50),
+                Some(t + Duration::from_millis(20))
+            ),
             None
         );
         assert!(t.elapsed() >= Duration::from_millis(20));
@@ -172,5 +167,39 @@ mod tests {
         std::thread::sleep(Duration::from_millis(10));
         q.close();
         assert_eq!(t.join().unwrap(), None);
+    }
+
+    #[test]
+    fn no_lost_wakeups_under_load() {
+        // Producers and blocking consumers hammer the handshake; every item
+        // must be consumed without any consumer sleeping forever.
+        let q = Arc::new(WorkQueue::new());
+        let n = 20_000u64;
+        let consumers: Vec<_> = (0..2)
+            .map(|_| {
+                let q = q.clone();
+                std::thread::spawn(move || {
+                    let mut got = 0u64;
+                    loop {
+                        match q.pop(
+                            Duration::ZERO,
+                            Some(Instant::now() + Duration::from_secs(5)),
+                        ) {
+                            Some(u64::MAX) => return got,
+                            Some(_) => got += 1,
+                            None if q.is_closed() => return got,
+                            None => {}
+                        }
+                    }
+                })
+            })
+            .collect();
+        for i in 0..n {
+            q.push(i);
+        }
+        q.push(u64::MAX);
+        q.push(u64::MAX);
+        let total: u64 = consumers.into_iter().map(|c| c.join().unwrap()).sum();
+        assert_eq!(total, n);
     }
 }

@@ -1,1 +1,3 @@
+//! Criterion benchmarks of the TCP transport (written next).
+
 fn main() {}

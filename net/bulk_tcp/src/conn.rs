@@ -492,10 +492,9 @@ impl Conn {
             body: Body::Recv { claim, tm },
             ..
         } = std::mem::replace(&mut self.rstate, RState::Header)
+            && let Some(s) = tm.sink()
         {
-            if let Some(s) = tm.sink() {
-                s.release_recv(claim);
-            }
+            s.release_recv(claim);
         }
     }
 
@@ -555,10 +554,10 @@ impl Conn {
             let Some(f) = self.wq.front_mut() else {
                 return;
             };
-            if let Tag::Req(x) = f.tag {
-                if let Some(op) = self.ops.get_mut(&x) {
-                    op.started = true;
-                }
+            if let Tag::Req(x) = f.tag
+                && let Some(op) = self.ops.get_mut(&x)
+            {
+                op.started = true;
             }
             let rem = f.len - f.done;
             if n < rem {
@@ -727,10 +726,10 @@ impl Conn {
                         let src = &self.rbuf[self.rpos..self.rpos + n];
                         if let Body::Detail(v) = &mut body {
                             v.extend_from_slice(src);
-                        } else if let Some((q, off)) = self.body_target(&h, &body, got) {
-                            if let Some(mut bv) = q.data() {
-                                bv.copy_in(off, src)?;
-                            }
+                        } else if let Some((q, off)) = self.body_target(&h, &body, got)
+                            && let Some(mut bv) = q.data()
+                        {
+                            bv.copy_in(off, src)?;
                         }
                         self.rpos += n;
                     }
@@ -1079,18 +1078,18 @@ impl Conn {
     pub(crate) fn abort_incoming(&mut self, q: &QueuedBuf, wire: &NetError) -> bool {
         let t = q.token();
         let mut found = false;
-        if let RState::Body { body, h, .. } = &mut self.rstate {
-            if matches!(body, Body::Recv { claim, .. } if claim.buf.token() == t) {
-                if let Body::Recv { claim, tm } =
-                    std::mem::replace(body, Body::Discard(Some(wire.clone())))
-                {
-                    trace!(conn = self.token, xid = h.xid, "message read aborted");
-                    if let Some(s) = tm.sink() {
-                        s.release_recv(claim);
-                    }
+        if let RState::Body { body, h, .. } = &mut self.rstate
+            && matches!(body, Body::Recv { claim, .. } if claim.buf.token() == t)
+        {
+            if let Body::Recv { claim, tm } =
+                std::mem::replace(body, Body::Discard(Some(wire.clone())))
+            {
+                trace!(conn = self.token, xid = h.xid, "message read aborted");
+                if let Some(s) = tm.sink() {
+                    s.release_recv(claim);
                 }
-                found = true;
             }
+            found = true;
         }
         let xids: Vec<u64> = self
             .pas

@@ -126,15 +126,15 @@ static LISTENERS: LazyLock<Mutex<HashMap<SocketAddrV4, Arc<Listener>>>> =
 /// the address actually claimed.
 pub(crate) fn claim_addr(want: TcpAddr, tm: &Arc<TmShared>) -> Result<(Arc<Listener>, TcpAddr)> {
     let mut reg = LISTENERS.lock();
-    if want.port != 0 {
-        if let Some(l) = reg.get(&want.sock()) {
-            let mut sv = l.services.lock();
-            if sv.get(&want.service).is_some_and(|w| w.strong_count() > 0) {
-                return Err(NetError::AddrInUse(want.to_string()));
-            }
-            sv.insert(want.service, Arc::downgrade(tm));
-            return Ok((Arc::clone(l), want));
+    if want.port != 0
+        && let Some(l) = reg.get(&want.sock())
+    {
+        let mut sv = l.services.lock();
+        if sv.get(&want.service).is_some_and(|w| w.strong_count() > 0) {
+            return Err(NetError::AddrInUse(want.to_string()));
         }
+        sv.insert(want.service, Arc::downgrade(tm));
+        return Ok((Arc::clone(l), want));
     }
     let std_l = std::net::TcpListener::bind(want.sock()).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
@@ -248,10 +248,10 @@ impl Engine {
     pub(crate) fn push(&self, c: Cmd) {
         self.cmds.lock().push_back(c);
         self.has_cmds.store(true, Ordering::SeqCst);
-        if self.sleeping.load(Ordering::SeqCst) {
-            if let Err(e) = self.waker.wake() {
-                warn!(%e, "could not wake the I/O thread");
-            }
+        if self.sleeping.load(Ordering::SeqCst)
+            && let Err(e) = self.waker.wake()
+        {
+            warn!(%e, "could not wake the I/O thread");
         }
     }
 
@@ -272,10 +272,10 @@ impl Engine {
         if self.on_thread() {
             return;
         }
-        if let Some(h) = self.thread.lock().take() {
-            if h.join().is_err() {
-                warn!("I/O thread panicked");
-            }
+        if let Some(h) = self.thread.lock().take()
+            && h.join().is_err()
+        {
+            warn!("I/O thread panicked");
         }
     }
 
@@ -516,10 +516,10 @@ impl Loop {
 
     /// The outgoing connection to `peer`, opened on first use.
     fn conn_to(&mut self, peer: SocketAddrV4) -> Result<usize> {
-        if let Some(&t) = self.out.get(&peer) {
-            if self.conns.contains_key(&t) {
-                return Ok(t);
-            }
+        if let Some(&t) = self.out.get(&peer)
+            && self.conns.contains_key(&t)
+        {
+            return Ok(t);
         }
         let stream = TcpStream::connect(peer.into())?;
         self.tune(&stream);
@@ -648,8 +648,7 @@ impl Loop {
         } else {
             let Some(dest) = q
                 .end_point()
-                .and_then(|ep| ep.downcast::<TcpAddr>())
-                .copied()
+                .and_then(|ep| ep.downcast::<TcpAddr>().copied())
             else {
                 complete(
                     &tm,
@@ -724,13 +723,13 @@ impl Loop {
     fn timers(&mut self, now: Instant) {
         let mut next = now + Duration::from_secs(1);
         for tm in self.tms.values() {
-            if let Some(s) = tm.sink() {
-                if let Some(d) = s.next_deadline() {
-                    if d <= now {
-                        s.expire_timeouts(now);
-                    } else {
-                        next = next.min(d);
-                    }
+            if let Some(s) = tm.sink()
+                && let Some(d) = s.next_deadline()
+            {
+                if d <= now {
+                    s.expire_timeouts(now);
+                } else {
+                    next = next.min(d);
                 }
             }
             if tm.is_stopping() {

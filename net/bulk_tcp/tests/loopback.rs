@@ -68,7 +68,7 @@ fn two_hundred_client_tms_against_one_server() {
     let (cbs, events) = event_channel(8 * CLIENTS);
     let doms: Vec<Domain> = (0..DOMS).map(|_| Domain::new(&xprt).unwrap()).collect();
     let mut clients = Vec::new();
-    let mut ports = vec![0u16; DOMS];
+    let mut ports = [0u16; DOMS];
     for i in 0..CLIENTS {
         let d = i % DOMS;
         let tm = doms[d].tm_init(ignore_tm_events()).unwrap();
@@ -127,7 +127,7 @@ fn two_hundred_client_tms_against_one_server() {
         got[i] += 1;
     }
     assert!(got.iter().all(|&n| n == 7));
-    let mut seen = vec![false; CLIENTS];
+    let mut seen = [false; CLIENTS];
     for _ in 0..CLIENTS {
         let ev = passive_events
             .recv_timeout(WAIT)

@@ -192,20 +192,20 @@ fn kill_mid_bulk_once() -> bool {
             q => panic!("unexpected event on {q:?}"),
         }
         drop(ev);
-        if killed_at_rx.is_none() {
-            if let Some(p) = &peer {
-                // Keep two descriptors offered at all times.
-                while in_flight < 2 {
-                    let (t, d) = s.tm.add_passive_recv(s.buf(&[], LEN), None).unwrap();
-                    ledger.insert(t, 0);
-                    in_flight += 1;
-                    s.tm.add_msg_send(
-                        s.buf(&[b"D".as_slice(), d.as_bytes()].concat(), d.len() + 1),
-                        p,
-                        d.len() + 1,
-                    )
-                    .unwrap();
-                }
+        if killed_at_rx.is_none()
+            && let Some(p) = &peer
+        {
+            // Keep two descriptors offered at all times.
+            while in_flight < 2 {
+                let (t, d) = s.tm.add_passive_recv(s.buf(&[], LEN), None).unwrap();
+                ledger.insert(t, 0);
+                in_flight += 1;
+                s.tm.add_msg_send(
+                    s.buf(&[b"D".as_slice(), d.as_bytes()].concat(), d.len() + 1),
+                    p,
+                    d.len() + 1,
+                )
+                .unwrap();
             }
         }
     }

@@ -1,0 +1,296 @@
+//! `colibri`: the command-line program of the Colibri messaging layer.
+//!
+//! `colibri bench` measures a transport (the in-memory one by default)
+//! against baselines measured in the same run: message round trips against a
+//! crossbeam channel ping-pong, a one-way message stream against a crossbeam
+//! channel stream, and bulk bandwidth against `memcpy`. Every figure is the
+//! median of interleaved runs with its minimum and maximum, and says whether
+//! the transport's threads poll or block and where they are pinned.
+
+#![forbid(unsafe_code)]
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use colibri_bench::report::{Plan, Row, run_plan, table};
+use colibri_bench::{PairConfig, parse_size};
+use colibri_bulk_mem::{MemConfig, MemTransport};
+use serde::Serialize;
+
+/// The Colibri messaging layer's command-line program.
+#[derive(Debug, Parser)]
+#[command(name = "colibri", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Benchmark a transport against baselines measured in the same run.
+    ///
+    /// Runs message round trips (against a crossbeam channel ping-pong
+    /// between two threads), a one-way 64-byte message stream (against a
+    /// crossbeam channel stream) and bulk reads and writes (against
+    /// single-thread memcpy). Each figure is the median of interleaved runs,
+    /// with [min-max]. The client and server transfer machines are pinned to
+    /// CPUs 1 and 0 unless --no-pin is given.
+    ///
+    /// Examples:
+    ///   colibri bench                       # everything, polling and blocking
+    ///   colibri bench --mode polling --tests rtt --sizes 64
+    ///   colibri bench --smoke --json        # a few seconds, machine-readable
+    #[command(verbatim_doc_comment)]
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Xprt {
+    /// The in-memory transport (transfer machines of one process).
+    Mem,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// Transport threads poll for up to 1 ms before sleeping, so a busy
+    /// transfer machine never sleeps (lowest latency).
+    Polling,
+    /// Transport threads sleep as soon as they are idle.
+    Blocking,
+    /// Both, one after the other.
+    Both,
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// Transport to measure.
+    #[arg(long, value_enum, default_value = "mem")]
+    xprt: Xprt,
+    /// Whether transport threads poll or block.
+    #[arg(long, value_enum, default_value = "both")]
+    mode: Mode,
+    /// Workloads, comma separated: rtt, oneway, bulk, all.
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    tests: Vec<String>,
+    /// Round-trip message sizes (e.g. 64,4K).
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    sizes: Option<Vec<usize>>,
+    /// Bulk transfer sizes (e.g. 64K,1M,16M).
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    bulk_sizes: Option<Vec<usize>>,
+    /// Bytes moved per bulk run (e.g. 512M).
+    #[arg(long, value_parser = parse_size)]
+    bulk_bytes: Option<usize>,
+    /// Round trips per run.
+    #[arg(long)]
+    iters: Option<u64>,
+    /// Messages per one-way run.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Interleaved runs per figure.
+    #[arg(long)]
+    runs: Option<usize>,
+    /// CPUs for the client and server threads (two numbers).
+    #[arg(long, value_delimiter = ',', num_args = 2, default_values_t = [1, 0])]
+    cpus: Vec<usize>,
+    /// Do not pin threads to CPUs.
+    #[arg(long)]
+    no_pin: bool,
+    /// Worker threads per transfer machine.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// A short run (seconds), for checking that everything works.
+    #[arg(long)]
+    smoke: bool,
+    /// Print machine-readable JSON on stdout instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// No progress lines on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Machine {
+    cpus: usize,
+    cpu_model: String,
+    kernel: String,
+}
+
+impl Machine {
+    fn probe() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .map_or_else(|| "unknown".into(), |s| s.trim().to_string());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_or_else(|_| "unknown".into(), |s| s.trim().to_string());
+        Self {
+            cpus: std::thread::available_parallelism().map_or(1, usize::from),
+            cpu_model,
+            kernel,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Section {
+    mode: &'static str,
+    workers: usize,
+    pinned: Option<(usize, usize)>,
+    rows: Vec<Row>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    transport: &'static str,
+    machine: Machine,
+    build: &'static str,
+    sections: Vec<Section>,
+}
+
+fn bench(a: &BenchArgs) -> Result<(), String> {
+    let modes: &[bool] = match a.mode {
+        Mode::Polling => &[true],
+        Mode::Blocking => &[false],
+        Mode::Both => &[true, false],
+    };
+    let ncpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let pinned = if a.no_pin {
+        None
+    } else if a.cpus.iter().any(|&c| c >= ncpus) {
+        if !a.quiet {
+            eprintln!(
+                "note: CPUs {:?} do not all exist ({ncpus} available); threads are not pinned",
+                a.cpus
+            );
+        }
+        None
+    } else {
+        Some((a.cpus[0], a.cpus[1]))
+    };
+    let progress_on = !a.quiet && std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let mut report = Report {
+        transport: "mem",
+        machine: Machine::probe(),
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        sections: Vec::new(),
+    };
+    if report.build == "debug" && !a.quiet {
+        eprintln!(
+            "note: a debug build; run `cargo run --release -p colibri-cli -- bench` for real figures"
+        );
+    }
+    for &polling in modes {
+        let mut plan = if a.smoke {
+            Plan::smoke(polling)
+        } else {
+            Plan::standard(polling)
+        };
+        plan.cpus = pinned;
+        plan.tests.clone_from(&a.tests);
+        if let Some(s) = &a.sizes {
+            plan.rtt_sizes.clone_from(s);
+        }
+        if let Some(s) = &a.bulk_sizes {
+            plan.bulk_sizes.clone_from(s);
+        }
+        if let Some(b) = a.bulk_bytes {
+            plan.bulk_bytes = b;
+        }
+        if let Some(i) = a.iters {
+            plan.rtt_iters = i;
+        }
+        if let Some(c) = a.count {
+            plan.oneway_count = c;
+        }
+        if let Some(r) = a.runs {
+            plan.runs = r;
+        }
+        let base = if polling {
+            MemConfig::polling()
+        } else {
+            MemConfig::blocking()
+        };
+        let xprt = MemTransport::new(MemConfig {
+            workers: a.workers.max(1),
+            ..base
+        });
+        let mode = if polling { "polling" } else { "blocking" };
+        let mut step = 0;
+        let mut progress = |what: &str| {
+            step += 1;
+            if progress_on {
+                eprintln!("[{:>5.1}s] {step}. {what}", started.elapsed().as_secs_f64());
+            }
+        };
+        let rows =
+            run_plan(&plan, &xprt, &PairConfig::mem(), &mut progress).map_err(|e| e.to_string())?;
+        report.sections.push(Section {
+            mode,
+            workers: a.workers.max(1),
+            pinned,
+            rows,
+        });
+    }
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        serde_json::to_writer_pretty(&mut out, &report).map_err(|e| e.to_string())?;
+        writeln!(out).map_err(|e| e.to_string())?;
+    } else {
+        let m = &report.machine;
+        writeln!(
+            out,
+            "transport mem, {} build, {} CPUs ({}), kernel {}, {:.0?} total",
+            report.build,
+            m.cpus,
+            m.cpu_model,
+            m.kernel,
+            Duration::from_secs_f64(started.elapsed().as_secs_f64().round())
+        )
+        .map_err(|e| e.to_string())?;
+        for s in &report.sections {
+            let pin = s.pinned.map_or_else(
+                || "not pinned".to_string(),
+                |(c, sv)| format!("client on CPU {c}, server on CPU {sv}"),
+            );
+            writeln!(
+                out,
+                "\n== {} workers ({} per transfer machine), {pin}",
+                s.mode, s.workers
+            )
+            .map_err(|e| e.to_string())?;
+            write!(out, "{}", table(&s.rows)).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let res = match &cli.cmd {
+        Cmd::Bench(a) => bench(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("colibri: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

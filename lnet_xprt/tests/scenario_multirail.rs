@@ -1,0 +1,427 @@
+//! Multi-Rail scenarios (seed 000 and lnet.md 3-4, 7): discovery of a peer
+//! with NIs on two nets, traffic spread over both rails, a failing rail and
+//! its recovery, a local NI added and pushed, two peers merged.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use colibri_lnet::discovery::PeerState;
+use colibri_lnet::fault::{DropRuleSpec, FaultMatch, HealthError, MsgMask, Trigger};
+use colibri_lnet::health::MAX_HEALTH;
+use colibri_lnet::ids::{Nid, ProcessId};
+use colibri_lnet::matching::{
+    EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, Threshold, Unlink,
+};
+use colibri_lnet::node::NiConfig;
+use colibri_lnet::sim::{Sim, Topology, TraceRecord};
+use colibri_lnet::time::Time;
+use colibri_lnet::wire::MsgType;
+
+fn nid(s: &str) -> Nid {
+    s.parse().unwrap()
+}
+
+const C_TCP: &str = "10.0.0.1@tcp";
+const C_IB: &str = "192.168.0.1@o2ib";
+const S_TCP: &str = "10.0.0.2@tcp";
+const S_IB: &str = "192.168.0.2@o2ib";
+const PORTAL: u32 = 10;
+
+/// Client and server, each with one NI on tcp and one on o2ib.
+fn two_rails(seed: u64) -> Sim {
+    let mut sim = Sim::new(
+        Topology::new(seed)
+            .node("client", &[C_TCP, C_IB])
+            .node("server", &[S_TCP, S_IB])
+            .latency("tcp", Duration::from_micros(50))
+            .latency("o2ib", Duration::from_micros(5)),
+    )
+    .unwrap();
+    post_sink(&mut sim, "server");
+    sim
+}
+
+/// A PUT sink on `PORTAL` that accepts everything.
+fn post_sink(sim: &mut Sim, name: &str) -> MdHandle {
+    sim.with_node(name, |n, now| {
+        let me = n
+            .me_attach(MeSpec {
+                portal: PORTAL,
+                match_id: ProcessId::ANY,
+                match_bits: 0,
+                ignore_bits: !0,
+                unlink: Unlink::Retain,
+                pos: InsertPos::After,
+            })
+            .unwrap();
+        n.md_attach(
+            now,
+            me,
+            MdSpec::new(
+                vec![0; 64],
+                MdOptions::OP_PUT | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE,
+            ),
+        )
+        .unwrap()
+    })
+}
+
+/// Client PUTs (with ACK) `n` messages to `to`, one every `gap`.
+fn put_n(sim: &mut Sim, to: &str, n: usize, gap: Duration) {
+    let target = ProcessId::lustre(nid(to));
+    for i in 0..n {
+        let md = sim
+            .with_node("client", |node, _| {
+                node.md_bind(
+                    MdSpec::new(vec![i as u8; 8], MdOptions::empty())
+                        .threshold(Threshold::Count(2))
+                        .unlink(Unlink::Unlink),
+                )
+            })
+            .unwrap();
+        sim.with_node("client", |node, now| {
+            node.put(now, md, true, target, PORTAL, i as u64, 0, 0)
+        })
+        .unwrap();
+        sim.run_for(gap).unwrap();
+    }
+}
+
+/// User PUTs (8-byte payload: 80 bytes on the wire) delivered client →
+/// server since trace index `from`, as (client NI, server NI) pairs.
+fn client_puts(sim: &Sim, from: usize) -> Vec<(Nid, Nid)> {
+    let client = sim.node("client").nids();
+    sim.trace()[from..]
+        .iter()
+        .filter(|t: &&TraceRecord| {
+            t.outcome == Ok(MsgType::Put.to_u32()) && client.contains(&t.from) && t.len == 72 + 8
+        })
+        .map(|t| (t.from, t.to))
+        .collect()
+}
+
+fn acks(sim: &Sim) -> usize {
+    sim.events("client")
+        .iter()
+        .filter(|(_, e)| e.kind() == EventKind::Ack && e.status().is_ok())
+        .count()
+}
+
+#[test]
+fn discovers_multi_rail_peer_and_spreads_traffic_over_both_nets() {
+    let mut sim = two_rails(1);
+    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    // Discovery: the first PUT was parked, the server pinged, its two NIs
+    // merged into one Multi-Rail peer, our NIs pushed to it.
+    let disc = sim.node("client").discovery();
+    let peer = disc.peers().peer_of(nid(S_TCP)).expect("peer exists");
+    assert!(peer.is_multi_rail());
+    assert_eq!(peer.ni_count(), 2);
+    assert!(peer.contains(nid(S_IB)));
+    assert_eq!(disc.state_of(nid(S_IB)), PeerState::Active);
+    assert_eq!(sim.node("server").stats().push_received, 1);
+    assert_eq!(sim.node("server").stats().ping_served, 1);
+    assert_eq!(acks(&sim), 1);
+
+    // Traffic is spread over both rails (round robin among equals).
+    let start = sim.trace().len();
+    put_n(&mut sim, S_TCP, 20, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    let puts = client_puts(&sim, start);
+    assert_eq!(puts.len(), 20);
+    let tcp = puts
+        .iter()
+        .filter(|(f, _)| f.net() == nid(C_TCP).net())
+        .count();
+    let ib = puts.len() - tcp;
+    assert!(tcp >= 8 && ib >= 8, "tcp {tcp}, o2ib {ib}");
+    // Each PUT stays on one net (local and peer NI on the same net).
+    assert!(puts.iter().all(|(f, t)| f.net() == t.net()));
+    assert_eq!(acks(&sim), 21);
+    // The server's view: one MR peer with both client NIs, from the push.
+    let speer = sim
+        .node("server")
+        .discovery()
+        .peers()
+        .peer_of(nid(C_IB))
+        .unwrap();
+    assert!(speer.contains(nid(C_TCP)));
+}
+
+#[test]
+fn failing_peer_ni_loses_health_traffic_moves_and_comes_back_after_recovery() {
+    let mut sim = two_rails(2);
+    put_n(&mut sim, S_TCP, 4, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    assert_eq!(acks(&sim), 4);
+
+    // The server's o2ib NI starts dropping: the client's LND reports
+    // REMOTE_DROPPED for everything sent to it (connection refused).
+    let rule = sim
+        .with_node("client", |n, now| {
+            n.add_drop_rule(
+                now,
+                DropRuleSpec {
+                    matcher: FaultMatch::between(Nid::ANY, nid(S_IB)),
+                    trigger: Trigger::Rate(1),
+                    health_mask: HealthError::RemoteDropped.bit(),
+                },
+            )
+        })
+        .unwrap();
+    let start = sim.trace().len();
+    put_n(&mut sim, S_TCP, 20, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    // Every PUT still arrives: failures on o2ib were resent over tcp.
+    assert_eq!(acks(&sim), 24);
+    let h = sim.node("client").health().peer_health(nid(S_IB)).value();
+    assert!(h < MAX_HEALTH, "o2ib peer NI health {h}");
+    assert_eq!(
+        sim.node("client").health().peer_health(nid(S_TCP)).value(),
+        MAX_HEALTH
+    );
+    // Once its health fell, traffic went to the healthy rail only.
+    let puts = client_puts(&sim, start);
+    assert!(puts.iter().all(|(_, to)| *to == nid(S_TCP)));
+    // Only the first attempt on o2ib failed and was resent: after that,
+    // selection avoided the unhealthy peer NI (round robin alone would have
+    // sent every other PUT there).
+    assert_eq!(sim.node("client").stats().resend_count, 1);
+    let stats = sim.node("client").fault_stats(rule).unwrap();
+    assert_eq!(stats.put, 1, "{stats:?}");
+
+    // The rail heals: recovery pings (1 s back-off, each success +100)
+    // bring the peer NI back to full health...
+    assert!(sim.with_node("client", |n, now| n.remove_fault_rule(now, rule)));
+    sim.run_for(Duration::from_secs(30)).unwrap();
+    assert_eq!(
+        sim.node("client").health().peer_health(nid(S_IB)).value(),
+        MAX_HEALTH
+    );
+    // ...and traffic uses both rails again.
+    let start = sim.trace().len();
+    put_n(&mut sim, S_TCP, 20, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    let puts = client_puts(&sim, start);
+    let ib = puts.iter().filter(|(_, to)| *to == nid(S_IB)).count();
+    assert!(ib >= 8, "o2ib carried {ib} of {}", puts.len());
+}
+
+#[test]
+fn local_ni_added_is_pushed_to_the_peer() {
+    let mut sim = two_rails(3);
+    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    let pushes_before = sim.node("client").stats().push_received;
+    let seq_before = sim.node("server").ping_seq();
+    // The server gets a third NI (lnetctl net add): its ping buffer is
+    // rebuilt with a new sequence number and pushed to its Multi-Rail peers.
+    let new_ni = nid("172.16.0.2@tcp1");
+    sim.with_node("server", |n, now| n.add_ni(now, NiConfig::new(new_ni)))
+        .unwrap();
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    assert_eq!(sim.node("server").ping_seq(), seq_before + 1);
+    assert_eq!(sim.node("client").stats().push_received, pushes_before + 1);
+    let (from, info) = std::iter::from_fn(|| sim.node_mut("client").poll_push())
+        .last()
+        .unwrap();
+    assert!(sim.node("server").nids().contains(&from));
+    assert_eq!(info.seqno, seq_before + 1);
+    assert!(info.nis.iter().any(|n| n.nid == new_ni));
+    // The client's peer now lists the new NI.
+    let peer = sim
+        .node("client")
+        .discovery()
+        .peers()
+        .peer_of(nid(S_TCP))
+        .unwrap();
+    assert_eq!(peer.ni_count(), 3);
+    assert!(peer.contains(new_ni));
+    assert_eq!(
+        sim.node("client").discovery().peer_seq(nid(S_TCP)),
+        Some(seq_before + 1)
+    );
+}
+
+#[test]
+fn two_peers_of_one_node_are_merged() {
+    let mut sim = two_rails(4);
+    // The client addresses the same server through both of its NIDs before
+    // knowing they are one node: two peers are created, both discovered.
+    let ta = ProcessId::lustre(nid(S_TCP));
+    let tb = ProcessId::lustre(nid(S_IB));
+    for (i, t) in [ta, tb].into_iter().enumerate() {
+        let md = sim
+            .with_node("client", |n, _| {
+                n.md_bind(
+                    MdSpec::new(vec![7; 8], MdOptions::empty()).threshold(Threshold::Count(2)),
+                )
+            })
+            .unwrap();
+        sim.with_node("client", |n, now| {
+            n.put(now, md, true, t, PORTAL, i as u64, 0, 0)
+        })
+        .unwrap();
+    }
+    assert_eq!(sim.node("client").discovery().peers().len(), 2);
+    assert_ne!(
+        sim.node("client")
+            .discovery()
+            .peers()
+            .peer_id_of(nid(S_TCP)),
+        sim.node("client").discovery().peers().peer_id_of(nid(S_IB))
+    );
+    sim.run_for(Duration::from_millis(20)).unwrap();
+    // The ping replies show the same node: one peer remains, with both NIDs
+    // and the node's primary NID; both parked PUTs were delivered.
+    let peers = sim.node("client").discovery().peers();
+    assert_eq!(peers.len(), 1, "{peers:?}");
+    let p = peers.peer_of(nid(S_IB)).unwrap();
+    assert_eq!(p.primary_nid(), nid(S_TCP));
+    assert!(p.contains(nid(S_TCP)) && p.contains(nid(S_IB)));
+    assert_eq!(peers.invariant_violation(), None);
+    assert_eq!(acks(&sim), 2);
+    let bits: BTreeSet<u64> = sim
+        .events("server")
+        .iter()
+        .filter(|(_, e)| e.kind() == EventKind::Put)
+        .map(|(_, e)| e.info.match_bits)
+        .collect();
+    assert_eq!(bits, BTreeSet::from([0, 1]));
+}
+
+#[test]
+fn discovery_ping_timeout_fails_parked_messages() {
+    // The server drops every GET it receives: the discovery ping is lost, the
+    // parked PUT fails with a timeout after the transaction timeout, and the
+    // peer goes back to VERIFY (the next send discovers again).
+    let mut sim = two_rails(5);
+    sim.with_node("server", |n, now| {
+        n.add_drop_rule(
+            now,
+            DropRuleSpec {
+                matcher: FaultMatch::ANY.types(MsgMask::of(MsgType::Get)),
+                trigger: Trigger::Rate(1),
+                health_mask: 0,
+            },
+        )
+    })
+    .unwrap();
+    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
+    assert_eq!(
+        sim.node("client").discovery().state_of(nid(S_TCP)),
+        PeerState::WaitPingResponse
+    );
+    sim.run_for(Duration::from_secs(200)).unwrap();
+    let evs = sim.events("client");
+    let send = evs
+        .iter()
+        .find(|(_, e)| e.kind() == EventKind::Send)
+        .unwrap();
+    assert!(send.1.status().is_err());
+    assert!(send.0 >= Time::from_secs(150));
+    assert!(sim.events("server").is_empty());
+    assert_eq!(
+        sim.node("client").discovery().state_of(nid(S_TCP)),
+        PeerState::Verify
+    );
+}
+
+#[test]
+fn local_ni_at_zero_health_is_advertised_down_and_pushed() {
+    use colibri_lnet::wire::NiStatus;
+
+    let mut sim = two_rails(6);
+    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    let seq = sim.node("client").ping_seq();
+    // Everything the client's o2ib NI sends fails locally, recovery pings
+    // through itself included.
+    let mut m = FaultMatch::ANY;
+    m.src = nid(C_IB);
+    sim.with_node("client", |n, now| {
+        n.add_drop_rule(
+            now,
+            DropRuleSpec {
+                matcher: m,
+                trigger: Trigger::Rate(1),
+                health_mask: HealthError::LocalDropped.bit(),
+            },
+        )
+    })
+    .unwrap();
+    put_n(&mut sim, S_TCP, 4, Duration::from_millis(1));
+    sim.run_for(Duration::from_secs(120)).unwrap();
+    assert_eq!(
+        sim.node("client").health().local_health(nid(C_IB)).value(),
+        0
+    );
+    assert_eq!(
+        sim.node("client").ni_info(nid(C_IB)).unwrap().status,
+        NiStatus::Down
+    );
+    assert!(sim.node("client").ping_seq() > seq);
+    // The server learnt it from a push: its peer NI for C_IB is DOWN.
+    let (_, info) = std::iter::from_fn(|| sim.node_mut("server").poll_push())
+        .last()
+        .unwrap();
+    let entry = info.nis.iter().find(|n| n.nid == nid(C_IB)).unwrap();
+    assert_eq!(entry.status, NiStatus::Down);
+    let peer_ni = sim
+        .node("server")
+        .discovery()
+        .peers()
+        .ni(nid(C_IB))
+        .unwrap();
+    assert_eq!(peer_ni.status(), NiStatus::Down);
+    // Every PUT was still delivered over tcp.
+    assert_eq!(acks(&sim), 5);
+}
+
+#[test]
+fn dlc_configured_peer_is_not_rewritten_by_discovery() {
+    let mut sim = two_rails(7);
+    // lnetctl peer add --prim_nid S_TCP --non_mr: only the tcp NID is known.
+    sim.with_node("client", |n, now| {
+        n.dlc_add_peer(now, nid(S_TCP), &[nid(S_TCP)], false)
+    })
+    .unwrap();
+    assert_eq!(
+        sim.node("client").discovery().state_of(nid(S_TCP)),
+        PeerState::Verify
+    );
+    put_n(&mut sim, S_TCP, 4, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    // The server was pinged (its reply lists both NIs), but the configured
+    // peer keeps exactly its configuration: one NI, not Multi-Rail.
+    assert_eq!(sim.node("server").stats().ping_served, 1);
+    let peer = sim
+        .node("client")
+        .discovery()
+        .peers()
+        .peer_of(nid(S_TCP))
+        .unwrap();
+    assert_eq!(peer.ni_count(), 1);
+    assert!(!peer.is_multi_rail());
+    assert!(!peer.contains(nid(S_IB)));
+    assert_eq!(acks(&sim), 4);
+    // So all traffic used the configured NID.
+    assert!(client_puts(&sim, 0).iter().all(|(_, to)| *to == nid(S_TCP)));
+    // DLC changes while the peer is being discovered are refused with Busy.
+    let mut sim = two_rails(8);
+    put_n(&mut sim, S_TCP, 1, Duration::from_micros(1));
+    assert_eq!(
+        sim.node("client").discovery().state_of(nid(S_TCP)),
+        PeerState::WaitPingResponse
+    );
+    let busy = sim.with_node("client", |n, now| {
+        n.dlc_add_peer(now, nid(S_TCP), &[nid(S_IB)], true)
+    });
+    assert!(matches!(
+        busy,
+        Err(colibri_lnet::node::NodeError::Peer(
+            colibri_lnet::peer::PeerError::Busy(_)
+        ))
+    ));
+}
