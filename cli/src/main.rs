@@ -3,7 +3,9 @@
 //! `colibri bench` measures a transport (the in-memory one by default)
 //! against baselines measured in the same run: message round trips against a
 //! crossbeam channel ping-pong, a one-way message stream against a crossbeam
-//! channel stream, and bulk bandwidth against `memcpy`. Every figure is the
+//! channel stream, and bulk bandwidth against `memcpy`; for the TCP
+//! transport (`--xprt tcp`), against a raw loopback TCP socket pair
+//! (ping-pong, message stream, byte stream). Every figure is the
 //! median of interleaved runs with its minimum and maximum, and says whether
 //! the transport's threads poll or block and where they are pinned.
 
@@ -17,6 +19,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use colibri_bench::report::{Plan, Row, run_plan, table};
 use colibri_bench::{PairConfig, parse_size};
 use colibri_bulk_mem::{MemConfig, MemTransport};
+use colibri_bulk_tcp::{TcpConfig, TcpTransport};
+use colibri_net::Transport;
 use serde::Serialize;
 
 /// The Colibri messaging layer's command-line program.
@@ -50,6 +54,8 @@ enum Cmd {
 enum Xprt {
     /// The in-memory transport (transfer machines of one process).
     Mem,
+    /// The TCP transport over loopback (baselines: a raw TCP socket pair).
+    Tcp,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -175,8 +181,9 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
     };
     let progress_on = !a.quiet && std::io::stderr().is_terminal();
     let started = Instant::now();
+    let tcp = a.xprt == Xprt::Tcp;
     let mut report = Report {
-        transport: "mem",
+        transport: if tcp { "tcp" } else { "mem" },
         machine: Machine::probe(),
         build: if cfg!(debug_assertions) {
             "debug"
@@ -216,15 +223,30 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         if let Some(r) = a.runs {
             plan.runs = r;
         }
-        let base = if polling {
-            MemConfig::polling()
+        plan.tcp = tcp;
+        plan.mem_targets &= !tcp;
+        let xprt: Box<dyn Transport> = if tcp {
+            // Polling: the I/O thread spins 1 ms in epoll_wait(0) before it
+            // blocks, so a busy transfer machine never sleeps.
+            Box::new(TcpTransport::new(TcpConfig {
+                spin: if polling {
+                    Duration::from_millis(1)
+                } else {
+                    Duration::ZERO
+                },
+                ..TcpConfig::default()
+            }))
         } else {
-            MemConfig::blocking()
+            let base = if polling {
+                MemConfig::polling()
+            } else {
+                MemConfig::blocking()
+            };
+            Box::new(MemTransport::new(MemConfig {
+                workers: a.workers.max(1),
+                ..base
+            }))
         };
-        let xprt = MemTransport::new(MemConfig {
-            workers: a.workers.max(1),
-            ..base
-        });
         let mode = if polling { "polling" } else { "blocking" };
         let mut step = 0;
         let mut progress = |what: &str| {
@@ -233,11 +255,11 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 eprintln!("[{:>5.1}s] {step}. {what}", started.elapsed().as_secs_f64());
             }
         };
-        let rows =
-            run_plan(&plan, &xprt, &PairConfig::mem(), &mut progress).map_err(|e| e.to_string())?;
+        let rows = run_plan(&plan, &*xprt, &PairConfig::mem(), &mut progress)
+            .map_err(|e| e.to_string())?;
         report.sections.push(Section {
             mode,
-            workers: a.workers.max(1),
+            workers: if tcp { 1 } else { a.workers.max(1) },
             pinned,
             rows,
         });
@@ -250,7 +272,8 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         let m = &report.machine;
         writeln!(
             out,
-            "transport mem, {} build, {} CPUs ({}), kernel {}, {:.0?} total",
+            "transport {}, {} build, {} CPUs ({}), kernel {}, {:.0?} total",
+            report.transport,
             report.build,
             m.cpus,
             m.cpu_model,
@@ -263,12 +286,12 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 || "not pinned".to_string(),
                 |(c, sv)| format!("client on CPU {c}, server on CPU {sv}"),
             );
-            writeln!(
-                out,
-                "\n== {} workers ({} per transfer machine), {pin}",
-                s.mode, s.workers
-            )
-            .map_err(|e| e.to_string())?;
+            let threads = if tcp {
+                "I/O threads (one per domain)".to_string()
+            } else {
+                format!("workers ({} per transfer machine)", s.workers)
+            };
+            writeln!(out, "\n== {} {threads}, {pin}", s.mode).map_err(|e| e.to_string())?;
             write!(out, "{}", table(&s.rows)).map_err(|e| e.to_string())?;
         }
     }

@@ -613,12 +613,23 @@ impl Conn {
     // ----- reading ---------------------------------------------------------
 
     /// Reads and processes everything available.
-    pub(crate) fn on_readable(&mut self, cx: &Cx<'_>) -> Result<Flow> {
+    ///
+    /// A read that returns less than it asked for drained the socket: the
+    /// next arrival raises a new edge, so no second `read` is spent on
+    /// `EAGAIN`. With `closed` (the event reported the peer's FIN or an
+    /// error, which raises no further edge) it reads on until end of file.
+    pub(crate) fn on_readable(&mut self, cx: &Cx<'_>, closed: bool) -> Result<Flow> {
         loop {
             self.process(cx)?;
             match self.read_some(cx) {
-                Ok(0) => return Ok(Flow::Eof),
-                Ok(_) => self.last_use = Instant::now(),
+                Ok((0, _)) => return Ok(Flow::Eof),
+                Ok((_, full)) => {
+                    self.last_use = Instant::now();
+                    if !full && !closed {
+                        self.process(cx)?;
+                        return Ok(Flow::Open);
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Flow::Open),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(reset(&e)),
@@ -642,7 +653,9 @@ impl Conn {
         }
     }
 
-    fn read_some(&mut self, cx: &Cx<'_>) -> io::Result<usize> {
+    /// Reads once; returns the bytes read and whether the read filled all
+    /// the space it was given.
+    fn read_some(&mut self, cx: &Cx<'_>) -> io::Result<(usize, bool)> {
         let direct = match &self.rstate {
             RState::Body { h, body, got, len }
                 if self.rpos == self.rlen && len - got >= DIRECT_MIN =>
@@ -659,6 +672,7 @@ impl Conn {
                 .io_slices_mut(off, left)
                 .map_err(|e| io::Error::other(e.to_string()))?;
             iov.push(IoSliceMut::new(&mut self.rbuf[..]));
+            let asked = left + RBUF;
             let n = self.sock.read_vectored(&mut iov)?;
             drop(iov);
             drop(bv);
@@ -669,7 +683,7 @@ impl Conn {
                 *got += in_body;
             }
             cx.stats.add_rx(n);
-            return Ok(n);
+            return Ok((n, n == asked));
         }
         if self.rpos == self.rlen {
             self.rpos = 0;
@@ -679,10 +693,11 @@ impl Conn {
             self.rlen -= self.rpos;
             self.rpos = 0;
         }
+        let asked = self.rbuf.len() - self.rlen;
         let n = self.sock.read(&mut self.rbuf[self.rlen..])?;
         self.rlen += n;
         cx.stats.add_rx(n);
-        Ok(n)
+        Ok((n, n == asked))
     }
 
     /// Processes what the read buffer holds.

@@ -425,7 +425,7 @@ impl Loop {
                     .unwrap_or(u32::MAX),
                 stats: &self.eng.stats,
             };
-            match c.on_readable(&cx) {
+            match c.on_readable(&cx, ev.is_read_closed() || ev.is_error()) {
                 Ok(Flow::Open) => {}
                 Ok(Flow::Eof) => {
                     let idle = c.is_idle();

@@ -367,9 +367,12 @@ const S_OTHER: u16 = 14;
 const MIN_STATUS: u16 = S_CANCELLED;
 const MAX_STATUS: u16 = S_OTHER;
 
+/// Longest text in a status detail.
+const MAX_TEXT: usize = 1024;
+
 fn put_str(out: &mut Vec<u8>, s: &str) {
     // Details are bounded; longer texts are cut at a character boundary.
-    let mut end = s.len().min(1024);
+    let mut end = s.len().min(MAX_TEXT);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
@@ -458,6 +461,9 @@ impl<'a> Detail<'a> {
     }
     fn str(&mut self) -> Result<String, NetError> {
         let n = le16(self.take(2)?, 0) as usize;
+        if n > MAX_TEXT {
+            return Err(proto("status detail text too long"));
+        }
         let s = self.take(n)?;
         String::from_utf8(s.to_vec()).map_err(|_| proto("status detail is not UTF-8"))
     }
