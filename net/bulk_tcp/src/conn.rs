@@ -15,7 +15,7 @@
 //! in the same read as their header are copied from the read buffer.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::net::SocketAddrV4;
 use std::sync::Arc;
 use std::time::Instant;
@@ -535,7 +535,9 @@ impl Conn {
                         break;
                     }
                 }
-                self.sock.write_vectored(&iov)
+                // MSG_NOSIGNAL: a peer that reset the connection must not
+                // kill a process that did not ignore SIGPIPE.
+                socket2::SockRef::from(&self.sock).send_vectored_with_flags(&iov, libc::MSG_NOSIGNAL)
             };
             match r {
                 Ok(0) => return Err(NetError::ConnectionReset("write returned 0".into())),
