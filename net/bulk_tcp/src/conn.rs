@@ -262,7 +262,8 @@ impl Conn {
             connect_deadline: None,
             last_use: Instant::now(),
             wq: VecDeque::new(),
-            rbuf: vec![0u8; RBUF],
+            // Allocated on the first read: idle connections cost no buffer.
+            rbuf: Vec::new(),
             rpos: 0,
             rlen: 0,
             rstate: RState::Header,
@@ -537,7 +538,8 @@ impl Conn {
                 }
                 // MSG_NOSIGNAL: a peer that reset the connection must not
                 // kill a process that did not ignore SIGPIPE.
-                socket2::SockRef::from(&self.sock).send_vectored_with_flags(&iov, libc::MSG_NOSIGNAL)
+                socket2::SockRef::from(&self.sock)
+                    .send_vectored_with_flags(&iov, libc::MSG_NOSIGNAL)
             };
             match r {
                 Ok(0) => return Err(NetError::ConnectionReset("write returned 0".into())),
@@ -673,8 +675,8 @@ impl Conn {
             let mut iov: Vec<IoSliceMut<'_>> = bv
                 .io_slices_mut(off, left)
                 .map_err(|e| io::Error::other(e.to_string()))?;
+            let asked = left + self.rbuf.len();
             iov.push(IoSliceMut::new(&mut self.rbuf[..]));
-            let asked = left + RBUF;
             let n = self.sock.read_vectored(&mut iov)?;
             drop(iov);
             drop(bv);
@@ -686,6 +688,9 @@ impl Conn {
             }
             cx.stats.add_rx(n);
             return Ok((n, n == asked));
+        }
+        if self.rbuf.is_empty() {
+            self.rbuf = vec![0u8; RBUF];
         }
         if self.rpos == self.rlen {
             self.rpos = 0;

@@ -418,3 +418,61 @@ fn connections_are_reused_and_reaped_when_idle() {
     a.shutdown();
     b.shutdown();
 }
+
+/// The soft limit on open files, from `/proc/self/limits`.
+fn max_open_files() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|l| {
+            l.lines()
+                .find(|x| x.starts_with("Max open files"))
+                .and_then(|x| x.split_whitespace().nth(3).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(1024)
+}
+
+/// Many connections, one I/O thread: 2000 raw sockets (fewer if the file
+/// limit is low) each deliver a message to one transfer machine and get
+/// their acknowledgement, all connections open at once.
+#[test]
+fn thousands_of_connections_one_io_thread() {
+    let n_conns = 2000.min(max_open_files().saturating_sub(200) / 2);
+    assert!(n_conns >= 400, "file limit too low for this test");
+    const N: usize = 2000;
+    let n = Node::start("127.0.0.1:0:1", TcpConfig::default());
+    let port = TcpAddr::parse(&n.addr).unwrap().port;
+    let received = Arc::new(AtomicUsize::new(0));
+    let r2 = received.clone();
+    let cbs = Arc::new(BufferCallbacks::new().on(QueueType::MsgRecv, move |_, ev| {
+        if ev.is_ok() {
+            r2.fetch_add(1, Ordering::SeqCst);
+        }
+    }));
+    let rb = n
+        .dom
+        .register(colibri_net::BufVec::new(1, 64 * N))
+        .unwrap()
+        .with_callbacks(cbs);
+    n.tm.add_msg_recv(rb, RecvParams::multi(8, N as u32))
+        .unwrap();
+    let mut socks: Vec<TcpStream> = (0..n_conns)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    for (i, s) in socks.iter_mut().enumerate() {
+        let mut h = header(Opcode::Msg, &n.addr, 8);
+        h.xid = i as u64;
+        s.write_all(&h.encode()).unwrap();
+        s.write_all(&(i as u64).to_le_bytes()).unwrap();
+    }
+    for (i, s) in socks.iter_mut().enumerate() {
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut ack = [0u8; HEADER_LEN];
+        s.read_exact(&mut ack).unwrap();
+        let a = Header::decode(&ack, 0).unwrap();
+        assert_eq!((a.opcode, a.status, a.xid), (Opcode::MsgAck, 0, i as u64));
+    }
+    assert_eq!(received.load(Ordering::SeqCst), n_conns);
+    assert_eq!(n.xprt.stats().accepts, n_conns as u64);
+    drop(socks);
+    n.shutdown();
+}
