@@ -136,14 +136,13 @@ pub(crate) fn claim_addr(want: TcpAddr, tm: &Arc<TmShared>) -> Result<(Arc<Liste
         sv.insert(want.service, Arc::downgrade(tm));
         return Ok((Arc::clone(l), want));
     }
-    let std_l = std::net::TcpListener::bind(want.sock()).map_err(|e| {
+    let std_l = bind(want.sock()).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
             NetError::AddrInUse(want.to_string())
         } else {
             NetError::io(&e)
         }
     })?;
-    std_l.set_nonblocking(true)?;
     let real = match std_l.local_addr()? {
         std::net::SocketAddr::V4(a) => a,
         std::net::SocketAddr::V6(_) => {
@@ -167,6 +166,22 @@ pub(crate) fn claim_addr(want: TcpAddr, tm: &Arc<TmShared>) -> Result<(Arc<Liste
     debug!(addr = %real, "listening");
     l.engine.push(Cmd::Listen(Arc::clone(&l)));
     Ok((l, got))
+}
+
+/// Backlog of listening sockets: room for a burst of connections from many
+/// clients while the I/O thread accepts them (the standard library's 128
+/// makes clients beyond it wait a SYN retransmission, a second).
+const BACKLOG: i32 = 4096;
+
+/// A non-blocking listening socket with `SO_REUSEADDR` (restarting at an
+/// address whose old connections are in TIME_WAIT works).
+fn bind(addr: SocketAddrV4) -> std::io::Result<std::net::TcpListener> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&addr.into())?;
+    s.listen(BACKLOG)?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
 }
 
 /// Releases `tm`'s service at listener `l`; the last one closes the
