@@ -379,12 +379,23 @@ impl Loop {
     fn step(&mut self, events: &Events, polled: bool) {
         let mut active = false;
         if polled {
-            for ev in events {
-                if ev.token() == WAKE {
-                    continue;
+            // Outgoing connections first: they carry the responses that
+            // complete our sends and free their buffers (a server echoing
+            // from its receive buffers gets them back before it reads the
+            // next requests that arrived in the same batch).
+            for first in [true, false] {
+                for ev in events {
+                    let t = ev.token();
+                    if t == WAKE {
+                        continue;
+                    }
+                    let out = self.conns.get(&t.0).is_some_and(|c| c.out);
+                    if out != first {
+                        continue;
+                    }
+                    active = true;
+                    self.on_event(ev);
                 }
-                active = true;
-                self.on_event(ev);
             }
         }
         if self.eng.has_cmds.swap(false, Ordering::SeqCst) {
