@@ -35,6 +35,8 @@ use crate::wire::{FLAG_LAST, HEADER_LEN, Header, Opcode, decode_status, encode_s
 const RBUF: usize = 64 * 1024;
 /// Bodies with at least this much left are read straight into the buffer.
 const DIRECT_MIN: usize = 2048;
+/// Most peer listening addresses learned on one connection.
+const MAX_ROUTES: usize = 64;
 /// Most frames gathered into one `writev`.
 const MAX_BATCH: usize = 64;
 /// Most bytes gathered into one `writev`.
@@ -230,6 +232,13 @@ pub(crate) struct Conn {
     ops: HashMap<u64, Op>,
     next_xid: u64,
     pas: HashMap<u64, Pxfer>,
+    /// Listening addresses of the peer's transfer machines that sent
+    /// requests on this (accepted) connection: our engine sends its own
+    /// requests to them over it too, so that a request and the answer to
+    /// the peer's travel in one segment.
+    pub(crate) learned: Vec<SocketAddrV4>,
+    /// `learned` grew since the engine last looked.
+    pub(crate) new_routes: bool,
 }
 
 fn reset(e: &io::Error) -> NetError {
@@ -270,6 +279,8 @@ impl Conn {
             ops: HashMap::new(),
             next_xid: 1,
             pas: HashMap::new(),
+            learned: Vec::new(),
+            new_routes: false,
         }
     }
 
@@ -783,27 +794,36 @@ impl Conn {
         Ok(())
     }
 
-    fn target_tm(&self, h: &Header) -> Result<Option<Arc<TmShared>>> {
-        let Some(l) = &self.listener else {
-            return Ok(None);
+    /// The transfer machine a request is for. On an accepted connection
+    /// the receiver must be the listener it was accepted on; on an
+    /// outgoing one (a peer answering over the connection we opened, see
+    /// [`Conn::learned`]) any listener of this process. Learns the
+    /// requester's listening address as a route back to it.
+    fn target_tm(&mut self, h: &Header) -> Result<Option<Arc<TmShared>>> {
+        let l = match &self.listener {
+            Some(l) => {
+                if h.receiver.sock() != l.addr {
+                    return Err(NetError::Protocol(format!(
+                        "frame for {} on a connection to {}",
+                        h.receiver, l.addr
+                    )));
+                }
+                let a = h.sender.sock();
+                if !self.learned.contains(&a) && self.learned.len() < MAX_ROUTES {
+                    self.learned.push(a);
+                    self.new_routes = true;
+                }
+                Arc::clone(l)
+            }
+            None => match crate::engine::listener_at(h.receiver.sock()) {
+                Some(l) => l,
+                None => return Ok(None),
+            },
         };
-        if h.receiver.sock() != l.addr {
-            return Err(NetError::Protocol(format!(
-                "frame for {} on a connection to {}",
-                h.receiver, l.addr
-            )));
-        }
         Ok(l.service(h.receiver.service))
     }
 
     fn start_frame(&mut self, h: Header) -> Result<()> {
-        if h.opcode.is_request() == self.out {
-            return Err(NetError::Protocol(format!(
-                "{:?} on an {} connection",
-                h.opcode,
-                if self.out { "outgoing" } else { "incoming" }
-            )));
-        }
         let body_len = h.body_len as usize;
         match h.opcode {
             Opcode::Msg => {

@@ -121,6 +121,11 @@ impl Listener {
 static LISTENERS: LazyLock<Mutex<HashMap<SocketAddrV4, Arc<Listener>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
+/// This process's listener at `addr`, if any.
+pub(crate) fn listener_at(addr: SocketAddrV4) -> Option<Arc<Listener>> {
+    LISTENERS.lock().get(&addr).cloned()
+}
+
 /// Claims `want` for `tm`: joins the process's listener at that address or
 /// opens one (port 0 opens one on a free port). Returns the listener and
 /// the address actually claimed.
@@ -307,6 +312,9 @@ struct Loop {
     conns: HashMap<usize, Conn>,
     listeners: HashMap<usize, Arc<Listener>>,
     out: HashMap<SocketAddrV4, usize>,
+    /// Peers' listening addresses reachable over connections they opened
+    /// to us (learned from their requests).
+    routes: HashMap<SocketAddrV4, usize>,
     tms: HashMap<TmId, Arc<TmShared>>,
     next_token: usize,
     dirty: Vec<usize>,
@@ -325,6 +333,7 @@ impl Loop {
             conns: HashMap::new(),
             listeners: HashMap::new(),
             out: HashMap::new(),
+            routes: HashMap::new(),
             tms: HashMap::new(),
             next_token: 1,
             dirty: Vec::new(),
@@ -474,6 +483,11 @@ impl Loop {
         if c.has_output() {
             self.dirty.push(t);
         }
+        if std::mem::take(&mut c.new_routes) {
+            for a in c.learned.clone() {
+                self.routes.insert(a, t);
+            }
+        }
     }
 
     fn accept(&mut self, l: &Arc<Listener>) {
@@ -547,6 +561,15 @@ impl Loop {
         {
             return Ok(t);
         }
+        // A connection the peer opened to us, while it is recently active:
+        // the peer's skulker closes only connections idle for a whole
+        // `idle_timeout`, so a request sent now cannot race that close.
+        if let Some(&t) = self.routes.get(&peer)
+            && let Some(c) = self.conns.get(&t)
+            && c.last_use.elapsed() < self.eng.cfg.idle_timeout / 2
+        {
+            return Ok(t);
+        }
         let stream = TcpStream::connect(peer.into())?;
         self.tune(&stream);
         let t = self.token();
@@ -571,6 +594,11 @@ impl Loop {
         };
         if c.out && self.out.get(&c.peer) == Some(&t) {
             self.out.remove(&c.peer);
+        }
+        for a in &c.learned {
+            if self.routes.get(a) == Some(&t) {
+                self.routes.remove(a);
+            }
         }
         let _ = self.poll.registry().deregister(&mut c.sock);
         c.fail_all(e);
@@ -733,7 +761,7 @@ impl Loop {
                     return;
                 }
                 for (t, c) in &mut self.conns {
-                    if !c.out && c.abort_incoming(q, &wire) {
+                    if c.abort_incoming(q, &wire) {
                         self.dirty.push(*t);
                     }
                 }

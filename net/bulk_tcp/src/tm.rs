@@ -162,13 +162,21 @@ impl XprtTm for TcpTm {
 
     fn buf_del(&self, sink: &TmSink, buf: &QueuedBuf, reason: DelReason) {
         let _ = self.sh.sink.set(sink.clone());
-        let eng = match buf.queue() {
-            QueueType::MsgSend | QueueType::ActiveBulkRecv | QueueType::ActiveBulkSend => {
-                Arc::clone(&self.sh.engine)
+        let del = || Cmd::Del(Arc::clone(&self.sh), buf.clone(), reason);
+        self.sh.engine.push(del());
+        if matches!(
+            buf.queue(),
+            QueueType::MsgRecv | QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend
+        ) {
+            // Requests for this machine are read by the engine of its
+            // listener, and by its own engine when they come back over a
+            // connection it opened: both look (the core ignores the second
+            // completion of a buffer that was not in use).
+            let inc = self.sh.incoming_engine();
+            if !Arc::ptr_eq(&inc, &self.sh.engine) {
+                inc.push(del());
             }
-            _ => self.sh.incoming_engine(),
-        };
-        eng.push(Cmd::Del(Arc::clone(&self.sh), buf.clone(), reason));
+        }
     }
 
     fn confine(&self, cpus: &[usize]) -> Result<()> {
