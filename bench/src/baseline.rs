@@ -264,16 +264,21 @@ pub fn tcp_one_way(
 }
 
 /// `iters` transfers of `size` bytes streamed over a raw loopback TCP
-/// socket (blocking, one `write` of the whole buffer per transfer and
-/// `read`s straight into a buffer of that size), writer and reader on
-/// `cpus`; returns the time until the reader got the last byte.
-pub fn tcp_stream(size: usize, iters: u64, cpus: Option<(usize, usize)>) -> Duration {
-    let (mut tx, mut rx) = tcp_pair(false).unwrap_or_else(|e| tcp_failed(&e));
+/// socket (the whole buffer offered to `write` per transfer, `read`s
+/// straight into a buffer of that size; busy-poll or blocking), writer and
+/// reader on `cpus`; returns the time until the reader got the last byte.
+pub fn tcp_stream(
+    size: usize,
+    iters: u64,
+    polling: bool,
+    cpus: Option<(usize, usize)>,
+) -> Duration {
+    let (mut tx, mut rx) = tcp_pair(polling).unwrap_or_else(|e| tcp_failed(&e));
     let reader = thread::spawn(move || {
         pin(cpus.map(|c| c.1));
         let mut buf = vec![0u8; size];
         for _ in 0..iters {
-            rx.read_exact(&mut buf).unwrap_or_else(|e| tcp_failed(&e));
+            tcp_read_full(&mut rx, &mut buf).unwrap_or_else(|e| tcp_failed(&e));
         }
         black_box(&buf);
         Instant::now()
@@ -283,7 +288,7 @@ pub fn tcp_stream(size: usize, iters: u64, cpus: Option<(usize, usize)>) -> Dura
         let buf = vec![0xa5u8; size];
         let start = Instant::now();
         for _ in 0..iters {
-            tx.write_all(&buf).unwrap_or_else(|e| tcp_failed(&e));
+            tcp_write_full(&mut tx, &buf).unwrap_or_else(|e| tcp_failed(&e));
         }
         start
     });
@@ -302,6 +307,7 @@ mod tests {
             assert!(tcp_round_trip(64, 50, polling, None) > Duration::ZERO);
             assert!(tcp_one_way(64, 500, polling, None) > Duration::ZERO);
         }
-        assert!(tcp_stream(1 << 20, 4, None) > Duration::ZERO);
+        assert!(tcp_stream(1 << 20, 4, false, None) > Duration::ZERO);
+        assert!(tcp_stream(1 << 20, 4, true, None) > Duration::ZERO);
     }
 }

@@ -291,7 +291,7 @@ pub fn run_plan(
                     let bytes = size as f64 * iters as f64;
                     ours.push(bytes / secs(w.run(iters)?) / 1e9);
                     let b = if plan.tcp {
-                        baseline::tcp_stream(size, iters, plan.cpus)
+                        baseline::tcp_stream(size, iters, plan.polling, plan.cpus)
                     } else {
                         baseline::memcpy(size, iters)
                     };
@@ -304,7 +304,10 @@ pub fn run_plan(
                     _ => None,
                 };
                 let base_name = if plan.tcp {
-                    "raw TCP stream of the same bytes (blocking reads and writes)".to_string()
+                    tcp_name(
+                        plan.polling,
+                        "stream of the same bytes, whole buffers per call",
+                    )
                 } else {
                     "single-thread memcpy".to_string()
                 };

@@ -11,8 +11,9 @@
 //!   flight, multi-message receive buffers) vs a raw TCP stream with one
 //!   `write` per 64-byte message (busy-poll reads).
 //! * `bulk_{read,write}/{1MiB,16MiB}`: active bulk receive (GET) and send
-//!   (PUT) of passive buffers, two transfers in flight, vs a raw TCP
-//!   stream of the same bytes (blocking writes and reads of whole buffers).
+//!   (PUT) of passive buffers, two transfers in flight, polling I/O threads,
+//!   vs a raw TCP stream of the same bytes (busy-poll writes and reads of
+//!   whole buffers).
 //!
 //! After criterion's own report, the ratio ours/baseline of the mean times
 //! per iteration is printed for each pair. Run with
@@ -132,7 +133,7 @@ fn bulk(c: &mut Criterion) {
             w.finish();
             g.bench_function(BenchmarkId::new("raw-tcp-stream", &label), |b| {
                 b.iter_custom(|n| {
-                    let t = baseline::tcp_stream(size, n, CPUS);
+                    let t = baseline::tcp_stream(size, n, true, CPUS);
                     record(&group, "baseline", t, n);
                     t
                 })
