@@ -10,6 +10,9 @@
 //! * [`Bulk`]: the client reads (active bulk receive) or writes (active bulk
 //!   send) passive buffers offered by the server, two transfers in flight.
 //!
+//! * [`RpcRoundTrip`], [`RpcBulk`], [`RpcOneWay`]: the same one layer up,
+//!   through [`colibri_rpc`] (see the [`rpc`] module).
+//!
 //! Every workload is driven from the transports' own callbacks: the thread
 //! that measures only starts a run and waits for its end, so a run of `n`
 //! iterations pays one thread wake-up, not `n`.
@@ -34,9 +37,11 @@
 pub mod baseline;
 mod pair;
 pub mod report;
+pub mod rpc;
 mod workloads;
 
 pub use pair::{BenchPair, PairConfig};
+pub use rpc::{RpcBulk, RpcOneWay, RpcRoundTrip};
 pub use workloads::{Bulk, BulkDir, OneWay, RoundTrip};
 
 /// A failed benchmark run.

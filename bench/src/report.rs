@@ -8,7 +8,10 @@ use std::time::Duration;
 use colibri_net::Transport;
 use serde::Serialize;
 
-use crate::{BenchResult, Bulk, BulkDir, OneWay, PairConfig, RoundTrip, baseline, fmt_size};
+use crate::{
+    BenchResult, Bulk, BulkDir, OneWay, PairConfig, RoundTrip, RpcBulk, RpcOneWay, RpcRoundTrip,
+    baseline, fmt_size,
+};
 
 /// Median, minimum and maximum of a figure over runs.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
@@ -77,12 +80,13 @@ impl Target {
 /// One line of a report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    /// Workload: `rtt`, `oneway`, `bulk-read`, `bulk-write`.
+    /// Workload: `rtt`, `oneway`, `bulk-read`, `bulk-write`, `rpc-rtt`,
+    /// `rpc-rate`, `rpc-bulk-read`, `rpc-bulk-write`, `rpc-oneway`.
     pub test: String,
     /// Message or transfer size in bytes.
     pub size: usize,
     /// Unit of `ours` and `baseline`: `us` (round-trip time), `Mmsg/s`,
-    /// `GB/s` (10^9 bytes per second).
+    /// `Mcall/s`, `Mitem/s`, `GB/s` (10^9 bytes per second).
     pub unit: &'static str,
     /// Our figure.
     pub ours: Stat,
@@ -126,7 +130,19 @@ pub struct Plan {
     pub bulk_sizes: Vec<usize>,
     /// Bytes moved per bulk run (at least 4 transfers).
     pub bulk_bytes: usize,
-    /// Workloads to run: any of `rtt`, `oneway`, `bulk`.
+    /// Null RPC calls per run (RPC round trip and rate).
+    pub rpc_iters: u64,
+    /// Calls in flight for the RPC rate figure.
+    pub rpc_window: usize,
+    /// Bulk size of the RPC bulk figures.
+    pub rpc_bulk_size: usize,
+    /// Bulk calls in flight in the RPC bulk figures (each costs a request
+    /// and a reply message on top of the transfer, so more than the raw
+    /// workload's two transfers are needed to hide those round trips).
+    pub rpc_bulk_window: usize,
+    /// One-way items per RPC one-way run.
+    pub rpc_oneway_count: u64,
+    /// Workloads to run: any of `rtt`, `oneway`, `bulk`, `rpc`, `all`.
     pub tests: Vec<String>,
     /// Apply the in-memory transport's targets of issue 2.
     pub mem_targets: bool,
@@ -150,7 +166,12 @@ impl Plan {
             oneway_window: 256,
             bulk_sizes: vec![64 << 10, 1 << 20, 16 << 20],
             bulk_bytes: 512 << 20,
-            tests: vec!["rtt".into(), "oneway".into(), "bulk".into()],
+            rpc_iters: if polling { 100_000 } else { 5_000 },
+            rpc_window: 16,
+            rpc_bulk_size: 1 << 20,
+            rpc_bulk_window: 4,
+            rpc_oneway_count: if polling { 500_000 } else { 100_000 },
+            tests: vec!["rtt".into(), "oneway".into(), "bulk".into(), "rpc".into()],
             mem_targets: true,
             tcp: false,
         }
@@ -164,6 +185,8 @@ impl Plan {
             oneway_count: 2_000,
             bulk_bytes: 8 << 20,
             bulk_sizes: vec![64 << 10, 1 << 20],
+            rpc_iters: 200,
+            rpc_oneway_count: 2_000,
             mem_targets: false,
             ..Self::standard(polling)
         }
@@ -317,6 +340,9 @@ pub fn run_plan(
             }
         }
     }
+    if plan.wants("rpc") {
+        run_rpc(plan, xprt, &cfg, runs, progress, &mut rows)?;
+    }
     Ok(rows)
 }
 
@@ -329,6 +355,155 @@ fn tcp_name(polling: bool, what: &str) -> String {
             "blocking reads"
         }
     )
+}
+
+/// The RPC rows: each against the layer below (or the RPC layer's own
+/// other setting) measured in the same, interleaved runs.
+fn run_rpc(
+    plan: &Plan,
+    xprt: &dyn Transport,
+    cfg: &PairConfig,
+    runs: usize,
+    progress: &mut dyn FnMut(&str),
+    rows: &mut Vec<Row>,
+) -> BenchResult<()> {
+    let n = plan.rpc_iters.max(1);
+    progress(&format!(
+        "null RPC round trip vs raw 64B message round trip ({})",
+        plan.mode()
+    ));
+    {
+        let mut ours_w = RpcRoundTrip::new(xprt, cfg, 1)?;
+        let mut base_w = RoundTrip::new(xprt, cfg, 64)?;
+        ours_w.run((n / 10).max(1))?;
+        base_w.run((n / 10).max(1))?;
+        let (mut ours, mut base) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            ours.push(secs(ours_w.run(n)?) * 1e6 / n as f64);
+            base.push(secs(base_w.run(n)?) * 1e6 / n as f64);
+        }
+        ours_w.finish();
+        base_w.finish();
+        let target = plan.mem_targets.then_some(Target::RatioAtMost(1.5));
+        rows.push(row(
+            "rpc-rtt",
+            0,
+            "us",
+            &ours,
+            &base,
+            "raw 64 B message round trip (colibri_bench::RoundTrip), same transport".into(),
+            false,
+            target,
+        ));
+    }
+    progress(&format!(
+        "null RPC rate, {} in flight vs 1 ({})",
+        plan.rpc_window,
+        plan.mode()
+    ));
+    {
+        let mut ours_w = RpcRoundTrip::new(xprt, cfg, plan.rpc_window)?;
+        let mut base_w = RpcRoundTrip::new(xprt, cfg, 1)?;
+        ours_w.run((n / 10).max(1))?;
+        base_w.run((n / 10).max(1))?;
+        let (mut ours, mut base) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            ours.push(n as f64 / secs(ours_w.run(n)?) / 1e6);
+            base.push(n as f64 / secs(base_w.run(n)?) / 1e6);
+        }
+        ours_w.finish();
+        base_w.finish();
+        rows.push(row(
+            "rpc-rate",
+            0,
+            "Mcall/s",
+            &ours,
+            &base,
+            format!(
+                "the same null calls with 1 in flight (ours: {} in flight)",
+                plan.rpc_window
+            ),
+            true,
+            None,
+        ));
+    }
+    let size = plan.rpc_bulk_size;
+    let iters = ((256usize << 20) / size.max(1)).clamp(4, 10_000) as u64;
+    let iters = if plan.rpc_iters < 1000 { 4 } else { iters };
+    for dir in [BulkDir::Read, BulkDir::Write] {
+        let name = if dir == BulkDir::Read {
+            "rpc-bulk-read"
+        } else {
+            "rpc-bulk-write"
+        };
+        progress(&format!(
+            "{name} {} vs raw active bulk ({})",
+            fmt_size(size),
+            plan.mode()
+        ));
+        let mut ours_w = RpcBulk::with_window(xprt, cfg, size, dir, plan.rpc_bulk_window)?;
+        let mut base_w = Bulk::new(xprt, cfg, size, dir)?;
+        ours_w.run(2)?;
+        base_w.run(2)?;
+        let (mut ours, mut base) = (Vec::new(), Vec::new());
+        let bytes = size as f64 * iters as f64;
+        for _ in 0..runs {
+            ours.push(bytes / secs(ours_w.run(iters)?) / 1e9);
+            base.push(bytes / secs(base_w.run(iters)?) / 1e9);
+        }
+        ours_w.finish();
+        base_w.finish();
+        let target = (plan.mem_targets && size == 1 << 20).then_some(Target::RatioAtLeast(0.9));
+        rows.push(row(
+            name,
+            size,
+            "GB/s",
+            &ours,
+            &base,
+            format!(
+                "raw active bulk (colibri_bench::Bulk, {}, 2 transfers in flight), same \
+                 transport; ours: {} calls in flight",
+                if dir == BulkDir::Read {
+                    "client active receive"
+                } else {
+                    "client active send"
+                },
+                plan.rpc_bulk_window
+            ),
+            true,
+            target,
+        ));
+    }
+    progress(&format!(
+        "RPC one-way 64B items, batched vs one per message ({})",
+        plan.mode()
+    ));
+    {
+        let c = plan.rpc_oneway_count.max(1);
+        let mut ours_w = RpcOneWay::new(xprt, cfg, 64, true)?;
+        let mut base_w = RpcOneWay::new(xprt, cfg, 64, false)?;
+        ours_w.run((c / 10).max(1))?;
+        base_w.run((c / 10).max(1))?;
+        let (mut ours, mut base) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            ours.push(c as f64 / secs(ours_w.run(c)?) / 1e6);
+            base.push(c as f64 / secs(base_w.run(c)?) / 1e6);
+        }
+        let per = ours_w.items_per_msg();
+        ours_w.finish();
+        base_w.finish();
+        rows.push(row(
+            "rpc-oneway",
+            64,
+            "Mitem/s",
+            &ours,
+            &base,
+            format!("the same items without batching, one per message (ours: {per:.0} items per message)"),
+            true,
+            None,
+        ));
+    }
+    Ok(())
 }
 
 fn channel_name(polling: bool, size: usize) -> String {
@@ -381,7 +556,7 @@ fn row(
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<11} {:>6} {:>8} {:>24} {:>24} {:>7}  {}\n",
+        "{:<14} {:>6} {:>8} {:>24} {:>24} {:>7}  {}\n",
         "test",
         "size",
         "unit",
@@ -401,7 +576,7 @@ pub fn table(rows: &[Row]) -> String {
             _ => String::new(),
         };
         out.push_str(&format!(
-            "{:<11} {:>6} {:>8} {:>24} {:>24} {:>7.3}  {}\n",
+            "{:<14} {:>6} {:>8} {:>24} {:>24} {:>7.3}  {}\n",
             r.test,
             fmt_size(r.size),
             r.unit,

@@ -3,25 +3,29 @@
 //! `colibri bench` measures a transport (the in-memory one by default)
 //! against baselines measured in the same run: message round trips against a
 //! crossbeam channel ping-pong, a one-way message stream against a crossbeam
-//! channel stream, and bulk bandwidth against `memcpy`; for the TCP
-//! transport (`--xprt tcp`), against a raw loopback TCP socket pair
-//! (ping-pong, message stream, byte stream). Every figure is the
+//! channel stream, and bulk bandwidth against `memcpy`. Every figure is the
 //! median of interleaved runs with its minimum and maximum, and says whether
-//! the transport's threads poll or block and where they are pinned.
+//! the transport's threads poll or block and where they are pinned. With
+//! `--tests rpc` it measures the RPC layer against the layer below.
+//!
+//! `colibri serve` runs a ping (and echo) server at an address;
+//! `colibri ping` pings one, or a server it starts itself.
 
 #![forbid(unsafe_code)]
+
+mod rpc_cmds;
+mod xprt;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use colibri_bench::parse_size;
 use colibri_bench::report::{Plan, Row, run_plan, table};
-use colibri_bench::{PairConfig, parse_size};
-use colibri_bulk_mem::{MemConfig, MemTransport};
-use colibri_bulk_tcp::{TcpConfig, TcpTransport};
-use colibri_net::Transport;
 use serde::Serialize;
+
+use crate::xprt::Xprt;
 
 /// The Colibri messaging layer's command-line program.
 #[derive(Debug, Parser)]
@@ -42,20 +46,47 @@ enum Cmd {
     /// with [min-max]. The client and server transfer machines are pinned to
     /// CPUs 1 and 0 unless --no-pin is given.
     ///
+    /// The `rpc` tests measure the RPC layer against the layer below on the
+    /// same transport, in interleaved runs: a null RPC round trip against a
+    /// raw message round trip (rpc-rtt), 16 null calls in flight against 1
+    /// (rpc-rate), 1 MiB bulk reads and writes through RPC against raw
+    /// active bulk (rpc-bulk-read, rpc-bulk-write), and 64-byte one-way
+    /// items with batching against one item per message (rpc-oneway).
+    ///
     /// Examples:
     ///   colibri bench                       # everything, polling and blocking
     ///   colibri bench --mode polling --tests rtt --sizes 64
+    ///   colibri bench --mode polling --tests rpc
     ///   colibri bench --smoke --json        # a few seconds, machine-readable
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Xprt {
-    /// The in-memory transport (transfer machines of one process).
-    Mem,
-    /// The TCP transport over loopback (baselines: a raw TCP socket pair).
-    Tcp,
+    /// Run a ping (and typed echo) server at an address.
+    ///
+    /// The server answers `colibri ping` until it is killed or --duration
+    /// passes, then prints what it served. Over the in-memory transport
+    /// (the default) only clients in the same process can reach it: use
+    /// `colibri ping` without an address instead, which starts its own
+    /// server. Between two processes, use a network transport
+    /// (`--xprt tcp`).
+    ///
+    /// Examples:
+    ///   colibri serve                                 # mem, 127.0.0.1:4040:1
+    ///   colibri serve --listen 127.0.0.1:4041:7 --duration 5 --json
+    #[command(verbatim_doc_comment)]
+    Serve(rpc_cmds::ServeArgs),
+    /// Ping a server: send requests, measure round trips.
+    ///
+    /// With an address, pings the `colibri serve` server there. Without
+    /// one, starts a server in this process and pings it (the only way over
+    /// the in-memory transport). Prints one line per reply (to stderr) and
+    /// a summary; exits with status 1 if any ping failed.
+    ///
+    /// Examples:
+    ///   colibri ping                          # 10 pings to an in-process server
+    ///   colibri ping -c 1000 -i 0 -s 4K --polling
+    ///   colibri ping --json 127.0.0.1:4040:1  # a server at that address
+    #[command(verbatim_doc_comment)]
+    Ping(rpc_cmds::PingArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -77,7 +108,7 @@ struct BenchArgs {
     /// Whether transport threads poll or block.
     #[arg(long, value_enum, default_value = "both")]
     mode: Mode,
-    /// Workloads, comma separated: rtt, oneway, bulk, all.
+    /// Workloads, comma separated: rtt, oneway, bulk, rpc, all.
     #[arg(long, value_delimiter = ',', default_value = "all")]
     tests: Vec<String>,
     /// Round-trip message sizes (e.g. 64,4K).
@@ -181,9 +212,8 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
     };
     let progress_on = !a.quiet && std::io::stderr().is_terminal();
     let started = Instant::now();
-    let tcp = a.xprt == Xprt::Tcp;
     let mut report = Report {
-        transport: if tcp { "tcp" } else { "mem" },
+        transport: a.xprt.name(),
         machine: Machine::probe(),
         build: if cfg!(debug_assertions) {
             "debug"
@@ -223,30 +253,11 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         if let Some(r) = a.runs {
             plan.runs = r;
         }
-        plan.tcp = tcp;
-        plan.mem_targets &= !tcp;
-        let xprt: Box<dyn Transport> = if tcp {
-            // Polling: the I/O thread spins 1 ms in epoll_wait(0) before it
-            // blocks, so a busy transfer machine never sleeps.
-            Box::new(TcpTransport::new(TcpConfig {
-                spin: if polling {
-                    Duration::from_millis(1)
-                } else {
-                    Duration::ZERO
-                },
-                ..TcpConfig::default()
-            }))
-        } else {
-            let base = if polling {
-                MemConfig::polling()
-            } else {
-                MemConfig::blocking()
-            };
-            Box::new(MemTransport::new(MemConfig {
-                workers: a.workers.max(1),
-                ..base
-            }))
-        };
+        // TCP is compared with a raw loopback TCP socket pair, and against
+        // its own targets.
+        plan.tcp = a.xprt == Xprt::Tcp;
+        plan.mem_targets &= !plan.tcp;
+        let xprt = a.xprt.transport(polling, a.workers);
         let mode = if polling { "polling" } else { "blocking" };
         let mut step = 0;
         let mut progress = |what: &str| {
@@ -255,11 +266,11 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 eprintln!("[{:>5.1}s] {step}. {what}", started.elapsed().as_secs_f64());
             }
         };
-        let rows = run_plan(&plan, &*xprt, &PairConfig::mem(), &mut progress)
-            .map_err(|e| e.to_string())?;
+        let rows =
+            run_plan(&plan, &*xprt, &a.xprt.pair(), &mut progress).map_err(|e| e.to_string())?;
         report.sections.push(Section {
             mode,
-            workers: if tcp { 1 } else { a.workers.max(1) },
+            workers: a.workers.max(1),
             pinned,
             rows,
         });
@@ -286,7 +297,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 || "not pinned".to_string(),
                 |(c, sv)| format!("client on CPU {c}, server on CPU {sv}"),
             );
-            let threads = if tcp {
+            let threads = if report.transport == "tcp" {
                 "I/O threads (one per domain)".to_string()
             } else {
                 format!("workers ({} per transfer machine)", s.workers)
@@ -308,6 +319,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match &cli.cmd {
         Cmd::Bench(a) => bench(a),
+        Cmd::Serve(a) => rpc_cmds::serve(a),
+        Cmd::Ping(a) => match rpc_cmds::ping_cmd(a) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::FAILURE,
+            Err(e) => Err(e),
+        },
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

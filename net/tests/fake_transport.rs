@@ -420,7 +420,7 @@ fn public_types_are_send_and_sync_as_documented() {
     send_sync::<colibri_net::NetBuffer>();
     send_sync::<colibri_net::EndPoint>();
     send_sync::<colibri_net::NetBufDesc>();
-    send_sync::<colibri_net::BufferCallbacks>();
+    send_sync::<BufferCallbacks>();
     send_sync::<TmSink>();
     send_sync::<QueuedBuf>();
     send::<colibri_net::BufferEvent>();

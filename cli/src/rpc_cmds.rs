@@ -1,0 +1,223 @@
+//! `colibri serve` and `colibri ping`: the ping server and client of
+//! `colibri-examples`, over any transport, by address.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use colibri_examples::{echo, ping};
+use colibri_rpc::{RpcConfig, RpcMachine};
+use serde::Serialize;
+
+use crate::xprt::Xprt;
+
+/// Options of `colibri serve`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// Transport to serve on.
+    #[arg(long, value_enum, default_value = "mem")]
+    xprt: Xprt,
+    /// Address to listen at (transport specific; mem: IP:PORT:SERVICE).
+    /// Default: 127.0.0.1:4040:1 for mem.
+    #[arg(long, short)]
+    listen: Option<String>,
+    /// Stop after this many seconds (default: run until killed).
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Transport threads poll before sleeping (lower latency, more CPU).
+    #[arg(long)]
+    polling: bool,
+    /// Print the server's statistics as JSON when it stops.
+    #[arg(long)]
+    json: bool,
+    /// No messages on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// Options of `colibri ping`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PingArgs {
+    /// Address of a `colibri serve` server. Without it, a server is started
+    /// in this process (the only way with `--xprt mem`).
+    addr: Option<String>,
+    /// Transport to use.
+    #[arg(long, value_enum, default_value = "mem")]
+    xprt: Xprt,
+    /// Pings to send.
+    #[arg(long, short, default_value_t = 10)]
+    count: u64,
+    /// Payload bytes per ping (e.g. 64, 4K).
+    #[arg(long, short, default_value = "64", value_parser = colibri_bench::parse_size)]
+    size: usize,
+    /// Pause between pings, in milliseconds.
+    #[arg(long, short, default_value_t = 100)]
+    interval: u64,
+    /// How long to wait for each reply, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    timeout: u64,
+    /// Transport threads poll before sleeping (lower latency, more CPU).
+    #[arg(long)]
+    polling: bool,
+    /// Print every reply and the summary as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Only the summary (or, with --json, no progress on stderr).
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct ServeReport {
+    transport: &'static str,
+    addr: String,
+    seconds: f64,
+    stats: colibri_rpc::RpcStats,
+}
+
+pub(crate) fn serve(a: &ServeArgs) -> Result<(), String> {
+    let xprt = a.xprt.transport(a.polling, 1);
+    let addr = a.listen.as_deref().unwrap_or(a.xprt.default_addr(true));
+    let m = RpcMachine::start_on(&*xprt, addr, RpcConfig::default())
+        .map_err(|e| format!("cannot serve at {addr}: {e}"))?;
+    ping::install_server(&m);
+    echo::install_server(&m);
+    if !a.quiet {
+        eprintln!(
+            "serving ping and echo at {} (transport {}); {}",
+            m.addr(),
+            a.xprt.name(),
+            match a.duration {
+                Some(d) => format!("stopping after {d} s"),
+                None => "stop with Ctrl-C".to_string(),
+            }
+        );
+        if !a.xprt.crosses_processes() {
+            eprintln!(
+                "note: the {} transport is reachable only from this process; \
+                 `colibri ping` without an address runs its own server",
+                a.xprt.name()
+            );
+        }
+    }
+    let start = Instant::now();
+    match a.duration {
+        Some(d) if d.is_finite() && d >= 0.0 => std::thread::sleep(Duration::from_secs_f64(d)),
+        Some(d) => return Err(format!("bad --duration {d}")),
+        None => loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        },
+    }
+    let report = ServeReport {
+        transport: a.xprt.name(),
+        addr: m.addr().to_string(),
+        seconds: start.elapsed().as_secs_f64(),
+        stats: m.stats(),
+    };
+    m.shutdown().map_err(|e| e.to_string())?;
+    if a.json {
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut out, &report).map_err(|e| e.to_string())?;
+        writeln!(out).map_err(|e| e.to_string())?;
+    } else if !a.quiet {
+        eprintln!(
+            "served {} requests in {:.1} s",
+            report.stats.requests, report.seconds
+        );
+    }
+    Ok(())
+}
+
+#[derive(Debug, Serialize)]
+struct PingOutput {
+    transport: &'static str,
+    local_server: bool,
+    replies: Vec<ping::Reply>,
+    summary: ping::Report,
+}
+
+pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
+    let xprt = a.xprt.transport(a.polling, 1);
+    let local = match &a.addr {
+        Some(_) => None,
+        None => {
+            let s = RpcMachine::start_on(&*xprt, "127.0.0.1:0:1", RpcConfig::default())
+                .map_err(|e| format!("cannot start the local server: {e}"))?;
+            ping::install_server(&s);
+            Some(s)
+        }
+    };
+    let target = match (&a.addr, &local) {
+        (Some(addr), _) => addr.clone(),
+        (None, Some(s)) => s.addr().to_string(),
+        (None, None) => unreachable!("a local server exists when no address is given"),
+    };
+    let client = RpcMachine::start_on(&*xprt, a.xprt.default_addr(false), RpcConfig::default())
+        .map_err(|e| format!("cannot start the client: {e}"))?;
+    let session = client
+        .session(&target)
+        .map_err(|e| format!("bad address {target}: {e}"))?;
+    let progress = !a.quiet && (!a.json || std::io::stderr().is_terminal());
+    if progress {
+        eprintln!(
+            "PING {target} ({} transport{}): {} bytes",
+            a.xprt.name(),
+            if local.is_some() {
+                ", server in this process"
+            } else {
+                ""
+            },
+            a.size
+        );
+    }
+    let mut replies = Vec::new();
+    let summary = ping::ping(
+        &session,
+        a.count,
+        a.size,
+        Duration::from_millis(a.interval),
+        Duration::from_millis(a.timeout.max(1)),
+        |r| {
+            if progress {
+                match (&r.rtt_us, &r.error) {
+                    (Some(us), _) => eprintln!(
+                        "{} bytes from {target}: seq={} time={us:.1} us",
+                        r.bytes, r.seq
+                    ),
+                    (None, e) => eprintln!("seq={}: {}", r.seq, e.as_deref().unwrap_or("?")),
+                }
+            }
+            replies.push(r.clone());
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    drop(session);
+    client.shutdown().map_err(|e| e.to_string())?;
+    if let Some(s) = local {
+        s.shutdown().map_err(|e| e.to_string())?;
+    }
+    let ok = summary.received == summary.sent;
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let o = PingOutput {
+            transport: a.xprt.name(),
+            local_server: a.addr.is_none(),
+            replies,
+            summary,
+        };
+        serde_json::to_writer_pretty(&mut out, &o).map_err(|e| e.to_string())?;
+        writeln!(out).map_err(|e| e.to_string())?;
+    } else {
+        writeln!(
+            out,
+            "--- {target} ping statistics ---\n{} sent, {} received, {:.0}% lost, rtt min/avg/max = {:.1}/{:.1}/{:.1} us",
+            summary.sent,
+            summary.received,
+            if summary.sent == 0 { 0.0 } else { 100.0 * (summary.sent - summary.received) as f64 / summary.sent as f64 },
+            summary.min_us,
+            summary.avg_us,
+            summary.max_us
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(ok)
+}

@@ -1,0 +1,236 @@
+//! Configuration of an RPC machine and options of one call.
+
+use std::time::Duration;
+
+use crate::error::{Result, RpcError};
+use crate::wire::{ITEM_HEADER_SIZE, MSG_HEADER_SIZE};
+
+/// Configuration of an [`RpcMachine`](crate::RpcMachine).
+///
+/// ```
+/// use std::time::Duration;
+/// use colibri_rpc::RpcConfig;
+///
+/// let cfg = RpcConfig::default()
+///     .with_batch_delay(Duration::from_micros(100))
+///     .with_timeout(Duration::from_secs(2))
+///     .with_retries(3);
+/// assert!(cfg.validate().is_ok());
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RpcConfig {
+    /// Largest message, in bytes (clamped to the transport's largest
+    /// buffer). Items are packed into messages up to this size; an item
+    /// larger than a message is refused (`TooBig`): move its data with
+    /// bulk. Default 16 KiB.
+    pub max_msg_size: usize,
+    /// Receive buffers kept on the message receive queue. Default 8.
+    pub recv_buffers: usize,
+    /// Size of each receive buffer; each takes messages until less than
+    /// `max_msg_size` is left. Default 256 KiB.
+    pub recv_buffer_size: usize,
+    /// Most send buffers (of `max_msg_size` bytes) the machine registers;
+    /// items wait in their session's queue while none is free.
+    /// Default 256.
+    pub send_buffers: usize,
+    /// Pack several items to the same peer into one message (true), or
+    /// send one item per message (false). Default true.
+    pub batching: bool,
+    /// How long an item may wait for more items to share its message.
+    /// Zero sends at once (items still share a message when the session's
+    /// messages in flight are at their limit). Default zero.
+    pub batch_delay: Duration,
+    /// Most messages in flight per session (client sessions and the
+    /// server's reply path to each client session). Items queue behind
+    /// them and leave together in the next message, so a low limit batches
+    /// under load without delaying a lone call. Default 2 (with 16 null
+    /// calls in flight on bulk_mem, 2 gave twice the call rate of 8).
+    pub max_in_flight: usize,
+    /// Default time a call waits for its reply, per attempt. Default 10 s.
+    pub timeout: Duration,
+    /// Default number of resends after a timeout. Default 0.
+    pub retries: u32,
+    /// Replies the server keeps per client session to answer resent
+    /// requests without executing them again. Must exceed the calls a
+    /// client session has in flight. Default 1024.
+    pub reply_cache: usize,
+    /// Server-side sessions idle this long (with no request in progress)
+    /// are forgotten, with their reply caches. Default 10 minutes.
+    pub session_idle: Duration,
+    /// How long a thread waiting for a call spins before it parks.
+    /// Default 50 µs.
+    pub spin: Duration,
+    /// CPUs to confine the transfer machine's threads to (when the
+    /// transport can). Default none.
+    pub cpus: Option<Vec<usize>>,
+}
+
+impl Default for RpcConfig {
+    fn default() -> Self {
+        Self {
+            max_msg_size: 16 << 10,
+            recv_buffers: 8,
+            recv_buffer_size: 256 << 10,
+            send_buffers: 256,
+            batching: true,
+            batch_delay: Duration::ZERO,
+            max_in_flight: 2,
+            timeout: Duration::from_secs(10),
+            retries: 0,
+            reply_cache: 1024,
+            session_idle: Duration::from_secs(600),
+            spin: Duration::from_micros(50),
+            cpus: None,
+        }
+    }
+}
+
+impl RpcConfig {
+    /// Sets `max_msg_size`.
+    #[must_use]
+    pub fn with_max_msg_size(mut self, n: usize) -> Self {
+        self.max_msg_size = n;
+        self
+    }
+
+    /// Sets `recv_buffers` and `recv_buffer_size`.
+    #[must_use]
+    pub fn with_recv_buffers(mut self, count: usize, size: usize) -> Self {
+        self.recv_buffers = count;
+        self.recv_buffer_size = size;
+        self
+    }
+
+    /// Sets `send_buffers`.
+    #[must_use]
+    pub fn with_send_buffers(mut self, n: usize) -> Self {
+        self.send_buffers = n;
+        self
+    }
+
+    /// Sets `batching`.
+    #[must_use]
+    pub fn with_batching(mut self, on: bool) -> Self {
+        self.batching = on;
+        self
+    }
+
+    /// Sets `batch_delay`.
+    #[must_use]
+    pub fn with_batch_delay(mut self, d: Duration) -> Self {
+        self.batch_delay = d;
+        self
+    }
+
+    /// Sets `max_in_flight`.
+    #[must_use]
+    pub fn with_max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n;
+        self
+    }
+
+    /// Sets the default call `timeout`.
+    #[must_use]
+    pub fn with_timeout(mut self, d: Duration) -> Self {
+        self.timeout = d;
+        self
+    }
+
+    /// Sets the default number of `retries`.
+    #[must_use]
+    pub fn with_retries(mut self, n: u32) -> Self {
+        self.retries = n;
+        self
+    }
+
+    /// Sets `reply_cache`.
+    #[must_use]
+    pub fn with_reply_cache(mut self, n: usize) -> Self {
+        self.reply_cache = n;
+        self
+    }
+
+    /// Sets `spin`.
+    #[must_use]
+    pub fn with_spin(mut self, d: Duration) -> Self {
+        self.spin = d;
+        self
+    }
+
+    /// Sets `cpus`.
+    #[must_use]
+    pub fn with_cpus(mut self, cpus: Vec<usize>) -> Self {
+        self.cpus = Some(cpus);
+        self
+    }
+
+    /// Checks that the values can work.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the bad value.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |s: String| Err(RpcError::InvalidArgument(s));
+        if self.max_msg_size < MSG_HEADER_SIZE + ITEM_HEADER_SIZE
+            || self.max_msg_size > u32::MAX as usize
+        {
+            return bad(format!("max_msg_size {} out of range", self.max_msg_size));
+        }
+        if self.recv_buffers == 0 {
+            return bad("recv_buffers must be at least 1".into());
+        }
+        if self.recv_buffer_size < self.max_msg_size {
+            return bad(format!(
+                "recv_buffer_size {} smaller than max_msg_size {}",
+                self.recv_buffer_size, self.max_msg_size
+            ));
+        }
+        if self.send_buffers == 0 || self.max_in_flight == 0 || self.reply_cache == 0 {
+            return bad("send_buffers, max_in_flight and reply_cache must be at least 1".into());
+        }
+        if self.timeout.is_zero() {
+            return bad("timeout must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// Options of one call; unset fields take the machine's defaults.
+///
+/// ```
+/// use std::time::Duration;
+/// use colibri_rpc::CallOpts;
+///
+/// let opts = CallOpts::new().timeout(Duration::from_millis(200)).retries(2);
+/// assert_eq!(opts.retries, Some(2));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallOpts {
+    /// Time to wait for the reply, per attempt.
+    pub timeout: Option<Duration>,
+    /// Resends after a timeout (the server answers a resent request from
+    /// its reply cache when it already executed it).
+    pub retries: Option<u32>,
+}
+
+impl CallOpts {
+    /// The machine's defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the timeout per attempt.
+    #[must_use]
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = Some(d);
+        self
+    }
+
+    /// Sets the number of resends.
+    #[must_use]
+    pub fn retries(mut self, n: u32) -> Self {
+        self.retries = Some(n);
+        self
+    }
+}

@@ -1,0 +1,739 @@
+//! Client sessions: transaction ids, calls in flight, their timeouts and
+//! resends, and the session's formation queue.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use colibri_net::{BufferCallbacks, EndPoint, NetBuffer, QueueType};
+use parking_lot::{Condvar, Mutex};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::{Span, debug, debug_span};
+
+use crate::call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, CallState};
+use crate::codec;
+use crate::config::CallOpts;
+use crate::error::{Result, RpcError};
+use crate::machine::{Inner, MsgRecord, OutRef, Outbound, QItem, Xids};
+use crate::stats::{SessionStats, bump};
+use crate::wire::{self, BulkDesc, BulkKind, FLAG_RESEND, ItemHeader, ItemKind, MAX_DESCS};
+
+/// A random nonzero 64-bit value (session ids).
+pub(crate) fn random_id() -> u64 {
+    static CTR: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(CTR.fetch_add(1, Ordering::Relaxed));
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        h.write_u128(t);
+        let v = h.finish();
+        if v != 0 {
+            return v;
+        }
+    }
+}
+
+struct Pending {
+    call: Arc<CallState>,
+    deadline: Instant,
+    timeout: Duration,
+    retries_left: u32,
+    req: Option<Vec<u8>>,
+}
+
+struct SessState {
+    next_xid: u64,
+    pending: HashMap<u64, Pending>,
+    out: Outbound,
+    closed: bool,
+    waiters: usize,
+    stats: SessionStats,
+}
+
+/// The machine's side of a client session.
+pub(crate) struct SessionInner {
+    pub(crate) id: u64,
+    pub(crate) ep: EndPoint,
+    span: Span,
+    st: Mutex<SessState>,
+    drained: Condvar,
+}
+
+type Failed = Vec<(Arc<CallState>, RpcError)>;
+
+impl SessionInner {
+    fn take_failed(st: &mut SessState, failed: Vec<(u64, RpcError)>, out: &mut Failed) {
+        for (xid, e) in failed {
+            if let Some(p) = st.pending.remove(&xid) {
+                out.push((p.call, e));
+            }
+        }
+    }
+
+    fn complete_failed(m: &Inner, failed: Failed) {
+        for (call, e) in failed {
+            bump(&m.stats.calls_failed, 1);
+            call.finish(Err(e));
+        }
+    }
+
+    fn notify_drained(&self, st: &SessState) {
+        if st.waiters > 0 && st.out.idle() {
+            self.drained.notify_all();
+        }
+    }
+
+    /// Flushes the session's queue (`force`: ignore the batch delay).
+    pub(crate) fn flush(self: &Arc<Self>, m: &Arc<Inner>, force: bool) {
+        let mut calls = Vec::new();
+        {
+            let mut st = self.st.lock();
+            if force {
+                st.out.forced = true;
+            }
+            let failed = m.flush(
+                &OutRef::Client(self.clone()),
+                &self.ep,
+                &mut st.out,
+                Instant::now(),
+            );
+            Self::take_failed(&mut st, failed, &mut calls);
+            self.notify_drained(&st);
+        }
+        Self::complete_failed(m, calls);
+    }
+
+    pub(crate) fn requeue(&self, _m: &Arc<Inner>, buf: NetBuffer, rec: MsgRecord, at: Instant) {
+        let mut st = self.st.lock();
+        st.out.in_flight = st.out.in_flight.saturating_sub(1);
+        st.out.requeue(buf, rec, at);
+    }
+
+    pub(crate) fn sent_done(self: &Arc<Self>, m: &Arc<Inner>, xids: &Xids, err: Option<RpcError>) {
+        let mut calls = Vec::new();
+        {
+            let mut st = self.st.lock();
+            st.out.in_flight = st.out.in_flight.saturating_sub(1);
+            if let Some(e) = err {
+                let _g = self.span.enter();
+                debug!(error = %e, "message to the server failed");
+                let mut failed: Vec<(u64, RpcError)> =
+                    xids.iter().map(|x| (x, e.clone())).collect();
+                if e.peer_gone() {
+                    // Nothing more will come from this peer: fail every
+                    // call now rather than at its timeout.
+                    failed.extend(st.out.drain().into_iter().map(|x| (x, e.clone())));
+                    failed.extend(st.pending.keys().map(|&x| (x, e.clone())));
+                }
+                Self::take_failed(&mut st, failed, &mut calls);
+                if st.out.send_error.is_none() {
+                    st.out.send_error = Some(e);
+                }
+            }
+            if st.out.has_work() {
+                let failed = m.flush(
+                    &OutRef::Client(self.clone()),
+                    &self.ep,
+                    &mut st.out,
+                    Instant::now(),
+                );
+                Self::take_failed(&mut st, failed, &mut calls);
+            }
+            self.notify_drained(&st);
+        }
+        if !calls.is_empty() {
+            Self::complete_failed(m, calls);
+        }
+    }
+
+    pub(crate) fn on_reply(self: &Arc<Self>, m: &Arc<Inner>, h: &ItemHeader, payload: Vec<u8>) {
+        let p = {
+            let mut st = self.st.lock();
+            let p = st.pending.remove(&h.xid);
+            if p.is_some() {
+                st.stats.replies += 1;
+            }
+            if st.closed && st.pending.is_empty() && st.out.idle() {
+                m.sessions.write().remove(&self.id);
+            }
+            p
+        };
+        let Some(p) = p else {
+            bump(&m.stats.unmatched_replies, 1);
+            return;
+        };
+        let result = if h.status == 0 {
+            bump(&m.stats.calls_ok, 1);
+            Ok(payload)
+        } else {
+            bump(&m.stats.calls_failed, 1);
+            Err(RpcError::from_status(h.status, h.opcode))
+        };
+        p.call.finish(result);
+    }
+
+    /// Expires and resends calls; flushes a delayed batch. Returns when to
+    /// come back.
+    pub(crate) fn timer_pass(self: &Arc<Self>, m: &Arc<Inner>, now: Instant) -> Option<Instant> {
+        let mut calls = Vec::new();
+        let mut next: Option<Instant> = None;
+        {
+            let mut st = self.st.lock();
+            let st = &mut *st;
+            let mut expired = Vec::new();
+            let mut resend = Vec::new();
+            for (&xid, p) in &mut st.pending {
+                if p.deadline > now {
+                    next = Some(next.map_or(p.deadline, |n| n.min(p.deadline)));
+                    continue;
+                }
+                match &p.req {
+                    Some(req) if p.retries_left > 0 => {
+                        p.retries_left -= 1;
+                        p.deadline = now + p.timeout;
+                        next = Some(next.map_or(p.deadline, |n| n.min(p.deadline)));
+                        let mut bytes = req.clone();
+                        bytes[1] |= FLAG_RESEND;
+                        resend.push(QItem {
+                            bytes,
+                            call_xid: Some(xid),
+                        });
+                    }
+                    _ => expired.push(xid),
+                }
+            }
+            if !resend.is_empty() || !expired.is_empty() {
+                let _g = self.span.enter();
+                debug!(
+                    resent = resend.len(),
+                    expired = expired.len(),
+                    "call timeouts"
+                );
+            }
+            st.stats.resends += resend.len() as u64;
+            st.stats.timeouts += expired.len() as u64;
+            bump(&m.stats.resends, resend.len() as u64);
+            bump(&m.stats.timeouts, expired.len() as u64);
+            let resent = !resend.is_empty();
+            for it in resend {
+                st.out.push(it, now);
+            }
+            Self::take_failed(
+                st,
+                expired
+                    .into_iter()
+                    .map(|x| (x, RpcError::TimedOut))
+                    .collect(),
+                &mut calls,
+            );
+            let mi = m.cfg.max_in_flight;
+            if resent
+                || st
+                    .out
+                    .deadline(m.cfg.batch_delay, mi)
+                    .is_some_and(|t| t <= now)
+            {
+                let failed = m.flush(&OutRef::Client(self.clone()), &self.ep, &mut st.out, now);
+                Self::take_failed(st, failed, &mut calls);
+            }
+            if let Some(t) = st.out.deadline(m.cfg.batch_delay, mi) {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+            self.notify_drained(st);
+            if st.closed && st.pending.is_empty() && st.out.idle() {
+                m.sessions.write().remove(&self.id);
+            }
+        }
+        Self::complete_failed(m, calls);
+        next
+    }
+
+    /// Fails everything in flight with `Shutdown` (machine stopping).
+    pub(crate) fn shutdown(&self) {
+        let calls: Vec<Arc<CallState>> = {
+            let mut st = self.st.lock();
+            st.closed = true;
+            st.out.drain();
+            st.out.in_flight = 0;
+            let c = st.pending.drain().map(|(_, p)| p.call).collect();
+            self.drained.notify_all();
+            c
+        };
+        for c in calls {
+            c.finish(Err(RpcError::Shutdown));
+        }
+    }
+}
+
+/// Closes the session when the last user handle goes.
+struct Guard {
+    s: Arc<SessionInner>,
+    m: Weak<Inner>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let Some(m) = self.m.upgrade() else {
+            return;
+        };
+        let remove = {
+            let mut st = self.s.st.lock();
+            st.closed = true;
+            st.pending.is_empty() && st.out.idle()
+        };
+        if remove {
+            m.sessions.write().remove(&self.s.id);
+        } else {
+            // Send what is queued now; the timer removes the session once
+            // its calls are done.
+            self.s.flush(&m, true);
+        }
+    }
+}
+
+/// A client session to one server: calls, one-way items, bulk calls.
+///
+/// Made by [`RpcHandle::session`](crate::RpcHandle::session). Each session
+/// has a random 64-bit id; its requests carry increasing transaction ids
+/// (xids). Its items are packed into messages by its own formation queue,
+/// in order. Clone it to use it from several threads; the session closes
+/// when the last clone is dropped (calls in flight still complete).
+#[derive(Clone)]
+pub struct Session {
+    s: Arc<SessionInner>,
+    m: Arc<Inner>,
+    _guard: Arc<Guard>,
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &format_args!("{:016x}", self.s.id))
+            .field("peer", &self.s.ep.addr())
+            .finish()
+    }
+}
+
+impl Session {
+    pub(crate) fn open(m: &Arc<Inner>, ep: EndPoint) -> Self {
+        let id = random_id();
+        let span = debug_span!(
+            "rpc_session",
+            id = format_args!("{id:016x}"),
+            peer = ep.addr()
+        );
+        let s = Arc::new(SessionInner {
+            id,
+            ep,
+            span,
+            st: Mutex::new(SessState {
+                next_xid: 1,
+                pending: HashMap::new(),
+                out: Outbound::default(),
+                closed: false,
+                waiters: 0,
+                stats: SessionStats::default(),
+            }),
+            drained: Condvar::new(),
+        });
+        m.sessions.write().insert(id, Arc::clone(&s));
+        {
+            let _g = s.span.enter();
+            debug!("session opened");
+        }
+        Self {
+            _guard: Arc::new(Guard {
+                s: Arc::clone(&s),
+                m: Arc::downgrade(m),
+            }),
+            s,
+            m: Arc::clone(m),
+        }
+    }
+
+    /// The session id.
+    pub fn id(&self) -> u64 {
+        self.s.id
+    }
+
+    /// The server's address.
+    pub fn peer(&self) -> &str {
+        self.s.ep.addr()
+    }
+
+    /// Counters of this session.
+    pub fn stats(&self) -> SessionStats {
+        let st = self.s.st.lock();
+        SessionStats {
+            msgs_sent: st.out.msgs,
+            items_sent: st.out.items,
+            bytes_sent: st.out.bytes,
+            ..st.stats
+        }
+    }
+
+    /// Calls in flight.
+    pub fn in_flight(&self) -> usize {
+        self.s.st.lock().pending.len()
+    }
+
+    /// Items waiting in the session's formation queue (not yet in a
+    /// message), for callers that want to bound it.
+    pub fn queued_items(&self) -> usize {
+        self.s.st.lock().out.queued_len()
+    }
+
+    /// Enqueues an item; for requests, registers the call first.
+    fn enqueue(
+        &self,
+        kind: ItemKind,
+        opcode: u32,
+        payload: &[u8],
+        descs: &[BulkDesc],
+        call: Option<(Arc<CallState>, CallOpts)>,
+    ) -> Result<u64> {
+        let m = &self.m;
+        if m.is_stopping() {
+            return Err(RpcError::Shutdown);
+        }
+        let size = wire::item_size(payload.len(), descs);
+        if size > m.max_item() {
+            return Err(RpcError::TooBig {
+                len: size,
+                max: m.max_item(),
+            });
+        }
+        let now = Instant::now();
+        let mut calls = Vec::new();
+        let deadline;
+        let xid;
+        {
+            let mut st = self.s.st.lock();
+            if st.closed {
+                return Err(RpcError::Shutdown);
+            }
+            xid = st.next_xid;
+            st.next_xid += 1;
+            let mut bytes = Vec::with_capacity(size);
+            let h = ItemHeader {
+                kind,
+                flags: 0,
+                opcode,
+                session: self.s.id,
+                xid,
+                status: 0,
+            };
+            wire::encode_item(&mut bytes, &h, payload, descs)
+                .map_err(|e| RpcError::InvalidArgument(e.to_string()))?;
+            if let Some((call, opts)) = call {
+                let timeout = opts.timeout.unwrap_or(m.cfg.timeout);
+                let retries = opts.retries.unwrap_or(m.cfg.retries);
+                deadline = Some(now + timeout);
+                st.pending.insert(
+                    xid,
+                    Pending {
+                        call,
+                        deadline: now + timeout,
+                        timeout,
+                        retries_left: retries,
+                        req: (retries > 0).then(|| bytes.clone()),
+                    },
+                );
+                st.stats.calls += 1;
+                bump(&m.stats.calls, 1);
+                st.out.push(
+                    QItem {
+                        bytes,
+                        call_xid: Some(xid),
+                    },
+                    now,
+                );
+            } else {
+                deadline = None;
+                st.stats.posts += 1;
+                bump(&m.stats.posts, 1);
+                st.out.push(
+                    QItem {
+                        bytes,
+                        call_xid: None,
+                    },
+                    now,
+                );
+            }
+            let failed = m.flush(
+                &OutRef::Client(Arc::clone(&self.s)),
+                &self.s.ep,
+                &mut st.out,
+                now,
+            );
+            SessionInner::take_failed(&mut st, failed, &mut calls);
+        }
+        if let Some(d) = deadline {
+            m.arm(d);
+        }
+        SessionInner::complete_failed(m, calls);
+        Ok(xid)
+    }
+
+    /// Starts a call; the reply arrives through the handle.
+    ///
+    /// # Errors
+    /// `TooBig` for a payload that does not fit in a message (send it with
+    /// bulk), `Shutdown` when the machine stops. Failures after the start
+    /// (transport, timeout, the server's) come through the handle.
+    pub fn start(&self, opcode: u32, payload: &[u8], opts: CallOpts) -> Result<CallHandle> {
+        let call = CallState::plain();
+        let xid = self.enqueue(
+            ItemKind::Request,
+            opcode,
+            payload,
+            &[],
+            Some((Arc::clone(&call), opts)),
+        )?;
+        Ok(CallHandle {
+            call,
+            spin: self.m.cfg.spin,
+            xid,
+        })
+    }
+
+    /// Calls and waits for the reply, with the machine's default timeout
+    /// and resends.
+    ///
+    /// # Errors
+    /// As [`Session::start`], and the call's failure.
+    pub fn call(&self, opcode: u32, payload: &[u8]) -> Result<Vec<u8>> {
+        self.start(opcode, payload, CallOpts::default())?.wait()
+    }
+
+    /// Calls with options and waits for the reply.
+    ///
+    /// # Errors
+    /// As [`Session::call`].
+    pub fn call_with(&self, opcode: u32, payload: &[u8], opts: CallOpts) -> Result<Vec<u8>> {
+        self.start(opcode, payload, opts)?.wait()
+    }
+
+    /// Calls with a typed request and reply (see [`crate::codec`]).
+    ///
+    /// # Errors
+    /// As [`Session::call`], and `Codec` when either value does not
+    /// encode or decode.
+    pub fn call_typed<Q: Serialize + ?Sized, R: DeserializeOwned>(
+        &self,
+        opcode: u32,
+        req: &Q,
+    ) -> Result<R> {
+        let bytes = codec::encode(req)?;
+        codec::decode(&self.call(opcode, &bytes)?)
+    }
+
+    /// Sends a one-way item: no reply. It is packed with the session's
+    /// other items; failures to send show in [`Session::flush`] and the
+    /// statistics.
+    ///
+    /// # Errors
+    /// `TooBig`, `Shutdown`.
+    pub fn post(&self, opcode: u32, payload: &[u8]) -> Result<()> {
+        self.enqueue(ItemKind::OneWay, opcode, payload, &[], None)
+            .map(|_| ())
+    }
+
+    /// Sends a typed one-way item.
+    ///
+    /// # Errors
+    /// As [`Session::post`], and `Codec`.
+    pub fn post_typed<Q: Serialize + ?Sized>(&self, opcode: u32, item: &Q) -> Result<()> {
+        self.post(opcode, &codec::encode(item)?)
+    }
+
+    /// Sends every queued item now (ignoring the batch delay) and waits
+    /// until every message of the session has completed.
+    ///
+    /// # Errors
+    /// `TimedOut` if that takes longer than `timeout`; the first send
+    /// failure since the previous flush.
+    pub fn flush(&self, timeout: Duration) -> Result<()> {
+        self.s.flush(&self.m, true);
+        let deadline = Instant::now() + timeout;
+        let mut st = self.s.st.lock();
+        while !st.out.idle() && !self.m.is_stopping() {
+            st.waiters += 1;
+            let timed_out = self.s.drained.wait_until(&mut st, deadline).timed_out();
+            st.waiters -= 1;
+            if timed_out && !st.out.idle() {
+                return Err(RpcError::TimedOut);
+            }
+        }
+        match st.out.send_error.take() {
+            Some(e) => Err(e),
+            None if self.m.is_stopping() => Err(RpcError::Shutdown),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts a call that hands `bulk` buffers to the server: each is
+    /// added to a passive queue for the server's end point only, and its
+    /// descriptor travels in the request. The call completes when the
+    /// reply and every buffer are back; buffers the server did not use are
+    /// cancelled after the reply. A refusal completes the call at once,
+    /// with the buffers.
+    pub fn start_bulk(
+        &self,
+        opcode: u32,
+        payload: &[u8],
+        bulk: Vec<BulkArg>,
+        opts: CallOpts,
+    ) -> BulkCall {
+        let n = bulk.len();
+        let call = CallState::with_bulk(n, self.m.tm.clone());
+        let handle = BulkCall {
+            call: Arc::clone(&call),
+            spin: self.m.cfg.spin,
+        };
+        if n > MAX_DESCS {
+            for (i, a) in bulk.into_iter().enumerate() {
+                call.bulk_done(
+                    i,
+                    BulkDone {
+                        buffer: a.into_buffer(),
+                        result: Err(RpcError::Cancelled),
+                    },
+                    false,
+                );
+            }
+            call.finish(Err(RpcError::InvalidArgument(format!(
+                "{n} bulk buffers, at most {MAX_DESCS}"
+            ))));
+            return handle;
+        }
+        // Each buffer's callback holds the call until that buffer's
+        // completion, then lets go (the buffer ends up inside the call).
+        let holders: Arc<Mutex<Vec<Option<Arc<CallState>>>>> = Arc::new(Mutex::new(
+            (0..n).map(|_| Some(Arc::clone(&call))).collect(),
+        ));
+        let hold = Arc::clone(&holders);
+        let ids: Arc<Vec<u64>> = Arc::new(
+            bulk.iter()
+                .map(|a| match a {
+                    BulkArg::Source { buf, .. } | BulkArg::Sink { buf } => buf.id(),
+                })
+                .collect(),
+        );
+        let stats_m = Arc::downgrade(&self.m);
+        let cb = move |_tm: &colibri_net::TmHandle, mut ev: colibri_net::BufferEvent| {
+            let Some(buffer) = ev.take_buffer() else {
+                return;
+            };
+            let result = match ev.status() {
+                Ok(()) => Ok(ev.length()),
+                Err(e) => Err(RpcError::Net(e.clone())),
+            };
+            if let (Ok(n), Some(m)) = (&result, stats_m.upgrade()) {
+                bump(&m.stats.bulk_ok, 1);
+                bump(&m.stats.bulk_bytes, *n as u64);
+            }
+            let Some(i) = ids.iter().position(|&id| id == buffer.id()) else {
+                return;
+            };
+            let c = hold.lock().get_mut(i).and_then(Option::take);
+            if let Some(c) = c {
+                c.bulk_done(i, BulkDone { buffer, result }, true);
+            }
+        };
+        let cbs = Arc::new(
+            BufferCallbacks::new()
+                .on(QueueType::PassiveBulkSend, cb.clone())
+                .on(QueueType::PassiveBulkRecv, cb),
+        );
+        let mut descs = Vec::with_capacity(n);
+        let mut error = None;
+        for (i, arg) in bulk.into_iter().enumerate() {
+            if error.is_some() {
+                holders.lock()[i] = None;
+                call.bulk_done(
+                    i,
+                    BulkDone {
+                        buffer: arg.into_buffer(),
+                        result: Err(RpcError::Cancelled),
+                    },
+                    false,
+                );
+                continue;
+            }
+            call.bulk_expect();
+            let (kind, added) = match arg {
+                BulkArg::Source { mut buf, len } => {
+                    buf.set_callbacks(cbs.clone());
+                    (
+                        BulkKind::Source,
+                        self.m
+                            .tm
+                            .add_passive_send(buf, len, Some(&self.s.ep))
+                            .map(|a| (a, len)),
+                    )
+                }
+                BulkArg::Sink { mut buf } => {
+                    buf.set_callbacks(cbs.clone());
+                    let len = buf.len();
+                    (
+                        BulkKind::Sink,
+                        self.m
+                            .tm
+                            .add_passive_recv(buf, Some(&self.s.ep))
+                            .map(|a| (a, len)),
+                    )
+                }
+            };
+            match added {
+                Ok(((token, desc), len)) => {
+                    call.bulk_added(i, token);
+                    descs.push(BulkDesc {
+                        kind,
+                        len: len as u64,
+                        desc,
+                    });
+                }
+                Err(e) => {
+                    holders.lock()[i] = None;
+                    let err = RpcError::Net(e.error.clone());
+                    call.bulk_done(
+                        i,
+                        BulkDone {
+                            buffer: e.buffer,
+                            result: Err(err.clone()),
+                        },
+                        true,
+                    );
+                    error = Some(err);
+                }
+            }
+        }
+        if let Some(e) = error {
+            call.finish(Err(e));
+            return handle;
+        }
+        if let Err(e) = self.enqueue(
+            ItemKind::Request,
+            opcode,
+            payload,
+            &descs,
+            Some((Arc::clone(&call), opts)),
+        ) {
+            call.finish(Err(e));
+        }
+        handle
+    }
+
+    /// Calls with bulk buffers and waits for the outcome.
+    pub fn call_bulk(&self, opcode: u32, payload: &[u8], bulk: Vec<BulkArg>) -> BulkOutcome {
+        self.start_bulk(opcode, payload, bulk, CallOpts::default())
+            .wait()
+    }
+}

@@ -1,0 +1,157 @@
+//! Statistics of an RPC machine and of its sessions.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+/// Counters of an RPC machine (client and server sides), read with
+/// [`RpcHandle::stats`](crate::RpcHandle::stats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct RpcStats {
+    /// Calls started.
+    pub calls: u64,
+    /// Calls completed with a successful reply.
+    pub calls_ok: u64,
+    /// Calls completed with a failure (local, transport, timeout or
+    /// the server's).
+    pub calls_failed: u64,
+    /// Requests resent after a timeout.
+    pub resends: u64,
+    /// Calls that timed out after their last attempt.
+    pub timeouts: u64,
+    /// One-way items posted.
+    pub posts: u64,
+    /// Replies received that matched no call in flight (late, duplicate).
+    pub unmatched_replies: u64,
+    /// Requests received and given to a handler.
+    pub requests: u64,
+    /// One-way items received and given to a handler.
+    pub oneways: u64,
+    /// Replies sent.
+    pub replies: u64,
+    /// Resent requests answered from the reply cache, or dropped because
+    /// the first copy is still being executed.
+    pub duplicates: u64,
+    /// Resent requests whose reply had left the cache (answered `Stale`).
+    pub stale: u64,
+    /// Items naming an opcode with no handler.
+    pub unknown_opcodes: u64,
+    /// Messages or items that failed to decode.
+    pub protocol_errors: u64,
+    /// Messages sent.
+    pub msgs_sent: u64,
+    /// Items sent (in `msgs_sent` messages).
+    pub items_sent: u64,
+    /// Bytes sent in messages.
+    pub bytes_sent: u64,
+    /// Messages received.
+    pub msgs_received: u64,
+    /// Items received.
+    pub items_received: u64,
+    /// Bytes received in messages.
+    pub bytes_received: u64,
+    /// Message sends that failed.
+    pub send_failures: u64,
+    /// Messages sent again because the receiver had no free buffer.
+    pub send_retries: u64,
+    /// Bulk transfers completed successfully (both sides).
+    pub bulk_ok: u64,
+    /// Bytes moved by successful bulk transfers.
+    pub bulk_bytes: u64,
+}
+
+impl RpcStats {
+    /// Average items per message sent.
+    pub fn items_per_msg(&self) -> f64 {
+        if self.msgs_sent == 0 {
+            0.0
+        } else {
+            self.items_sent as f64 / self.msgs_sent as f64
+        }
+    }
+}
+
+/// Counters of one client session, read with
+/// [`Session::stats`](crate::Session::stats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct SessionStats {
+    /// Calls started.
+    pub calls: u64,
+    /// Replies received.
+    pub replies: u64,
+    /// Requests resent.
+    pub resends: u64,
+    /// Calls that timed out.
+    pub timeouts: u64,
+    /// One-way items posted.
+    pub posts: u64,
+    /// Messages sent.
+    pub msgs_sent: u64,
+    /// Items sent.
+    pub items_sent: u64,
+    /// Bytes sent.
+    pub bytes_sent: u64,
+}
+
+impl SessionStats {
+    /// Average items per message sent.
+    pub fn items_per_msg(&self) -> f64 {
+        if self.msgs_sent == 0 {
+            0.0
+        } else {
+            self.items_sent as f64 / self.msgs_sent as f64
+        }
+    }
+}
+
+macro_rules! counters {
+    ($($f:ident),* $(,)?) => {
+        /// The machine's live counters.
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters {
+            $(pub(crate) $f: AtomicU64,)*
+        }
+
+        impl Counters {
+            pub(crate) fn snapshot(&self) -> RpcStats {
+                RpcStats {
+                    $($f: self.$f.load(Ordering::Relaxed),)*
+                }
+            }
+        }
+    };
+}
+
+counters!(
+    calls,
+    calls_ok,
+    calls_failed,
+    resends,
+    timeouts,
+    posts,
+    unmatched_replies,
+    requests,
+    oneways,
+    replies,
+    duplicates,
+    stale,
+    unknown_opcodes,
+    protocol_errors,
+    msgs_sent,
+    items_sent,
+    bytes_sent,
+    msgs_received,
+    items_received,
+    bytes_received,
+    send_failures,
+    send_retries,
+    bulk_ok,
+    bulk_bytes,
+);
+
+/// Adds `n` to a counter.
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
