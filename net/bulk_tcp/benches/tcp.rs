@@ -13,7 +13,8 @@
 //! * `bulk_{read,write}/{1MiB,16MiB}`: active bulk receive (GET) and send
 //!   (PUT) of passive buffers, two transfers in flight, polling I/O threads,
 //!   vs a raw TCP stream of the same bytes (busy-poll writes and reads of
-//!   whole buffers).
+//!   whole buffers, cycling through as many buffers as the workload: see
+//!   `colibri_bench::baseline::tcp_stream`).
 //!
 //! After criterion's own report, the ratio ours/baseline of the mean times
 //! per iteration is printed for each pair. Run with

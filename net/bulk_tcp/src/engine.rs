@@ -321,6 +321,8 @@ struct Loop {
     /// spinning).
     hot: Option<usize>,
     dirty: Vec<usize>,
+    /// Connections whose socket was full at the last write.
+    full: Vec<usize>,
     last_active: Instant,
     timer_at: Instant,
     next_reap: Instant,
@@ -341,6 +343,7 @@ impl Loop {
             next_token: 1,
             hot: None,
             dirty: Vec::new(),
+            full: Vec::new(),
             last_active: now,
             timer_at: now,
             next_reap,
@@ -398,6 +401,15 @@ impl Loop {
     /// `epoll_wait` earlier. Returns true if it read something. A later
     /// event for the same data finds nothing to read, which is harmless.
     fn poll_hot(&mut self) -> bool {
+        if !self.full.is_empty() {
+            let full = std::mem::take(&mut self.full);
+            for t in full {
+                if self.conns.get(&t).is_some_and(Conn::has_output) {
+                    self.dirty.push(t);
+                }
+            }
+            self.flush_dirty();
+        }
         let Some(t) = self.hot else {
             return false;
         };
@@ -675,10 +687,20 @@ impl Loop {
             let Some(c) = self.conns.get_mut(&t) else {
                 continue;
             };
-            if let Err(e) = c.flush() {
-                debug!(conn = t, %e, "write failed");
-                self.eng.stats.broken.fetch_add(1, Ordering::Relaxed);
-                self.close(t, &e);
+            match c.flush() {
+                Ok(()) => {
+                    if c.has_output() && !self.full.contains(&t) {
+                        // The socket is full: epoll reports room again only
+                        // once a third of the buffer drained; while spinning
+                        // we try again sooner.
+                        self.full.push(t);
+                    }
+                }
+                Err(e) => {
+                    debug!(conn = t, %e, "write failed");
+                    self.eng.stats.broken.fetch_add(1, Ordering::Relaxed);
+                    self.close(t, &e);
+                }
             }
         }
     }
