@@ -110,11 +110,6 @@ impl Listener {
     pub(crate) fn service(&self, service: u32) -> Option<Arc<TmShared>> {
         self.services.lock().get(&service).and_then(Weak::upgrade)
     }
-
-    /// The engine owning the listener and its accepted connections.
-    pub(crate) fn engine(&self) -> &Arc<Engine> {
-        &self.engine
-    }
 }
 
 /// Listeners of the process by address.
@@ -216,6 +211,20 @@ pub(crate) fn release_addr(l: &Arc<Listener>, service: u32, tm: &TmShared) {
     }
 }
 
+/// Every engine of the process, for deletions of buffers in use that any of
+/// them may be filling.
+static ENGINES: LazyLock<Mutex<Vec<Weak<Engine>>>> = LazyLock::new(|| Mutex::new(Vec::new()));
+
+/// Queues `c()` on every running engine.
+pub(crate) fn push_all(c: impl Fn() -> Cmd) {
+    let engines: Vec<Arc<Engine>> = ENGINES.lock().iter().filter_map(Weak::upgrade).collect();
+    for e in engines {
+        if !e.shutdown.load(Ordering::SeqCst) {
+            e.push(c());
+        }
+    }
+}
+
 /// A domain's engine: the shared half (command queue, wake-up, lifetime).
 pub(crate) struct Engine {
     cfg: TcpConfig,
@@ -261,6 +270,10 @@ impl Engine {
             .spawn(move || Loop::new(e2, poll).run())?;
         *eng.thread_id.lock() = Some(h.thread().id());
         *eng.thread.lock() = Some(h);
+        let mut all = ENGINES.lock();
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&eng));
+        drop(all);
         Ok(eng)
     }
 

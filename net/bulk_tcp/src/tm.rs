@@ -72,14 +72,6 @@ impl TmShared {
             engine::release_addr(&l, own.service, self);
         }
     }
-
-    /// The I/O thread that reads what peers send to this transfer machine.
-    fn incoming_engine(&self) -> Arc<Engine> {
-        self.listener
-            .lock()
-            .as_ref()
-            .map_or_else(|| Arc::clone(&self.engine), |l| Arc::clone(l.engine()))
-    }
 }
 
 /// The transport object of one transfer machine.
@@ -163,19 +155,19 @@ impl XprtTm for TcpTm {
     fn buf_del(&self, sink: &TmSink, buf: &QueuedBuf, reason: DelReason) {
         let _ = self.sh.sink.set(sink.clone());
         let del = || Cmd::Del(Arc::clone(&self.sh), buf.clone(), reason);
-        self.sh.engine.push(del());
-        if matches!(
+        let incoming = matches!(
             buf.queue(),
             QueueType::MsgRecv | QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend
-        ) {
-            // Requests for this machine are read by the engine of its
-            // listener, and by its own engine when they come back over a
-            // connection it opened: both look (the core ignores the second
-            // completion of a buffer that was not in use).
-            let inc = self.sh.incoming_engine();
-            if !Arc::ptr_eq(&inc, &self.sh.engine) {
-                inc.push(del());
-            }
+        );
+        if incoming && buf.is_in_use() {
+            // A request is filling or reading it. Requests for this machine
+            // are read by the engine of its listener, by its own engine when
+            // they come back over a connection it opened, and (when its
+            // port is shared with another domain's machines) by that
+            // domain's engine: every engine looks for it.
+            engine::push_all(del);
+        } else {
+            self.sh.engine.push(del());
         }
     }
 
