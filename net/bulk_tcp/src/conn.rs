@@ -224,6 +224,8 @@ pub(crate) struct Conn {
     pub(crate) connected: bool,
     pub(crate) connect_deadline: Option<Instant>,
     pub(crate) last_use: Instant,
+    /// Since when the socket has been full with no write progress.
+    pub(crate) full_since: Option<Instant>,
     wq: VecDeque<Frame>,
     rbuf: Vec<u8>,
     rpos: usize,
@@ -270,6 +272,7 @@ impl Conn {
             connected: !out,
             connect_deadline: None,
             last_use: Instant::now(),
+            full_since: None,
             wq: VecDeque::new(),
             // Allocated on the first read: idle connections cost no buffer.
             rbuf: Vec::new(),
@@ -554,8 +557,14 @@ impl Conn {
             };
             match r {
                 Ok(0) => return Err(NetError::ConnectionReset("write returned 0".into())),
-                Ok(n) => self.advance(n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Ok(n) => {
+                    self.full_since = None;
+                    self.advance(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.full_since.get_or_insert_with(Instant::now);
+                    return Ok(());
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(reset(&e)),
             }

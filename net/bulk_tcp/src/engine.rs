@@ -911,6 +911,19 @@ impl Loop {
                 self.eng.stats.reaped.fetch_add(1, Ordering::Relaxed);
                 self.close(t, &NetError::ConnectionReset("idle".into()));
             }
+            // A peer that stopped reading: after `idle_timeout` without any
+            // write progress the connection is given up.
+            let stalled: Vec<usize> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| c.full_since.is_some_and(|t| now.duration_since(t) >= idle))
+                .map(|(t, _)| *t)
+                .collect();
+            for t in stalled {
+                debug!(conn = t, "peer stopped reading: connection closed");
+                self.eng.stats.broken.fetch_add(1, Ordering::Relaxed);
+                self.close(t, &NetError::TimedOut);
+            }
             self.next_reap = now + (idle / 4).max(Duration::from_millis(10));
         }
         next = next.min(self.next_reap);

@@ -482,3 +482,33 @@ fn thousands_of_connections_one_io_thread() {
     drop(socks);
     n.shutdown();
 }
+
+/// A peer that accepts and never reads: once the socket stayed full for
+/// `idle_timeout` the connection is given up and the send fails with
+/// `TimedOut` (no buffer timeout needed).
+#[test]
+fn stalled_connection_is_given_up() {
+    let stall = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = stall.local_addr().unwrap().port();
+    let keep = std::thread::spawn(move || {
+        let (s, _) = stall.accept().unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        drop(s);
+    });
+    let cfg = TcpConfig {
+        idle_timeout: Duration::from_millis(300),
+        ..TcpConfig::default()
+    };
+    let n = Node::start("127.0.0.1:0:1", cfg);
+    let ep = n.ep(&format!("127.0.0.1:{port}:1"));
+    let big = 32 << 20;
+    let t0 = Instant::now();
+    n.tm.add_msg_send(n.buf(&[], big), &ep, big).unwrap();
+    let ev = n.next_on(QueueType::MsgSend);
+    assert_eq!(ev.error(), Some(&NetError::TimedOut), "{ev:?}");
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    assert_eq!(n.xprt.stats().broken, 1);
+    drop((ev, ep));
+    n.shutdown();
+    keep.join().unwrap();
+}
