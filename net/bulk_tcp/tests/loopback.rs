@@ -408,18 +408,25 @@ fn connections_are_reused_and_reaped_when_idle() {
         a.send(&ep, &pattern(i, 32)).unwrap();
     }
     assert_eq!(received.load(Ordering::SeqCst), 500);
-    assert_eq!(
-        a.xprt.stats().connects,
-        1,
-        "one connection for all the traffic"
-    );
+    // One connection for all the traffic, unless this thread was descheduled
+    // for longer than the idle time between two sends (a loaded machine):
+    // then the skulker closed it and the next send opened one more.
+    let st = a.xprt.stats();
+    assert_eq!(st.connects, st.reaped + 1, "{st:?}");
+    assert!(st.connects <= 3, "connections are reused: {st:?}");
+    let before = st.reaped;
     let deadline = Instant::now() + WAIT;
-    while a.xprt.stats().reaped == 0 {
+    while a.xprt.stats().reaped == before {
         assert!(Instant::now() < deadline, "idle connection never reaped");
         std::thread::sleep(Duration::from_millis(20));
     }
     a.send(&ep, b"again").unwrap();
-    assert_eq!(a.xprt.stats().connects, 2);
+    let st = a.xprt.stats();
+    assert_eq!(
+        st.connects,
+        st.reaped + 1,
+        "reconnected after the reap: {st:?}"
+    );
     drop(ep);
     a.shutdown();
     b.shutdown();
