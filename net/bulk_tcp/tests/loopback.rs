@@ -422,9 +422,8 @@ fn connections_are_reused_and_reaped_when_idle() {
     }
     a.send(&ep, b"again").unwrap();
     let st = a.xprt.stats();
-    assert_eq!(
-        st.connects,
-        st.reaped + 1,
+    assert!(
+        st.connects >= before + 2,
         "reconnected after the reap: {st:?}"
     );
     drop(ep);
