@@ -146,6 +146,10 @@ pub struct Plan {
     pub tests: Vec<String>,
     /// Apply the in-memory transport's targets of issue 2.
     pub mem_targets: bool,
+    /// Compare with a raw loopback TCP socket pair (ping-pong, message
+    /// stream, byte stream) instead of channels and memcpy, and apply the
+    /// TCP transport's targets of issue 3.
+    pub tcp: bool,
 }
 
 impl Plan {
@@ -169,6 +173,7 @@ impl Plan {
             rpc_oneway_count: if polling { 500_000 } else { 100_000 },
             tests: vec!["rtt".into(), "oneway".into(), "bulk".into(), "rpc".into()],
             mem_targets: true,
+            tcp: false,
         }
     }
 
@@ -224,32 +229,26 @@ pub fn run_plan(
             let (mut ours, mut base) = (Vec::new(), Vec::new());
             for _ in 0..runs {
                 ours.push(secs(w.run(plan.rtt_iters)?) * 1e6 / plan.rtt_iters as f64);
-                base.push(
-                    secs(baseline::channel_round_trip(
-                        size,
-                        plan.rtt_iters,
-                        plan.polling,
-                        plan.cpus,
-                    )) * 1e6
-                        / plan.rtt_iters as f64,
-                );
+                let b = if plan.tcp {
+                    baseline::tcp_round_trip(size, plan.rtt_iters, plan.polling, plan.cpus)
+                } else {
+                    baseline::channel_round_trip(size, plan.rtt_iters, plan.polling, plan.cpus)
+                };
+                base.push(secs(b) * 1e6 / plan.rtt_iters as f64);
             }
             w.finish();
-            let target = match (plan.mem_targets, plan.polling, size) {
-                (true, true, 64) => Some(Target::AtMost(2.0)),
-                (true, false, _) => Some(Target::RatioAtMost(1.5)),
+            let target = match (plan.mem_targets, plan.tcp, plan.polling, size) {
+                (_, true, _, 64) => Some(Target::RatioAtMost(1.3)),
+                (true, false, true, 64) => Some(Target::AtMost(2.0)),
+                (true, false, false, _) => Some(Target::RatioAtMost(1.5)),
                 _ => None,
             };
-            rows.push(row(
-                "rtt",
-                size,
-                "us",
-                &ours,
-                &base,
-                channel_name(plan.polling, size),
-                false,
-                target,
-            ));
+            let name = if plan.tcp {
+                tcp_name(plan.polling, &format!("{} ping-pong", fmt_size(size)))
+            } else {
+                channel_name(plan.polling, size)
+            };
+            rows.push(row("rtt", size, "us", &ours, &base, name, false, target));
         }
     }
     if plan.wants("oneway") {
@@ -264,32 +263,36 @@ pub fn run_plan(
         let (mut ours, mut base) = (Vec::new(), Vec::new());
         for _ in 0..runs {
             ours.push(plan.oneway_count as f64 / secs(w.run(plan.oneway_count)?) / 1e6);
-            base.push(
-                plan.oneway_count as f64
-                    / secs(baseline::channel_one_way(
-                        plan.oneway_count,
-                        plan.polling,
-                        plan.cpus,
-                    ))
-                    / 1e6,
-            );
+            let b = if plan.tcp {
+                baseline::tcp_one_way(size, plan.oneway_count, plan.polling, plan.cpus)
+            } else {
+                baseline::channel_one_way(plan.oneway_count, plan.polling, plan.cpus)
+            };
+            base.push(plan.oneway_count as f64 / secs(b) / 1e6);
         }
         let multi = w.multi_message();
         w.finish();
         let target = (plan.mem_targets && plan.polling).then_some(Target::AtLeast(1.0));
-        let name = format!(
-            "crossbeam bounded(1024) stream of 64 B arrays ({}){}",
-            if plan.polling {
-                "try_recv spin"
-            } else {
-                "recv"
-            },
-            if multi {
-                ""
-            } else {
-                "; ours without multi-message buffers"
-            }
-        );
+        let name = if plan.tcp {
+            tcp_name(
+                plan.polling,
+                &format!("stream, one write per {} message", fmt_size(size)),
+            )
+        } else {
+            format!(
+                "crossbeam bounded(1024) stream of 64 B arrays ({}){}",
+                if plan.polling {
+                    "try_recv spin"
+                } else {
+                    "recv"
+                },
+                if multi {
+                    ""
+                } else {
+                    "; ours without multi-message buffers"
+                }
+            )
+        };
         rows.push(row(
             "oneway", size, "Mmsg/s", &ours, &base, name, true, target,
         ));
@@ -310,20 +313,29 @@ pub fn run_plan(
                 for _ in 0..runs {
                     let bytes = size as f64 * iters as f64;
                     ours.push(bytes / secs(w.run(iters)?) / 1e9);
-                    base.push(bytes / secs(baseline::memcpy(size, iters)) / 1e9);
+                    let b = if plan.tcp {
+                        baseline::tcp_stream(size, iters, plan.polling, plan.cpus)
+                    } else {
+                        baseline::memcpy(size, iters)
+                    };
+                    base.push(bytes / secs(b) / 1e9);
                 }
                 w.finish();
-                let target =
-                    (plan.mem_targets && size == 1 << 20).then_some(Target::RatioAtLeast(0.8));
+                let target = match (plan.mem_targets, plan.tcp) {
+                    (_, true) if size == 1 << 20 => Some(Target::RatioAtLeast(0.9)),
+                    (true, false) if size == 1 << 20 => Some(Target::RatioAtLeast(0.8)),
+                    _ => None,
+                };
+                let base_name = if plan.tcp {
+                    tcp_name(
+                        plan.polling,
+                        "stream of the same bytes, whole buffers per call",
+                    )
+                } else {
+                    "single-thread memcpy".to_string()
+                };
                 rows.push(row(
-                    name,
-                    size,
-                    "GB/s",
-                    &ours,
-                    &base,
-                    "single-thread memcpy".into(),
-                    true,
-                    target,
+                    name, size, "GB/s", &ours, &base, base_name, true, target,
                 ));
             }
         }
@@ -332,6 +344,17 @@ pub fn run_plan(
         run_rpc(plan, xprt, &cfg, runs, progress, &mut rows)?;
     }
     Ok(rows)
+}
+
+fn tcp_name(polling: bool, what: &str) -> String {
+    format!(
+        "raw loopback TCP socket pair (TCP_NODELAY), {what}, {}",
+        if polling {
+            "busy-poll reads"
+        } else {
+            "blocking reads"
+        }
+    )
 }
 
 /// The RPC rows: each against the layer below (or the RPC layer's own

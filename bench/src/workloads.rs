@@ -224,7 +224,10 @@ impl RoundTrip {
                     }
                 }),
         );
-        for _ in 0..2 {
+        // Receive buffers to spare on both sides: on a network transport
+        // the server's echo may complete (and its buffer return to the
+        // receive queue) after the client's next request arrived.
+        for _ in 0..4 {
             pair.server.tm.add_msg_recv(
                 filled(&pair.server.dom, size, &scbs)?,
                 RecvParams::default(),
@@ -233,6 +236,8 @@ impl RoundTrip {
                 filled(&pair.client.dom, size, &ccbs)?,
                 RecvParams::default(),
             )?;
+        }
+        for _ in 0..2 {
             sh.st
                 .lock()
                 .free_send

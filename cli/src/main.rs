@@ -66,8 +66,8 @@ enum Cmd {
     /// passes, then prints what it served. Over the in-memory transport
     /// (the default) only clients in the same process can reach it: use
     /// `colibri ping` without an address instead, which starts its own
-    /// server. Between two processes, use a network transport (TCP, once
-    /// it is built: `--xprt tcp`).
+    /// server. Between two processes, use a network transport
+    /// (`--xprt tcp`).
     ///
     /// Examples:
     ///   colibri serve                                 # mem, 127.0.0.1:4040:1
@@ -253,6 +253,10 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         if let Some(r) = a.runs {
             plan.runs = r;
         }
+        // TCP is compared with a raw loopback TCP socket pair, and against
+        // its own targets.
+        plan.tcp = a.xprt == Xprt::Tcp;
+        plan.mem_targets &= !plan.tcp;
         let xprt = a.xprt.transport(polling, a.workers);
         let mode = if polling { "polling" } else { "blocking" };
         let mut step = 0;
@@ -293,12 +297,12 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 || "not pinned".to_string(),
                 |(c, sv)| format!("client on CPU {c}, server on CPU {sv}"),
             );
-            writeln!(
-                out,
-                "\n== {} workers ({} per transfer machine), {pin}",
-                s.mode, s.workers
-            )
-            .map_err(|e| e.to_string())?;
+            let threads = if report.transport == "tcp" {
+                "I/O threads (one per domain)".to_string()
+            } else {
+                format!("workers ({} per transfer machine)", s.workers)
+            };
+            writeln!(out, "\n== {} {threads}, {pin}", s.mode).map_err(|e| e.to_string())?;
             write!(out, "{}", table(&s.rows)).map_err(|e| e.to_string())?;
         }
     }

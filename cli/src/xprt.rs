@@ -7,6 +7,7 @@ use std::sync::Arc;
 use clap::ValueEnum;
 use colibri_bench::PairConfig;
 use colibri_bulk_mem::{MemConfig, MemTransport};
+use colibri_bulk_tcp::{TcpConfig, TcpTransport};
 use colibri_net::Transport;
 
 /// A transport the program can use.
@@ -14,6 +15,9 @@ use colibri_net::Transport;
 pub(crate) enum Xprt {
     /// The in-memory transport: transfer machines of one process only.
     Mem,
+    /// The TCP transport: transfer machines of any processes (loopback in
+    /// benchmarks, compared with a raw TCP socket pair).
+    Tcp,
 }
 
 impl Xprt {
@@ -21,6 +25,7 @@ impl Xprt {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Mem => "mem",
+            Self::Tcp => "tcp",
         }
     }
 
@@ -39,6 +44,17 @@ impl Xprt {
                     ..base
                 }))
             }
+            // One I/O thread per domain (`workers` does not apply); polling:
+            // it spins 1 ms in epoll_wait(0) before it blocks, so a busy
+            // transfer machine never sleeps.
+            Self::Tcp => Arc::new(TcpTransport::new(TcpConfig {
+                spin: if polling {
+                    std::time::Duration::from_millis(1)
+                } else {
+                    std::time::Duration::ZERO
+                },
+                ..TcpConfig::default()
+            })),
         }
     }
 
@@ -48,13 +64,15 @@ impl Xprt {
         match (self, server) {
             (Self::Mem, true) => "127.0.0.1:4040:1",
             (Self::Mem, false) => "127.0.0.1:0:2",
+            (Self::Tcp, true) => "127.0.0.1:4041:1",
+            (Self::Tcp, false) => "127.0.0.1:0:2",
         }
     }
 
     /// Where a benchmark starts its client and server.
     pub(crate) fn pair(self) -> PairConfig {
         match self {
-            Self::Mem => PairConfig::mem(),
+            Self::Mem | Self::Tcp => PairConfig::mem(),
         }
     }
 
@@ -62,6 +80,7 @@ impl Xprt {
     pub(crate) fn crosses_processes(self) -> bool {
         match self {
             Self::Mem => false,
+            Self::Tcp => true,
         }
     }
 }

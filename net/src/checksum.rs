@@ -1,13 +1,15 @@
 //! CRC-32C (Castagnoli), the integrity check of descriptors and of the
 //! transports' wire headers.
 //!
-//! Table driven, computed at compile time. It protects against corruption
+//! Slicing-by-8 (eight 256-entry tables computed at compile time: eight
+//! bytes per step). It protects against corruption
 //! and accidental misuse, not against an adversary: descriptors carry a
 //! random cookie for that.
 
 const POLY: u32 = 0x82F6_3B78; // reflected Castagnoli polynomial
 
 const TABLE: [u32; 256] = build_table();
+const TABLES: [[u32; 256]; 8] = build_tables();
 
 const fn build_table() -> [u32; 256] {
     let mut table = [0u32; 256];
@@ -29,6 +31,22 @@ const fn build_table() -> [u32; 256] {
     table
 }
 
+const fn build_tables() -> [[u32; 256]; 8] {
+    let mut t = [[0u32; 256]; 8];
+    t[0] = build_table();
+    let mut i = 0;
+    while i < 256 {
+        let mut k = 1;
+        while k < 8 {
+            let prev = t[k - 1][i];
+            t[k][i] = (prev >> 8) ^ t[0][(prev & 0xff) as usize];
+            k += 1;
+        }
+        i += 1;
+    }
+    t
+}
+
 /// Incremental CRC-32C state.
 #[derive(Debug, Clone, Copy)]
 pub struct Crc32c(u32);
@@ -48,7 +66,20 @@ impl Crc32c {
     /// Feeds bytes.
     pub fn update(&mut self, data: &[u8]) {
         let mut crc = self.0;
-        for &b in data {
+        let mut chunks = data.chunks_exact(8);
+        for c in &mut chunks {
+            let lo = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) ^ crc;
+            let hi = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+            crc = TABLES[7][(lo & 0xff) as usize]
+                ^ TABLES[6][((lo >> 8) & 0xff) as usize]
+                ^ TABLES[5][((lo >> 16) & 0xff) as usize]
+                ^ TABLES[4][(lo >> 24) as usize]
+                ^ TABLES[3][(hi & 0xff) as usize]
+                ^ TABLES[2][((hi >> 8) & 0xff) as usize]
+                ^ TABLES[1][((hi >> 16) & 0xff) as usize]
+                ^ TABLES[0][(hi >> 24) as usize];
+        }
+        for &b in chunks.remainder() {
             crc = TABLE[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8);
         }
         self.0 = crc;
@@ -78,6 +109,18 @@ mod tests {
         assert_eq!(crc32c(&[0xffu8; 32]), 0x62A8_AB43);
         assert_eq!(crc32c(b"123456789"), 0xE306_9283);
         assert_eq!(crc32c(b""), 0);
+    }
+
+    #[test]
+    fn sliced_matches_bytewise() {
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for len in [0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 999] {
+            let mut bytewise = !0u32;
+            for &b in &data[..len] {
+                bytewise = TABLE[((bytewise ^ u32::from(b)) & 0xff) as usize] ^ (bytewise >> 8);
+            }
+            assert_eq!(crc32c(&data[..len]), !bytewise, "len {len}");
+        }
     }
 
     #[test]

@@ -1582,17 +1582,24 @@ impl TmHandle {
         } else {
             None
         };
+        // Publish the deadline before the transport sees the buffer: a
+        // transport wakes its timer loop in buf_add, and that loop must
+        // then find the new earliest deadline.
+        if let Some(d) = deadline {
+            core.timers.insert((d, key));
+            self.inner.update_earliest(&core);
+        }
         if let Err(e) = self.inner.xprt.buf_add(&sink, &q) {
+            if let Some(d) = deadline {
+                core.timers.remove(&(d, key));
+                self.inner.update_earliest(&core);
+            }
             return Err(undo(&mut core, e));
         }
         core.qlen[queue.index()] += 1;
         core.stats[queue.index()].adds += 1;
         if queue == QueueType::MsgRecv {
             core.recv_list.push_back(key);
-        }
-        if let Some(d) = deadline {
-            core.timers.insert((d, key));
-            self.inner.update_earliest(&core);
         }
         trace!(tm = %self.inner.id, token = key, %queue, "added");
         Ok(Added {

@@ -103,8 +103,8 @@ impl Shared {
             warn!(tm = %self.id, cpu, "could not pin worker thread");
         }
         loop {
-            let deadline = self.sink().and_then(TmSink::next_deadline);
-            let item = self.queue.pop(self.cfg.spin, deadline);
+            let deadline = || self.sink().and_then(TmSink::next_deadline);
+            let item = self.queue.pop(self.cfg.spin, &deadline);
             if let Some(w) = item {
                 self.busy.fetch_add(1, Ordering::SeqCst);
                 self.process(w);

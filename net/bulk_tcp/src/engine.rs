@@ -1,0 +1,950 @@
+//! The I/O engine of a domain: one thread that owns the domain's sockets
+//! (its outgoing connections, the listeners its transfer machines opened
+//! and the connections accepted on them), drives readiness with `epoll`
+//! (through `mio`), runs the operations the transfer machines queue, drives
+//! buffer timeouts, and reaps idle connections (the seed's skulker).
+//!
+//! The thread polls for [`TcpConfig::spin`](crate::TcpConfig::spin) after
+//! its last piece of work before it blocks in `epoll_wait`; whoever queues a
+//! command wakes it only when it is blocked. Shutdown is a flag and a wake:
+//! the thread never sleeps without a way to be woken.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Weak};
+use std::thread::{self, JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+use colibri_net::xprt::{DelReason, QueuedBuf};
+use colibri_net::{NetBufDesc, NetError, QueueType, Result, TmId};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use parking_lot::Mutex;
+use tracing::{debug, trace, warn};
+
+use crate::TcpConfig;
+use crate::addr::TcpAddr;
+use crate::conn::{Conn, Cx, Flow, complete};
+use crate::tm::TmShared;
+
+const WAKE: Token = Token(0);
+
+/// Counters of a transport's connections, shared by its domains.
+#[derive(Debug, Default)]
+pub struct Stats {
+    connects: AtomicU64,
+    accepts: AtomicU64,
+    reaped: AtomicU64,
+    broken: AtomicU64,
+    rx_bytes: AtomicU64,
+}
+
+/// A snapshot of [`Stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StatsSnapshot {
+    /// Outgoing connections opened.
+    pub connects: u64,
+    /// Incoming connections accepted.
+    pub accepts: u64,
+    /// Idle outgoing connections closed by the skulker.
+    pub reaped: u64,
+    /// Connections closed by an error (reset, protocol error, peer death).
+    pub broken: u64,
+    /// Bytes read from sockets.
+    pub rx_bytes: u64,
+}
+
+impl Stats {
+    pub(crate) fn add_rx(&self, n: usize) {
+        self.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Reads the counters.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            connects: self.connects.load(Ordering::Relaxed),
+            accepts: self.accepts.load(Ordering::Relaxed),
+            reaped: self.reaped.load(Ordering::Relaxed),
+            broken: self.broken.load(Ordering::Relaxed),
+            rx_bytes: self.rx_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Commands queued to an engine.
+pub(crate) enum Cmd {
+    AddTm(Arc<TmShared>),
+    RemoveTm(TmId),
+    Started(Arc<TmShared>),
+    Stop(Arc<TmShared>),
+    Listen(Arc<Listener>),
+    Send(Arc<TmShared>, QueuedBuf),
+    Active(Arc<TmShared>, QueuedBuf),
+    Del(Arc<TmShared>, QueuedBuf, DelReason),
+    Pin(usize),
+    /// Recompute timers (a buffer with a timeout was added).
+    Wake,
+}
+
+/// A listening socket shared by the transfer machines of this process
+/// started at its address, told apart by service id.
+pub(crate) struct Listener {
+    pub(crate) addr: SocketAddrV4,
+    sock: Mutex<Option<TcpListener>>,
+    services: Mutex<HashMap<u32, Weak<TmShared>>>,
+    engine: Arc<Engine>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl Listener {
+    /// The transfer machine of `service`, if started here.
+    pub(crate) fn service(&self, service: u32) -> Option<Arc<TmShared>> {
+        self.services.lock().get(&service).and_then(Weak::upgrade)
+    }
+}
+
+/// Listeners of the process by address.
+static LISTENERS: LazyLock<Mutex<HashMap<SocketAddrV4, Arc<Listener>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// This process's listener at `addr`, if any.
+pub(crate) fn listener_at(addr: SocketAddrV4) -> Option<Arc<Listener>> {
+    LISTENERS.lock().get(&addr).cloned()
+}
+
+/// Claims `want` for `tm`: joins the process's listener at that address or
+/// opens one (port 0 opens one on a free port). Returns the listener and
+/// the address actually claimed.
+pub(crate) fn claim_addr(want: TcpAddr, tm: &Arc<TmShared>) -> Result<(Arc<Listener>, TcpAddr)> {
+    let mut reg = LISTENERS.lock();
+    if want.port != 0
+        && let Some(l) = reg.get(&want.sock())
+    {
+        let mut sv = l.services.lock();
+        if sv.get(&want.service).is_some_and(|w| w.strong_count() > 0) {
+            return Err(NetError::AddrInUse(want.to_string()));
+        }
+        sv.insert(want.service, Arc::downgrade(tm));
+        return Ok((Arc::clone(l), want));
+    }
+    let std_l = bind(want.sock()).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            NetError::AddrInUse(want.to_string())
+        } else {
+            NetError::io(&e)
+        }
+    })?;
+    let real = match std_l.local_addr()? {
+        std::net::SocketAddr::V4(a) => a,
+        std::net::SocketAddr::V6(_) => {
+            return Err(NetError::InvalidArgument("bound an IPv6 address".into()));
+        }
+    };
+    let got = TcpAddr {
+        port: real.port(),
+        ..want
+    };
+    let engine = Arc::clone(&tm.engine);
+    engine.add_user();
+    let l = Arc::new(Listener {
+        addr: real,
+        sock: Mutex::new(Some(TcpListener::from_std(std_l))),
+        services: Mutex::new(HashMap::from([(want.service, Arc::downgrade(tm))])),
+        engine,
+    });
+    reg.insert(real, Arc::clone(&l));
+    drop(reg);
+    debug!(addr = %real, "listening");
+    l.engine.push(Cmd::Listen(Arc::clone(&l)));
+    Ok((l, got))
+}
+
+/// Backlog of listening sockets: room for a burst of connections from many
+/// clients while the I/O thread accepts them (the standard library's 128
+/// makes clients beyond it wait a SYN retransmission, a second).
+const BACKLOG: i32 = 4096;
+
+/// A non-blocking listening socket with `SO_REUSEADDR` (restarting at an
+/// address whose old connections are in TIME_WAIT works).
+fn bind(addr: SocketAddrV4) -> std::io::Result<std::net::TcpListener> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&addr.into())?;
+    s.listen(BACKLOG)?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
+
+/// Releases `tm`'s service at listener `l`; the last one closes the
+/// listening socket (at once, so the address can be started again).
+pub(crate) fn release_addr(l: &Arc<Listener>, service: u32, tm: &TmShared) {
+    let mut reg = LISTENERS.lock();
+    let mut sv = l.services.lock();
+    if sv
+        .get(&service)
+        .is_some_and(|w| std::ptr::eq(w.as_ptr(), tm))
+    {
+        sv.remove(&service);
+    }
+    sv.retain(|_, w| w.strong_count() > 0);
+    let last = sv.is_empty();
+    drop(sv);
+    if !last {
+        return;
+    }
+    if reg.get(&l.addr).is_some_and(|x| Arc::ptr_eq(x, l)) {
+        reg.remove(&l.addr);
+    }
+    drop(reg);
+    if l.sock.lock().take().is_some() {
+        debug!(addr = %l.addr, "listener closed");
+        l.engine.release_user();
+    }
+}
+
+/// Every engine of the process, for deletions of buffers in use that any of
+/// them may be filling.
+static ENGINES: LazyLock<Mutex<Vec<Weak<Engine>>>> = LazyLock::new(|| Mutex::new(Vec::new()));
+
+/// Queues `c()` on every running engine.
+pub(crate) fn push_all(c: impl Fn() -> Cmd) {
+    let engines: Vec<Arc<Engine>> = ENGINES.lock().iter().filter_map(Weak::upgrade).collect();
+    for e in engines {
+        if !e.shutdown.load(Ordering::SeqCst) {
+            e.push(c());
+        }
+    }
+}
+
+/// A domain's engine: the shared half (command queue, wake-up, lifetime).
+pub(crate) struct Engine {
+    cfg: TcpConfig,
+    stats: Arc<Stats>,
+    cmds: Mutex<VecDeque<Cmd>>,
+    has_cmds: AtomicBool,
+    sleeping: AtomicBool,
+    waker: Waker,
+    users: AtomicUsize,
+    shutdown: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    thread_id: Mutex<Option<ThreadId>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("users", &self.users.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Starts an engine thread; the caller is its first user.
+    pub(crate) fn start(cfg: TcpConfig, stats: Arc<Stats>) -> Result<Arc<Self>> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKE)?;
+        let eng = Arc::new(Self {
+            cfg,
+            stats,
+            cmds: Mutex::new(VecDeque::new()),
+            has_cmds: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            waker,
+            users: AtomicUsize::new(1),
+            shutdown: AtomicBool::new(false),
+            thread: Mutex::new(None),
+            thread_id: Mutex::new(None),
+        });
+        let e2 = Arc::clone(&eng);
+        let h = thread::Builder::new()
+            .name("colibri-tcp-io".into())
+            .spawn(move || Loop::new(e2, poll).run())?;
+        *eng.thread_id.lock() = Some(h.thread().id());
+        *eng.thread.lock() = Some(h);
+        let mut all = ENGINES.lock();
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&eng));
+        drop(all);
+        Ok(eng)
+    }
+
+    /// Queues a command and wakes the thread if it sleeps.
+    pub(crate) fn push(&self, c: Cmd) {
+        self.cmds.lock().push_back(c);
+        self.has_cmds.store(true, Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst)
+            && let Err(e) = self.waker.wake()
+        {
+            warn!(%e, "could not wake the I/O thread");
+        }
+    }
+
+    pub(crate) fn add_user(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Drops a user; the last one stops the thread (and joins it, unless
+    /// called from the thread itself, which then exits on its own).
+    pub(crate) fn release_user(&self) {
+        if self.users.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        self.shutdown.store(true, Ordering::SeqCst);
+        if let Err(e) = self.waker.wake() {
+            warn!(%e, "could not wake the I/O thread");
+        }
+        if self.on_thread() {
+            return;
+        }
+        if let Some(h) = self.thread.lock().take()
+            && h.join().is_err()
+        {
+            warn!("I/O thread panicked");
+        }
+    }
+
+    /// True on the engine's own thread.
+    pub(crate) fn on_thread(&self) -> bool {
+        *self.thread_id.lock() == Some(thread::current().id())
+    }
+}
+
+/// The engine thread's own state.
+struct Loop {
+    eng: Arc<Engine>,
+    poll: Poll,
+    conns: HashMap<usize, Conn>,
+    listeners: HashMap<usize, Arc<Listener>>,
+    out: HashMap<SocketAddrV4, usize>,
+    /// Peers' listening addresses reachable over connections they opened
+    /// to us (learned from their requests).
+    routes: HashMap<SocketAddrV4, usize>,
+    tms: HashMap<TmId, Arc<TmShared>>,
+    next_token: usize,
+    /// The connection that last had data to read (polled directly while
+    /// spinning).
+    hot: Option<usize>,
+    dirty: Vec<usize>,
+    /// Connections whose socket was full at the last write.
+    full: Vec<usize>,
+    last_active: Instant,
+    timer_at: Instant,
+    next_reap: Instant,
+}
+
+impl Loop {
+    fn new(eng: Arc<Engine>, poll: Poll) -> Self {
+        let now = Instant::now();
+        let next_reap = now + eng.cfg.idle_timeout / 2;
+        Self {
+            eng,
+            poll,
+            conns: HashMap::new(),
+            listeners: HashMap::new(),
+            out: HashMap::new(),
+            routes: HashMap::new(),
+            tms: HashMap::new(),
+            next_token: 1,
+            hot: None,
+            dirty: Vec::new(),
+            full: Vec::new(),
+            last_active: now,
+            timer_at: now,
+            next_reap,
+        }
+    }
+
+    fn run(mut self) {
+        if let Some(cpu) = self.eng.cfg.io_cpu {
+            pin(cpu);
+        }
+        let mut events = Events::with_capacity(256);
+        while !self.eng.shutdown.load(Ordering::SeqCst) {
+            let now = Instant::now();
+            let spinning = now.saturating_duration_since(self.last_active) < self.eng.cfg.spin;
+            let timeout = if spinning {
+                Some(Duration::ZERO)
+            } else {
+                Some(self.timer_at.saturating_duration_since(now))
+            };
+            let blocking = timeout.is_some_and(|t| !t.is_zero());
+            if blocking {
+                self.eng.sleeping.store(true, Ordering::SeqCst);
+                if self.eng.has_cmds.load(Ordering::SeqCst)
+                    || self.eng.shutdown.load(Ordering::SeqCst)
+                {
+                    self.eng.sleeping.store(false, Ordering::SeqCst);
+                    self.step(&events, false);
+                    continue;
+                }
+            }
+            if spinning && self.poll_hot() {
+                self.last_active = Instant::now();
+                self.step(&events, false);
+                continue;
+            }
+            let r = self.poll.poll(&mut events, timeout);
+            if blocking {
+                self.eng.sleeping.store(false, Ordering::SeqCst);
+            }
+            if let Err(e) = r {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    warn!(%e, "epoll_wait failed");
+                    thread::sleep(Duration::from_millis(1));
+                }
+                events.clear();
+            }
+            self.step(&events, true);
+        }
+        self.close_all();
+    }
+
+    /// While spinning, reads the connection that last received data
+    /// directly, without waiting for epoll to report it (the busy-poll of a
+    /// raw socket): a request-response exchange sees its answer one
+    /// `epoll_wait` earlier. Returns true if it read something. A later
+    /// event for the same data finds nothing to read, which is harmless.
+    fn poll_hot(&mut self) -> bool {
+        if !self.full.is_empty() {
+            let full = std::mem::take(&mut self.full);
+            for t in full {
+                if self.conns.get(&t).is_some_and(Conn::has_output) {
+                    self.dirty.push(t);
+                }
+            }
+            self.flush_dirty();
+        }
+        let Some(t) = self.hot else {
+            return false;
+        };
+        let Some(c) = self.conns.get_mut(&t) else {
+            self.hot = None;
+            return false;
+        };
+        if !c.connected {
+            return false;
+        }
+        let before = self.eng.stats.rx_bytes.load(Ordering::Relaxed);
+        let cx = Cx {
+            max_body: u32::try_from(self.eng.cfg.limits.max_buffer_size + 65536)
+                .unwrap_or(u32::MAX),
+            stats: &self.eng.stats,
+        };
+        match c.on_readable(&cx, false) {
+            Ok(Flow::Open) => {}
+            Ok(Flow::Eof) => {
+                let e = NetError::ConnectionReset(format!("{} closed the connection", c.peer));
+                self.close(t, &e);
+                return true;
+            }
+            Err(e) => {
+                self.eng.stats.broken.fetch_add(1, Ordering::Relaxed);
+                self.close(t, &e);
+                return true;
+            }
+        }
+        let Some(c) = self.conns.get_mut(&t) else {
+            return true;
+        };
+        if c.has_output() {
+            self.dirty.push(t);
+        }
+        if std::mem::take(&mut c.new_routes) {
+            for a in c.learned.clone() {
+                self.routes.insert(a, t);
+            }
+        }
+        self.eng.stats.rx_bytes.load(Ordering::Relaxed) != before
+    }
+
+    /// One iteration after a poll: socket events, commands, timers, writes,
+    /// stops.
+    fn step(&mut self, events: &Events, polled: bool) {
+        let mut active = false;
+        if polled {
+            // Outgoing connections first: they carry the responses that
+            // complete our sends and free their buffers (a server echoing
+            // from its receive buffers gets them back before it reads the
+            // next requests that arrived in the same batch).
+            for first in [true, false] {
+                for ev in events {
+                    let t = ev.token();
+                    if t == WAKE {
+                        continue;
+                    }
+                    let out = self.conns.get(&t.0).is_some_and(|c| c.out);
+                    if out != first {
+                        continue;
+                    }
+                    active = true;
+                    self.on_event(ev);
+                }
+            }
+        }
+        if self.eng.has_cmds.swap(false, Ordering::SeqCst) {
+            let cmds: Vec<Cmd> = self.eng.cmds.lock().drain(..).collect();
+            if !cmds.is_empty() {
+                active = true;
+                self.timer_at = Instant::now();
+            }
+            for c in cmds {
+                self.on_cmd(c);
+            }
+        }
+        let now = Instant::now();
+        if active {
+            self.last_active = now;
+        }
+        if now >= self.timer_at {
+            self.timers(now);
+        }
+        self.flush_dirty();
+        self.check_stops();
+    }
+
+    fn on_event(&mut self, ev: &mio::event::Event) {
+        let t = ev.token().0;
+        if let Some(l) = self.listeners.get(&t).cloned() {
+            self.accept(&l);
+            return;
+        }
+        let Some(c) = self.conns.get_mut(&t) else {
+            return;
+        };
+        if !c.connected && (ev.is_writable() || ev.is_error() || ev.is_write_closed()) {
+            match c.sock.take_error() {
+                Ok(None) => match c.sock.peer_addr() {
+                    Ok(_) => {
+                        c.connected = true;
+                        c.connect_deadline = None;
+                        trace!(conn = t, peer = %c.peer, "connected");
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotConnected => return,
+                    Err(e) => return self.close(t, &NetError::io(&e)),
+                },
+                Ok(Some(e)) | Err(e) => return self.close(t, &NetError::io(&e)),
+            }
+        }
+        if !c.connected {
+            return;
+        }
+        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+            let cx = Cx {
+                max_body: u32::try_from(self.eng.cfg.limits.max_buffer_size + 65536)
+                    .unwrap_or(u32::MAX),
+                stats: &self.eng.stats,
+            };
+            match c.on_readable(&cx, ev.is_read_closed() || ev.is_error()) {
+                Ok(Flow::Open) => self.hot = Some(t),
+                Ok(Flow::Eof) => {
+                    let idle = c.is_idle();
+                    let e = NetError::ConnectionReset(format!("{} closed the connection", c.peer));
+                    if !idle {
+                        self.eng.stats.broken.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return self.close(t, &e);
+                }
+                Err(e) => {
+                    debug!(conn = t, %e, "connection failed");
+                    self.eng.stats.broken.fetch_add(1, Ordering::Relaxed);
+                    return self.close(t, &e);
+                }
+            }
+        }
+        let Some(c) = self.conns.get_mut(&t) else {
+            return;
+        };
+        if c.has_output() {
+            self.dirty.push(t);
+        }
+        if std::mem::take(&mut c.new_routes) {
+            for a in c.learned.clone() {
+                self.routes.insert(a, t);
+            }
+        }
+    }
+
+    fn accept(&mut self, l: &Arc<Listener>) {
+        loop {
+            let r = {
+                let g = l.sock.lock();
+                match g.as_ref() {
+                    None => {
+                        drop(g);
+                        self.listeners.retain(|_, x| !Arc::ptr_eq(x, l));
+                        return;
+                    }
+                    Some(s) => s.accept(),
+                }
+            };
+            match r {
+                Ok((stream, peer)) => {
+                    let std::net::SocketAddr::V4(peer) = peer else {
+                        continue;
+                    };
+                    self.tune(&stream);
+                    let t = self.token();
+                    let mut c = Conn::new(t, stream, peer, Some(Arc::clone(l)));
+                    if let Err(e) = self.poll.registry().register(
+                        &mut c.sock,
+                        Token(t),
+                        Interest::READABLE | Interest::WRITABLE,
+                    ) {
+                        warn!(%e, "could not register an accepted connection");
+                        continue;
+                    }
+                    self.eng.stats.accepts.fetch_add(1, Ordering::Relaxed);
+                    trace!(conn = t, %peer, listener = %l.addr, "accepted");
+                    self.conns.insert(t, c);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // Out of descriptors and the like: try again later.
+                    warn!(%e, listener = %l.addr, "accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn token(&mut self) -> usize {
+        let t = self.next_token;
+        self.next_token += 1;
+        t
+    }
+
+    fn tune(&self, s: &TcpStream) {
+        if let Err(e) = s.set_nodelay(true) {
+            debug!(%e, "TCP_NODELAY");
+        }
+        let sr = socket2::SockRef::from(s);
+        if let Err(e) = sr.set_keepalive(true) {
+            debug!(%e, "SO_KEEPALIVE");
+        }
+        if let Some(n) = self.eng.cfg.sock_buf {
+            let _ = sr.set_send_buffer_size(n);
+            let _ = sr.set_recv_buffer_size(n);
+        }
+    }
+
+    /// The outgoing connection to `peer`, opened on first use.
+    fn conn_to(&mut self, peer: SocketAddrV4) -> Result<usize> {
+        if let Some(&t) = self.out.get(&peer)
+            && self.conns.contains_key(&t)
+        {
+            return Ok(t);
+        }
+        // A connection the peer opened to us, while it is recently active:
+        // the peer's skulker closes only connections idle for a whole
+        // `idle_timeout`, so a request sent now cannot race that close.
+        if let Some(&t) = self.routes.get(&peer)
+            && let Some(c) = self.conns.get(&t)
+            && c.last_use.elapsed() < self.eng.cfg.idle_timeout / 2
+        {
+            return Ok(t);
+        }
+        let stream = TcpStream::connect(peer.into())?;
+        self.tune(&stream);
+        let t = self.token();
+        let mut c = Conn::new(t, stream, peer, None);
+        c.connect_deadline = Some(Instant::now() + self.eng.cfg.connect_timeout);
+        self.poll.registry().register(
+            &mut c.sock,
+            Token(t),
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
+        self.eng.stats.connects.fetch_add(1, Ordering::Relaxed);
+        trace!(conn = t, %peer, "connecting");
+        self.conns.insert(t, c);
+        self.out.insert(peer, t);
+        self.timer_at = Instant::now();
+        Ok(t)
+    }
+
+    fn close(&mut self, t: usize, e: &NetError) {
+        let Some(mut c) = self.conns.remove(&t) else {
+            return;
+        };
+        if c.out && self.out.get(&c.peer) == Some(&t) {
+            self.out.remove(&c.peer);
+        }
+        for a in &c.learned {
+            if self.routes.get(a) == Some(&t) {
+                self.routes.remove(a);
+            }
+        }
+        let _ = self.poll.registry().deregister(&mut c.sock);
+        c.fail_all(e);
+        trace!(conn = t, peer = %c.peer, %e, "closed");
+    }
+
+    fn close_all(&mut self) {
+        let ts: Vec<usize> = self.conns.keys().copied().collect();
+        for t in ts {
+            self.close(t, &NetError::ConnectionReset("transport shut down".into()));
+        }
+    }
+
+    fn flush_dirty(&mut self) {
+        while let Some(t) = self.dirty.pop() {
+            let Some(c) = self.conns.get_mut(&t) else {
+                continue;
+            };
+            match c.flush() {
+                Ok(()) => {
+                    if c.has_output() && !self.full.contains(&t) {
+                        // The socket is full: epoll reports room again only
+                        // once a third of the buffer drained; while spinning
+                        // we try again sooner.
+                        self.full.push(t);
+                    }
+                }
+                Err(e) => {
+                    debug!(conn = t, %e, "write failed");
+                    self.eng.stats.broken.fetch_add(1, Ordering::Relaxed);
+                    self.close(t, &e);
+                }
+            }
+        }
+    }
+
+    fn on_cmd(&mut self, c: Cmd) {
+        match c {
+            Cmd::AddTm(tm) => {
+                self.tms.insert(tm.id, tm);
+            }
+            Cmd::RemoveTm(id) => {
+                self.tms.remove(&id);
+            }
+            Cmd::Started(tm) => {
+                if let (Some(s), Some(a)) = (tm.sink(), tm.own()) {
+                    s.post_started(&a.to_string());
+                }
+            }
+            Cmd::Stop(tm) => {
+                self.tms.insert(tm.id, tm);
+            }
+            Cmd::Listen(l) => {
+                let t = self.token();
+                let mut g = l.sock.lock();
+                if let Some(s) = g.as_mut() {
+                    if let Err(e) = self
+                        .poll
+                        .registry()
+                        .register(s, Token(t), Interest::READABLE)
+                    {
+                        warn!(%e, addr = %l.addr, "could not watch a listener");
+                    }
+                    drop(g);
+                    self.listeners.insert(t, Arc::clone(&l));
+                    self.accept(&l);
+                }
+            }
+            Cmd::Send(tm, q) => self.start_op(tm, q, false),
+            Cmd::Active(tm, q) => self.start_op(tm, q, true),
+            Cmd::Del(tm, q, reason) => self.del(&tm, &q, reason),
+            Cmd::Pin(cpu) => pin(cpu),
+            Cmd::Wake => {}
+        }
+    }
+
+    fn start_op(&mut self, tm: Arc<TmShared>, q: QueuedBuf, bulk: bool) {
+        let Some(sink) = tm.sink() else {
+            return;
+        };
+        if !sink.begin_use(&q) {
+            return;
+        }
+        let Some(own) = tm.own() else {
+            complete(
+                &tm,
+                &q,
+                Err(NetError::InvalidArgument(
+                    "transfer machine not started".into(),
+                )),
+            );
+            return;
+        };
+        let (dest, desc) = if bulk {
+            let Some(f) = q.desc() else {
+                complete(&tm, &q, Err(NetError::InvalidDescriptor("missing".into())));
+                return;
+            };
+            let Ok(dest) = TcpAddr::parse(&f.owner) else {
+                let e = NetError::InvalidDescriptor("owner is not a TCP address".into());
+                complete(&tm, &q, Err(e));
+                return;
+            };
+            match NetBufDesc::encode(f, usize::MAX) {
+                Ok(d) => (dest, Some((Arc::<[u8]>::from(d.into_bytes()), f.len))),
+                Err(e) => {
+                    complete(&tm, &q, Err(e));
+                    return;
+                }
+            }
+        } else {
+            let Some(dest) = q
+                .end_point()
+                .and_then(|ep| ep.downcast::<TcpAddr>().copied())
+            else {
+                complete(
+                    &tm,
+                    &q,
+                    Err(NetError::InvalidArgument(
+                        "send without a TCP end point".into(),
+                    )),
+                );
+                return;
+            };
+            (dest, None)
+        };
+        let t = match self.conn_to(dest.sock()) {
+            Ok(t) => t,
+            Err(e) => {
+                debug!(%dest, %e, "connect failed");
+                complete(&tm, &q, Err(NetError::Unreachable(dest.to_string())));
+                return;
+            }
+        };
+        let chunk = self.eng.cfg.chunk;
+        let c = self.conns.get_mut(&t).expect("just looked up");
+        match desc {
+            Some((d, plen)) => c.start_bulk(chunk, tm, q, own, dest, d, plen),
+            None => c.start_msg(tm, q, own, dest),
+        }
+        self.dirty.push(t);
+    }
+
+    fn del(&mut self, tm: &Arc<TmShared>, q: &QueuedBuf, reason: DelReason) {
+        if !q.is_in_use() {
+            complete(tm, q, Err(NetError::Cancelled));
+            return;
+        }
+        let abort = matches!(reason, DelReason::Timeout | DelReason::Stop { abort: true });
+        let wire = if reason == DelReason::Timeout {
+            NetError::TimedOut
+        } else {
+            NetError::Cancelled
+        };
+        let mut failed = Vec::new();
+        match q.queue() {
+            QueueType::MsgSend | QueueType::ActiveBulkRecv | QueueType::ActiveBulkSend => {
+                for (t, c) in &mut self.conns {
+                    if let Some(x) = c.find_op(q) {
+                        if let Err(e) = c.del_op(x, abort, &wire) {
+                            failed.push((*t, e));
+                        }
+                        self.dirty.push(*t);
+                    }
+                }
+            }
+            QueueType::MsgRecv | QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend => {
+                if !abort {
+                    // In use: the transfer finishes normally.
+                    return;
+                }
+                for (t, c) in &mut self.conns {
+                    if c.abort_incoming(q, &wire) {
+                        self.dirty.push(*t);
+                    }
+                }
+            }
+        }
+        for (t, e) in failed {
+            self.close(t, &e);
+        }
+    }
+
+    /// Buffer timeouts, connect timeouts and the skulker; sets the next
+    /// time to look.
+    fn timers(&mut self, now: Instant) {
+        let mut next = now + Duration::from_secs(1);
+        for tm in self.tms.values() {
+            if let Some(s) = tm.sink()
+                && let Some(d) = s.next_deadline()
+            {
+                if d <= now {
+                    s.expire_timeouts(now);
+                } else {
+                    next = next.min(d);
+                }
+            }
+            if tm.is_stopping() {
+                next = next.min(now + Duration::from_millis(2));
+            }
+        }
+        let mut late = Vec::new();
+        for (t, c) in &self.conns {
+            if let Some(d) = c.connect_deadline {
+                if d <= now {
+                    late.push(*t);
+                } else {
+                    next = next.min(d);
+                }
+            }
+        }
+        for t in late {
+            self.close(t, &NetError::TimedOut);
+        }
+        if now >= self.next_reap {
+            let idle = self.eng.cfg.idle_timeout;
+            let reap: Vec<usize> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| {
+                    c.out && c.connected && c.is_idle() && now.duration_since(c.last_use) >= idle
+                })
+                .map(|(t, _)| *t)
+                .collect();
+            for t in reap {
+                trace!(conn = t, "idle connection reaped");
+                self.eng.stats.reaped.fetch_add(1, Ordering::Relaxed);
+                self.close(t, &NetError::ConnectionReset("idle".into()));
+            }
+            // A peer that stopped reading: after `idle_timeout` without any
+            // write progress the connection is given up.
+            let stalled: Vec<usize> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| c.full_since.is_some_and(|t| now.duration_since(t) >= idle))
+                .map(|(t, _)| *t)
+                .collect();
+            for t in stalled {
+                debug!(conn = t, "peer stopped reading: connection closed");
+                self.eng.stats.broken.fetch_add(1, Ordering::Relaxed);
+                self.close(t, &NetError::TimedOut);
+            }
+            self.next_reap = now + (idle / 4).max(Duration::from_millis(10));
+        }
+        next = next.min(self.next_reap);
+        self.timer_at = next;
+    }
+
+    fn check_stops(&mut self) {
+        let done: Vec<Arc<TmShared>> = self
+            .tms
+            .values()
+            .filter(|tm| tm.is_stopping() && tm.sink().is_some_and(|s| s.queued() == 0))
+            .cloned()
+            .collect();
+        for tm in done {
+            tm.finish_stop();
+        }
+    }
+}
+
+fn pin(cpu: usize) {
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+        warn!(cpu, "could not pin the I/O thread");
+    }
+}

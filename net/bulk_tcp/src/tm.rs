@@ -1,0 +1,187 @@
+//! The TCP transfer machine: the `xo_tm_*` and `xo_buf_*` operations. Each
+//! one only queues a command to an I/O thread (they run under the transfer
+//! machine's lock and must not block).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use colibri_net::xprt::{DelReason, EpAddr, QueuedBuf, TmSink, XprtTm};
+use colibri_net::{NetError, QueueType, Result, TmId};
+use parking_lot::Mutex;
+use tracing::debug;
+
+use crate::addr::TcpAddr;
+use crate::engine::{self, Cmd, Engine, Listener};
+
+/// State of a transfer machine shared by its transport object and the I/O
+/// threads.
+pub(crate) struct TmShared {
+    pub(crate) id: TmId,
+    /// The I/O thread of the transfer machine's domain: its sends and
+    /// active transfers, its timers and its stop.
+    pub(crate) engine: Arc<Engine>,
+    sink: OnceLock<TmSink>,
+    own: OnceLock<TcpAddr>,
+    listener: Mutex<Option<Arc<Listener>>>,
+    stopping: AtomicBool,
+}
+
+impl std::fmt::Debug for TmShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TmShared")
+            .field("id", &self.id)
+            .field("own", &self.own.get())
+            .finish()
+    }
+}
+
+impl TmShared {
+    pub(crate) fn sink(&self) -> Option<&TmSink> {
+        self.sink.get()
+    }
+
+    /// Its own address, once started.
+    pub(crate) fn own(&self) -> Option<TcpAddr> {
+        self.own.get().copied()
+    }
+
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Every buffer completed: leave the listener and post STOPPED. Exactly
+    /// one caller wins.
+    pub(crate) fn finish_stop(&self) {
+        if self
+            .stopping
+            .compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return;
+        }
+        self.leave_listener();
+        debug!(tm = %self.id, "stopped");
+        if let Some(s) = self.sink() {
+            s.post_stopped();
+        }
+    }
+
+    fn leave_listener(&self) {
+        let l = self.listener.lock().take();
+        if let (Some(l), Some(own)) = (l, self.own()) {
+            engine::release_addr(&l, own.service, self);
+        }
+    }
+}
+
+/// The transport object of one transfer machine.
+#[derive(Debug)]
+pub(crate) struct TcpTm {
+    sh: Arc<TmShared>,
+}
+
+impl TcpTm {
+    pub(crate) fn new(id: TmId, engine: Arc<Engine>) -> Self {
+        let sh = Arc::new(TmShared {
+            id,
+            engine,
+            sink: OnceLock::new(),
+            own: OnceLock::new(),
+            listener: Mutex::new(None),
+            stopping: AtomicBool::new(false),
+        });
+        sh.engine.push(Cmd::AddTm(Arc::clone(&sh)));
+        Self { sh }
+    }
+}
+
+impl XprtTm for TcpTm {
+    fn start(&self, sink: &TmSink, addr: &str) -> Result<()> {
+        let want = TcpAddr::parse(addr)?;
+        if want.ip.is_unspecified() || want.ip.is_broadcast() || want.ip.is_multicast() {
+            return Err(NetError::InvalidAddress {
+                addr: addr.to_string(),
+                reason: "a transfer machine needs a unicast address peers can reach".into(),
+            });
+        }
+        let _ = self.sh.sink.set(sink.clone());
+        let (l, got) = engine::claim_addr(want, &self.sh)?;
+        let _ = self.sh.own.set(got);
+        *self.sh.listener.lock() = Some(l);
+        debug!(tm = %self.sh.id, addr = %got, "starting");
+        self.sh.engine.push(Cmd::Started(Arc::clone(&self.sh)));
+        Ok(())
+    }
+
+    fn stop(&self, sink: &TmSink, abort: bool) -> Result<()> {
+        let _ = self.sh.sink.set(sink.clone());
+        debug!(tm = %self.sh.id, abort, "stop requested");
+        self.sh.stopping.store(true, Ordering::SeqCst);
+        self.sh.engine.push(Cmd::Stop(Arc::clone(&self.sh)));
+        Ok(())
+    }
+
+    fn fini(&self) {
+        self.sh.leave_listener();
+        self.sh.engine.push(Cmd::RemoveTm(self.sh.id));
+    }
+
+    fn ep_parse(&self, addr: &str) -> Result<EpAddr> {
+        let a = TcpAddr::parse(addr)?;
+        Ok(EpAddr {
+            addr: a.to_string(),
+            data: Arc::new(a),
+        })
+    }
+
+    fn buf_add(&self, sink: &TmSink, buf: &QueuedBuf) -> Result<()> {
+        let _ = self.sh.sink.set(sink.clone());
+        let sh = Arc::clone(&self.sh);
+        match buf.queue() {
+            QueueType::MsgSend => self.sh.engine.push(Cmd::Send(sh, buf.clone())),
+            QueueType::ActiveBulkRecv | QueueType::ActiveBulkSend => {
+                self.sh.engine.push(Cmd::Active(sh, buf.clone()));
+            }
+            QueueType::MsgRecv | QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend => {
+                if buf.deadline().is_some() {
+                    // Make the I/O thread recompute its wake-up time.
+                    self.sh.engine.push(Cmd::Wake);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn buf_del(&self, sink: &TmSink, buf: &QueuedBuf, reason: DelReason) {
+        let _ = self.sh.sink.set(sink.clone());
+        let del = || Cmd::Del(Arc::clone(&self.sh), buf.clone(), reason);
+        let incoming = matches!(
+            buf.queue(),
+            QueueType::MsgRecv | QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend
+        );
+        if incoming && buf.is_in_use() {
+            // A request is filling or reading it. Requests for this machine
+            // are read by the engine of its listener, by its own engine when
+            // they come back over a connection it opened, and (when its
+            // port is shared with another domain's machines) by that
+            // domain's engine: every engine looks for it.
+            engine::push_all(del);
+        } else {
+            self.sh.engine.push(del());
+        }
+    }
+
+    fn confine(&self, cpus: &[usize]) -> Result<()> {
+        let avail = core_affinity::get_core_ids().map_or(0, |c| c.len());
+        if let Some(bad) = cpus.iter().find(|&&c| c >= avail.max(1)) {
+            return Err(NetError::InvalidArgument(format!(
+                "CPU {bad} does not exist ({avail} available)"
+            )));
+        }
+        let Some(&first) = cpus.first() else {
+            return Err(NetError::InvalidArgument("empty CPU set".into()));
+        };
+        self.sh.engine.push(Cmd::Pin(first));
+        Ok(())
+    }
+}
