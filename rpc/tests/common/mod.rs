@@ -1,0 +1,428 @@
+//! Scenarios that every transport runs (`rpc.rs` over bulk_mem,
+//! `rpc_tcp.rs` over TCP), and the helpers they share.
+//!
+//! Every scenario is bounded in time (calls carry timeouts, waits have
+//! deadlines) and checks that both machines hand their domains back with
+//! every buffer deregistered.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use colibri_bulk_mem::{MemConfig, MemTransport};
+use colibri_bulk_tcp::{TcpConfig, TcpTransport};
+use colibri_net::Transport;
+use colibri_rpc::{BulkArg, CallOpts, ReplyHandle, RpcConfig, RpcError, RpcMachine};
+use parking_lot::Mutex;
+
+pub(crate) const ECHO: u32 = 1;
+pub(crate) const COUNT: u32 = 2;
+pub(crate) const SLOW: u32 = 3;
+pub(crate) const NEVER: u32 = 4;
+pub(crate) const READ: u32 = 5;
+pub(crate) const WRITE: u32 = 6;
+
+/// Where a test's machines live: a transport, and a fresh address for
+/// each machine.
+pub(crate) struct Net {
+    xprt: Arc<dyn Transport>,
+    /// True over TCP.
+    pub(crate) tcp: bool,
+}
+
+impl Net {
+    /// The in-memory transport, one worker per transfer machine.
+    pub(crate) fn mem() -> Self {
+        Self::mem_workers(1)
+    }
+
+    /// The in-memory transport with `n` worker threads per transfer
+    /// machine: callbacks of different receive buffers run concurrently,
+    /// and two sends may be copied in either order.
+    pub(crate) fn mem_workers(n: usize) -> Self {
+        Self {
+            xprt: Arc::new(MemTransport::new(MemConfig {
+                workers: n,
+                ..MemConfig::default()
+            })),
+            tcp: false,
+        }
+    }
+
+    /// The TCP transport over loopback.
+    pub(crate) fn tcp() -> Self {
+        Self {
+            xprt: Arc::new(TcpTransport::new(TcpConfig::default())),
+            tcp: true,
+        }
+    }
+
+    /// The transport.
+    pub(crate) fn xprt(&self) -> &dyn Transport {
+        &*self.xprt
+    }
+
+    /// A machine at a fresh address (its own domain). Tests run in
+    /// parallel in one process, and a stopped machine's address must not
+    /// be taken over by another test's machine while its peers still talk
+    /// to it: bulk_mem services are never reused; over TCP every machine
+    /// gets its own free port.
+    pub(crate) fn machine(&self, cfg: RpcConfig) -> RpcMachine {
+        static SERVICE: AtomicU64 = AtomicU64::new(100);
+        let addr = format!("127.0.0.1:0:{}", SERVICE.fetch_add(1, Ordering::Relaxed));
+        RpcMachine::start_on(&*self.xprt, &addr, cfg).expect("start")
+    }
+}
+
+/// Shuts a machine down and checks that every buffer came back.
+pub(crate) fn finish(m: RpcMachine) {
+    let dom = m.shutdown().expect("shutdown");
+    assert_eq!(dom.buffer_count(), 0, "buffers left registered");
+    dom.fini().expect("domain fini");
+}
+
+/// A server answering ECHO with the request's payload.
+pub(crate) fn echo_server(net: &Net, cfg: RpcConfig) -> RpcMachine {
+    let s = net.machine(cfg);
+    s.on(ECHO, |req, reply| {
+        let p = req.payload().to_vec();
+        reply.ok(&p);
+    });
+    s
+}
+
+/// Calls of every size that fits, one too large, an unknown opcode.
+pub(crate) fn request_reply_and_sizes(net: &Net) {
+    let server = echo_server(net, RpcConfig::default());
+    let client = net.machine(RpcConfig::default());
+    let s = client.session(server.addr()).unwrap();
+    assert_eq!(s.call(ECHO, b"hello").unwrap(), b"hello");
+    assert_eq!(s.call(ECHO, b"").unwrap(), b"");
+    let max = client.max_payload();
+    let big: Vec<u8> = (0..max).map(|i| i as u8).collect();
+    assert_eq!(s.call(ECHO, &big).unwrap(), big);
+    let too_big = vec![0u8; max + 1];
+    assert!(matches!(
+        s.call(ECHO, &too_big),
+        Err(RpcError::TooBig { .. })
+    ));
+    assert!(matches!(s.call(77, b"x"), Err(RpcError::UnknownOpcode(77))));
+    let st = client.stats();
+    assert_eq!(st.calls, 4);
+    assert_eq!(st.calls_ok, 3);
+    assert_eq!(st.calls_failed, 1);
+    assert_eq!(server.stats().unknown_opcodes, 1);
+    assert_eq!(s.stats().replies, 4);
+    drop(s);
+    finish(client);
+    finish(server);
+}
+
+/// 8 threads x 300 calls on one session.
+pub(crate) fn concurrent_calls(net: &Net) {
+    let server = echo_server(net, RpcConfig::default());
+    let client = net.machine(RpcConfig::default().with_max_in_flight(4));
+    let s = client.session(server.addr()).unwrap();
+    let threads: Vec<_> = (0..8u32)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for i in 0..300u32 {
+                    let msg = format!("{t}:{i}");
+                    let r = s
+                        .call_with(
+                            ECHO,
+                            msg.as_bytes(),
+                            CallOpts::new().timeout(Duration::from_secs(20)),
+                        )
+                        .unwrap();
+                    assert_eq!(r, msg.as_bytes());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let st = client.stats();
+    assert_eq!(st.calls_ok, 8 * 300);
+    assert_eq!(s.in_flight(), 0);
+    drop(s);
+    finish(client);
+    finish(server);
+}
+
+/// One-way items of two sessions, batched and not: each session's items
+/// arrive in order, each once.
+pub(crate) fn batching_preserves_order(net: &Net) {
+    let server = net.machine(RpcConfig::default());
+    let seen: Arc<Mutex<Vec<(u64, u32)>>> = Arc::new(Mutex::new(Vec::new()));
+    let sn = seen.clone();
+    server.on(COUNT, move |req, reply| {
+        assert!(reply.is_oneway());
+        let n = u32::from_le_bytes(req.payload()[..4].try_into().unwrap());
+        sn.lock().push((req.session(), n));
+    });
+    // Batched: a delay lets items accumulate; 64-byte items.
+    let client = net.machine(RpcConfig::default().with_batch_delay(Duration::from_millis(5)));
+    let a = client.session(server.addr()).unwrap();
+    let b = client.session(server.addr()).unwrap();
+    const N: u32 = 2000;
+    for i in 0..N {
+        let mut p = [0u8; 64];
+        p[..4].copy_from_slice(&i.to_le_bytes());
+        a.post(COUNT, &p).unwrap();
+        b.post(COUNT, &p).unwrap();
+    }
+    a.flush(Duration::from_secs(10)).unwrap();
+    b.flush(Duration::from_secs(10)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.lock().len() < 2 * N as usize {
+        assert!(
+            Instant::now() < deadline,
+            "only {} items arrived",
+            seen.lock().len()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for sess in [a.id(), b.id()] {
+        let order: Vec<u32> = seen
+            .lock()
+            .iter()
+            .filter(|(s, _)| *s == sess)
+            .map(|x| x.1)
+            .collect();
+        assert_eq!(order, (0..N).collect::<Vec<_>>(), "per-session order");
+    }
+    let st = a.stats();
+    assert_eq!(st.items_sent, u64::from(N));
+    assert!(
+        st.msgs_sent * 20 < st.items_sent,
+        "batching packed {} items into {} messages",
+        st.items_sent,
+        st.msgs_sent
+    );
+    assert!(server.stats().msgs_received < u64::from(N) / 10);
+    drop((a, b));
+    finish(client);
+
+    // Unbatched: one item per message.
+    let client = net.machine(
+        RpcConfig::default()
+            .with_batching(false)
+            .with_max_in_flight(8),
+    );
+    let c = client.session(server.addr()).unwrap();
+    for i in 0..200u32 {
+        c.post(COUNT, &i.to_le_bytes()).unwrap();
+    }
+    c.flush(Duration::from_secs(10)).unwrap();
+    let st = c.stats();
+    assert_eq!((st.items_sent, st.msgs_sent), (200, 200));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let order: Vec<u32> = seen
+            .lock()
+            .iter()
+            .filter(|(s, _)| *s == c.id())
+            .map(|x| x.1)
+            .collect();
+        if order.len() == 200 {
+            assert_eq!(order, (0..200).collect::<Vec<_>>(), "unbatched order");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} of 200 items", order.len());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(c);
+    finish(client);
+    finish(server);
+}
+
+/// Resends after timeouts: the handler runs once per call.
+pub(crate) fn resend_executes_once(net: &Net) {
+    let server = net.machine(RpcConfig::default());
+    let runs = Arc::new(AtomicU64::new(0));
+    let r = runs.clone();
+    // The first reply comes well after the client's first timeouts.
+    server.on(SLOW, move |req, reply| {
+        r.fetch_add(1, Ordering::SeqCst);
+        let p = req.payload().to_vec();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            reply.ok(&p);
+        });
+    });
+    let client = net.machine(RpcConfig::default());
+    let s = client.session(server.addr()).unwrap();
+    let opts = CallOpts::new()
+        .timeout(Duration::from_millis(80))
+        .retries(10);
+    assert_eq!(s.call_with(SLOW, b"once", opts).unwrap(), b"once");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert!(client.stats().resends >= 2);
+    assert!(server.stats().duplicates >= 2);
+
+    // A resend arriving after the reply was cached is answered from the
+    // cache: make the client miss the reply by a tiny timeout.
+    let runs2 = Arc::new(AtomicU64::new(0));
+    let r2 = runs2.clone();
+    server.on(ECHO, move |req, reply| {
+        r2.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(50));
+        let p = req.payload().to_vec();
+        reply.ok(&p);
+    });
+    let opts = CallOpts::new()
+        .timeout(Duration::from_millis(20))
+        .retries(20);
+    for i in 0..5u8 {
+        assert_eq!(s.call_with(ECHO, &[i], opts).unwrap(), [i]);
+    }
+    assert_eq!(runs2.load(Ordering::SeqCst), 5);
+    drop(s);
+    finish(client);
+    finish(server);
+}
+
+pub(crate) fn pattern(seed: u8, n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// A server that pushes a pattern into sinks (READ) and sums sources
+/// (WRITE).
+pub(crate) fn bulk_server(net: &Net) -> RpcMachine {
+    let server = net.machine(RpcConfig::default());
+    let h = server.handle();
+    // READ: push a pattern (seeded by the payload) into the client's sink.
+    server.on(READ, move |req, reply| {
+        let Some(d) = req.bulk().first().cloned() else {
+            reply.error(-22);
+            return;
+        };
+        let len = d.len as usize;
+        let mut buf = h.alloc(len).unwrap();
+        buf.bufvec_mut()
+            .copy_in(0, &pattern(req.payload()[0], len))
+            .unwrap();
+        h.bulk_push(&d, buf, len)
+            .on_complete(move |done| match done.result {
+                Ok(n) => reply.ok(&(n as u64).to_le_bytes()),
+                Err(e) => reply.error(e.errno()),
+            });
+    });
+    // WRITE: pull the client's source and reply with a checksum.
+    let h = server.handle();
+    server.on(WRITE, move |req, reply| {
+        let Some(d) = req.bulk().first().cloned() else {
+            reply.error(-22);
+            return;
+        };
+        let buf = h.alloc(d.len as usize).unwrap();
+        h.bulk_pull(&d, buf)
+            .on_complete(move |done| match done.result {
+                Ok(n) => {
+                    let data = done.buffer.bufvec().to_vec(0, n).unwrap();
+                    let sum: u64 = data.iter().map(|&b| u64::from(b)).sum();
+                    reply.ok(&sum.to_le_bytes());
+                }
+                Err(e) => reply.error(e.errno()),
+            });
+    });
+    server
+}
+
+/// Bulk reads and writes of 1 B to 1 MiB with data checks; buffers the
+/// server ignores come back; wrong directions are refused.
+pub(crate) fn bulk_both_directions(net: &Net) {
+    let server = bulk_server(net);
+    let client = net.machine(RpcConfig::default());
+    let s = client.session(server.addr()).unwrap();
+    for (i, &len) in [1usize, 4096, 1 << 20].iter().enumerate() {
+        // Read: the server writes into our sink.
+        let sink = client.alloc(len).unwrap();
+        let out = s.call_bulk(READ, &[i as u8], vec![BulkArg::Sink { buf: sink }]);
+        let n = u64::from_le_bytes(out.result.unwrap().try_into().unwrap());
+        assert_eq!(n as usize, len);
+        assert_eq!(out.buffers.len(), 1);
+        assert_eq!(out.buffers[0].result, Ok(len));
+        assert_eq!(
+            out.buffers[0].buffer.bufvec().to_vec(0, len).unwrap(),
+            pattern(i as u8, len)
+        );
+
+        // Write: the server reads our source.
+        let data = pattern(7 + i as u8, len);
+        let mut src = client.alloc(len).unwrap();
+        src.bufvec_mut().copy_in(0, &data).unwrap();
+        let out = s.call_bulk(WRITE, b"", vec![BulkArg::Source { buf: src, len }]);
+        let sum = u64::from_le_bytes(out.result.unwrap().try_into().unwrap());
+        assert_eq!(sum, data.iter().map(|&b| u64::from(b)).sum::<u64>());
+        assert_eq!(out.buffers[0].result, Ok(len));
+    }
+    // A server that ignores the buffers: they are cancelled after the
+    // reply and come back with the outcome.
+    server.on(ECHO, |_req, reply| reply.ok(b"ignored"));
+    let sink = client.alloc(64).unwrap();
+    let out = s.call_bulk(ECHO, b"", vec![BulkArg::Sink { buf: sink }]);
+    assert_eq!(out.result.as_deref(), Ok(&b"ignored"[..]));
+    assert!(out.buffers[0].result.is_err());
+    drop(out);
+    // Bulk descriptors are refused when the directions do not match.
+    let src = client.alloc(16).unwrap();
+    let out = s.call_bulk(READ, &[0], vec![BulkArg::Source { buf: src, len: 16 }]);
+    assert!(out.result.is_err());
+    assert_eq!(out.buffers.len(), 1);
+    assert!(client.stats().bulk_ok >= 6);
+    drop((s, out));
+    finish(client);
+    finish(server);
+}
+
+/// A server stopped while calls wait: every call fails, promptly.
+pub(crate) fn peer_stopped_mid_call(net: &Net) {
+    let server = net.machine(RpcConfig::default());
+    let held: Arc<Mutex<Vec<ReplyHandle>>> = Arc::new(Mutex::new(Vec::new()));
+    let h = held.clone();
+    server.on(NEVER, move |_req, reply| h.lock().push(reply));
+    let client = net.machine(RpcConfig::default());
+    let s = client.session(server.addr()).unwrap();
+    let opts = CallOpts::new()
+        .timeout(Duration::from_millis(200))
+        .retries(50);
+    let calls: Vec<_> = (0..20)
+        .map(|_| s.start(NEVER, b"", opts).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held.lock().len() < 20 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let t0 = Instant::now();
+    finish(server);
+    held.lock().clear();
+    for c in calls {
+        let r = c.wait();
+        // bulk_mem: unreachable; TCP: unreachable, or the connection
+        // reset if the transport never got to reconnect.
+        assert!(
+            matches!(&r, Err(e @ RpcError::Net(_)) if e.peer_gone()),
+            "{r:?}"
+        );
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "failed at the first resend, not the last"
+    );
+    // New calls to the stopped peer fail at once.
+    assert!(matches!(
+        s.call_with(ECHO, b"", CallOpts::new().timeout(Duration::from_secs(10))),
+        Err(RpcError::Net(_))
+    ));
+    drop(s);
+    finish(client);
+}
