@@ -11,9 +11,9 @@
 //! | [`echo`] | `cargo run -p colibri-examples --example rpc_echo` | typed requests and replies through serde |
 //!
 //! All of them run over the in-memory transport, client and server in one
-//! process. The TCP transport (`colibri-bulk-tcp`) is not on this branch
-//! yet; once it is, the same code runs between two processes by address
-//! (the `colibri serve` / `colibri ping` commands take `--xprt`).
+//! process; the same code runs between two processes by address over TCP
+//! (`ping --serve ADDR` / `ping --connect ADDR`, and the `colibri serve` /
+//! `colibri ping` commands with `--xprt tcp`).
 
 #![forbid(unsafe_code)]
 

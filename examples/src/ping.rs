@@ -122,6 +122,49 @@ pub fn ping(
     Ok(rep)
 }
 
+/// Starts a ping server at `addr` over `xprt` (for another process to
+/// ping: TCP). The server answers until the returned machine is shut down
+/// or dropped; [`RpcHandle::addr`] says where it listens (a port 0 in
+/// `addr` picks a free one).
+///
+/// # Errors
+/// The transport's refusal of the address (in use, malformed).
+pub fn serve(xprt: &dyn Transport, addr: &str) -> Result<RpcMachine, Error> {
+    let m = RpcMachine::start_on(xprt, addr, RpcConfig::default())?;
+    install_server(&m);
+    Ok(m)
+}
+
+/// Pings the server at `server_addr` (in another process, over TCP) from
+/// a client machine at `client_addr`: `count` pings of `size` bytes,
+/// `each` seeing every reply.
+///
+/// # Errors
+/// Failures to start or stop the client machine, a malformed address;
+/// failed pings are counted in the report.
+pub fn connect(
+    xprt: &dyn Transport,
+    client_addr: &str,
+    server_addr: &str,
+    count: u64,
+    size: usize,
+    each: impl FnMut(&Reply),
+) -> Result<Report, Error> {
+    let client = RpcMachine::start_on(xprt, client_addr, RpcConfig::default())?;
+    let session = client.session(server_addr)?;
+    let report = ping(
+        &session,
+        count,
+        size,
+        Duration::ZERO,
+        Duration::from_secs(5),
+        each,
+    );
+    drop(session);
+    client.shutdown()?;
+    report
+}
+
 /// Starts a ping server and a client in this process over `xprt`, sends
 /// `count` pings of `size` bytes, and shuts both down.
 ///

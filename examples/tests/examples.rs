@@ -56,12 +56,7 @@ fn bulk_file_refuses_bad_names() {
 fn examples_build_and_run_as_programs() {
     // The example binaries are built by `cargo test` (examples are
     // compiled for tests); run the cheap ones to check their exit codes.
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .unwrap()
-        .join("examples");
+    let dir = examples_dir();
     for (name, args) in [
         ("ping", vec!["3", "8"]),
         ("rpc_echo", vec!["x"]),
@@ -82,4 +77,95 @@ fn examples_build_and_run_as_programs() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The directory of the example binaries (`cargo test` builds them).
+fn examples_dir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .and_then(|d| d.parent())
+        .unwrap()
+        .join("examples")
+}
+
+/// Waits for `child` at most `limit`; kills it and fails the test past
+/// that.
+fn wait_bounded(
+    mut child: std::process::Child,
+    limit: std::time::Duration,
+) -> std::process::Output {
+    let end = std::time::Instant::now() + limit;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if std::time::Instant::now() > end {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "still running after {limit:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// The ping example between two processes over TCP on loopback: a server
+/// on a free port, a client given the address it printed.
+#[test]
+fn ping_between_two_processes_over_tcp() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
+
+    let bin = examples_dir().join("ping");
+    if !bin.exists() {
+        // Built only when cargo builds the examples (cargo test does).
+        return;
+    }
+    // The server stops by itself after a minute, whatever happens here.
+    let mut server = Command::new(&bin)
+        .args(["--serve", "127.0.0.1:0:1", "--for", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("the server's address").unwrap();
+    let addr = first
+        .strip_prefix("ping server listening at ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_string();
+    assert!(!addr.contains(":0:"), "a real port: {addr}");
+    let client = Command::new(&bin)
+        .args(["--connect", &addr, "20", "1000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(client, Duration::from_secs(60));
+    let _ = server.kill();
+    let _ = server.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("20 sent, 20 received"), "{text}");
+    assert_eq!(text.matches("1000 bytes: seq=").count(), 20, "{text}");
+    // A client with no server there fails, and says so.
+    let out = wait_bounded(
+        Command::new(&bin)
+            .args(["--connect", &addr, "2"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(60),
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2 sent, 0 received"));
 }
