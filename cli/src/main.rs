@@ -72,6 +72,7 @@ enum Cmd {
     /// Examples:
     ///   colibri serve                                 # mem, 127.0.0.1:4040:1
     ///   colibri serve --listen 127.0.0.1:4041:7 --duration 5 --json
+    ///   colibri serve --xprt tcp --listen 127.0.0.1:0:1   # tcp, any free port
     #[command(verbatim_doc_comment)]
     Serve(rpc_cmds::ServeArgs),
     /// Ping a server: send requests, measure round trips.
@@ -85,6 +86,7 @@ enum Cmd {
     ///   colibri ping                          # 10 pings to an in-process server
     ///   colibri ping -c 1000 -i 0 -s 4K --polling
     ///   colibri ping --json 127.0.0.1:4040:1  # a server at that address
+    ///   colibri ping --xprt tcp 127.0.0.1:4041:1   # a tcp server (another process)
     #[command(verbatim_doc_comment)]
     Ping(rpc_cmds::PingArgs),
 }

@@ -16,8 +16,9 @@ pub(crate) struct ServeArgs {
     /// Transport to serve on.
     #[arg(long, value_enum, default_value = "mem")]
     xprt: Xprt,
-    /// Address to listen at (transport specific; mem: IP:PORT:SERVICE).
-    /// Default: 127.0.0.1:4040:1 for mem.
+    /// Address to listen at: IPv4:PORT:SERVICE for both transports (tcp:
+    /// port 0 picks a free port; the address is printed). Default:
+    /// 127.0.0.1:4040:1 for mem, 127.0.0.1:4041:1 for tcp.
     #[arg(long, short)]
     listen: Option<String>,
     /// Stop after this many seconds (default: run until killed).

@@ -95,3 +95,68 @@ fn bench_rpc_smoke() {
         assert!(r["baseline"]["median"].as_f64().unwrap() > 0.0, "{r}");
     }
 }
+
+/// `colibri serve --xprt tcp` in one process, `colibri ping --xprt tcp`
+/// from another, by the address the server printed.
+#[test]
+fn serve_and_ping_between_two_processes_over_tcp() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    // The server stops by itself after a minute, whatever happens here.
+    let mut server = Command::new(env!("CARGO_BIN_EXE_colibri"))
+        .args([
+            "serve",
+            "--xprt",
+            "tcp",
+            "--listen",
+            "127.0.0.1:0:1",
+            "--duration",
+            "60",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+    let first = lines.next().expect("the server's banner").unwrap();
+    // "serving ping and echo at 127.0.0.1:PORT:1 (transport tcp); ..."
+    let addr = first
+        .split_once(" at ")
+        .and_then(|(_, rest)| rest.split_once(' '))
+        .map(|(a, _)| a.to_string())
+        .unwrap_or_else(|| panic!("unexpected banner {first:?}"));
+    assert!(first.contains("transport tcp"), "{first}");
+    let mut client = Command::new(env!("CARGO_BIN_EXE_colibri"))
+        .args([
+            "ping", "--xprt", "tcp", &addr, "-c", "10", "-i", "0", "-s", "4K", "--json", "-q",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(60);
+    while client.try_wait().unwrap().is_none() {
+        if Instant::now() > end {
+            let _ = client.kill();
+            let _ = server.kill();
+            panic!("ping still running after a minute");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = client.wait_with_output().unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["transport"], "tcp");
+    assert_eq!(v["local_server"], false);
+    assert_eq!(v["summary"]["sent"], 10);
+    assert_eq!(v["summary"]["received"], 10);
+    assert_eq!(v["summary"]["peer"], addr.as_str());
+}
