@@ -208,17 +208,21 @@ impl<T> Inbound<T> {
         (Offer::Ready, dropped)
     }
 
-    /// Takes the messages ready to be handed out, in order, and counts
-    /// them as delivered (for acknowledgements).
-    pub(crate) fn take_ready(&mut self) -> Vec<T> {
-        let mut out = Vec::with_capacity(self.ready.len());
-        for (e, s, m) in self.ready.drain(..) {
-            if e == self.ack.epoch {
-                self.ack.delivered = self.ack.delivered.max(s);
-            }
-            out.push(m);
+    /// Takes the next message ready to be handed out, and counts it as
+    /// delivered (for acknowledgements).
+    pub(crate) fn pop_ready(&mut self) -> Option<T> {
+        let (e, s, m) = self.ready.pop_front()?;
+        if e == self.ack.epoch {
+            self.ack.delivered = self.ack.delivered.max(s);
         }
-        out
+        Some(m)
+    }
+
+    /// Takes every message ready to be handed out, in order (as
+    /// [`Inbound::pop_ready`]).
+    #[cfg(test)]
+    pub(crate) fn take_ready(&mut self) -> Vec<T> {
+        std::iter::from_fn(|| self.pop_ready()).collect()
     }
 
     /// True when messages wait to be handed out.

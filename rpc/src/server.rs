@@ -39,6 +39,8 @@ struct SrvState {
     link: Link,
     last_active: Instant,
     closed: bool,
+    /// The dispatcher's work list, kept between batches.
+    scratch: Vec<Work>,
 }
 
 /// What the dispatcher does with an item once the session lock is
@@ -79,6 +81,7 @@ impl SrvSession {
                 link,
                 last_active: Instant::now(),
                 closed: false,
+                scratch: Vec::new(),
             }),
         })
     }
@@ -251,67 +254,83 @@ impl SrvSession {
             return;
         }
         st.link.inb.dispatching = true;
+        // Reused across batches (no allocation per message once warm).
+        let mut work = std::mem::take(&mut st.scratch);
         loop {
-            let batch = st.link.inb.take_ready();
-            if batch.is_empty() {
+            let now = Instant::now();
+            while let Some(msg) = st.link.inb.pop_ready() {
+                self.prepare(m, &mut st, msg, now, &mut work);
+            }
+            if work.is_empty() {
                 st.link.inb.dispatching = false;
+                st.scratch = work;
                 let _ = m.ack_after_dispatch(&self.owner(), &self.ep, &mut st.link, Instant::now());
                 return;
             }
-            let now = Instant::now();
-            let mut work = Vec::new();
-            for p in batch.into_iter().flatten() {
-                match p {
-                    Parsed::Item {
-                        header,
-                        payload,
-                        descs,
-                    } => {
-                        bump(&m.stats.items_received, 1);
-                        match header.kind {
-                            ItemKind::OneWay => {
-                                bump(&m.stats.oneways, 1);
-                                let req = Request::new(header, payload, descs, self.ep.clone());
-                                work.push(Work::Run(req, ReplyHandle::oneway()));
-                            }
-                            ItemKind::Request => {
-                                if let Some(rh) = self.begin(m, &mut st, &header, now) {
-                                    let req = Request::new(header, payload, descs, self.ep.clone());
-                                    work.push(Work::Run(req, rh));
-                                }
-                            }
-                            // The decoder refuses replies in this direction.
-                            ItemKind::Reply => bump(&m.stats.protocol_errors, 1),
-                        }
-                    }
-                    Parsed::BadItem(e) => {
-                        bump(&m.stats.protocol_errors, 1);
-                        let _g = self.span.enter();
-                        debug!(error = %e.error, "malformed item");
-                        if let Some((session, xid, opcode)) = e.request {
-                            let header = ItemHeader {
-                                kind: ItemKind::Request,
-                                flags: 0,
-                                opcode,
-                                session,
-                                xid,
-                                status: 0,
-                            };
-                            if let Some(rh) = self.begin(m, &mut st, &header, now) {
-                                work.push(Work::Fail(rh, STATUS_PROTOCOL));
-                            }
-                        }
-                    }
-                }
-            }
             drop(st);
-            for w in work {
+            for w in work.drain(..) {
                 match w {
                     Work::Fail(rh, status) => rh.error(status),
                     Work::Run(req, rh) => m.run_handler(req, rh),
                 }
             }
             st = self.st.lock();
+        }
+    }
+
+    /// Turns the items of a message handed out into work for the
+    /// dispatcher (reply cache checked under the session lock).
+    fn prepare(
+        self: &Arc<Self>,
+        m: &Arc<Inner>,
+        st: &mut SrvState,
+        msg: RxMsg,
+        now: Instant,
+        work: &mut Vec<Work>,
+    ) {
+        for p in msg {
+            match p {
+                Parsed::Item {
+                    header,
+                    payload,
+                    descs,
+                } => {
+                    bump(&m.stats.items_received, 1);
+                    match header.kind {
+                        ItemKind::OneWay => {
+                            bump(&m.stats.oneways, 1);
+                            let req = Request::new(header, payload, descs, self.ep.clone());
+                            work.push(Work::Run(req, ReplyHandle::oneway()));
+                        }
+                        ItemKind::Request => {
+                            if let Some(rh) = self.begin(m, st, &header, now) {
+                                let req = Request::new(header, payload, descs, self.ep.clone());
+                                work.push(Work::Run(req, rh));
+                            }
+                        }
+                        // The decoder refuses replies in this direction.
+                        ItemKind::Reply => bump(&m.stats.protocol_errors, 1),
+                    }
+                }
+                Parsed::BadItem(e) => {
+                    bump(&m.stats.protocol_errors, 1);
+                    let _g = self.span.enter();
+                    debug!(error = %e.error, "malformed item");
+                    if let Some((session, xid, opcode)) = e.request {
+                        let header = ItemHeader {
+                            kind: ItemKind::Request,
+                            flags: 0,
+                            opcode,
+                            session,
+                            xid,
+                            status: 0,
+                        };
+                        if let Some(rh) = self.begin(m, st, &header, now) {
+                            work.push(Work::Fail(rh, STATUS_PROTOCOL));
+                        }
+                    }
+                }
+            }
         }
     }
 

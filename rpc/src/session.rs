@@ -51,6 +51,9 @@ struct Pending {
     req: Option<Vec<u8>>,
 }
 
+/// A reply handed out: the call it completes.
+type Done = (Arc<CallState>, ItemHeader, Vec<u8>);
+
 struct SessState {
     next_xid: u64,
     pending: HashMap<u64, Pending>,
@@ -58,6 +61,8 @@ struct SessState {
     closed: bool,
     waiters: usize,
     stats: SessionStats,
+    /// The dispatcher's list of replies, kept between batches.
+    scratch: Vec<Done>,
 }
 
 /// The machine's side of a client session.
@@ -240,41 +245,44 @@ impl SessionInner {
             return;
         }
         st.link.inb.dispatching = true;
+        // Reused across batches (no allocation per message once warm).
+        let mut done = std::mem::take(&mut st.scratch);
         loop {
-            let batch = st.link.inb.take_ready();
-            if batch.is_empty() {
+            while let Some(msg) = st.link.inb.pop_ready() {
+                for p in msg {
+                    match p {
+                        Parsed::Item {
+                            header, payload, ..
+                        } => {
+                            bump(&m.stats.items_received, 1);
+                            match st.pending.remove(&header.xid) {
+                                Some(p) => {
+                                    st.stats.replies += 1;
+                                    done.push((p.call, header, payload));
+                                }
+                                None => bump(&m.stats.unmatched_replies, 1),
+                            }
+                        }
+                        Parsed::BadItem(e) => {
+                            bump(&m.stats.protocol_errors, 1);
+                            let _g = self.span.enter();
+                            debug!(error = %e.error, "malformed reply");
+                        }
+                    }
+                }
+            }
+            if done.is_empty() && calls.is_empty() {
                 st.link.inb.dispatching = false;
+                st.scratch = done;
                 let failed =
                     m.ack_after_dispatch(&self.owner(), &self.ep, &mut st.link, Instant::now());
                 Self::take_failed(&mut st, failed, calls);
                 self.remove_if_done(m, &st);
                 return;
             }
-            let mut done = Vec::new();
-            for p in batch.into_iter().flatten() {
-                match p {
-                    Parsed::Item {
-                        header, payload, ..
-                    } => {
-                        bump(&m.stats.items_received, 1);
-                        match st.pending.remove(&header.xid) {
-                            Some(p) => {
-                                st.stats.replies += 1;
-                                done.push((p.call, header, payload));
-                            }
-                            None => bump(&m.stats.unmatched_replies, 1),
-                        }
-                    }
-                    Parsed::BadItem(e) => {
-                        bump(&m.stats.protocol_errors, 1);
-                        let _g = self.span.enter();
-                        debug!(error = %e.error, "malformed reply");
-                    }
-                }
-            }
             drop(st);
             Self::complete_failed(m, std::mem::take(calls));
-            for (call, h, payload) in done {
+            for (call, h, payload) in done.drain(..) {
                 let result = if h.status == 0 {
                     bump(&m.stats.calls_ok, 1);
                     Ok(payload)
@@ -474,6 +482,7 @@ impl Session {
                 closed: false,
                 waiters: 0,
                 stats: SessionStats::default(),
+                scratch: Vec::new(),
             }),
             drained: Condvar::new(),
         });
