@@ -384,7 +384,8 @@ fn run_rpc(
         }
         ours_w.finish();
         base_w.finish();
-        let target = plan.mem_targets.then_some(Target::RatioAtMost(1.5));
+        // Issue 4's targets hold for bulk_mem and TCP alike.
+        let target = (plan.mem_targets || plan.tcp).then_some(Target::RatioAtMost(1.5));
         rows.push(row(
             "rpc-rtt",
             0,
@@ -453,7 +454,8 @@ fn run_rpc(
         }
         ours_w.finish();
         base_w.finish();
-        let target = (plan.mem_targets && size == 1 << 20).then_some(Target::RatioAtLeast(0.9));
+        let target = ((plan.mem_targets || plan.tcp) && size == 1 << 20)
+            .then_some(Target::RatioAtLeast(0.9));
         rows.push(row(
             name,
             size,
