@@ -20,7 +20,7 @@ use tracing::{debug, trace, warn};
 use crate::config::RpcConfig;
 use crate::error::{Result, RpcError, STATUS_UNKNOWN_OPCODE};
 use crate::fasthash::FastMap;
-use crate::seq::{Inbound, Offer, new_epoch};
+use crate::seq::{Inbound, Now, Offer, new_epoch};
 use crate::server::{Handler, ReplyHandle, Request, SrvSession};
 use crate::session::{Session, SessionInner};
 use crate::stats::{Counters, RpcStats, bump};
@@ -112,12 +112,46 @@ struct Unacked {
     posts: u32,
 }
 
+/// Send buffers to give back to the pool once the session lock is
+/// released (usually one: kept inline, no allocation).
+#[derive(Default)]
+pub(crate) struct Freed {
+    one: Option<NetBuffer>,
+    more: Vec<NetBuffer>,
+}
+
+impl Freed {
+    pub(crate) fn push(&mut self, b: NetBuffer) {
+        if self.one.is_none() {
+            self.one = Some(b);
+        } else {
+            self.more.push(b);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.one.is_none()
+    }
+
+    fn into_iter(self) -> impl Iterator<Item = NetBuffer> {
+        self.one.into_iter().chain(self.more)
+    }
+}
+
+impl Extend<NetBuffer> for Freed {
+    fn extend<I: IntoIterator<Item = NetBuffer>>(&mut self, it: I) {
+        for b in it {
+            self.push(b);
+        }
+    }
+}
+
 /// What a send completion (or an acknowledgement) left for the owner of
 /// the queue to do once its lock is released.
 #[derive(Default)]
 pub(crate) struct SendOutcome {
     /// Send buffers to give back to the pool.
-    pub(crate) free: Vec<NetBuffer>,
+    pub(crate) free: Freed,
     /// Calls to fail.
     pub(crate) failed: Vec<(u64, RpcError)>,
     /// The failure that made the session restart its sequence.
@@ -237,7 +271,7 @@ impl Outbound {
     /// Empties the queue (shutdown, peer gone): returns the xids of the
     /// calls whose requests were waiting, and the buffers of the messages
     /// waiting to be sent again.
-    pub(crate) fn drain(&mut self, free: &mut Vec<NetBuffer>) -> Vec<u64> {
+    pub(crate) fn drain(&mut self, free: &mut Freed) -> Vec<u64> {
         let xids: Vec<u64> = self.queue.drain(..).filter_map(|q| q.call_xid).collect();
         free.extend(self.retry.drain(..).map(|(b, _)| b));
         self.queued_bytes = 0;
@@ -375,7 +409,7 @@ impl Outbound {
         mut rec: MsgRecord,
         status: std::result::Result<(), &NetError>,
         retry_for: Option<Duration>,
-        now: Instant,
+        now: &mut Now,
         o: &mut SendOutcome,
     ) -> (u64, Option<Instant>) {
         if rec.hdr.epoch != self.epoch {
@@ -406,6 +440,7 @@ impl Outbound {
             o.free.push(buf);
             return (0, None);
         };
+        let now = now.get();
         let first = *first_fail.get_or_insert(now);
         if retryable(e) && now < first + retry_for {
             let shift = (*tries).min(4);
@@ -442,7 +477,7 @@ impl Link {
 
     /// Offers a received message to the reorder window, counting what
     /// became of it.
-    pub(crate) fn offer(&mut self, m: &Inner, h: &MsgHeader, items: RxMsg, now: Instant) {
+    pub(crate) fn offer(&mut self, m: &Inner, h: &MsgHeader, items: RxMsg, now: &mut Now) {
         let (o, dropped) = self.inb.offer(h.epoch, h.seq, h.low, h.ack_now, items, now);
         bump(&m.stats.msgs_discarded, dropped as u64);
         match o {
@@ -730,12 +765,12 @@ impl Inner {
 
     /// Gives send buffers back to the pool and lets a starved queue use
     /// them. Called with no session lock held.
-    pub(crate) fn put_send_bufs(self: &Arc<Self>, bufs: Vec<NetBuffer>) {
+    pub(crate) fn put_send_bufs(self: &Arc<Self>, bufs: Freed) {
         if bufs.is_empty() || self.is_stopping() {
             return;
         }
-        let n = bufs.len();
-        self.send_free.lock().extend(bufs);
+        let n = 1 + bufs.more.len();
+        self.send_free.lock().extend(bufs.into_iter());
         for _ in 0..n {
             if self.starved_n.load(Ordering::Acquire) == 0 {
                 break;
@@ -797,7 +832,9 @@ impl Inner {
             let xids = out.drain(&mut o.free);
             o.failed
                 .extend(xids.into_iter().map(|x| (x, RpcError::Shutdown)));
-            self.send_free.lock().append(&mut o.free);
+            self.send_free
+                .lock()
+                .extend(std::mem::take(&mut o.free).into_iter());
             return o.failed;
         }
         out.starved = false;
@@ -923,7 +960,9 @@ impl Inner {
             self.arm(t);
         }
         if !o.free.is_empty() {
-            self.send_free.lock().append(&mut o.free);
+            self.send_free
+                .lock()
+                .extend(std::mem::take(&mut o.free).into_iter());
         }
         o.failed
     }
@@ -1028,13 +1067,14 @@ impl Inner {
         owner: &OutRef,
         ep: &EndPoint,
         link: &mut Link,
-        now: Instant,
+        now: &mut Now,
     ) -> Vec<(u64, RpcError)> {
         let mut failed = Vec::new();
         if !link.inb.ack.pending() {
             return failed;
         }
         if link.inb.ack.urgent() {
+            let now = now.get();
             if link.out.has_work() {
                 failed = self.flush(owner, ep, link, now);
             }
@@ -1046,7 +1086,7 @@ impl Inner {
         }
         // Queued items will leave soon and carry it.
         if !link.out.has_work() && link.inb.ack.due.is_none() {
-            let at = now + ACK_DELAY;
+            let at = now.get() + ACK_DELAY;
             link.inb.ack.due = Some(at);
             self.arm(at);
         }
@@ -1118,7 +1158,9 @@ impl Inner {
             .get(buf.tag() as usize)
             .and_then(|r| r.lock().take());
         let Some(rec) = rec else {
-            self.put_send_bufs(vec![buf]);
+            let mut f = Freed::default();
+            f.push(buf);
+            self.put_send_bufs(f);
             return;
         };
         let status = ev.status().as_ref().map(|_| ());
@@ -1133,7 +1175,9 @@ impl Inner {
         let owner = rec.owner.clone();
         match rec.kind {
             RecKind::Ack => {
-                self.put_send_bufs(vec![buf]);
+                let mut f = Freed::default();
+                f.push(buf);
+                self.put_send_bufs(f);
                 if let Err(e) = status
                     && !self.is_stopping()
                 {
@@ -1158,7 +1202,7 @@ impl Inner {
         buf: NetBuffer,
         rec: MsgRecord,
         status: std::result::Result<(), &NetError>,
-        now: Instant,
+        now: &mut Now,
         o: &mut SendOutcome,
     ) {
         let carried_ack = rec.hdr.ack.is_some();
@@ -1176,8 +1220,9 @@ impl Inner {
             // Its acknowledgement did not arrive: send it again.
             link.inb.ack.lost();
             if link.inb.ack.pending() && link.inb.ack.due.is_none() {
-                link.inb.ack.due = Some(now + ACK_DELAY);
-                self.arm(now + ACK_DELAY);
+                let at = now.get() + ACK_DELAY;
+                link.inb.ack.due = Some(at);
+                self.arm(at);
             }
         }
     }

@@ -34,6 +34,28 @@ pub(crate) fn new_epoch() -> u64 {
     }
 }
 
+/// The current time, read from the clock at most once and only when
+/// needed (clock reads are a measurable part of a round trip here).
+#[derive(Debug, Default)]
+pub(crate) struct Now(Option<Instant>);
+
+impl Now {
+    /// Not read yet.
+    pub(crate) fn lazy() -> Self {
+        Self(None)
+    }
+
+    /// Already known.
+    pub(crate) fn at(t: Instant) -> Self {
+        Self(Some(t))
+    }
+
+    /// The time (read now if it was not yet).
+    pub(crate) fn get(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
+    }
+}
+
 /// What became of a message offered to an [`Inbound`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Offer {
@@ -149,13 +171,17 @@ impl<T> Inbound<T> {
         dropped
     }
 
-    fn release(&mut self, now: Instant) {
+    fn release(&mut self, now: &mut Now) {
+        if self.held.is_empty() {
+            self.gap_since = None;
+            return;
+        }
         while let Some(m) = self.held.remove(&self.expected) {
             self.ready.push_back((self.epoch, self.expected, m));
             self.expected += 1;
         }
         // Progress restarts the gap clock.
-        self.gap_since = (!self.held.is_empty()).then_some(now);
+        self.gap_since = (!self.held.is_empty()).then(|| now.get());
     }
 
     /// Offers message `(epoch, seq)` whose sender has every message below
@@ -168,7 +194,7 @@ impl<T> Inbound<T> {
         low: u64,
         ack_now: bool,
         msg: T,
-        now: Instant,
+        now: &mut Now,
     ) -> (Offer, usize) {
         let mut dropped = 0;
         if epoch < self.epoch {
@@ -199,7 +225,9 @@ impl<T> Inbound<T> {
                 return (Offer::Duplicate, dropped);
             }
             self.held.insert(seq, msg);
-            self.gap_since.get_or_insert(now);
+            if self.gap_since.is_none() {
+                self.gap_since = Some(now.get());
+            }
             return (Offer::Held, dropped);
         }
         self.ready.push_back((self.epoch, seq, msg));
@@ -250,7 +278,7 @@ impl<T> Inbound<T> {
         };
         let skipped = first - self.expected;
         self.expected = first;
-        self.release(now);
+        self.release(&mut Now::at(now));
         skipped
     }
 
@@ -280,18 +308,33 @@ mod tests {
     fn in_order_held_duplicates() {
         let now = t0();
         let mut i = Inbound::default();
-        assert_eq!(i.offer(5, 2, 1, false, 'b', now), (Offer::Held, 0));
-        assert_eq!(i.offer(5, 2, 1, false, 'b', now), (Offer::Duplicate, 0));
+        assert_eq!(
+            i.offer(5, 2, 1, false, 'b', &mut Now::at(now)),
+            (Offer::Held, 0)
+        );
+        assert_eq!(
+            i.offer(5, 2, 1, false, 'b', &mut Now::at(now)),
+            (Offer::Duplicate, 0)
+        );
         assert_eq!(i.gap_deadline(std::time::Duration::ZERO), Some(now));
         assert!(!i.has_ready());
-        assert_eq!(i.offer(5, 1, 1, false, 'a', now), (Offer::Ready, 0));
+        assert_eq!(
+            i.offer(5, 1, 1, false, 'a', &mut Now::at(now)),
+            (Offer::Ready, 0)
+        );
         assert_eq!(i.take_ready(), vec!['a', 'b']);
         assert_eq!(i.ack.current(), Some((5, 2)));
         assert!(i.ack.pending() && !i.ack.urgent());
-        assert_eq!(i.offer(5, 1, 1, false, 'a', now), (Offer::Duplicate, 0));
-        assert_eq!(i.offer(4, 3, 1, false, 'x', now), (Offer::Stale, 0));
         assert_eq!(
-            i.offer(5, 3 + MAX_WINDOW, 1, false, 'x', now),
+            i.offer(5, 1, 1, false, 'a', &mut Now::at(now)),
+            (Offer::Duplicate, 0)
+        );
+        assert_eq!(
+            i.offer(4, 3, 1, false, 'x', &mut Now::at(now)),
+            (Offer::Stale, 0)
+        );
+        assert_eq!(
+            i.offer(5, 3 + MAX_WINDOW, 1, false, 'x', &mut Now::at(now)),
             (Offer::OutOfWindow, 0)
         );
         assert_eq!(i.gap_deadline(std::time::Duration::ZERO), None);
@@ -303,26 +346,50 @@ mod tests {
     fn new_epoch_drops_held_and_starts_at_low() {
         let now = t0();
         let mut i = Inbound::default();
-        i.offer(1, 1, 1, false, 1, now);
-        i.offer(1, 3, 1, false, 3, now);
+        i.offer(1, 1, 1, false, 1, &mut Now::at(now));
+        i.offer(1, 3, 1, false, 3, &mut Now::at(now));
         assert_eq!(i.held(), 1);
         // Ready messages of the old epoch stay; held ones go.
-        assert_eq!(i.offer(2, 2, 1, false, 22, now), (Offer::Held, 1));
-        assert_eq!(i.offer(2, 1, 1, false, 21, now), (Offer::Ready, 0));
+        assert_eq!(
+            i.offer(2, 2, 1, false, 22, &mut Now::at(now)),
+            (Offer::Held, 1)
+        );
+        assert_eq!(
+            i.offer(2, 1, 1, false, 21, &mut Now::at(now)),
+            (Offer::Ready, 0)
+        );
         assert_eq!(i.take_ready(), vec![1, 21, 22]);
         assert_eq!(i.ack.current(), Some((2, 2)));
         // The old epoch is stale now.
-        assert_eq!(i.offer(1, 2, 1, false, 2, now), (Offer::Stale, 0));
+        assert_eq!(
+            i.offer(1, 2, 1, false, 2, &mut Now::at(now)),
+            (Offer::Stale, 0)
+        );
         // A fresh receiver of a sequence acknowledged up to 40 starts at
         // 41.
         let mut f = Inbound::default();
-        assert_eq!(f.offer(9, 42, 41, false, 42, now), (Offer::Held, 0));
-        assert_eq!(f.offer(9, 41, 41, false, 41, now), (Offer::Ready, 0));
+        assert_eq!(
+            f.offer(9, 42, 41, false, 42, &mut Now::at(now)),
+            (Offer::Held, 0)
+        );
+        assert_eq!(
+            f.offer(9, 41, 41, false, 41, &mut Now::at(now)),
+            (Offer::Ready, 0)
+        );
         assert_eq!(f.take_ready(), vec![41, 42]);
         // A low beyond what we handed out (state rebuilt) is trusted.
-        assert_eq!(f.offer(9, 50, 45, false, 50, now), (Offer::Held, 0));
-        assert_eq!(f.offer(9, 44, 44, false, 44, now), (Offer::Duplicate, 0));
-        assert_eq!(f.offer(9, 46, 46, false, 46, now), (Offer::Ready, 0));
+        assert_eq!(
+            f.offer(9, 50, 45, false, 50, &mut Now::at(now)),
+            (Offer::Held, 0)
+        );
+        assert_eq!(
+            f.offer(9, 44, 44, false, 44, &mut Now::at(now)),
+            (Offer::Duplicate, 0)
+        );
+        assert_eq!(
+            f.offer(9, 46, 46, false, 46, &mut Now::at(now)),
+            (Offer::Ready, 0)
+        );
         assert_eq!(f.take_ready(), vec![46]);
         assert_eq!(f.held(), 1);
         assert_eq!(f.skip_gap(now), 3);
@@ -334,9 +401,9 @@ mod tests {
     fn urgent_acknowledgement_once_handed_out() {
         let now = t0();
         let mut i = Inbound::default();
-        i.offer(1, 2, 1, true, (), now);
+        i.offer(1, 2, 1, true, (), &mut Now::at(now));
         assert!(!i.ack.urgent(), "the flagged message is still held");
-        i.offer(1, 1, 1, false, (), now);
+        i.offer(1, 1, 1, false, (), &mut Now::at(now));
         i.take_ready();
         assert!(i.ack.urgent());
         i.ack.sent();
@@ -349,17 +416,23 @@ mod tests {
     fn gap_skip_hands_out_held_messages() {
         let now = t0();
         let mut i = Inbound::default();
-        i.offer(1, 1, 1, false, 1, now);
-        i.offer(1, 4, 1, false, 4, now);
-        i.offer(1, 5, 1, false, 5, now);
-        i.offer(1, 7, 1, false, 7, now);
+        i.offer(1, 1, 1, false, 1, &mut Now::at(now));
+        i.offer(1, 4, 1, false, 4, &mut Now::at(now));
+        i.offer(1, 5, 1, false, 5, &mut Now::at(now));
+        i.offer(1, 7, 1, false, 7, &mut Now::at(now));
         assert_eq!(i.take_ready(), vec![1]);
         assert_eq!(i.skip_gap(now), 2);
         assert_eq!(i.take_ready(), vec![4, 5]);
         // The gap clock restarted for 6.
         assert!(i.gap_deadline(std::time::Duration::ZERO).is_some());
-        assert_eq!(i.offer(1, 2, 1, false, 2, now), (Offer::Duplicate, 0));
-        assert_eq!(i.offer(1, 6, 1, false, 6, now), (Offer::Ready, 0));
+        assert_eq!(
+            i.offer(1, 2, 1, false, 2, &mut Now::at(now)),
+            (Offer::Duplicate, 0)
+        );
+        assert_eq!(
+            i.offer(1, 6, 1, false, 6, &mut Now::at(now)),
+            (Offer::Ready, 0)
+        );
         assert_eq!(i.take_ready(), vec![6, 7]);
         assert!(i.is_idle());
     }
@@ -380,7 +453,7 @@ mod tests {
             let mut i = Inbound::default();
             let mut out = Vec::new();
             for (_, s) in arrivals {
-                i.offer(3, s, 1, false, s, now);
+                i.offer(3, s, 1, false, s, &mut Now::at(now));
                 out.extend(i.take_ready());
             }
             prop_assert_eq!(out, (1..=n).collect::<Vec<_>>());

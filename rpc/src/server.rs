@@ -16,9 +16,9 @@ use crate::codec;
 use crate::config::RpcConfig;
 use crate::error::{Result, RpcError, STATUS_BUSY, STATUS_NO_REPLY, STATUS_PROTOCOL, STATUS_STALE};
 use crate::machine::{
-    ACK_DELAY, Inner, Link, MsgRecord, OutRef, Outbound, Parsed, QItem, RxMsg, SendOutcome,
+    ACK_DELAY, Freed, Inner, Link, MsgRecord, OutRef, Outbound, Parsed, QItem, RxMsg, SendOutcome,
 };
-use crate::seq::Inbound;
+use crate::seq::{Inbound, Now};
 use crate::stats::bump;
 use crate::wire::{self, BulkDesc, FLAG_RESEND, ItemHeader, ItemKind, MsgHeader};
 
@@ -37,7 +37,11 @@ struct SrvState {
     evicted_max: u64,
     in_progress: usize,
     link: Link,
+    /// When the session was last seen active (refreshed by the timer when
+    /// `active` is set, so that receiving reads no clock).
     last_active: Instant,
+    /// A message came since the timer last looked.
+    active: bool,
     closed: bool,
     /// The dispatcher's work list, kept between batches.
     scratch: Vec<Work>,
@@ -80,6 +84,7 @@ impl SrvSession {
                 in_progress: 0,
                 link,
                 last_active: Instant::now(),
+                active: false,
                 closed: false,
                 scratch: Vec::new(),
             }),
@@ -167,7 +172,7 @@ impl SrvSession {
         m: &Arc<Inner>,
         st: &mut SrvState,
         h: &ItemHeader,
-        now: Instant,
+        now: &mut Now,
     ) -> Option<ReplyHandle> {
         if st.closed {
             return None;
@@ -184,6 +189,7 @@ impl SrvSession {
                 let _g = self.span.enter();
                 debug!(xid = h.xid, "resent request answered from the reply cache");
                 let bytes = bytes.clone();
+                let now = now.get();
                 st.link.out.push(
                     QItem {
                         bytes,
@@ -197,6 +203,7 @@ impl SrvSession {
             }
             None if h.flags & FLAG_RESEND != 0 && h.xid <= st.evicted_max => {
                 bump(&m.stats.stale, 1);
+                let now = now.get();
                 let mut bytes = Vec::new();
                 let rh = reply_header(h, STATUS_STALE);
                 if wire::encode_item(&mut bytes, &rh, &[], &[]).is_ok() {
@@ -228,7 +235,7 @@ impl SrvSession {
     /// A message from the client: its acknowledgement is applied at once,
     /// its items are handed out in sequence order.
     pub(crate) fn receive(self: &Arc<Self>, m: &Arc<Inner>, h: &MsgHeader, items: RxMsg) {
-        let now = Instant::now();
+        let mut now = Now::lazy();
         let mut o = SendOutcome::default();
         let mut st = self.st.lock();
         if st.closed {
@@ -236,11 +243,11 @@ impl SrvSession {
         }
         st.link.on_ack(m, h, &mut o);
         if !h.ack_only {
-            st.last_active = now;
-            st.link.offer(m, h, items, now);
+            st.active = true;
+            st.link.offer(m, h, items, &mut now);
         }
         if h.ack.is_some() && st.link.out.has_work() {
-            let _ = m.flush(&self.owner(), &self.ep, &mut st.link, now);
+            let _ = m.flush(&self.owner(), &self.ep, &mut st.link, now.get());
         }
         self.dispatch(m, st);
         m.put_send_bufs(o.free);
@@ -256,15 +263,17 @@ impl SrvSession {
         st.link.inb.dispatching = true;
         // Reused across batches (no allocation per message once warm).
         let mut work = std::mem::take(&mut st.scratch);
+        let mut now = Now::lazy();
         loop {
-            let now = Instant::now();
             while let Some(msg) = st.link.inb.pop_ready() {
-                self.prepare(m, &mut st, msg, now, &mut work);
+                self.prepare(m, &mut st, msg, &mut now, &mut work);
             }
             if work.is_empty() {
                 st.link.inb.dispatching = false;
                 st.scratch = work;
-                let _ = m.ack_after_dispatch(&self.owner(), &self.ep, &mut st.link, Instant::now());
+                if st.link.inb.ack.pending() {
+                    let _ = m.ack_after_dispatch(&self.owner(), &self.ep, &mut st.link, &mut now);
+                }
                 return;
             }
             drop(st);
@@ -275,6 +284,7 @@ impl SrvSession {
                 }
             }
             st = self.st.lock();
+            now = Now::lazy();
         }
     }
 
@@ -285,7 +295,7 @@ impl SrvSession {
         m: &Arc<Inner>,
         st: &mut SrvState,
         msg: RxMsg,
-        now: Instant,
+        now: &mut Now,
         work: &mut Vec<Work>,
     ) {
         for p in msg {
@@ -390,11 +400,11 @@ impl SrvSession {
         rec: MsgRecord,
         status: std::result::Result<(), &NetError>,
     ) {
-        let now = Instant::now();
+        let mut now = Now::lazy();
         let mut o = SendOutcome::default();
         {
             let mut st = self.st.lock();
-            m.completed(&mut st.link, buf, rec, status, now, &mut o);
+            m.completed(&mut st.link, buf, rec, status, &mut now, &mut o);
             if let Some(e) = &o.reset {
                 let _g = self.span.enter();
                 debug!(error = %e, "reply message failed (the client resends or times out)");
@@ -403,7 +413,7 @@ impl SrvSession {
                 }
             }
             if st.link.out.has_work() {
-                let _ = m.flush(&self.owner(), &self.ep, &mut st.link, now);
+                let _ = m.flush(&self.owner(), &self.ep, &mut st.link, now.get());
             }
         }
         m.put_send_bufs(o.free);
@@ -439,6 +449,9 @@ impl SrvSession {
     ) -> (Option<Instant>, bool) {
         let mut o = SendOutcome::default();
         let mut st = self.st.lock();
+        if std::mem::take(&mut st.active) {
+            st.last_active = now;
+        }
         if st.link.out.deadline(&m.cfg).is_some_and(|t| t <= now) {
             let _ = m.flush(&self.owner(), &self.ep, &mut st.link, now);
         }
@@ -454,7 +467,8 @@ impl SrvSession {
     }
 
     fn idle_now(st: &SrvState, cfg: &RpcConfig, now: Instant) -> bool {
-        st.in_progress == 0
+        !st.active
+            && st.in_progress == 0
             && st.link.out.idle()
             && st.link.inb.is_idle()
             && now >= st.last_active + cfg.session_idle
@@ -467,7 +481,7 @@ impl SrvSession {
     pub(crate) fn shutdown(&self) {
         let mut st = self.st.lock();
         st.closed = true;
-        let mut free = Vec::new();
+        let mut free = Freed::default();
         st.link.out.drain(&mut free);
         st.link.out.forget_in_flight();
         st.link.inb.clear();

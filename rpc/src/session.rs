@@ -19,8 +19,9 @@ use crate::codec;
 use crate::config::CallOpts;
 use crate::error::{Result, RpcError};
 use crate::machine::{
-    ACK_DELAY, Inner, Link, MsgRecord, OutRef, Parsed, QItem, RxMsg, SendOutcome,
+    ACK_DELAY, Freed, Inner, Link, MsgRecord, OutRef, Parsed, QItem, RxMsg, SendOutcome,
 };
+use crate::seq::Now;
 use crate::stats::{SessionStats, bump};
 use crate::wire::{
     self, BulkDesc, BulkKind, FLAG_RESEND, ItemHeader, ItemKind, MAX_DESCS, MsgHeader,
@@ -153,12 +154,12 @@ impl SessionInner {
         rec: MsgRecord,
         status: std::result::Result<(), &NetError>,
     ) {
-        let now = Instant::now();
+        let mut now = Now::lazy();
         let mut o = SendOutcome::default();
         let mut calls = Vec::new();
         {
             let mut st = self.st.lock();
-            m.completed(&mut st.link, buf, rec, status, now, &mut o);
+            m.completed(&mut st.link, buf, rec, status, &mut now, &mut o);
             if let Some(e) = o.reset.clone() {
                 let _g = self.span.enter();
                 debug!(error = %e, "message to the server failed for good");
@@ -169,7 +170,7 @@ impl SessionInner {
             let failed = std::mem::take(&mut o.failed);
             Self::take_failed(&mut st, failed, &mut calls);
             if st.link.out.has_work() {
-                let failed = m.flush(&self.owner(), &self.ep, &mut st.link, now);
+                let failed = m.flush(&self.owner(), &self.ep, &mut st.link, now.get());
                 Self::take_failed(&mut st, failed, &mut calls);
             }
             self.notify_drained(&st);
@@ -214,7 +215,7 @@ impl SessionInner {
     /// A message from the server: its acknowledgement is applied at once,
     /// its replies are handed out in sequence order.
     pub(crate) fn receive(self: &Arc<Self>, m: &Arc<Inner>, h: &MsgHeader, items: RxMsg) {
-        let now = Instant::now();
+        let mut now = Now::lazy();
         let mut o = SendOutcome::default();
         let mut calls = Vec::new();
         let mut st = self.st.lock();
@@ -222,11 +223,11 @@ impl SessionInner {
         let failed = std::mem::take(&mut o.failed);
         Self::take_failed(&mut st, failed, &mut calls);
         if !h.ack_only {
-            st.link.offer(m, h, items, now);
+            st.link.offer(m, h, items, &mut now);
         }
         if h.ack.is_some() && st.link.out.has_work() {
             // The window may have opened.
-            let failed = m.flush(&self.owner(), &self.ep, &mut st.link, now);
+            let failed = m.flush(&self.owner(), &self.ep, &mut st.link, now.get());
             Self::take_failed(&mut st, failed, &mut calls);
         }
         self.dispatch(m, st, &mut calls);
@@ -274,9 +275,15 @@ impl SessionInner {
             if done.is_empty() && calls.is_empty() {
                 st.link.inb.dispatching = false;
                 st.scratch = done;
-                let failed =
-                    m.ack_after_dispatch(&self.owner(), &self.ep, &mut st.link, Instant::now());
-                Self::take_failed(&mut st, failed, calls);
+                if st.link.inb.ack.pending() {
+                    let failed = m.ack_after_dispatch(
+                        &self.owner(),
+                        &self.ep,
+                        &mut st.link,
+                        &mut Now::lazy(),
+                    );
+                    Self::take_failed(&mut st, failed, calls);
+                }
                 self.remove_if_done(m, &st);
                 return;
             }
@@ -396,7 +403,7 @@ impl SessionInner {
         let calls: Vec<Arc<CallState>> = {
             let mut st = self.st.lock();
             st.closed = true;
-            let mut free = Vec::new();
+            let mut free = Freed::default();
             st.link.out.drain(&mut free);
             st.link.out.forget_in_flight();
             st.link.inb.clear();
