@@ -1127,37 +1127,7 @@ fn sessions_beyond_the_limit_are_refused() {
     finish(server);
 }
 
-/// A call already sent to a server that then stops fails promptly: the
-/// client probes servers it waits for, and the transport reports the
-/// stopped one unreachable.
 #[test]
 fn a_stopped_server_fails_waiting_calls_promptly() {
-    let server = machine(RpcConfig::default());
-    let held: Arc<Mutex<Vec<ReplyHandle>>> = Arc::new(Mutex::new(Vec::new()));
-    let h = held.clone();
-    server.on(NEVER, move |_req, reply| h.lock().push(reply));
-    let client = machine(RpcConfig::default().with_probe_interval(Duration::from_millis(100)));
-    let s = client.session(server.addr()).unwrap();
-    // No resends, a long timeout: only the probe can tell.
-    let opts = CallOpts::new().timeout(Duration::from_secs(30)).retries(0);
-    let calls: Vec<_> = (0..3).map(|_| s.start(NEVER, b"", opts).unwrap()).collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while held.lock().len() < 3 {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let t0 = Instant::now();
-    finish(server);
-    held.lock().clear();
-    for c in calls {
-        let r = c.wait();
-        assert!(
-            matches!(r, Err(RpcError::Net(colibri_net::NetError::Unreachable(_)))),
-            "{r:?}"
-        );
-    }
-    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
-    assert!(client.stats().probes_sent >= 1);
-    drop(s);
-    finish(client);
+    common::stopped_server_fails_waiting_calls(&Net::mem());
 }

@@ -36,3 +36,8 @@ fn bulk_both_directions() {
 fn peer_stopped_mid_call() {
     common::peer_stopped_mid_call(&Net::tcp());
 }
+
+#[test]
+fn a_stopped_server_fails_waiting_calls_promptly() {
+    common::stopped_server_fails_waiting_calls(&Net::tcp());
+}
