@@ -452,8 +452,12 @@ impl Drop for Guard {
 /// Made by [`RpcHandle::session`](crate::RpcHandle::session). Each session
 /// has a random 64-bit id; its requests carry increasing transaction ids
 /// (xids). Its items are packed into messages by its own formation queue,
-/// in order. Clone it to use it from several threads; the session closes
-/// when the last clone is dropped (calls in flight still complete).
+/// in order, and the server hands them to its handlers in that order, one
+/// at a time, each once, whatever order the transport delivers the
+/// messages in (items queued by different threads are ordered as they
+/// were queued). Replies are handed back in the order the server sent
+/// them. Clone it to use it from several threads; the session closes when
+/// the last clone is dropped (calls in flight still complete).
 #[derive(Clone)]
 pub struct Session {
     s: Arc<SessionInner>,
