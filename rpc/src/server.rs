@@ -10,7 +10,7 @@ use colibri_net::{EndPoint, NetBuffer, NetError};
 use parking_lot::{Mutex, MutexGuard};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::{Span, debug, debug_span};
+use tracing::{Span, debug, debug_span, warn};
 
 use crate::codec;
 use crate::config::RpcConfig;
@@ -278,9 +278,17 @@ impl SrvSession {
             }
             drop(st);
             for w in work.drain(..) {
-                match w {
+                // A handler that panics loses its request (its reply
+                // handle, dropped while unwinding, answers NoReply), not
+                // the session: this thread still dispatches what follows.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match w {
                     Work::Fail(rh, status) => rh.error(status),
                     Work::Run(req, rh) => m.run_handler(req, rh),
+                }));
+                if ran.is_err() {
+                    bump(&m.stats.handler_panics, 1);
+                    let _g = self.span.enter();
+                    warn!("request handler panicked");
                 }
             }
             st = self.st.lock();

@@ -12,7 +12,7 @@ use colibri_net::{BufferCallbacks, EndPoint, NetBuffer, NetError, QueueType};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::{Span, debug, debug_span};
+use tracing::{Span, debug, debug_span, warn};
 
 use crate::call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, CallState};
 use crate::codec;
@@ -89,7 +89,13 @@ impl SessionInner {
     fn complete_failed(m: &Inner, failed: Failed) {
         for (call, e) in failed {
             bump(&m.stats.calls_failed, 1);
-            call.finish(Err(e));
+            // A completion callback that panics must not stop the thread
+            // completing the others (often a session's dispatcher).
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call.finish(Err(e))))
+                .is_err()
+            {
+                warn!("call completion callback panicked");
+            }
         }
     }
 
@@ -297,7 +303,14 @@ impl SessionInner {
                     bump(&m.stats.calls_failed, 1);
                     Err(RpcError::from_status(h.status, h.opcode))
                 };
-                call.finish(result);
+                // A completion callback that panics must not stop the
+                // session's dispatch.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call.finish(result)))
+                    .is_err()
+                {
+                    let _g = self.span.enter();
+                    warn!("call completion callback panicked");
+                }
             }
             st = self.st.lock();
         }

@@ -84,6 +84,9 @@ pub struct RpcStats {
     /// Requests (answered `Busy`) and one-way items (dropped) in refused
     /// messages.
     pub items_refused: u64,
+    /// Request handlers that panicked (their requests were answered
+    /// `NoReply`).
+    pub handler_panics: u64,
     /// Bulk transfers completed successfully (both sides).
     pub bulk_ok: u64,
     /// Bytes moved by successful bulk transfers.
@@ -186,6 +189,7 @@ counters!(
     probes_sent,
     sessions_refused,
     items_refused,
+    handler_panics,
     bulk_ok,
     bulk_bytes,
 );

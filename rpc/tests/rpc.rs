@@ -1133,3 +1133,39 @@ fn sessions_beyond_the_limit_are_refused() {
 fn a_stopped_server_fails_waiting_calls_promptly() {
     common::stopped_server_fails_waiting_calls(&Net::mem());
 }
+
+/// A handler that panics loses its request (answered `NoReply`), not its
+/// session: later items of the session are still handled, in order; a
+/// completion callback that panics does not stop the client's session
+/// either.
+#[test]
+fn panicking_handlers_and_callbacks_do_not_stop_the_session() {
+    let server = machine(RpcConfig::default());
+    let seen: Arc<Mutex<Vec<u8>>> = Arc::new(Mutex::new(Vec::new()));
+    let sn = seen.clone();
+    server.on(ECHO, move |req, reply| {
+        let b = req.payload()[0];
+        assert!(b != 13, "unlucky request");
+        sn.lock().push(b);
+        reply.ok(&[b]);
+    });
+    let client = machine(RpcConfig::default());
+    let s = client.session(server.addr()).unwrap();
+    assert_eq!(s.call(ECHO, &[1]).unwrap(), [1]);
+    assert_eq!(s.call(ECHO, &[13]), Err(RpcError::NoReply));
+    // A callback that panics, then calls that must still complete.
+    s.start(ECHO, &[2], CallOpts::new())
+        .unwrap()
+        .on_complete(|_| panic!("callback panics"));
+    let calls: Vec<_> = (3..6u8)
+        .map(|i| s.start(ECHO, &[i], CallOpts::new()).unwrap())
+        .collect();
+    for (c, i) in calls.into_iter().zip(3..6u8) {
+        assert_eq!(c.wait().unwrap(), [i]);
+    }
+    assert_eq!(*seen.lock(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(server.stats().handler_panics, 1);
+    drop(s);
+    finish(client);
+    finish(server);
+}
