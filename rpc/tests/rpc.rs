@@ -1169,3 +1169,89 @@ fn panicking_handlers_and_callbacks_do_not_stop_the_session() {
     finish(client);
     finish(server);
 }
+
+/// With three transport workers, one session's handlers run one at a
+/// time while another session's run alongside: session a's first item
+/// blocks its handler until session b's item has been handled. (The core
+/// runs the callbacks of one receive buffer one at a time, so the server
+/// takes one message per receive buffer here: messages of the two
+/// sessions then never share one.)
+#[test]
+fn sessions_dispatch_in_parallel_items_of_one_session_never_do() {
+    type Shared = (Mutex<(HandlerLog, bool)>, parking_lot::Condvar);
+    #[derive(Default)]
+    struct HandlerLog {
+        running: std::collections::HashMap<u64, usize>,
+        overlap: bool,
+        order: Vec<(u64, u32)>,
+    }
+    let net = Net::mem_workers(3);
+    let server = net.machine(RpcConfig::default().with_recv_buffers(64, 16 << 10));
+    let shared: Arc<Shared> = Arc::new(Default::default());
+    let sh = shared.clone();
+    let b_id = Arc::new(AtomicU64::new(0));
+    let bid = b_id.clone();
+    let b_seen_while_blocked = Arc::new(AtomicUsize::new(0));
+    let seen_flag = b_seen_while_blocked.clone();
+    server.on(COUNT, move |req, _reply| {
+        let n = u32::from_le_bytes(req.payload()[..4].try_into().unwrap());
+        let sess = req.session();
+        let (lock, cv) = &*sh;
+        {
+            let mut g = lock.lock();
+            let r = g.0.running.entry(sess).or_insert(0);
+            *r += 1;
+            if *r > 1 {
+                g.0.overlap = true;
+            }
+            g.0.order.push((sess, n));
+            if sess == bid.load(Ordering::SeqCst) {
+                g.1 = true;
+                cv.notify_all();
+            }
+        }
+        if n == 0 && sess != bid.load(Ordering::SeqCst) {
+            // Session a's first item: wait (bounded) for session b's.
+            let mut g = lock.lock();
+            let end = Instant::now() + Duration::from_secs(10);
+            while !g.1 && !cv.wait_until(&mut g, end).timed_out() {}
+            if g.1 {
+                seen_flag.store(1, Ordering::SeqCst);
+            }
+        }
+        *lock.lock().0.running.get_mut(&sess).unwrap() -= 1;
+    });
+    let client = net.machine(RpcConfig::default().with_batching(false));
+    let a = client.session(server.addr()).unwrap();
+    let b = client.session(server.addr()).unwrap();
+    b_id.store(b.id(), Ordering::SeqCst);
+    for i in 0..50u32 {
+        a.post(COUNT, &i.to_le_bytes()).unwrap();
+    }
+    a.flush(Duration::from_secs(10)).unwrap();
+    b.post(COUNT, &7u32.to_le_bytes()).unwrap();
+    b.flush(Duration::from_secs(10)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while shared.0.lock().0.order.len() < 51 {
+        assert!(Instant::now() < deadline, "items missing");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(
+        b_seen_while_blocked.load(Ordering::SeqCst),
+        1,
+        "session b waited for session a's handler"
+    );
+    let g = shared.0.lock();
+    assert!(!g.0.overlap, "two handlers of one session ran at once");
+    let a_order: Vec<u32> =
+        g.0.order
+            .iter()
+            .filter(|(s, _)| *s == a.id())
+            .map(|x| x.1)
+            .collect();
+    assert_eq!(a_order, (0..50).collect::<Vec<_>>());
+    drop(g);
+    drop((a, b));
+    finish(client);
+    finish(server);
+}
