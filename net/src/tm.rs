@@ -385,7 +385,8 @@ type Out = Few<EvData>;
 
 enum Pending {
     Buf(Arc<Slot>, EvData),
-    Tm(TmEvent),
+    /// A transfer machine event; `true` for a coalesced loss event.
+    Tm(TmEvent, bool),
 }
 
 pub(crate) enum Post<'a> {
@@ -435,6 +436,10 @@ pub(crate) struct TmInner {
     /// Events posted and not yet fully delivered (their callback has not
     /// returned). Atomic so that finishing a callback takes no lock.
     running: AtomicUsize,
+    /// A loss event (a message dropped for lack of a receive buffer, a bulk
+    /// request refused) is posted and not yet dispatched: further losses
+    /// are only counted until it is.
+    pub(crate) loss_pending: AtomicBool,
     me: Weak<TmInner>,
 }
 
@@ -535,7 +540,7 @@ impl TmInner {
         };
         core.event_seq += 1;
         if core.sync {
-            core.pending.push_back(Pending::Tm(ev));
+            core.pending.push_back(Pending::Tm(ev, false));
             let hook = core.notify.take();
             drop(core);
             self.cond.notify_all();
@@ -552,6 +557,48 @@ impl TmInner {
         self.call_tm_cb(&ev);
         // The event holds end point references: release them before the
         // callback counts as finished, so that fini sees them gone.
+        drop(ev);
+        self.finish_callback();
+    }
+
+    /// Posts a loss event (`NoBuffers`, a refused bulk request) to be run
+    /// by the transport on this transfer machine's own thread: the caller is
+    /// usually another transfer machine's thread, which must never run (and
+    /// wait for) this one's callback. Coalesced: while one loss event is
+    /// posted and not dispatched, further ones are only counted (in the
+    /// statistics and counters), so a flood of drops cannot flood the
+    /// application. Consumes the lock guard.
+    fn loss_event(self: &Arc<Self>, mut core: MutexGuard<'_, TmCore>, error: NetError) -> Delivery {
+        if self.loss_pending.swap(true, Ordering::AcqRel) {
+            return Delivery::default();
+        }
+        let ev = TmEvent {
+            kind: TmEventKind::Error(error),
+            time: Instant::now(),
+        };
+        core.event_seq += 1;
+        if core.sync {
+            core.pending.push_back(Pending::Tm(ev, true));
+            let hook = core.notify.take();
+            drop(core);
+            self.cond.notify_all();
+            if let Some(h) = hook {
+                h();
+            }
+            return Delivery::default();
+        }
+        self.running.fetch_add(1, Ordering::AcqRel);
+        drop(core);
+        self.cond.notify_all();
+        Delivery {
+            job: Some(crate::xprt::Job::Tm(Arc::clone(self), ev)),
+        }
+    }
+
+    /// Runs a loss event's callback (from a `Delivery`).
+    pub(crate) fn run_loss_event(self: &Arc<Self>, ev: TmEvent) {
+        self.loss_pending.store(false, Ordering::Release);
+        self.call_tm_cb(&ev);
         drop(ev);
         self.finish_callback();
     }
@@ -891,7 +938,7 @@ impl TmInner {
         self.cond.notify_all();
         if start {
             Delivery {
-                job: Some((Arc::clone(self), Arc::clone(slot))),
+                job: Some(crate::xprt::Job::Buf(Arc::clone(self), Arc::clone(slot))),
             }
         } else {
             Delivery::default()
@@ -1047,8 +1094,8 @@ impl TmInner {
         core.stats[QueueType::MsgRecv.index()].f_events += 1;
         core.no_buffers += 1;
         debug!(tm = %self.id, len, "message dropped: no receive buffer");
-        self.emit_tm(core, TmEventKind::Error(NetError::NoBuffers));
-        Err(ClaimError::NoBuffers)
+        let notice = self.loss_event(core, NetError::NoBuffers);
+        Err(ClaimError::NoBuffers { notice })
     }
 
     pub(crate) fn claim_passive(
@@ -1063,6 +1110,7 @@ impl TmInner {
             return Err(PassiveError {
                 error: NetError::Unreachable(f.owner.clone()),
                 victim: None,
+                notice: Delivery::default(),
             });
         }
         let found = core
@@ -1096,16 +1144,18 @@ impl TmInner {
         if let Some(error) = reject {
             core.rejected += 1;
             debug!(tm = %self.id, requester, %error, "active bulk request rejected");
-            self.emit_tm(core, TmEventKind::Error(error.clone()));
+            let notice = self.loss_event(core, error.clone());
             return Err(PassiveError {
                 error,
                 victim: None,
+                notice,
             });
         }
         let Some(slot) = found else {
             return Err(PassiveError {
                 error: NetError::NoEntry,
                 victim: None,
+                notice: Delivery::default(),
             });
         };
         let fail_both = if slot.queue.bulk_peer() != Some(active) {
@@ -1137,6 +1187,7 @@ impl TmInner {
             return Err(PassiveError {
                 error,
                 victim: Some(QueuedBuf(slot)),
+                notice: Delivery::default(),
             });
         }
         let len = if slot.queue == QueueType::PassiveBulkSend {
@@ -1854,7 +1905,12 @@ impl TmHandle {
             };
             match item {
                 Pending::Buf(slot, ev) => self.inner.dispatch_buffer(&slot, ev),
-                Pending::Tm(ev) => self.inner.call_tm_cb(&ev),
+                Pending::Tm(ev, loss) => {
+                    if loss {
+                        self.inner.loss_pending.store(false, Ordering::Release);
+                    }
+                    self.inner.call_tm_cb(&ev);
+                }
             }
             self.inner.finish_callback();
             n += 1;
@@ -2054,6 +2110,7 @@ impl TransferMachine {
             deliver_lock: Mutex::new(()),
             earliest: AtomicU64::new(0),
             running: AtomicUsize::new(0),
+            loss_pending: AtomicBool::new(false),
             me: me.clone(),
         });
         dom.inner.tms.fetch_add(1, Ordering::AcqRel);

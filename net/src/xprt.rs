@@ -422,9 +422,15 @@ pub enum ClaimError {
     /// The transfer machine is not started (the sender should see
     /// `Unreachable`).
     NotStarted,
-    /// No receive buffer is free. Already counted (MSG_RECV failed events)
-    /// and reported to the application as a `NoBuffers` error event.
-    NoBuffers,
+    /// No receive buffer is free. Already counted (MSG_RECV failed events,
+    /// [`TmHandle::no_buffer_drops`](crate::TmHandle::no_buffer_drops)).
+    /// `notice` is the receiving transfer machine's `NoBuffers` error event
+    /// (empty when one is already pending: loss events are coalesced); run
+    /// it on a thread of the receiving transfer machine, not the sender's.
+    NoBuffers {
+        /// The receiver's error event.
+        notice: Delivery,
+    },
     /// The message is larger than any empty receive buffer. `victim`, the
     /// first such buffer, is claimed for the transport, which must complete
     /// it with [`NetError::MessageTooLarge`] (as the sender will be).
@@ -456,6 +462,11 @@ pub struct PassiveError {
     /// claimed for the transport, which must complete it with the same
     /// error. `None` when the passive buffer is untouched.
     pub victim: Option<QueuedBuf>,
+    /// For a request refused without touching a buffer (stale, forged or
+    /// edited descriptor, busy buffer): the passive transfer machine's
+    /// error event (coalesced; possibly empty), to run on one of its own
+    /// threads.
+    pub notice: Delivery,
 }
 
 /// The core's end of a transfer machine, handed to the transport.
@@ -635,6 +646,7 @@ impl TmSink {
                 Err(PassiveError {
                     error: NetError::Unreachable(fields.owner.clone()),
                     victim: None,
+                    notice: Delivery::default(),
                 })
             })
     }
@@ -659,16 +671,35 @@ impl TmSink {
     }
 }
 
-/// A buffer callback the core has decided, waiting to run.
+/// Callbacks the core has decided, waiting to run: the pending events of a
+/// buffer, or a transfer machine's loss event.
 ///
-/// Returned by the `*_deferred` posting methods so a transport can run the
-/// application's callback on the thread it prefers. Running it (or dropping
-/// it: `Drop` runs it) delivers every event pending for that buffer, in
-/// order; an empty delivery does nothing.
+/// Returned by the `*_deferred` posting methods (and carried by
+/// [`ClaimError::NoBuffers`] and [`PassiveError`]) so a transport can run
+/// the application's callbacks on a thread of the transfer machine they
+/// belong to. Running it (or dropping it: `Drop` runs it) delivers every
+/// event pending for that buffer, in order; an empty delivery does nothing.
 #[must_use = "a Delivery runs the application's callback; run it (dropping it also runs it)"]
 #[derive(Default)]
 pub struct Delivery {
-    pub(crate) job: Option<(Arc<TmInner>, Arc<Slot>)>,
+    pub(crate) job: Option<Job>,
+}
+
+/// What a delivery runs.
+pub(crate) enum Job {
+    /// The pending events of one buffer.
+    Buf(Arc<TmInner>, Arc<Slot>),
+    /// A transfer machine's (loss) event.
+    Tm(Arc<TmInner>, crate::tm::TmEvent),
+}
+
+impl Job {
+    fn run(self) {
+        match self {
+            Self::Buf(tm, slot) => tm.run_delivery(&slot),
+            Self::Tm(tm, ev) => tm.run_loss_event(ev),
+        }
+    }
 }
 
 impl fmt::Debug for Delivery {
@@ -682,8 +713,8 @@ impl fmt::Debug for Delivery {
 impl Delivery {
     /// Runs the callbacks now, on this thread.
     pub fn run(mut self) {
-        if let Some((tm, slot)) = self.job.take() {
-            tm.run_delivery(&slot);
+        if let Some(job) = self.job.take() {
+            job.run();
         }
     }
 
@@ -695,8 +726,8 @@ impl Delivery {
 
 impl Drop for Delivery {
     fn drop(&mut self) {
-        if let Some((tm, slot)) = self.job.take() {
-            tm.run_delivery(&slot);
+        if let Some(job) = self.job.take() {
+            job.run();
         }
     }
 }

@@ -654,6 +654,52 @@ pub fn message_without_receive_buffer(f: &dyn Factory) {
     b.shutdown();
 }
 
+/// A flood of messages to a transfer machine without receive buffers,
+/// whose error callback is slow: every send completes with `NoBuffers`,
+/// every drop is counted, and the loss events are coalesced (at least one,
+/// never more than the drops) instead of piling up.
+pub fn no_buffers_flood_is_counted_and_coalesced(f: &dyn Factory) {
+    let a = Node::start(f);
+    let d = Domain::new(&*f.transport()).unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s2 = seen.clone();
+    let tm = d
+        .tm_init(Arc::new(move |_: &TmHandle, ev: &TmEvent| {
+            if let TmEventKind::Error(NetError::NoBuffers) = ev.kind {
+                s2.fetch_add(1, Ordering::SeqCst);
+                thread::sleep(Duration::from_millis(20));
+            }
+        }))
+        .unwrap();
+    tm.start(&f.addr()).unwrap();
+    tm.wait_for_state(TmState::Started, EVENT_WAIT).unwrap();
+    let baddr = tm.ep().unwrap().addr().to_string();
+    let ep = a.ep(&baddr);
+    const N: usize = 40;
+    for i in 0..N {
+        a.tm.add_msg_send(a.buf_with(&pattern(i as u64, 32), 0), &ep, 32)
+            .unwrap();
+    }
+    for _ in 0..N {
+        let ev = a.next_event_on(QueueType::MsgSend);
+        assert_eq!(ev.error(), Some(&NetError::NoBuffers));
+    }
+    assert_eq!(tm.no_buffer_drops(), N as u64);
+    assert_eq!(tm.stats(QueueType::MsgRecv, false).f_events, N as u64);
+    let deadline = Instant::now() + EVENT_WAIT;
+    while seen.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(1));
+    }
+    let n = seen.load(Ordering::SeqCst);
+    assert!((1..=N).contains(&n), "{n} loss events for {N} drops");
+    drop(ep);
+    tm.stop(true).unwrap();
+    tm.wait_stopped(EVENT_WAIT).unwrap();
+    tm.fini().unwrap();
+    d.fini().unwrap();
+    a.shutdown();
+}
+
 /// A message larger than the receive buffer fails both sides with
 /// `MessageTooLarge`.
 pub fn message_too_large(f: &dyn Factory) {
@@ -1677,8 +1723,16 @@ pub fn stress_exactly_once(f: &dyn Factory) {
         a.tm.stop(seed.is_multiple_of(2)).unwrap();
         b.tm.stop(seed.is_multiple_of(3)).unwrap();
     });
-    a.tm.wait_stopped(EVENT_WAIT).unwrap();
-    b.tm.wait_stopped(EVENT_WAIT).unwrap();
+    for (name, n) in [("client", &a), ("server", &b)] {
+        if let Err(e) = n.tm.wait_stopped(EVENT_WAIT) {
+            panic!(
+                "{name} did not stop ({e}): state {:?}, {} buffer(s) queued, stats {:?}",
+                n.tm.state(),
+                n.tm.queued(),
+                n.tm.stats_all(false)
+            );
+        }
+    }
     assert_eq!(corrupt.load(Ordering::SeqCst), 0, "corrupted payloads");
     let mut ledger = ledger.lock();
     for (t, _) in completions.lock().iter() {

@@ -82,6 +82,7 @@ macro_rules! conformance_tests {
             message_data_and_shapes,
             message_to_unreachable,
             message_without_receive_buffer,
+            no_buffers_flood_is_counted_and_coalesced,
             message_too_large,
             bulk_both_directions_with_shapes,
             passive_descriptor_fresh_per_add,

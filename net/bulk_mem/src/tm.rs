@@ -203,7 +203,13 @@ impl Shared {
                 dest.push(Work::Deliver(d));
                 sink.complete(q, Ok(len));
             }
-            Err(ClaimError::NoBuffers) => sink.complete(q, Err(NetError::NoBuffers)),
+            Err(ClaimError::NoBuffers { notice }) => {
+                // The receiver's error event runs on the receiver's workers.
+                if notice.is_pending() {
+                    dest.push(Work::Deliver(notice));
+                }
+                sink.complete(q, Err(NetError::NoBuffers));
+            }
             Err(ClaimError::TooLarge { victim, space }) => {
                 let e = NetError::MessageTooLarge { len, space };
                 dest.push(Work::Deliver(
@@ -255,7 +261,14 @@ impl Shared {
                 dest.push(Work::Deliver(dsink.complete_deferred(&p, status.clone())));
                 sink.complete(q, status);
             }
-            Err(PassiveError { error, victim }) => {
+            Err(PassiveError {
+                error,
+                victim,
+                notice,
+            }) => {
+                if notice.is_pending() {
+                    dest.push(Work::Deliver(notice));
+                }
                 if let Some(v) = victim {
                     dest.push(Work::Deliver(
                         dsink.complete_deferred(&v, Err(error.clone())),

@@ -840,7 +840,9 @@ impl Conn {
                     None => Body::Discard(Some(NetError::Unreachable(h.receiver.to_string()))),
                     Some(tm) => match tm.sink().map(|s| s.claim_recv(body_len)) {
                         Some(Ok(claim)) => Body::Recv { claim, tm },
-                        Some(Err(ClaimError::NoBuffers)) => {
+                        Some(Err(ClaimError::NoBuffers { notice })) => {
+                            // This I/O thread is the receiving machine's own.
+                            notice.run();
                             Body::Discard(Some(NetError::NoBuffers))
                         }
                         Some(Err(ClaimError::TooLarge { victim, space })) => {
@@ -996,7 +998,13 @@ impl Conn {
                         },
                     );
                 }
-                Err(PassiveError { error, victim }) => {
+                Err(PassiveError {
+                    error,
+                    victim,
+                    notice,
+                }) => {
+                    // This I/O thread is the passive machine's own.
+                    notice.run();
                     if let Some(v) = victim {
                         complete(&tm, &v, Err(error.clone()));
                     }
