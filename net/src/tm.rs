@@ -591,7 +591,7 @@ impl TmInner {
         drop(core);
         self.cond.notify_all();
         Delivery {
-            job: Some(crate::xprt::Job::Tm(Arc::clone(self), ev)),
+            job: Some(crate::xprt::Job::Tm(Arc::clone(self), Box::new(ev))),
         }
     }
 

@@ -689,15 +689,16 @@ pub struct Delivery {
 pub(crate) enum Job {
     /// The pending events of one buffer.
     Buf(Arc<TmInner>, Arc<Slot>),
-    /// A transfer machine's (loss) event.
-    Tm(Arc<TmInner>, crate::tm::TmEvent),
+    /// A transfer machine's (loss) event; boxed, as they are rare and a
+    /// `Delivery` is moved around a lot.
+    Tm(Arc<TmInner>, Box<crate::tm::TmEvent>),
 }
 
 impl Job {
     fn run(self) {
         match self {
             Self::Buf(tm, slot) => tm.run_delivery(&slot),
-            Self::Tm(tm, ev) => tm.run_loss_event(ev),
+            Self::Tm(tm, ev) => tm.run_loss_event(*ev),
         }
     }
 }
