@@ -36,6 +36,7 @@
 
 pub mod baseline;
 mod pair;
+pub mod ratios;
 pub mod report;
 pub mod rpc;
 mod workloads;

@@ -15,7 +15,7 @@ use colibri_net::{
     BufVec, BufferCallbacks, EndPoint, NetBufDesc, NetBuffer, NetError, QueueType, RecvParams,
     TmHandle, Transport,
 };
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex};
 
 use crate::{BenchError, BenchPair, BenchResult, PairConfig};
 
@@ -72,6 +72,26 @@ impl<S> Shared<S> {
             cv: Condvar::new(),
         })
     }
+}
+
+/// Tears a workload down: marks it closing, stops both transfer machines
+/// (every queued buffer comes back through the callbacks, which ignore it),
+/// takes what `leftovers` returns out of the state (breaking the cycle
+/// state -> buffers -> callbacks -> state), then finalises the pair.
+fn close_pair<S, L>(
+    pair: &mut Option<BenchPair>,
+    sh: &Shared<S>,
+    run: impl Fn(&mut S) -> &mut Run,
+    leftovers: impl FnOnce(&mut S) -> L,
+) {
+    let Some(pair) = pair.take() else {
+        return;
+    };
+    run(&mut sh.st.lock()).closing = true;
+    pair.stop();
+    let taken = leftovers(&mut sh.st.lock());
+    drop(taken);
+    pair.shutdown();
 }
 
 /// Waits until `done(state)` or the run failed; returns the run's duration.
@@ -270,21 +290,18 @@ impl RoundTrip {
     }
 
     fn close(&mut self) {
-        let Some(pair) = self.pair.take() else {
-            return;
-        };
-        self.sh.st.lock().run.closing = true;
-        pair.stop();
-        let leftovers = {
-            let mut st = self.sh.st.lock();
-            (
-                std::mem::take(&mut st.free_send),
-                st.server.take(),
-                st.client.take(),
-            )
-        };
-        drop(leftovers);
-        pair.shutdown();
+        close_pair(
+            &mut self.pair,
+            &self.sh,
+            |s| &mut s.run,
+            |st| {
+                (
+                    std::mem::take(&mut st.free_send),
+                    st.server.take(),
+                    st.client.take(),
+                )
+            },
+        );
     }
 }
 
@@ -478,21 +495,18 @@ impl OneWay {
     }
 
     fn close(&mut self) {
-        let Some(pair) = self.pair.take() else {
-            return;
-        };
-        self.sh.st.lock().run.closing = true;
-        pair.stop();
-        let leftovers = {
-            let mut st = self.sh.st.lock();
-            (
-                std::mem::take(&mut st.free),
-                st.server.take(),
-                st.client.take(),
-            )
-        };
-        drop(leftovers);
-        pair.shutdown();
+        close_pair(
+            &mut self.pair,
+            &self.sh,
+            |s| &mut s.run,
+            |st| {
+                (
+                    std::mem::take(&mut st.free),
+                    st.server.take(),
+                    st.client.take(),
+                )
+            },
+        );
     }
 }
 
@@ -678,21 +692,18 @@ impl Bulk {
     }
 
     fn close(&mut self) {
-        let Some(pair) = self.pair.take() else {
-            return;
-        };
-        self.sh.st.lock().run.closing = true;
-        pair.stop();
-        let leftovers = {
-            let mut st: MutexGuard<'_, BkState> = self.sh.st.lock();
-            (
-                std::mem::take(&mut st.idle),
-                std::mem::take(&mut st.descs),
-                st.client.take(),
-            )
-        };
-        drop(leftovers);
-        pair.shutdown();
+        close_pair(
+            &mut self.pair,
+            &self.sh,
+            |s| &mut s.run,
+            |st| {
+                (
+                    std::mem::take(&mut st.idle),
+                    std::mem::take(&mut st.descs),
+                    st.client.take(),
+                )
+            },
+        );
     }
 }
 

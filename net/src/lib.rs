@@ -75,6 +75,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod addr;
 pub mod buffer;
 pub mod bufvec;
 pub mod checksum;

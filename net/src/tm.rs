@@ -531,6 +531,22 @@ impl TmInner {
         Ok(ep)
     }
 
+    /// Synchronous delivery mode: queues events for `deliver_all`, then
+    /// (without the lock) wakes waiters and fires the one-shot notify hook.
+    fn queue_pending(
+        &self,
+        mut core: MutexGuard<'_, TmCore>,
+        items: impl IntoIterator<Item = Pending>,
+    ) {
+        core.pending.extend(items);
+        let hook = core.notify.take();
+        drop(core);
+        self.cond.notify_all();
+        if let Some(h) = hook {
+            h();
+        }
+    }
+
     /// Delivers a transfer machine event: queued in synchronous mode, else
     /// run now on this thread. Consumes the lock guard.
     fn emit_tm(self: &Arc<Self>, mut core: MutexGuard<'_, TmCore>, kind: TmEventKind) {
@@ -540,13 +556,7 @@ impl TmInner {
         };
         core.event_seq += 1;
         if core.sync {
-            core.pending.push_back(Pending::Tm(ev, false));
-            let hook = core.notify.take();
-            drop(core);
-            self.cond.notify_all();
-            if let Some(h) = hook {
-                h();
-            }
+            self.queue_pending(core, [Pending::Tm(ev, false)]);
             return;
         }
         self.running.fetch_add(1, Ordering::AcqRel);
@@ -578,13 +588,7 @@ impl TmInner {
         };
         core.event_seq += 1;
         if core.sync {
-            core.pending.push_back(Pending::Tm(ev, true));
-            let hook = core.notify.take();
-            drop(core);
-            self.cond.notify_all();
-            if let Some(h) = hook {
-                h();
-            }
+            self.queue_pending(core, [Pending::Tm(ev, true)]);
             return Delivery::default();
         }
         self.running.fetch_add(1, Ordering::AcqRel);
@@ -914,15 +918,10 @@ impl TmInner {
         }
         core.event_seq += out.len() as u64;
         if core.sync {
-            for ev in out {
-                core.pending.push_back(Pending::Buf(slot.clone(), ev));
-            }
-            let hook = core.notify.take();
-            drop(core);
-            self.cond.notify_all();
-            if let Some(h) = hook {
-                h();
-            }
+            self.queue_pending(
+                core,
+                out.into_iter().map(|ev| Pending::Buf(slot.clone(), ev)),
+            );
             return Delivery::default();
         }
         self.running.fetch_add(out.len(), Ordering::AcqRel);

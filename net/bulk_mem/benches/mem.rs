@@ -10,25 +10,13 @@
 //! per iteration is printed for each pair. Run with
 //! `cargo bench -p colibri-bulk-mem`.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
-use colibri_bench::{BulkDir, PairConfig, baseline, fmt_size};
+use colibri_bench::{BulkDir, PairConfig, baseline, fmt_size, ratios};
 use colibri_bulk_mem::{MemConfig, MemTransport};
 use criterion::{BenchmarkId, Criterion, Throughput};
 
 const CPUS: Option<(usize, usize)> = Some((1, 0));
-
-/// Mean time per iteration of every measured function, by (group, name).
-static MEANS: Mutex<BTreeMap<(String, String), (Duration, u64)>> = Mutex::new(BTreeMap::new());
-
-fn record(group: &str, name: &str, t: Duration, iters: u64) {
-    let mut m = MEANS.lock().unwrap();
-    let e = m.entry((group.to_string(), name.to_string())).or_default();
-    e.0 += t;
-    e.1 += iters;
-}
 
 fn cfg() -> PairConfig {
     PairConfig::mem().pinned(1, 0)
@@ -44,7 +32,7 @@ fn rtt(c: &mut Criterion, xprt: &MemTransport) {
         g.bench_function(BenchmarkId::new("colibri-mem", &label), |b| {
             b.iter_custom(|n| {
                 let t = w.run(n).expect("run");
-                record(&group, "ours", t, n);
+                ratios::record(&group, "ours", t, n);
                 t
             })
         });
@@ -52,7 +40,7 @@ fn rtt(c: &mut Criterion, xprt: &MemTransport) {
         g.bench_function(BenchmarkId::new("crossbeam", &label), |b| {
             b.iter_custom(|n| {
                 let t = baseline::channel_round_trip(size, n, true, CPUS);
-                record(&group, "baseline", t, n);
+                ratios::record(&group, "baseline", t, n);
                 t
             })
         });
@@ -68,7 +56,7 @@ fn oneway(c: &mut Criterion, xprt: &MemTransport) {
     g.bench_function("colibri-mem/64B", |b| {
         b.iter_custom(|n| {
             let t = w.run(n).expect("run");
-            record("oneway/64B", "ours", t, n);
+            ratios::record("oneway/64B", "ours", t, n);
             t
         })
     });
@@ -76,7 +64,7 @@ fn oneway(c: &mut Criterion, xprt: &MemTransport) {
     g.bench_function("crossbeam/64B", |b| {
         b.iter_custom(|n| {
             let t = baseline::channel_one_way(n, true, CPUS);
-            record("oneway/64B", "baseline", t, n);
+            ratios::record("oneway/64B", "baseline", t, n);
             t
         })
     });
@@ -95,7 +83,7 @@ fn bulk(c: &mut Criterion, xprt: &MemTransport) {
         g.bench_function(BenchmarkId::new("colibri-mem", &label), |b| {
             b.iter_custom(|n| {
                 let t = w.run(n).expect("run");
-                record(&group, "ours", t, n);
+                ratios::record(&group, "ours", t, n);
                 t
             })
         });
@@ -103,7 +91,7 @@ fn bulk(c: &mut Criterion, xprt: &MemTransport) {
         g.bench_function(BenchmarkId::new("memcpy", &label), |b| {
             b.iter_custom(|n| {
                 let t = baseline::memcpy(size, n);
-                record(&group, "baseline", t, n);
+                ratios::record(&group, "baseline", t, n);
                 t
             })
         });
@@ -118,29 +106,5 @@ fn main() {
     oneway(&mut c, &xprt);
     bulk(&mut c, &xprt);
     c.final_summary();
-    println!(
-        "\nratio ours/baseline of the mean time per iteration (polling workers, client CPU 1, server CPU 0):"
-    );
-    let m = MEANS.lock().unwrap();
-    let groups: Vec<&String> = m
-        .keys()
-        .map(|(g, _)| g)
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    for g in groups {
-        let get = |n: &str| {
-            m.get(&(g.clone(), n.to_string()))
-                .filter(|v| v.1 > 0)
-                .map(|v| v.0.as_secs_f64() / v.1 as f64)
-        };
-        if let (Some(o), Some(b)) = (get("ours"), get("baseline")) {
-            println!(
-                "  {g:<18} ours {:>10.3} us  baseline {:>10.3} us  time ratio {:>6.2}",
-                o * 1e6,
-                b * 1e6,
-                o / b
-            );
-        }
-    }
+    ratios::print("polling workers, client CPU 1, server CPU 0");
 }

@@ -326,7 +326,7 @@ impl XprtTm for MemTm {
         let _ = self.sh.sink.set(sink.clone());
         let got = addr::register(want, &self.sh)?;
         *self.sh.addr.lock() = Some(got);
-        let _ = self.sh.own.set(got.to_string());
+        let _ = self.sh.own.set(got.compact());
         if let Err(e) = self.sh.spawn_workers() {
             addr::unregister(got, &self.sh);
             return Err(e);
@@ -366,7 +366,7 @@ impl XprtTm for MemTm {
     fn ep_parse(&self, addr: &str) -> Result<EpAddr> {
         let a = MemAddr::parse(addr)?;
         Ok(EpAddr {
-            addr: a.to_string(),
+            addr: a.compact(),
             data: Arc::new(MemEp::new(a)),
         })
     }

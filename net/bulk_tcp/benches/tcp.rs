@@ -20,25 +20,13 @@
 //! per iteration is printed for each pair. Run with
 //! `cargo bench -p colibri-bulk-tcp`.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
-use colibri_bench::{BulkDir, PairConfig, baseline, fmt_size};
+use colibri_bench::{BulkDir, PairConfig, baseline, fmt_size, ratios};
 use colibri_bulk_tcp::{TcpConfig, TcpTransport};
 use criterion::{BenchmarkId, Criterion, Throughput};
 
 const CPUS: Option<(usize, usize)> = Some((1, 0));
-
-/// Mean time per iteration of every measured function, by (group, name).
-static MEANS: Mutex<BTreeMap<(String, String), (Duration, u64)>> = Mutex::new(BTreeMap::new());
-
-fn record(group: &str, name: &str, t: Duration, iters: u64) {
-    let mut m = MEANS.lock().unwrap();
-    let e = m.entry((group.to_string(), name.to_string())).or_default();
-    e.0 += t;
-    e.1 += iters;
-}
 
 fn cfg() -> PairConfig {
     PairConfig::mem().pinned(1, 0)
@@ -68,7 +56,7 @@ fn rtt(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("colibri-tcp", &label), |b| {
             b.iter_custom(|n| {
                 let t = w.run(n).expect("run");
-                record(&group, "ours", t, n);
+                ratios::record(&group, "ours", t, n);
                 t
             })
         });
@@ -76,7 +64,7 @@ fn rtt(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("raw-tcp", &label), |b| {
             b.iter_custom(|n| {
                 let t = baseline::tcp_round_trip(size, n, polling, CPUS);
-                record(&group, "baseline", t, n);
+                ratios::record(&group, "baseline", t, n);
                 t
             })
         });
@@ -93,7 +81,7 @@ fn oneway(c: &mut Criterion) {
     g.bench_function("colibri-tcp/64B", |b| {
         b.iter_custom(|n| {
             let t = w.run(n).expect("run");
-            record("oneway/64B", "ours", t, n);
+            ratios::record("oneway/64B", "ours", t, n);
             t
         })
     });
@@ -101,7 +89,7 @@ fn oneway(c: &mut Criterion) {
     g.bench_function("raw-tcp/64B", |b| {
         b.iter_custom(|n| {
             let t = baseline::tcp_one_way(64, n, true, CPUS);
-            record("oneway/64B", "baseline", t, n);
+            ratios::record("oneway/64B", "baseline", t, n);
             t
         })
     });
@@ -127,7 +115,7 @@ fn bulk(c: &mut Criterion) {
             g.bench_function(BenchmarkId::new("colibri-tcp", &label), |b| {
                 b.iter_custom(|n| {
                     let t = w.run(n).expect("run");
-                    record(&group, "ours", t, n);
+                    ratios::record(&group, "ours", t, n);
                     t
                 })
             });
@@ -135,7 +123,7 @@ fn bulk(c: &mut Criterion) {
             g.bench_function(BenchmarkId::new("raw-tcp-stream", &label), |b| {
                 b.iter_custom(|n| {
                     let t = baseline::tcp_stream(size, n, true, CPUS);
-                    record(&group, "baseline", t, n);
+                    ratios::record(&group, "baseline", t, n);
                     t
                 })
             });
@@ -150,27 +138,5 @@ fn main() {
     oneway(&mut c);
     bulk(&mut c);
     c.final_summary();
-    println!("\nratio ours/baseline of the mean time per iteration (client CPU 1, server CPU 0):");
-    let m = MEANS.lock().unwrap();
-    let groups: Vec<&String> = m
-        .keys()
-        .map(|(g, _)| g)
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    for g in groups {
-        let get = |n: &str| {
-            m.get(&(g.clone(), n.to_string()))
-                .filter(|v| v.1 > 0)
-                .map(|v| v.0.as_secs_f64() / v.1 as f64)
-        };
-        if let (Some(o), Some(b)) = (get("ours"), get("baseline")) {
-            println!(
-                "  {g:<18} ours {:>10.3} us  baseline {:>10.3} us  time ratio {:>6.2}",
-                o * 1e6,
-                b * 1e6,
-                o / b
-            );
-        }
-    }
+    ratios::print("client CPU 1, server CPU 0");
 }
