@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,8 @@ use parking_lot::Mutex;
 
 use crate::completion::Completion;
 use crate::error::{Result, RpcError};
+use crate::machine::Inner;
+use crate::session::SessionInner;
 
 /// A client buffer to hand to the server for bulk transfer with a call.
 ///
@@ -188,6 +190,41 @@ impl CallState {
     }
 }
 
+/// Cancels one call from any thread, also after its handle was consumed
+/// by [`CallHandle::wait`] or [`CallHandle::on_complete`]; made by
+/// [`CallHandle::canceller`] and [`BulkCall::canceller`].
+///
+/// Cancelling completes the call at once with
+/// [`RpcError::Cancelled`](crate::RpcError::Cancelled) if it is still in
+/// flight; a bulk call's buffers still queued are cancelled and come back
+/// in its outcome (one whose transfer is under way completes first). The
+/// server is not told: a request already sent (or still in the session's
+/// formation queue) may still run, and its reply is dropped as unmatched.
+#[derive(Clone)]
+pub struct Canceller {
+    pub(crate) s: Weak<SessionInner>,
+    pub(crate) m: Weak<Inner>,
+    pub(crate) xid: u64,
+}
+
+impl fmt::Debug for Canceller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Canceller").field("xid", &self.xid).finish()
+    }
+}
+
+impl Canceller {
+    /// Cancels the call. True if this completed it; false if it had
+    /// already completed (replied, failed, timed out or cancelled) or its
+    /// machine is gone.
+    pub fn cancel(&self) -> bool {
+        match (self.s.upgrade(), self.m.upgrade()) {
+            (Some(s), Some(m)) => s.cancel(&m, self.xid),
+            _ => false,
+        }
+    }
+}
+
 fn taken() -> RpcError {
     RpcError::ApiMisuse("the call's result was already taken".into())
 }
@@ -197,13 +234,15 @@ fn taken() -> RpcError {
 /// Wait for it ([`CallHandle::wait`]), poll it ([`CallHandle::try_result`]),
 /// give it a callback ([`CallHandle::on_complete`]), or `.await` it: it is
 /// a [`Future`] that needs no particular runtime (see
-/// [`block_on`](crate::block_on)). Dropping the handle does not cancel the
-/// call; its result is discarded.
+/// [`block_on`](crate::block_on)). Cancel it with [`CallHandle::cancel`]
+/// (or a [`Canceller`] from another thread). Dropping the handle does not
+/// cancel the call; its result is discarded.
 #[must_use = "a call's result is only available through its handle"]
 pub struct CallHandle {
     pub(crate) call: Arc<CallState>,
     pub(crate) spin: Duration,
     pub(crate) xid: u64,
+    pub(crate) cancel: Canceller,
 }
 
 impl fmt::Debug for CallHandle {
@@ -224,6 +263,20 @@ impl CallHandle {
     /// True once the result is available.
     pub fn is_done(&self) -> bool {
         self.call.cell.is_done()
+    }
+
+    /// Cancels the call (see [`Canceller`]): if it is still in flight it
+    /// completes now with `Cancelled`, which the handle then returns.
+    /// True if this cancelled it.
+    pub fn cancel(&self) -> bool {
+        self.cancel.cancel()
+    }
+
+    /// A [`Canceller`] for this call, to cancel it from another thread or
+    /// after handing the handle to [`CallHandle::wait`] or
+    /// [`CallHandle::on_complete`].
+    pub fn canceller(&self) -> Canceller {
+        self.cancel.clone()
     }
 
     /// Blocks until the reply (spinning briefly, then parking).
@@ -284,6 +337,8 @@ impl Future for CallHandle {
 pub struct BulkCall {
     pub(crate) call: Arc<CallState>,
     pub(crate) spin: Duration,
+    /// `None` when the call failed before its request was queued.
+    pub(crate) cancel: Option<Canceller>,
 }
 
 impl fmt::Debug for BulkCall {
@@ -305,6 +360,20 @@ impl BulkCall {
     /// True once the outcome is available.
     pub fn is_done(&self) -> bool {
         self.call.cell.is_done()
+    }
+
+    /// Cancels the call (see [`Canceller`]): its reply is no longer
+    /// awaited and its queued buffers are cancelled; the outcome, with
+    /// every buffer, arrives once they are back. True if this cancelled
+    /// it.
+    pub fn cancel(&self) -> bool {
+        self.cancel.as_ref().is_some_and(Canceller::cancel)
+    }
+
+    /// A [`Canceller`] for this call (see [`CallHandle::canceller`]);
+    /// `None` when the call already failed before its request was queued.
+    pub fn canceller(&self) -> Option<Canceller> {
+        self.cancel.clone()
     }
 
     /// Blocks until the reply and every bulk buffer are back.

@@ -28,7 +28,10 @@
 //!   one-way ([`Session::post`]). Each call has a timeout per attempt and a
 //!   number of resends ([`CallOpts`]); a resent request carries the same
 //!   xid, and the server answers it from its bounded reply cache when it
-//!   already ran it, so a handler runs at most once per call.
+//!   already ran it, so a handler runs at most once per call. A call in
+//!   flight can be cancelled ([`CallHandle::cancel`], or a [`Canceller`]
+//!   from another thread): it completes at once with
+//!   [`RpcError::Cancelled`].
 //! * **Formation**: items to the same session are packed into one message
 //!   up to [`RpcConfig::max_msg_size`]; a message leaves when it is full,
 //!   when the [`RpcConfig::batch_delay`] has passed, or at once when the
@@ -118,7 +121,7 @@ mod stats;
 pub mod wire;
 
 pub use bulk::{BulkOp, BulkOpFuture};
-pub use call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, block_on};
+pub use call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, Canceller, block_on};
 pub use config::{CallOpts, RpcConfig};
 pub use error::{
     Result, RpcError, STATUS_BUSY, STATUS_INVALID, STATUS_NO_REPLY, STATUS_PROTOCOL,

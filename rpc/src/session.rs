@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{Span, debug, debug_span, warn};
 
-use crate::call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, CallState};
+use crate::call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, CallState, Canceller};
 use crate::codec;
 use crate::config::CallOpts;
 use crate::error::{Result, RpcError};
@@ -97,6 +97,30 @@ impl SessionInner {
                 warn!("call completion callback panicked");
             }
         }
+    }
+
+    /// Completes call `xid` with `Cancelled` if it is still in flight
+    /// (its bulk buffers are cancelled and come back through the
+    /// outcome). A reply that arrives later counts as unmatched. Returns
+    /// whether this cancelled the call.
+    pub(crate) fn cancel(&self, m: &Inner, xid: u64) -> bool {
+        let mut calls = Vec::new();
+        {
+            let mut st = self.st.lock();
+            Self::take_failed(&mut st, vec![(xid, RpcError::Cancelled)], &mut calls);
+            if calls.is_empty() {
+                return false;
+            }
+            st.stats.cancelled += 1;
+            self.remove_if_done(m, &st);
+        }
+        {
+            let _g = self.span.enter();
+            debug!(xid, "call cancelled");
+        }
+        bump(&m.stats.cancelled, 1);
+        Self::complete_failed(m, calls);
+        true
     }
 
     fn notify_drained(&self, st: &SessState) {
@@ -557,6 +581,14 @@ impl Session {
         self.s.st.lock().link.out.queued_len()
     }
 
+    fn canceller(&self, xid: u64) -> Canceller {
+        Canceller {
+            s: Arc::downgrade(&self.s),
+            m: Arc::downgrade(&self.m),
+            xid,
+        }
+    }
+
     /// Enqueues an item; for requests, registers the call first.
     fn enqueue(
         &self,
@@ -668,6 +700,7 @@ impl Session {
             call,
             spin: self.m.cfg.spin,
             xid,
+            cancel: self.canceller(xid),
         })
     }
 
@@ -761,9 +794,10 @@ impl Session {
     ) -> BulkCall {
         let n = bulk.len();
         let call = CallState::with_bulk(n, self.m.tm.clone());
-        let handle = BulkCall {
+        let mut handle = BulkCall {
             call: Arc::clone(&call),
             spin: self.m.cfg.spin,
+            cancel: None,
         };
         if n > MAX_DESCS {
             for (i, a) in bulk.into_iter().enumerate() {
@@ -887,14 +921,15 @@ impl Session {
             call.finish(Err(e));
             return handle;
         }
-        if let Err(e) = self.enqueue(
+        match self.enqueue(
             ItemKind::Request,
             opcode,
             payload,
             &descs,
             Some((Arc::clone(&call), opts)),
         ) {
-            call.finish(Err(e));
+            Ok(xid) => handle.cancel = Some(self.canceller(xid)),
+            Err(e) => call.finish(Err(e)),
         }
         handle
     }

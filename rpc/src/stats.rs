@@ -20,6 +20,8 @@ pub struct RpcStats {
     pub resends: u64,
     /// Calls that timed out after their last attempt.
     pub timeouts: u64,
+    /// Calls cancelled by their caller (also counted in `calls_failed`).
+    pub cancelled: u64,
     /// One-way items posted.
     pub posts: u64,
     /// Replies received that matched no call in flight (late, duplicate).
@@ -117,6 +119,8 @@ pub struct SessionStats {
     pub resends: u64,
     /// Calls that timed out.
     pub timeouts: u64,
+    /// Calls cancelled by their caller.
+    pub cancelled: u64,
     /// One-way items posted.
     pub posts: u64,
     /// Messages sent.
@@ -162,6 +166,7 @@ counters!(
     calls_failed,
     resends,
     timeouts,
+    cancelled,
     posts,
     unmatched_replies,
     requests,

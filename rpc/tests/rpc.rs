@@ -66,6 +66,11 @@ fn peer_stopped_mid_call() {
 }
 
 #[test]
+fn cancel_calls() {
+    common::cancel_calls(&Net::mem());
+}
+
+#[test]
 fn async_calls_callback_poll_future() {
     let server = echo_server(&Net::mem(), RpcConfig::default());
     let client = machine(RpcConfig::default());

@@ -41,3 +41,8 @@ fn peer_stopped_mid_call() {
 fn a_stopped_server_fails_waiting_calls_promptly() {
     common::stopped_server_fails_waiting_calls(&Net::tcp());
 }
+
+#[test]
+fn cancel_calls() {
+    common::cancel_calls(&Net::tcp());
+}

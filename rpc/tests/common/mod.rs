@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use colibri_bulk_mem::{MemConfig, MemTransport};
 use colibri_bulk_tcp::{TcpConfig, TcpTransport};
 use colibri_net::Transport;
-use colibri_rpc::{BulkArg, CallOpts, ReplyHandle, RpcConfig, RpcError, RpcMachine};
+use colibri_rpc::{BulkArg, CallHandle, CallOpts, ReplyHandle, RpcConfig, RpcError, RpcMachine};
 use parking_lot::Mutex;
 
 pub(crate) const ECHO: u32 = 1;
@@ -459,4 +459,107 @@ pub(crate) fn stopped_server_fails_waiting_calls(net: &Net) {
     assert!(client.stats().probes_sent >= 1);
     drop(s);
     finish(client);
+}
+
+/// Cancelling calls: a call the server holds completes at once with
+/// `Cancelled` and its late reply is dropped; a bulk call gets its buffer
+/// back; a finished call cannot be cancelled; cancels racing replies
+/// complete every call exactly once.
+pub(crate) fn cancel_calls(net: &Net) {
+    let server = echo_server(net, RpcConfig::default());
+    let held: Arc<Mutex<Vec<ReplyHandle>>> = Arc::new(Mutex::new(Vec::new()));
+    let h = held.clone();
+    server.on(NEVER, move |_req, reply| h.lock().push(reply));
+    let client = net.machine(RpcConfig::default());
+    let s = client.session(server.addr()).unwrap();
+    let long = CallOpts::new().timeout(Duration::from_secs(30)).retries(0);
+    let wait_held = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while held.lock().len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "the server never got the request"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+
+    // A plain call, cancelled through a canceller while another thread
+    // waits on the handle.
+    let c = s.start(NEVER, b"", long).unwrap();
+    let canceller = c.canceller();
+    wait_held(1);
+    let t0 = Instant::now();
+    let waiter = std::thread::spawn(move || c.wait());
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(canceller.cancel());
+    assert_eq!(waiter.join().unwrap(), Err(RpcError::Cancelled));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert!(!canceller.cancel(), "cancelled twice");
+    assert_eq!(s.in_flight(), 0);
+    // The server answers later: the reply matches nothing.
+    held.lock().pop().unwrap().ok(b"late");
+    assert_eq!(s.call(ECHO, b"after").unwrap(), b"after");
+    // Replies come back in the order the server sent them.
+    assert_eq!(client.stats().unmatched_replies, 1);
+
+    // A bulk call: its sink comes back, cancelled.
+    let sink = client.alloc(4096).unwrap();
+    let id = sink.id();
+    let b = s.start_bulk(NEVER, b"", vec![BulkArg::Sink { buf: sink }], long);
+    wait_held(1);
+    assert!(b.cancel());
+    let out = b.wait();
+    assert_eq!(out.result, Err(RpcError::Cancelled));
+    assert_eq!(out.buffers.len(), 1);
+    assert_eq!(out.buffers[0].buffer.id(), id);
+    assert!(out.buffers[0].result.is_err());
+    drop(out);
+    held.lock().clear(); // answered NoReply
+
+    // A call that completed cannot be cancelled; its result stays.
+    let mut c = s.start(ECHO, b"done", long).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.is_done() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!c.cancel());
+    assert_eq!(c.try_result(), Some(Ok(b"done".to_vec())));
+
+    // Cancels racing replies: every call completes once, either way.
+    let n = 300;
+    let calls: Vec<_> = (0..n)
+        .map(|i: u32| s.start(ECHO, &i.to_le_bytes(), long).unwrap())
+        .collect();
+    let cancellers: Vec<_> = calls.iter().map(CallHandle::canceller).collect();
+    let racer = std::thread::spawn(move || {
+        cancellers
+            .iter()
+            .enumerate()
+            .filter(|(i, c)| i % 2 == 0 && c.cancel())
+            .count()
+    });
+    let (mut ok, mut cancelled) = (0, 0);
+    for (i, c) in calls.into_iter().enumerate() {
+        match c.wait() {
+            Ok(p) => {
+                assert_eq!(p, (i as u32).to_le_bytes());
+                ok += 1;
+            }
+            Err(RpcError::Cancelled) => {
+                assert_eq!(i % 2, 0, "call {i} was never cancelled");
+                cancelled += 1;
+            }
+            Err(e) => panic!("call {i}: {e}"),
+        }
+    }
+    assert_eq!(racer.join().unwrap(), cancelled);
+    assert_eq!(ok + cancelled, n as usize);
+    let st = client.stats();
+    assert_eq!(st.cancelled, 2 + cancelled as u64);
+    assert_eq!(s.stats().cancelled, st.cancelled);
+    drop(s);
+    finish(client);
+    finish(server);
 }
