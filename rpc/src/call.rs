@@ -197,9 +197,10 @@ impl CallState {
 /// Cancelling completes the call at once with
 /// [`RpcError::Cancelled`](crate::RpcError::Cancelled) if it is still in
 /// flight; a bulk call's buffers still queued are cancelled and come back
-/// in its outcome (one whose transfer is under way completes first). The
-/// server is not told: a request already sent (or still in the session's
-/// formation queue) may still run, and its reply is dropped as unmatched.
+/// in its outcome (one whose transfer is under way completes first). A
+/// request still waiting in the session's formation queue is never sent;
+/// the server is not told about one already sent: its handler may still
+/// run, and its reply is dropped as unmatched.
 #[derive(Clone)]
 pub struct Canceller {
     pub(crate) s: Weak<SessionInner>,

@@ -268,6 +268,28 @@ impl Outbound {
             && self.stale_in_flight == 0
     }
 
+    /// Takes the queued (not yet packed) items of call `xid` out of the
+    /// queue: a cancelled call's request that has not left is never sent.
+    /// Items are numbered only once packed into a message, so this leaves
+    /// the sequence untouched.
+    pub(crate) fn withdraw(&mut self, xid: u64) {
+        let before = self.queue.len();
+        let mut freed = 0;
+        self.queue.retain(|q| {
+            let keep = q.call_xid != Some(xid);
+            if !keep {
+                freed += q.bytes.len();
+            }
+            keep
+        });
+        if self.queue.len() != before {
+            self.queued_bytes -= freed;
+            if self.queue.is_empty() {
+                self.first_at = None;
+            }
+        }
+    }
+
     /// Empties the queue (shutdown, peer gone): returns the xids of the
     /// calls whose requests were waiting, and the buffers of the messages
     /// waiting to be sent again.

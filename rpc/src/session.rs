@@ -101,8 +101,9 @@ impl SessionInner {
 
     /// Completes call `xid` with `Cancelled` if it is still in flight
     /// (its bulk buffers are cancelled and come back through the
-    /// outcome). A reply that arrives later counts as unmatched. Returns
-    /// whether this cancelled the call.
+    /// outcome), and takes its request out of the formation queue if it
+    /// has not left yet. A reply that arrives later counts as unmatched.
+    /// Returns whether this cancelled the call.
     pub(crate) fn cancel(&self, m: &Inner, xid: u64) -> bool {
         let mut calls = Vec::new();
         {
@@ -112,6 +113,8 @@ impl SessionInner {
                 return false;
             }
             st.stats.cancelled += 1;
+            st.link.out.withdraw(xid);
+            self.notify_drained(&st);
             self.remove_if_done(m, &st);
         }
         {

@@ -230,6 +230,42 @@ fn refused_and_reordered_messages_are_delivered_once_in_order() {
 }
 
 #[test]
+fn a_cancelled_request_still_queued_is_never_sent() {
+    let server = machine(RpcConfig::default());
+    let got: Arc<Mutex<Vec<u8>>> = Arc::new(Mutex::new(Vec::new()));
+    let g = got.clone();
+    server.on(ECHO, move |req, reply| {
+        g.lock().push(req.payload()[0]);
+        reply.ok(req.payload());
+    });
+    // Items wait up to 10 s for company, so the first call's request is
+    // still in the formation queue when it is cancelled.
+    let client = machine(RpcConfig::default().with_batch_delay(Duration::from_secs(10)));
+    let s = client.session(server.addr()).unwrap();
+    let opts = CallOpts::new().timeout(Duration::from_secs(30));
+    let a = s.start(ECHO, &[1], opts).unwrap();
+    let b = s.start(ECHO, &[2], opts).unwrap();
+    assert_eq!(s.queued_items(), 2);
+    assert!(a.cancel());
+    assert_eq!(s.queued_items(), 1);
+    s.flush(Duration::from_secs(10)).unwrap();
+    assert_eq!(b.wait().unwrap(), [2]);
+    assert_eq!(a.wait(), Err(RpcError::Cancelled));
+    assert_eq!(*got.lock(), [2], "the cancelled request reached the server");
+    assert_eq!(s.stats().items_sent, 1);
+    // Cancelling the only queued item leaves nothing to send.
+    let c = s.start(ECHO, &[3], opts).unwrap();
+    assert!(c.cancel());
+    assert_eq!(s.queued_items(), 0);
+    s.flush(Duration::from_secs(10)).unwrap();
+    assert_eq!(s.stats().items_sent, 1);
+    assert_eq!(client.stats().cancelled, 2);
+    drop(s);
+    finish(client);
+    finish(server);
+}
+
+#[test]
 fn batch_delay_sends_without_a_flush() {
     let server = machine(RpcConfig::default());
     let got = Arc::new(AtomicUsize::new(0));
