@@ -1,6 +1,6 @@
 //! RPC wire decoding: never panics; a header that decodes re-encodes to
-//! exactly its bytes, and so does every item that decodes; the typed codec
-//! never panics either.
+//! exactly its bytes, and so does every item that decodes (a request's
+//! replied-below mark lies in 1..=xid); the typed codec never panics either.
 #![no_main]
 
 use colibri_rpc::wire::{self, MsgHeader, MsgReader};
@@ -19,6 +19,9 @@ fuzz_target!(|data: &[u8]| {
                 break;
             };
             assert_eq!(item.header.session, h.session);
+            if let Some(low) = item.header.replied_below() {
+                assert!((1..=item.header.xid).contains(&low));
+            }
             let mut again = Vec::new();
             wire::encode_item(&mut again, &item.header, item.payload, &item.descs)
                 .expect("a decoded item re-encodes");

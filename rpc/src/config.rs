@@ -78,9 +78,11 @@ pub struct RpcConfig {
     pub timeout: Duration,
     /// Default number of resends after a timeout. Default 0.
     pub retries: u32,
-    /// Replies the server keeps per client session to answer resent
-    /// requests without executing them again. Must exceed the calls a
-    /// client session has in flight. Default 1024.
+    /// Most replies the server keeps per client session to answer resent
+    /// requests without executing them again. Replies the client says it
+    /// has (the replied-below mark of its requests) are dropped before
+    /// this bound is reached, so it matters only for a client with many
+    /// calls in flight, and must exceed that number. Default 1024.
     pub reply_cache: usize,
     /// Server-side sessions idle this long (with no request in progress)
     /// are forgotten, with their reply caches. Default 10 minutes.

@@ -33,8 +33,12 @@ enum Cached {
 struct SrvState {
     cache: HashMap<u64, Cached>,
     order: VecDeque<u64>,
-    /// Highest xid evicted from the cache.
+    /// Highest xid evicted from the cache (or below the client's
+    /// replied-below mark).
     evicted_max: u64,
+    /// The highest replied-below mark the client sent: replies below it
+    /// are not kept.
+    replied_below: u64,
     in_progress: usize,
     link: Link,
     /// When the session was last seen active (refreshed by the timer when
@@ -81,6 +85,7 @@ impl SrvSession {
                 cache: HashMap::new(),
                 order: VecDeque::new(),
                 evicted_max: 0,
+                replied_below: 0,
                 in_progress: 0,
                 link,
                 last_active: Instant::now(),
@@ -137,6 +142,7 @@ impl SrvSession {
                         session,
                         xid,
                         status: 0,
+                        low_gap: 0,
                     },
                     None => continue,
                 },
@@ -176,6 +182,11 @@ impl SrvSession {
     ) -> Option<ReplyHandle> {
         if st.closed {
             return None;
+        }
+        if let Some(low) = h.replied_below()
+            && low > st.replied_below
+        {
+            Self::prune(m, st, low);
         }
         // `last_active` is set when the reply is made: a request in
         // progress keeps the session anyway.
@@ -342,6 +353,7 @@ impl SrvSession {
                             session,
                             xid,
                             status: 0,
+                            low_gap: 0,
                         };
                         if let Some(rh) = self.begin(m, st, &header, now) {
                             work.push(Work::Fail(rh, STATUS_PROTOCOL));
@@ -350,6 +362,29 @@ impl SrvSession {
                 }
             }
         }
+    }
+
+    /// The client has the replies below `low` (or gave those calls up):
+    /// drops them from the cache, oldest first, in arrival order (which is
+    /// xid order: one session's requests are dispatched in order), and
+    /// treats them as evicted (a resend below `low` is answered `ESTALE`,
+    /// not run). A request below `low` still in progress is dropped when
+    /// its reply is made.
+    fn prune(m: &Inner, st: &mut SrvState, low: u64) {
+        st.replied_below = low;
+        st.evicted_max = st.evicted_max.max(low - 1);
+        let mut pruned = 0;
+        while let Some(&x) = st.order.front() {
+            if x >= low {
+                break;
+            }
+            st.order.pop_front();
+            if matches!(st.cache.get(&x), Some(Cached::Done(_))) {
+                st.cache.remove(&x);
+                pruned += 1;
+            }
+        }
+        bump(&m.stats.replies_pruned, pruned);
     }
 
     /// Records and sends a reply.
@@ -361,7 +396,12 @@ impl SrvSession {
         }
         st.in_progress = st.in_progress.saturating_sub(1);
         st.last_active = now;
-        if let Some(e) = st.cache.get_mut(&xid) {
+        if xid < st.replied_below {
+            // The client no longer waits for it.
+            if st.cache.remove(&xid).is_some() {
+                bump(&m.stats.replies_pruned, 1);
+            }
+        } else if let Some(e) = st.cache.get_mut(&xid) {
             *e = Cached::Done(bytes.clone());
         }
         let cap = m.cfg.reply_cache;
@@ -506,6 +546,7 @@ fn reply_header(h: &ItemHeader, status: i32) -> ItemHeader {
         session: h.session,
         xid: h.xid,
         status,
+        low_gap: 0,
     }
 }
 

@@ -56,6 +56,9 @@ struct Pending {
 type Done = (Arc<CallState>, ItemHeader, Vec<u8>);
 
 struct SessState {
+    /// No call below this xid is pending (advanced lazily: requests tell
+    /// the server it may forget replies below it).
+    low_xid: u64,
     next_xid: u64,
     pending: HashMap<u64, Pending>,
     link: Link,
@@ -527,6 +530,7 @@ impl Session {
             ep,
             span,
             st: Mutex::new(SessState {
+                low_xid: 1,
                 next_xid: 1,
                 pending: HashMap::new(),
                 link: Link::default(),
@@ -623,6 +627,17 @@ impl Session {
             }
             xid = st.next_xid;
             st.next_xid += 1;
+            let low_gap = if kind == ItemKind::Request {
+                // Every call below the lowest one still pending has its
+                // reply (or was given up): the server may drop those. Each
+                // xid is stepped over once.
+                while st.low_xid < xid && !st.pending.contains_key(&st.low_xid) {
+                    st.low_xid += 1;
+                }
+                ItemHeader::gap_for(xid, st.low_xid)
+            } else {
+                0
+            };
             let mut bytes = Vec::with_capacity(size);
             let h = ItemHeader {
                 kind,
@@ -631,6 +646,7 @@ impl Session {
                 session: self.s.id,
                 xid,
                 status: 0,
+                low_gap,
             };
             wire::encode_item(&mut bytes, &h, payload, descs)
                 .map_err(|e| RpcError::InvalidArgument(e.to_string()))?;

@@ -37,6 +37,9 @@ pub struct RpcStats {
     pub duplicates: u64,
     /// Resent requests whose reply had left the cache (answered `Stale`).
     pub stale: u64,
+    /// Cached replies dropped because the client said it has them (the
+    /// replied-below mark its requests carry).
+    pub replies_pruned: u64,
     /// Items naming an opcode with no handler.
     pub unknown_opcodes: u64,
     /// Messages or items that failed to decode.
@@ -174,6 +177,7 @@ counters!(
     replies,
     duplicates,
     stale,
+    replies_pruned,
     unknown_opcodes,
     protocol_errors,
     msgs_sent,

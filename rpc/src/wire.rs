@@ -11,7 +11,7 @@
 //! message header (64 bytes)
 //! off size field
 //!   0    4  magic "CRPC" (0x4350_5243 little-endian)
-//!   4    1  version (2)
+//!   4    1  version (3)
 //!   5    1  flags: bit 0 REPLIES (server to client; else client to
 //!           server), bit 1 ACK_ONLY (no items, no sequence number: an
 //!           acknowledgement or a probe), bit 2 ACK_NOW (the sender asks
@@ -47,7 +47,11 @@
 //!           success, else the failure (negative errno or handler code)
 //!  28    4  payload length P
 //!  32    4  bulk descriptor section length D
-//!  36    4  reserved (0)
+//!  36    4  replied-below gap G, requests only (0 on replies and one-way
+//!           items): 0 claims nothing; 1 <= G <= xid says the client has
+//!           the reply to (or gave up) every call of the session with an
+//!           xid below xid + 1 - G, so the server may drop those replies
+//!           from its cache
 //!  40    P  payload
 //! 40+P   D  K bulk descriptor entries:
 //!           off size field
@@ -63,16 +67,16 @@
 //! Decoding never panics: every length is checked against what remains,
 //! every reserved field and flag must be zero, and the items must end
 //! exactly at the message length. A malformed item stops the decoding of
-//! its message; the items before it are still delivered. Version 1
-//! messages (16-byte header, no sequence numbers) are refused with
-//! [`WireError::BadVersion`].
+//! its message; the items before it are still delivered. Messages of
+//! versions 1 (16-byte header, no sequence numbers) and 2 (no replied-below
+//! gap) are refused with [`WireError::BadVersion`].
 
 use colibri_net::NetBufDesc;
 
 /// Magic number at the start of every RPC message ("CRPC").
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CRPC");
 /// Version of the wire format.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Size of the message header.
 pub const MSG_HEADER_SIZE: usize = 64;
 /// Size of an item header.
@@ -313,6 +317,28 @@ pub struct ItemHeader {
     pub xid: u64,
     /// Status (replies).
     pub status: i32,
+    /// Requests: the replied-below gap (see [`ItemHeader::replied_below`]);
+    /// 0 on other items.
+    pub low_gap: u32,
+}
+
+impl ItemHeader {
+    /// The gap that says "every call below `low` is done" in a request
+    /// numbered `xid` (`low <= xid`); 0 (no claim) when it does not fit.
+    pub fn gap_for(xid: u64, low: u64) -> u32 {
+        if low == 0 || low > xid {
+            return 0;
+        }
+        u32::try_from(xid - low + 1).unwrap_or(0)
+    }
+
+    /// For a request, the xid below which the client has every reply (or
+    /// gave the call up): the server need not keep those replies. `None`
+    /// when the request claims nothing.
+    pub fn replied_below(&self) -> Option<u64> {
+        let g = u64::from(self.low_gap);
+        (self.kind == ItemKind::Request && g != 0 && g <= self.xid).then(|| self.xid + 1 - g)
+    }
 }
 
 /// Why a message or an item could not be decoded.
@@ -396,7 +422,7 @@ pub fn encode_item(
     out.extend_from_slice(&h.status.to_le_bytes());
     out.extend_from_slice(&plen.to_le_bytes());
     out.extend_from_slice(&dlen.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&h.low_gap.to_le_bytes());
     out.extend_from_slice(payload);
     for d in descs {
         out.push(d.kind.code());
@@ -511,8 +537,12 @@ impl<'a> MsgReader<'a> {
         };
         let flags = b[1];
         let ndesc = usize::from(b[2]);
-        if b[3] != 0 || u32_at(b, 36) != 0 {
+        if b[3] != 0 {
             return Err(fail(WireError::BadField("item reserved field")));
+        }
+        let low_gap = u32_at(b, 36);
+        if low_gap != 0 && (kind != ItemKind::Request || u64::from(low_gap) > xid) {
+            return Err(fail(WireError::BadField("replied-below gap")));
         }
         if flags & !FLAG_RESEND != 0 || (flags != 0 && kind != ItemKind::Request) {
             return Err(fail(WireError::BadField("item flags")));
@@ -552,6 +582,7 @@ impl<'a> MsgReader<'a> {
                 session,
                 xid,
                 status,
+                low_gap,
             },
             payload,
             descs,
@@ -640,6 +671,7 @@ mod tests {
             session: 0xabc,
             xid,
             status: 0,
+            low_gap: 0,
         }
     }
 
@@ -742,6 +774,8 @@ mod tests {
         let mut bad = m.clone();
         bad[4] = 1;
         assert_eq!(header_error(&bad), WireError::BadVersion(1));
+        bad[4] = 2;
+        assert_eq!(header_error(&bad), WireError::BadVersion(2));
         let mut bad = m.clone();
         bad.push(0);
         assert!(decode_message(&bad).is_err());
@@ -841,6 +875,15 @@ mod tests {
             e.error,
             WireError::BadField("item kind against the message direction")
         );
+        // A replied-below gap beyond the request's xid, or on another kind.
+        let mut bad = m.clone();
+        bad[MSG_HEADER_SIZE + 36..MSG_HEADER_SIZE + 40].copy_from_slice(&2u32.to_le_bytes());
+        let e = MsgReader::new(&bad).unwrap().next().unwrap().unwrap_err();
+        assert_eq!(e.error, WireError::BadField("replied-below gap"));
+        let mut bad = sample_replies();
+        bad[MSG_HEADER_SIZE + 36] = 1;
+        let e = MsgReader::new(&bad).unwrap().next().unwrap().unwrap_err();
+        assert_eq!(e.error, WireError::BadField("replied-below gap"));
         // Items before a malformed one are delivered.
         let mut bad = m.clone();
         let second = MSG_HEADER_SIZE + item_size(5, &decode_message(&m).unwrap().1[0].descs);
@@ -869,6 +912,22 @@ mod tests {
             if let Ok(r) = MsgReader::new(&m) {
                 for _ in r {}
             }
+        }
+
+        #[test]
+        fn replied_below_round_trips(xid in 1u64.., back in any::<u64>(), kind in 1u8..=3) {
+            let kind = ItemKind::from_code(kind).unwrap();
+            let low = xid - back % xid; // 1..=xid
+            let gap = ItemHeader::gap_for(xid, low);
+            let h = ItemHeader { low_gap: if kind == ItemKind::Request { gap } else { 0 }, ..hdr(kind, xid) };
+            let mut it = Vec::new();
+            encode_item(&mut it, &h, b"", &[]).unwrap();
+            let m = encode_message(&msg_hdr(kind == ItemKind::Reply), &[&it]);
+            let (_, items) = decode_message(&m).unwrap();
+            prop_assert_eq!(items[0].header, h);
+            let fits = xid - low < u64::from(u32::MAX);
+            let want = (kind == ItemKind::Request && fits).then_some(low);
+            prop_assert_eq!(h.replied_below(), want);
         }
 
         #[test]

@@ -660,6 +660,7 @@ fn oneway(session: u64, n: u32) -> Vec<u8> {
         session,
         xid: 0,
         status: 0,
+        low_gap: 0,
     };
     wire::encode_item(&mut it, &h, &n.to_le_bytes(), &[]).unwrap();
     it
@@ -674,6 +675,7 @@ fn request(session: u64, xid: u64, opcode: u32, flags: u8, payload: &[u8]) -> Ve
         session,
         xid,
         status: 0,
+        low_gap: 0,
     };
     wire::encode_item(&mut it, &h, payload, &[]).unwrap();
     it
@@ -764,6 +766,96 @@ fn reply_cache_is_bounded_and_never_reexecutes() {
     let st = server.stats();
     assert_eq!((st.duplicates, st.stale), (1, 1));
     raw.close();
+    finish(server);
+}
+
+/// A request numbered `xid` that says every call below `low` is done.
+fn request_low(session: u64, xid: u64, low: u64, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let mut it = Vec::new();
+    let h = ItemHeader {
+        kind: ItemKind::Request,
+        flags,
+        opcode: COUNT,
+        session,
+        xid,
+        status: 0,
+        low_gap: ItemHeader::gap_for(xid, low),
+    };
+    wire::encode_item(&mut it, &h, payload, &[]).unwrap();
+    it
+}
+
+#[test]
+fn replies_the_client_has_are_dropped_from_the_cache() {
+    let server = machine(RpcConfig::default());
+    let runs = Arc::new(AtomicU64::new(0));
+    let r = runs.clone();
+    server.on(COUNT, move |req, reply| {
+        r.fetch_add(1, Ordering::SeqCst);
+        let p = req.payload().to_vec();
+        reply.ok(&p);
+    });
+    let raw = Raw::new();
+    let to = server.addr().to_string();
+    let sid = 0x10e;
+    // Calls 1..=3, each claiming nothing: all three replies are kept.
+    for xid in 1..=3u64 {
+        raw.send(
+            &to,
+            &message(sid, xid, &[&request_low(sid, xid, 0, 0, &[xid as u8])]),
+        );
+        assert_eq!(raw.recv(Duration::from_secs(10)).unwrap()[0].0.xid, xid);
+    }
+    assert_eq!(server.stats().replies_pruned, 0);
+    // Call 4 says the client has every reply below 3: 1 and 2 go.
+    raw.send(&to, &message(sid, 4, &[&request_low(sid, 4, 3, 0, &[4])]));
+    assert_eq!(raw.recv(Duration::from_secs(10)).unwrap()[0].0.xid, 4);
+    assert_eq!(server.stats().replies_pruned, 2);
+    // 3 is still cached: its resend is answered, not run.
+    raw.send(
+        &to,
+        &message(sid, 5, &[&request_low(sid, 3, 0, wire::FLAG_RESEND, &[3])]),
+    );
+    let got = raw.recv(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (got[0].0.xid, got[0].0.status, got[0].1.as_slice()),
+        (3, 0, &[3u8][..])
+    );
+    // A resend of 2 (which the client said it had) is stale, not run again.
+    raw.send(
+        &to,
+        &message(sid, 6, &[&request_low(sid, 2, 0, wire::FLAG_RESEND, &[2])]),
+    );
+    let got = raw.recv(Duration::from_secs(10)).unwrap();
+    assert_eq!(got[0].0.status, colibri_rpc::STATUS_STALE);
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    raw.close();
+    finish(server);
+}
+
+#[test]
+fn a_client_keeps_the_servers_reply_cache_small() {
+    // Sequential calls: each request tells the server the earlier replies
+    // arrived, so the server keeps about one reply, not `reply_cache`.
+    let server = echo_server(&Net::mem(), RpcConfig::default().with_reply_cache(10_000));
+    let client = machine(RpcConfig::default());
+    let s = client.session(server.addr()).unwrap();
+    for i in 0..500u32 {
+        assert_eq!(s.call(ECHO, &i.to_le_bytes()).unwrap(), i.to_le_bytes());
+    }
+    // With calls in flight, only the replies below the oldest one go.
+    let held: Vec<_> = (0..8u32)
+        .map(|i| s.start(ECHO, &i.to_le_bytes(), CallOpts::new()).unwrap())
+        .collect();
+    for c in held {
+        c.wait().unwrap();
+    }
+    s.call(ECHO, b"last").unwrap();
+    let st = server.stats();
+    assert!(st.replies_pruned >= 500, "{st:?}");
+    assert_eq!(st.stale, 0);
+    drop(s);
+    finish(client);
     finish(server);
 }
 
