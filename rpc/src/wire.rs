@@ -337,7 +337,7 @@ impl ItemHeader {
     /// when the request claims nothing.
     pub fn replied_below(&self) -> Option<u64> {
         let g = u64::from(self.low_gap);
-        (self.kind == ItemKind::Request && g != 0 && g <= self.xid).then(|| self.xid + 1 - g)
+        (self.kind == ItemKind::Request && g != 0 && g <= self.xid).then(|| self.xid - (g - 1))
     }
 }
 
@@ -911,6 +911,17 @@ mod tests {
             m.truncate(m.len() - cut % m.len());
             if let Ok(r) = MsgReader::new(&m) {
                 for _ in r {}
+            }
+        }
+
+        #[test]
+        fn replied_below_never_overflows(
+            xid in prop_oneof![Just(u64::MAX), Just(1u64), any::<u64>()], gap in any::<u32>()
+        ) {
+            // The fuzzer's find: xid u64::MAX with a gap overflowed.
+            let h = ItemHeader { low_gap: gap, ..hdr(ItemKind::Request, xid) };
+            if let Some(low) = h.replied_below() {
+                prop_assert!(low >= 1 && low <= xid);
             }
         }
 
