@@ -269,6 +269,15 @@ impl NetBuffer {
         self.0.timeout = None;
     }
 
+    /// Forgets what the last user set (callbacks, timeout, tag, message
+    /// count), for a buffer going back to a pool.
+    pub(crate) fn clear_for_pool(&mut self) {
+        self.0.callbacks = None;
+        self.0.timeout = None;
+        self.0.app_tag = 0;
+        self.0.msgs_received = 0;
+    }
+
     /// Deregisters the buffer and returns its memory.
     pub fn deregister(mut self) -> BufVec {
         self.release();

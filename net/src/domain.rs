@@ -24,6 +24,10 @@ pub(crate) struct DomainInner {
 }
 
 impl DomainInner {
+    pub(crate) fn is_finalized(&self) -> bool {
+        self.finalized.load(Ordering::Acquire)
+    }
+
     fn fini_once(&self) {
         if !self.finalized.swap(true, Ordering::AcqRel) {
             self.xprt.fini();

@@ -32,6 +32,9 @@
 //!   can instead hold events until the application calls
 //!   [`TmHandle::deliver_all`] on its own thread.
 //!
+//! [`pool`] adds buffer pools and keeps receive queues stocked from them
+//! (Motr's buffer pool and `tm_pool_attach`), on top of the public API.
+//!
 //! Transports implement the traits of [`xprt`]; the core does all the
 //! bookkeeping and the checks shared by every transport.
 //!
@@ -83,6 +86,7 @@ pub mod desc;
 pub mod domain;
 pub mod ep;
 pub mod error;
+pub mod pool;
 pub mod queue;
 mod slab;
 pub mod stats;

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use colibri_net::pool::{BufferPool, PoolConfig, RecvProvisioner};
 use colibri_net::{
     AddError, BufToken, BufVec, BufferCallbacks, BufferEvent, DescFields, Domain, NetBufDesc,
     NetBuffer, NetError, QueueType, RecvParams, TmEvent, TmEventKind, TmHandle, TmState,
@@ -1754,4 +1755,183 @@ pub fn stress_exactly_once(f: &dyn Factory) {
     drop((cbs_a, cbs_b));
     a.shutdown();
     b.shutdown();
+}
+
+/// Waits until `cond` holds, or panics after [`EVENT_WAIT`].
+fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + EVENT_WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A pool keeps a receive queue at its minimum: every message arrives
+/// intact, its buffer returns to the pool and the queue is topped up; a
+/// stop with abort cancels the queued buffers back into the pool.
+pub fn pool_keeps_receive_queue_stocked(f: &dyn Factory) {
+    let (a, b) = pair(f);
+    let pool = BufferPool::new(&b.dom, PoolConfig::new(4096).initial(4)).unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(64);
+    let prov = RecvProvisioner::attach(&b.tm, &pool, RecvParams::default(), 4, move |_tm, ev| {
+        let _ = tx.send((ev.status().clone(), ev.message().ok()));
+    })
+    .unwrap();
+    assert_eq!((prov.queued(), pool.free(), pool.total()), (4, 0, 4));
+    let ep = a.ep(&b.addr);
+    const N: u64 = 40;
+    for i in 0..N {
+        let data = pattern(i, 100 + i as usize);
+        a.tm.add_msg_send(a.buf_with(&data, 0), &ep, data.len())
+            .unwrap();
+        let s = a.next_event_on(QueueType::MsgSend);
+        assert!(s.is_ok(), "send {i}: {s:?}");
+        let (status, msg) = rx.recv_timeout(EVENT_WAIT).expect("message");
+        assert_eq!(status, Ok(()));
+        assert_eq!(msg.as_deref(), Some(&data[..]));
+    }
+    // Each final event's buffer came back and was queued again (the
+    // callback tops up after the message was handed over: wait for it).
+    wait_until("the queue topped up", || {
+        b.tm.stats(QueueType::MsgRecv, false).adds == 4 + N && prov.queued() == 4
+    });
+    let st = b.tm.stats(QueueType::MsgRecv, false);
+    assert_eq!((st.adds, st.s_events), (4 + N, N));
+    assert_eq!(pool.total(), 4);
+    // Stop with abort: the four queued buffers are cancelled, go to the
+    // callback and back into the pool, and none is queued again.
+    let evs = b.stop(true);
+    assert!(evs.is_empty());
+    for _ in 0..4 {
+        let (status, _) = rx.recv_timeout(EVENT_WAIT).expect("cancellation");
+        assert_eq!(status, Err(NetError::Cancelled));
+    }
+    wait_until("the buffers back in the pool", || {
+        pool.free() == 4 && prov.queued() == 0
+    });
+    drop((prov, ep));
+    pool.fini().unwrap();
+    a.shutdown();
+    b.shutdown();
+}
+
+/// A pool that runs dry: the receiver reports `NoBuffers` until a buffer
+/// comes back, then the provisioner queues it at once; a callback that
+/// keeps a buffer takes it out of the pool until it is put back;
+/// provisioning more and the low-water callback work.
+pub fn pool_dry_then_refilled(f: &dyn Factory) {
+    let (a, b) = pair(f);
+    let pool = BufferPool::new(&b.dom, PoolConfig::new(1024).initial(2).low_water(1)).unwrap();
+    let lows = Arc::new(AtomicUsize::new(0));
+    let l = lows.clone();
+    pool.on_low_water(move |_p| {
+        l.fetch_add(1, Ordering::SeqCst);
+    });
+    let kept: Arc<Mutex<Vec<NetBuffer>>> = Arc::new(Mutex::new(Vec::new()));
+    let k = kept.clone();
+    let prov = RecvProvisioner::attach(&b.tm, &pool, RecvParams::default(), 4, move |_tm, ev| {
+        if ev.is_ok()
+            && let Some(buf) = ev.take_buffer()
+        {
+            k.lock().push(buf);
+        }
+    })
+    .unwrap();
+    // Two buffers in the pool, four wanted: two queued, the pool empty.
+    assert_eq!((prov.queued(), pool.free()), (2, 0));
+    assert!(lows.load(Ordering::SeqCst) >= 1, "low-water callback");
+    let ep = a.ep(&b.addr);
+    let send = |i: u64| {
+        a.tm.add_msg_send(a.buf_with(&pattern(i, 32), 0), &ep, 32)
+            .unwrap();
+        a.next_event_on(QueueType::MsgSend)
+    };
+    for i in 0..2 {
+        let s = send(i);
+        assert!(s.is_ok(), "{s:?}");
+    }
+    wait_until("both buffers kept", || {
+        kept.lock().len() == 2 && prov.queued() == 0
+    });
+    // Nothing left to receive into.
+    let s = send(2);
+    assert_eq!(s.error(), Some(&NetError::NoBuffers));
+    drop(s);
+    // Putting the kept buffers back queues them again at once.
+    for buf in kept.lock().drain(..) {
+        pool.put(buf).unwrap();
+    }
+    wait_until("the returned buffers queued", || prov.queued() == 2);
+    assert_eq!(pool.free(), 0);
+    // Two more buffers reach the minimum of four.
+    assert_eq!(pool.provision(2).unwrap(), 2);
+    wait_until("the new buffers queued", || prov.queued() == 4);
+    assert_eq!(pool.total(), 4);
+    // A lower minimum lets the queue shrink as buffers complete; they stay
+    // in the pool.
+    prov.set_min(1);
+    for i in 3..6 {
+        let s = send(i);
+        assert!(s.is_ok(), "{s:?}");
+    }
+    wait_until("three buffers kept", || {
+        kept.lock().len() == 3 && prov.queued() == 1
+    });
+    for buf in kept.lock().drain(..) {
+        pool.put(buf).unwrap();
+    }
+    assert_eq!((prov.queued(), pool.free()), (1, 3));
+    drop((prov, ep));
+    b.stop(true);
+    wait_until("all back in the pool", || pool.free() == 4);
+    assert_eq!(pool.prune(1), 3);
+    assert_eq!(pool.total(), 1);
+    pool.fini().unwrap();
+    a.shutdown();
+    b.shutdown();
+}
+
+/// Misuse of pools gets clear errors and loses no buffer: foreign buffers
+/// and pools, a zero shape or minimum, fini while buffers are out,
+/// attaching to a transfer machine that takes no receive buffer.
+pub fn pool_misuse(f: &dyn Factory) {
+    let a = Node::start(f);
+    let other = Node::init(f);
+    assert!(matches!(
+        BufferPool::new(&a.dom, PoolConfig::new(0)),
+        Err(NetError::InvalidArgument(_))
+    ));
+    let pool = BufferPool::new(&a.dom, PoolConfig::new(256).initial(1)).unwrap();
+    // A buffer of another domain, or of another size, is handed back.
+    let foreign = other.buf(256);
+    let id = foreign.id();
+    let (e, back) = *pool.put(foreign).unwrap_err();
+    assert!(matches!(e, NetError::InvalidArgument(_)), "{e}");
+    assert_eq!(back.id(), id);
+    drop(back);
+    let (_, back) = *pool.put(a.buf(100)).unwrap_err();
+    drop(back);
+    // A pool of another domain, a zero minimum.
+    let r = RecvProvisioner::attach(&other.tm, &pool, RecvParams::default(), 1, |_, _| {});
+    assert!(matches!(r, Err(NetError::InvalidArgument(_))));
+    let r = RecvProvisioner::attach(&a.tm, &pool, RecvParams::default(), 0, |_, _| {});
+    assert!(matches!(r, Err(NetError::InvalidArgument(_))));
+    assert_eq!(pool.free(), 1);
+    // Fini while a buffer is out: refused, the pool handed back.
+    let out = pool.get().unwrap();
+    let pool = pool.fini().unwrap_err().object;
+    pool.put(out).unwrap();
+    // A stopped transfer machine takes no receive buffer: refused, and the
+    // buffer stays in the pool.
+    a.stop(true);
+    let r = RecvProvisioner::attach(&a.tm, &pool, RecvParams::default(), 1, |_, _| {});
+    assert!(
+        matches!(r, Err(NetError::WrongState { .. })),
+        "{:?}",
+        r.err()
+    );
+    assert_eq!(pool.free(), 1);
+    pool.fini().unwrap();
+    a.shutdown();
+    other.shutdown();
 }

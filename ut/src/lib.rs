@@ -21,7 +21,8 @@
 //! multi-message receive, cancellation, timeouts, statistics, synchronous
 //! delivery, re-entrant callbacks, and a bounded concurrency stress test
 //! that checks the project's first invariant: every add gets exactly one
-//! final completion, and no data is corrupted.
+//! final completion, and no data is corrupted; and receive queues stocked
+//! from a buffer pool (`colibri_net::pool`).
 
 #![forbid(unsafe_code)]
 
@@ -104,6 +105,9 @@ macro_rules! conformance_tests {
             data_view_rejects_api_calls,
             echo_many_round_trips,
             stress_exactly_once,
+            pool_keeps_receive_queue_stocked,
+            pool_dry_then_refilled,
+            pool_misuse,
         );
     };
     (@cases $factory:expr; $($name:ident),* $(,)?) => {

@@ -1,0 +1,516 @@
+//! Buffer pools and receive-queue provisioning.
+//!
+//! The seed leaves buffer management to the application; this module is
+//! the help Motr gives its users (`m0_net_buffer_pool` and
+//! `m0_net_tm_pool_attach`), built on the public API only:
+//!
+//! * [`BufferPool`]: registered buffers of one shape in one domain, handed
+//!   out and taken back (most recently returned first, which keeps the
+//!   memory warm in cache), grown with [`BufferPool::provision`] and
+//!   shrunk with [`BufferPool::prune`], with a low-water callback.
+//! * [`RecvProvisioner`]: keeps a transfer machine's MSG_RECV queue at a
+//!   minimum length with buffers from a pool. Each buffer's final event
+//!   goes to the application's callback and then, unless the callback
+//!   took the buffer, back to the pool; the queue is topped up from the
+//!   pool after each such event, and, when the pool ran dry, as soon as a
+//!   buffer is returned to it.
+//!
+//! Locks: the pool's lock is never held while calling into a transfer
+//! machine or a user callback, so callbacks may use the pool and the
+//! provisioner freely.
+//!
+//! ```
+//! use std::time::Duration;
+//! use colibri_bulk_mem::MemTransport;
+//! use colibri_net::pool::{BufferPool, PoolConfig, RecvProvisioner};
+//! use colibri_net::{Domain, RecvParams, TmState, ignore_tm_events};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let xprt = MemTransport::default();
+//! let dom = Domain::new(&xprt)?;
+//! let tm = dom.tm_init(ignore_tm_events())?;
+//! let pool = BufferPool::new(&dom, PoolConfig::new(4096).initial(8))?;
+//! // Eight receive buffers stay queued; each message goes to the closure,
+//! // then its buffer returns to the pool and the queue is topped up.
+//! let rx = RecvProvisioner::attach(&tm, &pool, RecvParams::default(), 8, |_tm, ev| {
+//!     let _ = ev.message();
+//! })?;
+//! tm.start("127.0.0.1:4100:1")?;
+//! tm.wait_for_state(TmState::Started, Duration::from_secs(5))?;
+//! assert_eq!(rx.queued(), 8);
+//! rx.detach();
+//! tm.stop(true)?;
+//! tm.wait_stopped(Duration::from_secs(5))?;
+//! tm.fini().map_err(|e| e.error)?;
+//! pool.fini().map_err(|e| e.error)?;
+//! dom.fini().map_err(|e| e.error)?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use tracing::{debug, warn};
+
+use crate::buffer::{BufferCallbacks, BufferEvent, NetBuffer};
+use crate::bufvec::BufVec;
+use crate::domain::Domain;
+use crate::error::{FiniError, NetError, Result};
+use crate::queue::QueueType;
+use crate::tm::{RecvParams, TmHandle};
+
+/// The shape and sizing of a [`BufferPool`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Segments per buffer (at least 1).
+    pub segments: usize,
+    /// Bytes per segment (at least 1).
+    pub segment_size: usize,
+    /// Buffers registered when the pool is made.
+    pub initial: usize,
+    /// The low-water callback runs when a `get` leaves fewer free buffers
+    /// than this.
+    pub low_water: usize,
+}
+
+impl PoolConfig {
+    /// Buffers of one segment of `size` bytes; none registered up front,
+    /// no low-water mark.
+    pub fn new(size: usize) -> Self {
+        Self {
+            segments: 1,
+            segment_size: size,
+            initial: 0,
+            low_water: 0,
+        }
+    }
+
+    /// Buffers of `segments` segments of `size` bytes each.
+    #[must_use]
+    pub fn segments(mut self, segments: usize, size: usize) -> Self {
+        self.segments = segments;
+        self.segment_size = size;
+        self
+    }
+
+    /// Registers `n` buffers when the pool is made.
+    #[must_use]
+    pub fn initial(mut self, n: usize) -> Self {
+        self.initial = n;
+        self
+    }
+
+    /// Sets the low-water mark.
+    #[must_use]
+    pub fn low_water(mut self, n: usize) -> Self {
+        self.low_water = n;
+        self
+    }
+}
+
+/// What the low-water callback is.
+pub type LowWater = dyn Fn(&BufferPool) + Send + Sync;
+
+struct PoolState {
+    free: Vec<NetBuffer>,
+    total: usize,
+    /// Provisioners short of buffers, topped up when one comes back.
+    waiters: Vec<Weak<ProvShared>>,
+}
+
+struct PoolShared {
+    /// Shares the application's domain (not a second domain: the pool's
+    /// buffers count in its `buffer_count`, so it cannot be finalised
+    /// before the pool).
+    dom: Domain,
+    cfg: PoolConfig,
+    st: Mutex<PoolState>,
+    on_low: Mutex<Option<Arc<LowWater>>>,
+}
+
+/// Registered buffers of one shape in one domain, handed out and taken
+/// back. Clones share the pool.
+#[derive(Clone)]
+pub struct BufferPool {
+    sh: Arc<PoolShared>,
+}
+
+impl fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.sh.st.lock();
+        f.debug_struct("BufferPool")
+            .field("size", &self.buffer_size())
+            .field("free", &st.free.len())
+            .field("total", &st.total)
+            .finish()
+    }
+}
+
+impl BufferPool {
+    /// Makes a pool in `dom` and registers `cfg.initial` buffers.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a zero shape; `TooBig` for a shape beyond the
+    /// transport's limits; the transport's registration failure.
+    pub fn new(dom: &Domain, cfg: PoolConfig) -> Result<Self> {
+        if cfg.segments == 0 || cfg.segment_size == 0 {
+            return Err(NetError::InvalidArgument(
+                "a pool's buffers need at least one segment of at least one byte".into(),
+            ));
+        }
+        let pool = Self {
+            sh: Arc::new(PoolShared {
+                dom: Domain {
+                    inner: Arc::clone(&dom.inner),
+                },
+                cfg,
+                st: Mutex::new(PoolState {
+                    free: Vec::new(),
+                    total: 0,
+                    waiters: Vec::new(),
+                }),
+                on_low: Mutex::new(None),
+            }),
+        };
+        pool.provision(cfg.initial)?;
+        Ok(pool)
+    }
+
+    /// Bytes per buffer.
+    pub fn buffer_size(&self) -> usize {
+        self.sh.cfg.segments * self.sh.cfg.segment_size
+    }
+
+    /// The domain's id.
+    pub fn domain_id(&self) -> u64 {
+        self.sh.dom.id()
+    }
+
+    /// Free buffers.
+    pub fn free(&self) -> usize {
+        self.sh.st.lock().free.len()
+    }
+
+    /// Buffers registered by the pool and not pruned (free or handed out).
+    pub fn total(&self) -> usize {
+        self.sh.st.lock().total
+    }
+
+    /// Sets the callback that runs (on the thread calling `get`, without
+    /// the pool's lock) when a `get` leaves fewer than `low_water` free
+    /// buffers; it may call [`BufferPool::provision`].
+    pub fn on_low_water(&self, f: impl Fn(&BufferPool) + Send + Sync + 'static) {
+        *self.sh.on_low.lock() = Some(Arc::new(f));
+    }
+
+    /// Registers `n` more buffers. Returns how many were added (all `n`
+    /// unless an error stops it).
+    ///
+    /// # Errors
+    /// The first registration failure (buffers registered before it stay
+    /// in the pool).
+    pub fn provision(&self, n: usize) -> Result<usize> {
+        let cfg = self.sh.cfg;
+        if n > 0 && self.sh.dom.inner.is_finalized() {
+            return Err(NetError::InvalidArgument(
+                "the pool's domain was finalised".into(),
+            ));
+        }
+        for i in 0..n {
+            let buf = match self
+                .sh
+                .dom
+                .register(BufVec::new(cfg.segments, cfg.segment_size))
+            {
+                Ok(b) => b,
+                Err(e) if i == 0 => return Err(e.error),
+                Err(e) => {
+                    warn!(added = i, error = %e.error, "pool provisioning stopped");
+                    return Ok(i);
+                }
+            };
+            self.sh.st.lock().total += 1;
+            self.give_back(buf);
+        }
+        Ok(n)
+    }
+
+    /// Takes a free buffer (the most recently returned), or `None` when
+    /// the pool is empty. It carries no callbacks and no timeout.
+    pub fn get(&self) -> Option<NetBuffer> {
+        let (buf, low) = {
+            let mut st = self.sh.st.lock();
+            let buf = st.free.pop();
+            (buf, st.free.len() < self.sh.cfg.low_water)
+        };
+        if low {
+            let f = self.sh.on_low.lock().clone();
+            if let Some(f) = f {
+                f(self);
+            }
+        }
+        buf
+    }
+
+    /// Returns a buffer taken from this pool. Waiting provisioners are
+    /// topped up.
+    ///
+    /// # Errors
+    /// `InvalidArgument`, with the buffer back, for a buffer of another
+    /// domain or of another size (one that does not come from this pool).
+    pub fn put(&self, buf: NetBuffer) -> std::result::Result<(), Box<(NetError, NetBuffer)>> {
+        if buf.domain_id() != self.domain_id() || buf.len() != self.buffer_size() {
+            let e = NetError::InvalidArgument(format!(
+                "a buffer of {} bytes in domain {} does not belong to this pool ({} bytes, domain {})",
+                buf.len(),
+                buf.domain_id(),
+                self.buffer_size(),
+                self.domain_id()
+            ));
+            return Err(Box::new((e, buf)));
+        }
+        self.give_back(buf);
+        Ok(())
+    }
+
+    fn give_back(&self, mut buf: NetBuffer) {
+        buf.clear_for_pool();
+        let waiters = {
+            let mut st = self.sh.st.lock();
+            st.free.push(buf);
+            std::mem::take(&mut st.waiters)
+        };
+        for w in waiters {
+            if let Some(p) = w.upgrade() {
+                p.fill();
+            }
+        }
+    }
+
+    /// Deregisters free buffers beyond `keep`. Returns how many went.
+    pub fn prune(&self, keep: usize) -> usize {
+        let gone: Vec<NetBuffer> = {
+            let mut st = self.sh.st.lock();
+            let n = st.free.len().saturating_sub(keep);
+            let at = st.free.len() - n;
+            let gone = st.free.split_off(at);
+            st.total -= gone.len();
+            gone
+        };
+        let n = gone.len();
+        for b in gone {
+            drop(b.deregister());
+        }
+        n
+    }
+
+    /// Deregisters every buffer and lets go of the domain.
+    ///
+    /// # Errors
+    /// `Busy`, with the pool back, while buffers are handed out.
+    pub fn fini(self) -> std::result::Result<(), FiniError<Self>> {
+        let out = {
+            let st = self.sh.st.lock();
+            st.total - st.free.len()
+        };
+        if out > 0 {
+            return Err(FiniError {
+                error: NetError::Busy(format!("{out} pool buffer(s) still handed out")),
+                object: self,
+            });
+        }
+        self.prune(0);
+        Ok(())
+    }
+
+    fn wait_for_buffer(&self, p: &Arc<ProvShared>) -> bool {
+        let mut st = self.sh.st.lock();
+        if !st.free.is_empty() {
+            return false;
+        }
+        st.waiters.retain(|w| w.strong_count() > 0);
+        if !st.waiters.iter().any(|w| w.as_ptr() == Arc::as_ptr(p)) {
+            st.waiters.push(Arc::downgrade(p));
+        }
+        true
+    }
+}
+
+/// What the application's receive callback is.
+pub type RecvCallback = dyn Fn(&TmHandle, &mut BufferEvent) + Send + Sync;
+
+struct ProvShared {
+    pool: BufferPool,
+    tm: TmHandle,
+    params: RecvParams,
+    min: AtomicUsize,
+    /// Buffers this provisioner added that have not had their final event.
+    queued: AtomicUsize,
+    detached: AtomicBool,
+    cbs: Mutex<Option<Arc<BufferCallbacks>>>,
+}
+
+impl ProvShared {
+    /// Adds pool buffers until `min` are queued, the pool is empty (then
+    /// waits for a buffer to come back) or the transfer machine refuses.
+    fn fill(self: &Arc<Self>) {
+        loop {
+            if self.detached.load(Ordering::SeqCst) {
+                return;
+            }
+            // Reserve a slot first, so that concurrent fills never queue
+            // more than `min`.
+            let min = self.min.load(Ordering::SeqCst);
+            let reserved = self
+                .queued
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
+                    (q < min).then_some(q + 1)
+                })
+                .is_ok();
+            if !reserved {
+                return;
+            }
+            let Some(mut buf) = self.pool.get() else {
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                if self.pool.wait_for_buffer(self) {
+                    return;
+                }
+                // A buffer came back meanwhile: try again.
+                continue;
+            };
+            let Some(cbs) = self.cbs.lock().clone() else {
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                let _ = self.pool.put(buf);
+                return;
+            };
+            buf.set_callbacks(cbs);
+            if let Err(e) = self.tm.add_msg_recv(buf, self.params) {
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                debug!(error = %e.error, "receive provisioning stopped: the transfer machine refused a buffer");
+                let _ = self.pool.put(e.buffer);
+                return;
+            }
+        }
+    }
+}
+
+/// Keeps a transfer machine's MSG_RECV queue stocked from a
+/// [`BufferPool`] (Motr's `m0_net_tm_pool_attach`).
+///
+/// Dropping it (or [`RecvProvisioner::detach`]) stops the topping up;
+/// buffers already queued stay queued, and still return to the pool after
+/// their final event (a stop with abort cancels them).
+pub struct RecvProvisioner {
+    sh: Arc<ProvShared>,
+}
+
+impl fmt::Debug for RecvProvisioner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvProvisioner")
+            .field("queued", &self.queued())
+            .field("min", &self.sh.min.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl RecvProvisioner {
+    /// Attaches `pool` to `tm`'s MSG_RECV queue and queues `min` buffers
+    /// (as many as the pool has; the rest as buffers come back). The
+    /// transfer machine may be initialised or started. `on_msg` receives
+    /// every MSG_RECV event of these buffers (messages and failures); it
+    /// may take the buffer out of a final event, which then does not return
+    /// to the pool until the application puts it back.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a pool of another domain or `min` zero; the
+    /// transfer machine's refusal of the first buffer (wrong state).
+    pub fn attach(
+        tm: &TmHandle,
+        pool: &BufferPool,
+        params: RecvParams,
+        min: usize,
+        on_msg: impl Fn(&TmHandle, &mut BufferEvent) + Send + Sync + 'static,
+    ) -> Result<Self> {
+        if pool.domain_id() != tm.domain_id() {
+            return Err(NetError::InvalidArgument(
+                "the pool belongs to another domain than the transfer machine".into(),
+            ));
+        }
+        if min == 0 {
+            return Err(NetError::InvalidArgument(
+                "a receive queue minimum of zero buffers".into(),
+            ));
+        }
+        let sh = Arc::new(ProvShared {
+            pool: pool.clone(),
+            tm: tm.clone(),
+            params,
+            min: AtomicUsize::new(min),
+            queued: AtomicUsize::new(0),
+            detached: AtomicBool::new(false),
+            cbs: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&sh);
+        let pool2 = pool.clone();
+        let on_msg: Arc<RecvCallback> = Arc::new(on_msg);
+        let cbs = Arc::new(BufferCallbacks::new().on(
+            QueueType::MsgRecv,
+            move |tm: &TmHandle, mut ev: BufferEvent| {
+                on_msg(tm, &mut ev);
+                if !ev.is_final() {
+                    return;
+                }
+                if let Some(b) = ev.take_buffer() {
+                    let _ = pool2.put(b);
+                }
+                drop(ev);
+                if let Some(p) = weak.upgrade() {
+                    p.queued.fetch_sub(1, Ordering::SeqCst);
+                    p.fill();
+                }
+            },
+        ));
+        *sh.cbs.lock() = Some(cbs);
+        // Refuse at once if the transfer machine takes no receive buffer.
+        if let Some(mut buf) = pool.get() {
+            buf.set_callbacks(sh.cbs.lock().clone().expect("set above"));
+            sh.queued.fetch_add(1, Ordering::SeqCst);
+            if let Err(e) = tm.add_msg_recv(buf, params) {
+                sh.queued.fetch_sub(1, Ordering::SeqCst);
+                let _ = pool.put(e.buffer);
+                return Err(e.error);
+            }
+        }
+        sh.fill();
+        Ok(Self { sh })
+    }
+
+    /// Buffers queued by this provisioner that have not had their final
+    /// event.
+    pub fn queued(&self) -> usize {
+        self.sh.queued.load(Ordering::SeqCst)
+    }
+
+    /// Changes the minimum queue length (at least 1); a higher one is
+    /// filled at once. A lower one lets the queue shrink as buffers
+    /// complete.
+    pub fn set_min(&self, min: usize) {
+        self.sh.min.store(min.max(1), Ordering::SeqCst);
+        self.sh.fill();
+    }
+
+    /// Stops topping up. Buffers still queued return to the pool after
+    /// their final event.
+    pub fn detach(&self) {
+        self.sh.detached.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for RecvProvisioner {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
