@@ -129,6 +129,9 @@ struct PoolShared {
     cfg: PoolConfig,
     st: Mutex<PoolState>,
     on_low: Mutex<Option<Arc<LowWater>>>,
+    /// Set while the low-water callback runs: a `get` it causes (its
+    /// `provision` tops up waiting provisioners) does not call it again.
+    in_low: AtomicBool,
 }
 
 /// Registered buffers of one shape in one domain, handed out and taken
@@ -173,6 +176,7 @@ impl BufferPool {
                     waiters: Vec::new(),
                 }),
                 on_low: Mutex::new(None),
+                in_low: AtomicBool::new(false),
             }),
         };
         pool.provision(cfg.initial)?;
@@ -201,7 +205,8 @@ impl BufferPool {
 
     /// Sets the callback that runs (on the thread calling `get`, without
     /// the pool's lock) when a `get` leaves fewer than `low_water` free
-    /// buffers; it may call [`BufferPool::provision`].
+    /// buffers; it may call [`BufferPool::provision`]. It does not run
+    /// again while it runs (on any thread).
     pub fn on_low_water(&self, f: impl Fn(&BufferPool) + Send + Sync + 'static) {
         *self.sh.on_low.lock() = Some(Arc::new(f));
     }
@@ -246,11 +251,12 @@ impl BufferPool {
             let buf = st.free.pop();
             (buf, st.free.len() < self.sh.cfg.low_water)
         };
-        if low {
+        if low && !self.sh.in_low.swap(true, Ordering::SeqCst) {
             let f = self.sh.on_low.lock().clone();
             if let Some(f) = f {
                 f(self);
             }
+            self.sh.in_low.store(false, Ordering::SeqCst);
         }
         buf
     }

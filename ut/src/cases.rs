@@ -1935,3 +1935,27 @@ pub fn pool_misuse(f: &dyn Factory) {
     a.shutdown();
     other.shutdown();
 }
+
+/// A pool that grows itself from its low-water callback stocks a large
+/// receive queue starting empty, without recursing (the callback does not
+/// run again while it runs).
+pub fn pool_low_water_grows_the_pool(f: &dyn Factory) {
+    let a = Node::start(f);
+    let pool = BufferPool::new(&a.dom, PoolConfig::new(512).low_water(2)).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    pool.on_low_water(move |p| {
+        c.fetch_add(1, Ordering::SeqCst);
+        p.provision(4).unwrap();
+    });
+    let prov =
+        RecvProvisioner::attach(&a.tm, &pool, RecvParams::default(), 200, |_, _| {}).unwrap();
+    assert_eq!(prov.queued(), 200);
+    assert!(pool.total() >= 200 && pool.free() >= 2, "{pool:?}");
+    assert!(calls.load(Ordering::SeqCst) >= 50);
+    drop(prov);
+    a.stop(true);
+    wait_until("all back in the pool", || pool.free() == pool.total());
+    pool.fini().unwrap();
+    a.shutdown();
+}
