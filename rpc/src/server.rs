@@ -370,6 +370,7 @@ impl SrvSession {
     /// treats them as evicted (a resend below `low` is answered `ESTALE`,
     /// not run). A request below `low` still in progress is dropped when
     /// its reply is made.
+    #[cold]
     fn prune(m: &Inner, st: &mut SrvState, low: u64) {
         st.replied_below = low;
         st.evicted_max = st.evicted_max.max(low - 1);

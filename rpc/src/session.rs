@@ -69,6 +69,18 @@ struct SessState {
     scratch: Vec<Done>,
 }
 
+impl SessState {
+    /// The replied-below gap of request `xid`: every call below the lowest
+    /// one still pending has its reply (or was given up), so the server may
+    /// drop those replies. Each xid is stepped over once.
+    fn low_gap(&mut self, xid: u64) -> u32 {
+        while self.low_xid < xid && !self.pending.contains_key(&self.low_xid) {
+            self.low_xid += 1;
+        }
+        ItemHeader::gap_for(xid, self.low_xid)
+    }
+}
+
 /// The machine's side of a client session.
 pub(crate) struct SessionInner {
     pub(crate) id: u64,
@@ -628,13 +640,7 @@ impl Session {
             xid = st.next_xid;
             st.next_xid += 1;
             let low_gap = if kind == ItemKind::Request {
-                // Every call below the lowest one still pending has its
-                // reply (or was given up): the server may drop those. Each
-                // xid is stepped over once.
-                while st.low_xid < xid && !st.pending.contains_key(&st.low_xid) {
-                    st.low_xid += 1;
-                }
-                ItemHeader::gap_for(xid, st.low_xid)
+                st.low_gap(xid)
             } else {
                 0
             };
