@@ -1,7 +1,7 @@
 //! The server side: handlers, requests, reply handles, and the server's
 //! view of each client session with its bounded reply cache.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,6 +15,7 @@ use tracing::{Span, debug, debug_span, warn};
 use crate::codec;
 use crate::config::RpcConfig;
 use crate::error::{Result, RpcError, STATUS_BUSY, STATUS_NO_REPLY, STATUS_PROTOCOL, STATUS_STALE};
+use crate::fasthash::FastMap;
 use crate::machine::{
     ACK_DELAY, Freed, Inner, Link, MsgRecord, OutRef, Outbound, Parsed, QItem, RxMsg, SendOutcome,
 };
@@ -31,7 +32,7 @@ enum Cached {
 }
 
 struct SrvState {
-    cache: HashMap<u64, Cached>,
+    cache: FastMap<u64, Cached>,
     order: VecDeque<u64>,
     /// Highest xid evicted from the cache (or below the client's
     /// replied-below mark).
@@ -82,7 +83,7 @@ impl SrvSession {
             ep,
             span,
             st: Mutex::new(SrvState {
-                cache: HashMap::new(),
+                cache: FastMap::default(),
                 order: VecDeque::new(),
                 evicted_max: 0,
                 replied_below: 0,

@@ -1,7 +1,6 @@
 //! Client sessions: transaction ids, calls in flight, their timeouts and
 //! resends, and the session's formation queue.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +17,7 @@ use crate::call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, CallStat
 use crate::codec;
 use crate::config::CallOpts;
 use crate::error::{Result, RpcError};
+use crate::fasthash::FastMap;
 use crate::machine::{
     ACK_DELAY, Freed, Inner, Link, MsgRecord, OutRef, Parsed, QItem, RxMsg, SendOutcome,
 };
@@ -59,8 +59,12 @@ struct SessState {
     /// No call below this xid is pending (advanced lazily: requests tell
     /// the server it may forget replies below it).
     low_xid: u64,
+    /// Next request xid.
     next_xid: u64,
-    pending: HashMap<u64, Pending>,
+    /// Next one-way item number (one-way items have their own sequence,
+    /// so that stepping `low_xid` over xids visits requests only).
+    next_post: u64,
+    pending: FastMap<u64, Pending>,
     link: Link,
     closed: bool,
     waiters: usize,
@@ -72,7 +76,8 @@ struct SessState {
 impl SessState {
     /// The replied-below gap of request `xid`: every call below the lowest
     /// one still pending has its reply (or was given up), so the server may
-    /// drop those replies. Each xid is stepped over once.
+    /// drop those replies. Each request xid is stepped over once (one-way
+    /// items are numbered apart), so this costs one lookup per call.
     fn low_gap(&mut self, xid: u64) -> u32 {
         while self.low_xid < xid && !self.pending.contains_key(&self.low_xid) {
             self.low_xid += 1;
@@ -544,7 +549,8 @@ impl Session {
             st: Mutex::new(SessState {
                 low_xid: 1,
                 next_xid: 1,
-                pending: HashMap::new(),
+                next_post: 1,
+                pending: FastMap::default(),
                 link: Link::default(),
                 closed: false,
                 waiters: 0,
@@ -637,8 +643,13 @@ impl Session {
             if st.closed {
                 return Err(RpcError::Shutdown);
             }
-            xid = st.next_xid;
-            st.next_xid += 1;
+            let counter = if kind == ItemKind::Request {
+                &mut st.next_xid
+            } else {
+                &mut st.next_post
+            };
+            xid = *counter;
+            *counter += 1;
             let low_gap = if kind == ItemKind::Request {
                 st.low_gap(xid)
             } else {
