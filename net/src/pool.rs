@@ -58,7 +58,7 @@ use tracing::{debug, warn};
 use crate::buffer::{BufferCallbacks, BufferEvent, NetBuffer};
 use crate::bufvec::BufVec;
 use crate::domain::Domain;
-use crate::error::{FiniError, NetError, Result};
+use crate::error::{AddError, FiniError, NetError, Result};
 use crate::queue::QueueType;
 use crate::tm::{RecvParams, TmHandle};
 
@@ -265,9 +265,10 @@ impl BufferPool {
     /// topped up.
     ///
     /// # Errors
-    /// `InvalidArgument`, with the buffer back, for a buffer of another
-    /// domain or of another size (one that does not come from this pool).
-    pub fn put(&self, buf: NetBuffer) -> std::result::Result<(), Box<(NetError, NetBuffer)>> {
+    /// An [`AddError`] with `InvalidArgument` and the buffer handed back,
+    /// for a buffer of another domain or of another size (one that does not
+    /// come from this pool).
+    pub fn put(&self, buf: NetBuffer) -> std::result::Result<(), AddError> {
         if buf.domain_id() != self.domain_id() || buf.len() != self.buffer_size() {
             let e = NetError::InvalidArgument(format!(
                 "a buffer of {} bytes in domain {} does not belong to this pool ({} bytes, domain {})",
@@ -276,7 +277,10 @@ impl BufferPool {
                 self.buffer_size(),
                 self.domain_id()
             ));
-            return Err(Box::new((e, buf)));
+            return Err(AddError {
+                error: e,
+                buffer: buf,
+            });
         }
         self.give_back(buf);
         Ok(())

@@ -1905,11 +1905,11 @@ pub fn pool_misuse(f: &dyn Factory) {
     // A buffer of another domain, or of another size, is handed back.
     let foreign = other.buf(256);
     let id = foreign.id();
-    let (e, back) = *pool.put(foreign).unwrap_err();
+    let (e, back) = pool.put(foreign).unwrap_err().into_parts();
     assert!(matches!(e, NetError::InvalidArgument(_)), "{e}");
     assert_eq!(back.id(), id);
     drop(back);
-    let (_, back) = *pool.put(a.buf(100)).unwrap_err();
+    let (_, back) = pool.put(a.buf(100)).unwrap_err().into_parts();
     drop(back);
     // A pool of another domain, a zero minimum.
     let r = RecvProvisioner::attach(&other.tm, &pool, RecvParams::default(), 1, |_, _| {});
