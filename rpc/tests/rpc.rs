@@ -667,6 +667,19 @@ fn oneway(session: u64, n: u32) -> Vec<u8> {
 }
 
 fn request(session: u64, xid: u64, opcode: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
+    request_low(session, xid, opcode, 0, flags, payload)
+}
+
+/// A request numbered `xid` that says every call below `low` is done
+/// (`low` 0: claims nothing).
+fn request_low(
+    session: u64,
+    xid: u64,
+    opcode: u32,
+    low: u64,
+    flags: u8,
+    payload: &[u8],
+) -> Vec<u8> {
     let mut it = Vec::new();
     let h = ItemHeader {
         kind: ItemKind::Request,
@@ -675,10 +688,23 @@ fn request(session: u64, xid: u64, opcode: u32, flags: u8, payload: &[u8]) -> Ve
         session,
         xid,
         status: 0,
-        low_gap: 0,
+        low_gap: ItemHeader::gap_for(xid, low),
     };
     wire::encode_item(&mut it, &h, payload, &[]).unwrap();
     it
+}
+
+/// A server answering COUNT with the payload, counting executions.
+fn counting_echo(cfg: RpcConfig) -> (RpcMachine, Arc<AtomicU64>) {
+    let server = machine(cfg);
+    let runs = Arc::new(AtomicU64::new(0));
+    let r = runs.clone();
+    server.on(COUNT, move |req, reply| {
+        r.fetch_add(1, Ordering::SeqCst);
+        let p = req.payload().to_vec();
+        reply.ok(&p);
+    });
+    (server, runs)
 }
 
 #[test]
@@ -729,14 +755,7 @@ fn malformed_input_gets_error_replies_never_a_crash() {
 
 #[test]
 fn reply_cache_is_bounded_and_never_reexecutes() {
-    let server = machine(RpcConfig::default().with_reply_cache(2));
-    let runs = Arc::new(AtomicU64::new(0));
-    let r = runs.clone();
-    server.on(COUNT, move |req, reply| {
-        r.fetch_add(1, Ordering::SeqCst);
-        let p = req.payload().to_vec();
-        reply.ok(&p);
-    });
+    let (server, runs) = counting_echo(RpcConfig::default().with_reply_cache(2));
     let raw = Raw::new();
     let to = server.addr().to_string();
     let sid = 0x5e55;
@@ -769,32 +788,9 @@ fn reply_cache_is_bounded_and_never_reexecutes() {
     finish(server);
 }
 
-/// A request numbered `xid` that says every call below `low` is done.
-fn request_low(session: u64, xid: u64, low: u64, flags: u8, payload: &[u8]) -> Vec<u8> {
-    let mut it = Vec::new();
-    let h = ItemHeader {
-        kind: ItemKind::Request,
-        flags,
-        opcode: COUNT,
-        session,
-        xid,
-        status: 0,
-        low_gap: ItemHeader::gap_for(xid, low),
-    };
-    wire::encode_item(&mut it, &h, payload, &[]).unwrap();
-    it
-}
-
 #[test]
 fn replies_the_client_has_are_dropped_from_the_cache() {
-    let server = machine(RpcConfig::default());
-    let runs = Arc::new(AtomicU64::new(0));
-    let r = runs.clone();
-    server.on(COUNT, move |req, reply| {
-        r.fetch_add(1, Ordering::SeqCst);
-        let p = req.payload().to_vec();
-        reply.ok(&p);
-    });
+    let (server, runs) = counting_echo(RpcConfig::default());
     let raw = Raw::new();
     let to = server.addr().to_string();
     let sid = 0x10e;
@@ -802,19 +798,30 @@ fn replies_the_client_has_are_dropped_from_the_cache() {
     for xid in 1..=3u64 {
         raw.send(
             &to,
-            &message(sid, xid, &[&request_low(sid, xid, 0, 0, &[xid as u8])]),
+            &message(
+                sid,
+                xid,
+                &[&request_low(sid, xid, COUNT, 0, 0, &[xid as u8])],
+            ),
         );
         assert_eq!(raw.recv(Duration::from_secs(10)).unwrap()[0].0.xid, xid);
     }
     assert_eq!(server.stats().replies_pruned, 0);
     // Call 4 says the client has every reply below 3: 1 and 2 go.
-    raw.send(&to, &message(sid, 4, &[&request_low(sid, 4, 3, 0, &[4])]));
+    raw.send(
+        &to,
+        &message(sid, 4, &[&request_low(sid, 4, COUNT, 3, 0, &[4])]),
+    );
     assert_eq!(raw.recv(Duration::from_secs(10)).unwrap()[0].0.xid, 4);
     assert_eq!(server.stats().replies_pruned, 2);
     // 3 is still cached: its resend is answered, not run.
     raw.send(
         &to,
-        &message(sid, 5, &[&request_low(sid, 3, 0, wire::FLAG_RESEND, &[3])]),
+        &message(
+            sid,
+            5,
+            &[&request_low(sid, 3, COUNT, 0, wire::FLAG_RESEND, &[3])],
+        ),
     );
     let got = raw.recv(Duration::from_secs(10)).unwrap();
     assert_eq!(
@@ -824,7 +831,11 @@ fn replies_the_client_has_are_dropped_from_the_cache() {
     // A resend of 2 (which the client said it had) is stale, not run again.
     raw.send(
         &to,
-        &message(sid, 6, &[&request_low(sid, 2, 0, wire::FLAG_RESEND, &[2])]),
+        &message(
+            sid,
+            6,
+            &[&request_low(sid, 2, COUNT, 0, wire::FLAG_RESEND, &[2])],
+        ),
     );
     let got = raw.recv(Duration::from_secs(10)).unwrap();
     assert_eq!(got[0].0.status, colibri_rpc::STATUS_STALE);
