@@ -624,17 +624,7 @@ impl Loop {
     }
 
     fn tune(&self, s: &TcpStream) {
-        if let Err(e) = s.set_nodelay(true) {
-            debug!(%e, "TCP_NODELAY");
-        }
-        let sr = socket2::SockRef::from(s);
-        if let Err(e) = sr.set_keepalive(true) {
-            debug!(%e, "SO_KEEPALIVE");
-        }
-        if let Some(n) = self.eng.cfg.sock_buf {
-            let _ = sr.set_send_buffer_size(n);
-            let _ = sr.set_recv_buffer_size(n);
-        }
+        tune_socket(s, &self.eng.cfg);
     }
 
     /// The outgoing connection to `peer`, opened on first use.
@@ -943,8 +933,96 @@ impl Loop {
     }
 }
 
+/// Socket options of every connection: no Nagle, keepalive (tuned to
+/// `peer_timeout`), `TCP_USER_TIMEOUT`, buffer sizes. Failures are logged
+/// and ignored: the connection works without them.
+fn tune_socket<S: std::os::fd::AsFd>(s: &S, cfg: &TcpConfig) {
+    let sr = socket2::SockRef::from(s);
+    if let Err(e) = sr.set_tcp_nodelay(true) {
+        debug!(%e, "TCP_NODELAY");
+    }
+    if let Err(e) = sr.set_keepalive(true) {
+        debug!(%e, "SO_KEEPALIVE");
+    }
+    if let Some(t) = cfg.peer_timeout {
+        let second = Duration::from_secs(1);
+        let ka = socket2::TcpKeepalive::new()
+            .with_time((t / 2).max(second))
+            .with_interval((t / 10).max(second))
+            .with_retries(5);
+        if let Err(e) = sr.set_tcp_keepalive(&ka) {
+            debug!(%e, "TCP keepalive timers");
+        }
+        if let Err(e) = sr.set_tcp_user_timeout(Some(t.max(second))) {
+            debug!(%e, "TCP_USER_TIMEOUT");
+        }
+    }
+    if let Some(n) = cfg.sock_buf {
+        let _ = sr.set_send_buffer_size(n);
+        let _ = sr.set_recv_buffer_size(n);
+    }
+}
+
 fn pin(cpu: usize) {
     if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
         warn!(cpu, "could not pin the I/O thread");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, s)
+    }
+
+    #[test]
+    fn peer_timeout_sets_keepalive_and_user_timeout() {
+        let (c, _s) = pair();
+        let cfg = TcpConfig {
+            peer_timeout: Some(Duration::from_secs(40)),
+            ..TcpConfig::default()
+        };
+        tune_socket(&c, &cfg);
+        let sr = socket2::SockRef::from(&c);
+        assert!(sr.tcp_nodelay().unwrap());
+        assert!(sr.keepalive().unwrap());
+        assert_eq!(sr.tcp_keepalive_time().unwrap(), Duration::from_secs(20));
+        assert_eq!(sr.tcp_keepalive_interval().unwrap(), Duration::from_secs(4));
+        assert_eq!(sr.tcp_keepalive_retries().unwrap(), 5);
+        assert_eq!(
+            sr.tcp_user_timeout().unwrap(),
+            Some(Duration::from_secs(40))
+        );
+    }
+
+    #[test]
+    fn no_peer_timeout_keeps_the_system_timers() {
+        let (c, _s) = pair();
+        let sr = socket2::SockRef::from(&c);
+        let (time, user) = (
+            sr.tcp_keepalive_time().unwrap(),
+            sr.tcp_user_timeout().unwrap(),
+        );
+        let cfg = TcpConfig {
+            peer_timeout: None,
+            ..TcpConfig::default()
+        };
+        tune_socket(&c, &cfg);
+        assert!(sr.keepalive().unwrap());
+        assert_eq!(sr.tcp_keepalive_time().unwrap(), time);
+        assert_eq!(sr.tcp_user_timeout().unwrap(), user);
+        // Short timeouts are raised to a second (the kernel's unit).
+        let cfg = TcpConfig {
+            peer_timeout: Some(Duration::from_millis(100)),
+            ..TcpConfig::default()
+        };
+        tune_socket(&c, &cfg);
+        assert_eq!(sr.tcp_keepalive_time().unwrap(), Duration::from_secs(1));
+        assert_eq!(sr.tcp_user_timeout().unwrap(), Some(Duration::from_secs(1)));
     }
 }

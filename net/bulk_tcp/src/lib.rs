@@ -105,6 +105,14 @@ pub struct TcpConfig {
     /// A connection not established after this long fails its buffers
     /// with `Unreachable`.
     pub connect_timeout: Duration,
+    /// How long a peer may stay silent or leave sent data unacknowledged
+    /// before its connection is given up (host crashed, network cut: no
+    /// FIN or RST ever comes). TCP keepalive probes an idle connection
+    /// after half of it, five times at a tenth of it, and
+    /// `TCP_USER_TIMEOUT` bounds unacknowledged data; the connection then
+    /// fails what was on it. `None` keeps the system's timers (keepalive
+    /// after two hours). Default 60 s.
+    pub peer_timeout: Option<Duration>,
     /// `SO_SNDBUF` and `SO_RCVBUF` for every socket; `None` leaves the
     /// kernel's autotuning on, which is best on Linux.
     pub sock_buf: Option<usize>,
@@ -121,6 +129,7 @@ impl Default for TcpConfig {
             chunk: 1 << 20,
             idle_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
+            peer_timeout: Some(Duration::from_secs(60)),
             sock_buf: None,
             io_cpu: None,
             limits: Limits::new(64 << 20, 16 << 20, 4096, 1024),
