@@ -72,6 +72,47 @@
 //! ```
 #![forbid(unsafe_code)]
 
+/// The operations of a `u32` bit-set newtype (`struct T(u32)`): `empty`,
+/// `bits`, `contains`, `with`, `without` and `|`.
+macro_rules! bit_set {
+    ($t:ty) => {
+        impl $t {
+            /// No bits.
+            #[must_use]
+            pub const fn empty() -> Self {
+                Self(0)
+            }
+            /// The raw bits.
+            #[must_use]
+            pub const fn bits(self) -> u32 {
+                self.0
+            }
+            /// Whether every bit of `other` is set.
+            #[must_use]
+            pub const fn contains(self, other: Self) -> bool {
+                self.0 & other.0 == other.0
+            }
+            /// `self` with the bits of `other` set.
+            #[must_use]
+            pub const fn with(self, other: Self) -> Self {
+                Self(self.0 | other.0)
+            }
+            /// `self` with the bits of `other` cleared.
+            #[must_use]
+            pub const fn without(self, other: Self) -> Self {
+                Self(self.0 & !other.0)
+            }
+        }
+
+        impl std::ops::BitOr for $t {
+            type Output = Self;
+            fn bitor(self, rhs: Self) -> Self {
+                self.with(rhs)
+            }
+        }
+    };
+}
+
 pub mod credits;
 pub mod discovery;
 pub mod fault;

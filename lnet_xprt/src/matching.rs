@@ -77,35 +77,9 @@ impl MdOptions {
     pub const TRACK_RESPONSE: Self = Self(0x400);
     /// Never track responses of messages sent from this MD.
     pub const NO_TRACK_RESPONSE: Self = Self(0x800);
-
-    /// No options.
-    #[must_use]
-    pub const fn empty() -> Self {
-        Self(0)
-    }
-    /// Raw bits.
-    #[must_use]
-    pub const fn bits(self) -> u32 {
-        self.0
-    }
-    /// Whether all bits of `other` are set.
-    #[must_use]
-    pub const fn contains(self, other: Self) -> bool {
-        self.0 & other.0 == other.0
-    }
-    /// Union.
-    #[must_use]
-    pub const fn with(self, other: Self) -> Self {
-        Self(self.0 | other.0)
-    }
 }
 
-impl std::ops::BitOr for MdOptions {
-    type Output = Self;
-    fn bitor(self, rhs: Self) -> Self {
-        self.with(rhs)
-    }
-}
+bit_set!(MdOptions);
 
 impl fmt::Debug for MdOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -646,37 +646,14 @@ impl PingFeatures {
     /// `LNET_PING_FEAT_BITS`: every known bit.
     pub const ALL: Self = Self(0xff);
 
-    /// No bits.
-    #[must_use]
-    pub const fn empty() -> Self {
-        Self(0)
-    }
-    /// The raw bits.
-    #[must_use]
-    pub const fn bits(self) -> u32 {
-        self.0
-    }
     /// Features from raw bits, dropping unknown ones.
     #[must_use]
     pub const fn from_bits_truncate(bits: u32) -> Self {
         Self(bits & Self::ALL.0)
     }
-    /// Whether every bit of `other` is set.
-    #[must_use]
-    pub const fn contains(self, other: Self) -> bool {
-        self.0 & other.0 == other.0
-    }
-    /// `self` with the bits of `other` set.
-    #[must_use]
-    pub const fn with(self, other: Self) -> Self {
-        Self(self.0 | other.0)
-    }
-    /// `self` with the bits of `other` cleared.
-    #[must_use]
-    pub const fn without(self, other: Self) -> Self {
-        Self(self.0 & !other.0)
-    }
 }
+
+bit_set!(PingFeatures);
 
 impl fmt::Debug for PingFeatures {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
