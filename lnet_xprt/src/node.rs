@@ -642,6 +642,19 @@ impl Node {
 
     /// (Re)builds the ping buffer with a new sequence number and posts it
     /// (`lnet_ping_target_install_locked`).
+    /// The ME of the ping and push targets: any peer, the ping match
+    /// bits, on the reserved portal.
+    fn reserved_me() -> MeSpec {
+        MeSpec {
+            portal: RESERVED_PORTAL,
+            match_id: ProcessId::ANY,
+            match_bits: PING_MATCHBITS,
+            ignore_bits: 0,
+            unlink: Unlink::Unlink,
+            pos: InsertPos::After,
+        }
+    }
+
     fn post_ping_target(&mut self) -> Result<(), NodeError> {
         if let Some(old) = self.ping_target.take() {
             self.internal.remove(&old);
@@ -651,14 +664,7 @@ impl Node {
         }
         self.ping_seq = self.ping_seq.wrapping_add(1);
         let buf = self.ping_info().encode();
-        let me = self.table.me_attach(MeSpec {
-            portal: RESERVED_PORTAL,
-            match_id: ProcessId::ANY,
-            match_bits: PING_MATCHBITS,
-            ignore_bits: 0,
-            unlink: Unlink::Unlink,
-            pos: InsertPos::After,
-        })?;
+        let me = self.table.me_attach(Self::reserved_me())?;
         let (md, delayed) = self.table.md_attach(
             me,
             MdSpec::new(
@@ -675,14 +681,7 @@ impl Node {
     /// Posts a push target MD (`lnet_push_target_post`); pushes delayed on
     /// the lazy portal are matched against it right away.
     fn post_push_target(&mut self) -> Result<Vec<DelayedOutcome<RxMsg>>, NodeError> {
-        let me = self.table.me_attach(MeSpec {
-            portal: RESERVED_PORTAL,
-            match_id: ProcessId::ANY,
-            match_bits: PING_MATCHBITS,
-            ignore_bits: 0,
-            unlink: Unlink::Unlink,
-            pos: InsertPos::After,
-        })?;
+        let me = self.table.me_attach(Self::reserved_me())?;
         let (md, delayed) = self.table.md_attach(
             me,
             MdSpec::new(
