@@ -5,16 +5,16 @@
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use colibri_net::{BufferCallbacks, NetBuffer, QueueType};
+use colibri_net::{BufferCallbacks, BufferEvent, NetBuffer, QueueType};
 
 use crate::call::BulkDone;
 use crate::completion::Completion;
 use crate::error::RpcError;
-use crate::machine::RpcHandle;
+use crate::machine::{Inner, RpcHandle};
 use crate::stats::bump;
 use crate::wire::{BulkDesc, BulkKind};
 
@@ -114,6 +114,22 @@ impl Future for BulkOpFuture {
     }
 }
 
+/// The outcome of a bulk buffer's final event (active on the server,
+/// passive on the client), counted in the machine's bulk statistics when
+/// it succeeded. `None` for an event that carries no buffer.
+pub(crate) fn bulk_outcome(ev: &mut BufferEvent, m: &Weak<Inner>) -> Option<BulkDone> {
+    let buffer = ev.take_buffer()?;
+    let result = match ev.status() {
+        Ok(()) => Ok(ev.length()),
+        Err(e) => Err(RpcError::Net(e.clone())),
+    };
+    if let (Ok(n), Some(m)) = (&result, m.upgrade()) {
+        bump(&m.stats.bulk_ok, 1);
+        bump(&m.stats.bulk_bytes, *n as u64);
+    }
+    Some(BulkDone { buffer, result })
+}
+
 impl RpcHandle {
     fn bulk_cbs(&self, cell: &Arc<Completion<BulkDone>>) -> Arc<BufferCallbacks> {
         // The callbacks hold the cell until the transfer's completion (a
@@ -122,21 +138,13 @@ impl RpcHandle {
         // cell alive through its callbacks.
         let holder = Arc::new(parking_lot::Mutex::new(Some(Arc::clone(cell))));
         let m = Arc::downgrade(&self.inner);
-        let cb = move |_tm: &colibri_net::TmHandle, mut ev: colibri_net::BufferEvent| {
-            let Some(buffer) = ev.take_buffer() else {
+        let cb = move |_tm: &colibri_net::TmHandle, mut ev: BufferEvent| {
+            let Some(done) = bulk_outcome(&mut ev, &m) else {
                 return;
             };
-            let result = match ev.status() {
-                Ok(()) => Ok(ev.length()),
-                Err(e) => Err(RpcError::Net(e.clone())),
-            };
-            if let (Ok(n), Some(m)) = (&result, m.upgrade()) {
-                bump(&m.stats.bulk_ok, 1);
-                bump(&m.stats.bulk_bytes, *n as u64);
-            }
             let cell = holder.lock().take();
             if let Some(c) = cell {
-                c.complete(BulkDone { buffer, result });
+                c.complete(done);
             }
         };
         Arc::new(

@@ -866,23 +866,15 @@ impl Session {
         );
         let stats_m = Arc::downgrade(&self.m);
         let cb = move |_tm: &colibri_net::TmHandle, mut ev: colibri_net::BufferEvent| {
-            let Some(buffer) = ev.take_buffer() else {
+            let Some(done) = crate::bulk::bulk_outcome(&mut ev, &stats_m) else {
                 return;
             };
-            let result = match ev.status() {
-                Ok(()) => Ok(ev.length()),
-                Err(e) => Err(RpcError::Net(e.clone())),
-            };
-            if let (Ok(n), Some(m)) = (&result, stats_m.upgrade()) {
-                bump(&m.stats.bulk_ok, 1);
-                bump(&m.stats.bulk_bytes, *n as u64);
-            }
-            let Some(i) = ids.iter().position(|&id| id == buffer.id()) else {
+            let Some(i) = ids.iter().position(|&id| id == done.buffer.id()) else {
                 return;
             };
             let c = hold.lock().get_mut(i).and_then(Option::take);
             if let Some(c) = c {
-                c.bulk_done(i, BulkDone { buffer, result }, true);
+                c.bulk_done(i, done, true);
             }
         };
         let cbs = Arc::new(
