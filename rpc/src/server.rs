@@ -201,16 +201,7 @@ impl SrvSession {
                 let _g = self.span.enter();
                 debug!(xid = h.xid, "resent request answered from the reply cache");
                 let bytes = bytes.clone();
-                let now = now.get();
-                st.link.out.push(
-                    QItem {
-                        bytes,
-                        call_xid: None,
-                    },
-                    now,
-                );
-                bump(&m.stats.replies, 1);
-                let _ = m.flush(&self.owner(), &self.ep, &mut st.link, now);
+                self.queue_reply(m, st, bytes, now.get());
                 return None;
             }
             None if h.flags & FLAG_RESEND != 0 && h.xid <= st.evicted_max => {
@@ -423,6 +414,18 @@ impl SrvSession {
                 None => {}
             }
         }
+        self.queue_reply(m, &mut st, bytes, now);
+    }
+
+    /// Queues an encoded reply item in the session's formation queue and
+    /// sends what can leave.
+    fn queue_reply(
+        self: &Arc<Self>,
+        m: &Arc<Inner>,
+        st: &mut SrvState,
+        bytes: Vec<u8>,
+        now: Instant,
+    ) {
         st.link.out.push(
             QItem {
                 bytes,
