@@ -131,6 +131,14 @@ fn stop(fake: &Fake, tm: &colibri_net::TransferMachine) {
     tm.wait_stopped(Duration::from_secs(5)).unwrap();
 }
 
+/// Stops, then finalises the transfer machine and the domain (which
+/// fails if anything was left registered or referenced).
+fn shutdown(fake: &Fake, tm: colibri_net::TransferMachine, dom: Domain) {
+    stop(fake, &tm);
+    tm.fini().unwrap();
+    dom.fini().unwrap();
+}
+
 #[test]
 fn optional_features_are_refused_not_faked() {
     let fake = Fake::new(Caps::new(1));
@@ -167,9 +175,7 @@ fn optional_features_are_refused_not_faked() {
     let e = tm.add_msg_recv(b, RecvParams::multi(8, 4)).unwrap_err();
     assert!(matches!(e.error, NetError::Unsupported { .. }));
     drop(e);
-    stop(&fake, &tm);
-    tm.fini().unwrap();
-    dom.fini().unwrap();
+    shutdown(&fake, tm, dom);
 }
 
 #[test]
@@ -191,9 +197,7 @@ fn transport_refusing_an_add_gets_the_buffer_back_untouched() {
     assert_eq!(tm.queued(), 0);
     assert_eq!(tm.stats(QueueType::MsgRecv, false).adds, 0);
     drop(b);
-    stop(&fake, &tm);
-    tm.fini().unwrap();
-    dom.fini().unwrap();
+    shutdown(&fake, tm, dom);
 }
 
 #[test]
@@ -230,9 +234,7 @@ fn duplicate_and_late_completions_are_ignored() {
     let st = tm.stats(QueueType::MsgSend, false);
     assert_eq!((st.s_events, st.f_events), (1, 0));
     drop((e, ep));
-    stop(&fake, &tm);
-    tm.fini().unwrap();
-    dom.fini().unwrap();
+    shutdown(&fake, tm, dom);
 }
 
 #[test]
@@ -348,9 +350,7 @@ fn panicking_callback_does_not_lose_the_machine() {
         "the panicking callback's buffer was released"
     );
     drop(qs);
-    stop(&fake, &tm);
-    tm.fini().unwrap();
-    dom.fini().unwrap();
+    shutdown(&fake, tm, dom);
 }
 
 #[test]
@@ -369,9 +369,7 @@ fn message_from_an_unparseable_sender_fails_that_message() {
     assert!(matches!(e.error(), Some(NetError::Protocol(_))), "{e:?}");
     assert!(e.sender().is_none());
     drop(e);
-    stop(&fake, &tm);
-    tm.fini().unwrap();
-    dom.fini().unwrap();
+    shutdown(&fake, tm, dom);
 }
 
 #[test]
@@ -405,9 +403,7 @@ fn descriptors_carry_transport_extra_bytes_and_identity() {
     let pe = ev.recv_timeout(Duration::from_secs(5)).unwrap();
     assert!(matches!(pe.error(), Some(NetError::TooBig(_))));
     drop((victim, peer, pe));
-    stop(&fake, &tm);
-    tm.fini().unwrap();
-    dom.fini().unwrap();
+    shutdown(&fake, tm, dom);
 }
 
 #[test]
