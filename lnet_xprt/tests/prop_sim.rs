@@ -2,19 +2,18 @@
 //! every MD ends with exactly one `unlinked` event, no operation is left
 //! hanging, credits all come back, and the run replays from its seed.
 
+mod common;
+use common::{nid, post_any};
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use colibri_lnet::fault::{DelayRuleSpec, DropRuleSpec, FaultMatch, HealthError, MsgMask, Trigger};
 use colibri_lnet::ids::{Nid, ProcessId};
-use colibri_lnet::matching::{InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, Threshold, Unlink};
+use colibri_lnet::matching::{MdHandle, MdOptions, MdSpec, Threshold, Unlink};
 use colibri_lnet::sim::{Sim, Topology, TraceRecord};
 use colibri_lnet::wire::MsgType;
 use proptest::prelude::*;
-
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
@@ -69,24 +68,12 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
     )
     .unwrap();
     for (portal, opts) in [(3, MdOptions::OP_PUT), (4, MdOptions::OP_GET)] {
-        sim.with_node("s", |n, now| {
-            let me = n
-                .me_attach(MeSpec {
-                    portal,
-                    match_id: ProcessId::ANY,
-                    match_bits: 0,
-                    ignore_bits: !0,
-                    unlink: Unlink::Retain,
-                    pos: InsertPos::After,
-                })
-                .unwrap();
-            n.md_attach(
-                now,
-                me,
-                MdSpec::new(vec![9; 32], opts | MdOptions::MANAGE_REMOTE),
-            )
-            .unwrap();
-        });
+        post_any(
+            &mut sim,
+            "s",
+            portal,
+            MdSpec::new(vec![9; 32], opts | MdOptions::MANAGE_REMOTE),
+        );
     }
     let rule = |rate: Option<u32>, matcher: FaultMatch, health_mask: u32| {
         rate.map(|r| DropRuleSpec {

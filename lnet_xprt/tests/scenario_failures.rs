@@ -13,21 +13,18 @@
 //! | network timeout | send rule, NETWORK_TIMEOUT | local and peer NI health −100, no resend, SEND fails |
 //! | local error | send rule, LOCAL_ERROR | local NI health −100, no resend, SEND fails |
 
+mod common;
+use common::{nid, post_any};
+
 use std::time::Duration;
 
 use colibri_lnet::fault::{DropRuleSpec, FaultMatch, HealthError, MsgMask, Trigger};
 use colibri_lnet::health::MAX_HEALTH;
 use colibri_lnet::ids::{Nid, ProcessId};
-use colibri_lnet::matching::{
-    EventKind, InsertPos, MdOptions, MdSpec, MeSpec, OpError, Threshold, Unlink,
-};
+use colibri_lnet::matching::{EventKind, MdOptions, MdSpec, OpError, Threshold, Unlink};
 use colibri_lnet::sim::{Sim, Topology};
 use colibri_lnet::time::Time;
 use colibri_lnet::wire::MsgType;
-
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
 
 const C_TCP: &str = "10.0.0.1@tcp";
 const C_IB: &str = "192.168.0.1@o2ib";
@@ -47,27 +44,15 @@ fn warmed_up(seed: u64) -> Sim {
     )
     .unwrap();
     for (portal, op) in [(PORTAL, MdOptions::OP_PUT), (PORTAL + 1, MdOptions::OP_GET)] {
-        sim.with_node("server", |n, now| {
-            let me = n
-                .me_attach(MeSpec {
-                    portal,
-                    match_id: ProcessId::ANY,
-                    match_bits: 0,
-                    ignore_bits: !0,
-                    unlink: Unlink::Retain,
-                    pos: InsertPos::After,
-                })
-                .unwrap();
-            n.md_attach(
-                now,
-                me,
-                MdSpec::new(
-                    vec![5; 64],
-                    op | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE,
-                ),
-            )
-            .unwrap();
-        });
+        post_any(
+            &mut sim,
+            "server",
+            portal,
+            MdSpec::new(
+                vec![5; 64],
+                op | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE,
+            ),
+        );
     }
     put(&mut sim, true, 999);
     sim.run_for(Duration::from_millis(10)).unwrap();

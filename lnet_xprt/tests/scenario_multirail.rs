@@ -2,6 +2,9 @@
 //! with NIs on two nets, traffic spread over both rails, a failing rail and
 //! its recovery, a local NI added and pushed, two peers merged.
 
+mod common;
+use common::{nid, post_any};
+
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -9,17 +12,11 @@ use colibri_lnet::discovery::PeerState;
 use colibri_lnet::fault::{DropRuleSpec, FaultMatch, HealthError, MsgMask, Trigger};
 use colibri_lnet::health::MAX_HEALTH;
 use colibri_lnet::ids::{Nid, ProcessId};
-use colibri_lnet::matching::{
-    EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, Threshold, Unlink,
-};
+use colibri_lnet::matching::{EventKind, MdHandle, MdOptions, MdSpec, Threshold, Unlink};
 use colibri_lnet::node::NiConfig;
 use colibri_lnet::sim::{Sim, Topology, TraceRecord};
 use colibri_lnet::time::Time;
 use colibri_lnet::wire::MsgType;
-
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
 
 const C_TCP: &str = "10.0.0.1@tcp";
 const C_IB: &str = "192.168.0.1@o2ib";
@@ -43,27 +40,15 @@ fn two_rails(seed: u64) -> Sim {
 
 /// A PUT sink on `PORTAL` that accepts everything.
 fn post_sink(sim: &mut Sim, name: &str) -> MdHandle {
-    sim.with_node(name, |n, now| {
-        let me = n
-            .me_attach(MeSpec {
-                portal: PORTAL,
-                match_id: ProcessId::ANY,
-                match_bits: 0,
-                ignore_bits: !0,
-                unlink: Unlink::Retain,
-                pos: InsertPos::After,
-            })
-            .unwrap();
-        n.md_attach(
-            now,
-            me,
-            MdSpec::new(
-                vec![0; 64],
-                MdOptions::OP_PUT | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE,
-            ),
-        )
-        .unwrap()
-    })
+    post_any(
+        sim,
+        name,
+        PORTAL,
+        MdSpec::new(
+            vec![0; 64],
+            MdOptions::OP_PUT | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE,
+        ),
+    )
 }
 
 /// Client PUTs (with ACK) `n` messages to `to`, one every `gap`.

@@ -1,16 +1,15 @@
 //! Routed scenarios (seed 004): PUT+ACK and GET+REPLY through a gateway.
 
+mod common;
+use common::{nid, post_any};
+
 use std::time::Duration;
 
-use colibri_lnet::ids::{Net, Nid, ProcessId};
+use colibri_lnet::ids::{Net, ProcessId};
 use colibri_lnet::matching::{
     EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, Threshold, Unlink,
 };
 use colibri_lnet::sim::{Sim, Topology};
-
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
 
 fn net(s: &str) -> Net {
     s.parse().unwrap()
@@ -139,45 +138,21 @@ fn router_credits_exhausted_messages_queue_in_order_and_are_delivered() {
     .unwrap();
     sim.run_for(Duration::from_secs(1)).unwrap();
     // The server accepts PUTs on portal 4 (any bits) and serves GETs on 5.
-    sim.with_node("server", |n, now| {
-        let me = n
-            .me_attach(MeSpec {
-                portal: 4,
-                match_id: ProcessId::ANY,
-                match_bits: 0,
-                ignore_bits: !0,
-                unlink: Unlink::Retain,
-                pos: InsertPos::After,
-            })
-            .unwrap();
-        n.md_attach(
-            now,
-            me,
-            MdSpec::new(
-                vec![0; 4096],
-                MdOptions::OP_PUT | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE,
-            ),
-        )
-        .unwrap();
-    });
-    sim.with_node("server", |n, now| {
-        let me = n
-            .me_attach(MeSpec {
-                portal: 5,
-                match_id: ProcessId::ANY,
-                match_bits: 0,
-                ignore_bits: !0,
-                unlink: Unlink::Retain,
-                pos: InsertPos::After,
-            })
-            .unwrap();
-        n.md_attach(
-            now,
-            me,
-            MdSpec::new(vec![0xab; 64], MdOptions::OP_GET | MdOptions::MANAGE_REMOTE),
-        )
-        .unwrap();
-    });
+    post_any(
+        &mut sim,
+        "server",
+        4,
+        MdSpec::new(
+            vec![0; 4096],
+            MdOptions::OP_PUT | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE,
+        ),
+    );
+    post_any(
+        &mut sim,
+        "server",
+        5,
+        MdSpec::new(vec![0xab; 64], MdOptions::OP_GET | MdOptions::MANAGE_REMOTE),
+    );
     let server = ProcessId::lustre(nid("192.168.1.2@o2ib1"));
     // Discover the server first (one PUT), then the burst at a single instant.
     let md = sim

@@ -1,10 +1,13 @@
 //! Node behaviour through the simulator: PUT/ACK, GET/REPLY, events, lazy
 //! portals, timeouts, fault rules, protocol errors, replay.
 
+mod common;
+use common::nid;
+
 use std::time::Duration;
 
 use colibri_lnet::fault::{DelayRuleSpec, DropRuleSpec, FaultMatch, HealthError, MsgMask, Trigger};
-use colibri_lnet::ids::{Nid, ProcessId};
+use colibri_lnet::ids::ProcessId;
 use colibri_lnet::matching::{
     EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, OpError, Threshold, Unlink,
 };
@@ -12,10 +15,6 @@ use colibri_lnet::node::NodeError;
 use colibri_lnet::sim::{Sim, SimError, Topology};
 use colibri_lnet::time::Time;
 use colibri_lnet::wire::{Body, Header, MsgType, WireError, WireHandle};
-
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
 
 /// Two single-NI nodes with discovery off (so the wire carries only what
 /// the test sends; discovery has its own scenarios).
