@@ -8,6 +8,7 @@ use tracing::debug;
 
 use crate::buffer::NetBuffer;
 use crate::bufvec::BufVec;
+use crate::clock::Clock;
 use crate::error::{FiniError, NetError, RegisterError, Result};
 use crate::tm::{TmCallback, TransferMachine};
 use crate::util::next_id;
@@ -18,6 +19,7 @@ pub(crate) struct DomainInner {
     pub(crate) xprt: Box<dyn XprtDomain>,
     pub(crate) limits: Limits,
     pub(crate) caps: Caps,
+    pub(crate) clock: Clock,
     pub(crate) tms: AtomicUsize,
     pub(crate) bufs: AtomicUsize,
     finalized: AtomicBool,
@@ -38,6 +40,24 @@ impl DomainInner {
 impl Drop for DomainInner {
     fn drop(&mut self) {
         self.fini_once();
+    }
+}
+
+/// Settings of a domain that are the core's, not the transport's.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct DomainConfig {
+    /// The time source of the domain's transfer machines for buffer
+    /// timeouts ([`Clock::real`] by default; [`Clock::manual`] in tests).
+    pub clock: Clock,
+}
+
+impl DomainConfig {
+    /// The default configuration with another clock.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 }
 
@@ -69,6 +89,15 @@ impl Domain {
     /// # Errors
     /// Whatever the transport's domain set-up reports.
     pub fn new<T: Transport + ?Sized>(transport: &T) -> Result<Self> {
+        Self::with_config(transport, DomainConfig::default())
+    }
+
+    /// Creates a domain over a transport with core settings (for example a
+    /// manual clock for tests of timeouts).
+    ///
+    /// # Errors
+    /// Whatever the transport's domain set-up reports.
+    pub fn with_config<T: Transport + ?Sized>(transport: &T, cfg: DomainConfig) -> Result<Self> {
         let xprt = transport.dom_init()?;
         let limits = xprt.limits();
         let caps = xprt.caps();
@@ -80,6 +109,7 @@ impl Domain {
                 xprt,
                 limits,
                 caps,
+                clock: cfg.clock,
                 tms: AtomicUsize::new(0),
                 bufs: AtomicUsize::new(0),
                 finalized: AtomicBool::new(false),
@@ -105,6 +135,12 @@ impl Domain {
     /// The transport's capabilities.
     pub fn caps(&self) -> Caps {
         self.inner.caps
+    }
+
+    /// The clock of the domain's buffer timeouts: take deadlines for
+    /// [`NetBuffer::set_timeout`] from its [`Clock::now`].
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
     }
 
     /// Largest buffer the transport accepts, in bytes.

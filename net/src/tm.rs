@@ -17,11 +17,13 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use tracing::{debug, error, trace, warn};
 
 use crate::buffer::{BufState, BufferCallbacks, BufferEvent, NetBuffer};
+use crate::clock::TimerTarget;
 use crate::desc::{DescFields, NetBufDesc};
 use crate::domain::{Domain, DomainInner};
 use crate::ep::{EndPoint, EpInner};
 use crate::error::{AddError, FiniError, NetError, Result};
 use crate::queue::QueueType;
+use crate::sink::Job;
 use crate::slab::Slab;
 use crate::stats::QueueStats;
 use crate::util::{
@@ -383,12 +385,6 @@ impl<T> IntoIterator for Few<T> {
 
 type Out = Few<EvData>;
 
-enum Pending {
-    Buf(Arc<Slot>, EvData),
-    /// A transfer machine event; `true` for a coalesced loss event.
-    Tm(TmEvent, bool),
-}
-
 pub(crate) enum Post<'a> {
     Complete(Result<usize>),
     Msg {
@@ -415,10 +411,16 @@ struct TmCore {
     own_ep: Option<EndPoint>,
     own_addr: Option<String>,
     sync: bool,
-    pending: VecDeque<Pending>,
+    /// Synchronous delivery: buffer events waiting for `deliver_all`.
+    pending: VecDeque<(Arc<Slot>, EvData)>,
     notify: Option<Box<dyn FnOnce() + Send>>,
-    deferred: VecDeque<TmEvent>,
+    /// The last buffer of a stop completed: STOPPED was posted.
+    stop_posted: bool,
+    /// STOPPED waits for the running callbacks: the last one delivers it.
+    stop_deferred: bool,
     timers: BTreeSet<(Instant, u64)>,
+    /// The deadline the clock's timer is armed for.
+    armed: Option<Instant>,
     no_buffers: u64,
     rejected: u64,
     event_seq: u64,
@@ -450,13 +452,6 @@ fn misuse_in_view() -> NetError {
 }
 
 impl TmInner {
-    fn sink(&self) -> TmSink {
-        TmSink {
-            tm: self.me.clone(),
-            id: self.id,
-        }
-    }
-
     pub(crate) fn state(&self) -> TmState {
         self.core.lock().state
     }
@@ -476,9 +471,19 @@ impl TmInner {
         Ok(())
     }
 
-    fn update_earliest(&self, core: &TmCore) {
-        let n = core.timers.first().map_or(0, |(d, _)| instant_to_nanos(*d));
-        self.earliest.store(n, Ordering::Release);
+    /// Publishes the earliest deadline and arms the clock's timer when it
+    /// moved earlier than the one armed.
+    fn update_earliest(&self, core: &mut TmCore) {
+        let first = core.timers.first().map(|(d, _)| *d);
+        self.earliest
+            .store(first.map_or(0, instant_to_nanos), Ordering::Release);
+        if let Some(d) = first
+            && core.armed.is_none_or(|a| d < a)
+        {
+            core.armed = Some(d);
+            let me: Weak<dyn TimerTarget> = self.me.clone();
+            self.dom.clock.arm(d, me);
+        }
     }
 
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
@@ -531,44 +536,45 @@ impl TmInner {
         Ok(ep)
     }
 
-    /// Synchronous delivery mode: queues events for `deliver_all`, then
-    /// (without the lock) wakes waiters and fires the one-shot notify hook.
+    /// Synchronous delivery mode: queues buffer events for `deliver_all`.
+    /// Returns the one-shot notify hook to run (once the lock is released).
     fn queue_pending(
         &self,
-        mut core: MutexGuard<'_, TmCore>,
-        items: impl IntoIterator<Item = Pending>,
-    ) {
+        core: &mut TmCore,
+        items: impl IntoIterator<Item = (Arc<Slot>, EvData)>,
+    ) -> Delivery {
         core.pending.extend(items);
-        let hook = core.notify.take();
-        drop(core);
         self.cond.notify_all();
-        if let Some(h) = hook {
-            h();
+        Delivery {
+            job: core.notify.take().map(Job::Hook),
         }
     }
 
-    /// Delivers a transfer machine event: queued in synchronous mode, else
-    /// run now on this thread. Consumes the lock guard.
-    fn emit_tm(self: &Arc<Self>, mut core: MutexGuard<'_, TmCore>, kind: TmEventKind) {
+    /// A transfer machine event to run (state change, error, diagnostic,
+    /// or a coalesced loss event with `loss`). Counted as running until its
+    /// callback returned. Transfer machine events are never held for
+    /// `deliver_all`, in synchronous mode too.
+    fn tm_event(self: &Arc<Self>, core: &mut TmCore, kind: TmEventKind, loss: bool) -> Delivery {
         let ev = TmEvent {
             kind,
             time: Instant::now(),
         };
         core.event_seq += 1;
-        if core.sync {
-            self.queue_pending(core, [Pending::Tm(ev, false)]);
-            return;
-        }
         self.running.fetch_add(1, Ordering::AcqRel);
+        Delivery {
+            job: Some(Job::Tm(Arc::clone(self), Box::new(ev), loss)),
+        }
+    }
+
+    /// Delivers a transfer machine event on this thread. Consumes the lock
+    /// guard.
+    fn emit_tm(self: &Arc<Self>, mut core: MutexGuard<'_, TmCore>, kind: TmEventKind) {
+        let d = self.tm_event(&mut core, kind, false);
         drop(core);
         // Waiters on the state or the event sequence see it before the
         // callback runs.
         self.cond.notify_all();
-        self.call_tm_cb(&ev);
-        // The event holds end point references: release them before the
-        // callback counts as finished, so that fini sees them gone.
-        drop(ev);
-        self.finish_callback();
+        d.run();
     }
 
     /// Posts a loss event (`NoBuffers`, a refused bulk request) to be run
@@ -582,27 +588,20 @@ impl TmInner {
         if self.loss_pending.swap(true, Ordering::AcqRel) {
             return Delivery::default();
         }
-        let ev = TmEvent {
-            kind: TmEventKind::Error(error),
-            time: Instant::now(),
-        };
-        core.event_seq += 1;
-        if core.sync {
-            self.queue_pending(core, [Pending::Tm(ev, true)]);
-            return Delivery::default();
-        }
-        self.running.fetch_add(1, Ordering::AcqRel);
+        let d = self.tm_event(&mut core, TmEventKind::Error(error), true);
         drop(core);
         self.cond.notify_all();
-        Delivery {
-            job: Some(crate::xprt::Job::Tm(Arc::clone(self), Box::new(ev))),
-        }
+        d
     }
 
-    /// Runs a loss event's callback (from a `Delivery`).
-    pub(crate) fn run_loss_event(self: &Arc<Self>, ev: TmEvent) {
-        self.loss_pending.store(false, Ordering::Release);
+    /// Runs a transfer machine event's callback (from a `Delivery`).
+    pub(crate) fn run_tm_event(self: &Arc<Self>, ev: TmEvent, loss: bool) {
+        if loss {
+            self.loss_pending.store(false, Ordering::Release);
+        }
         self.call_tm_cb(&ev);
+        // The event holds end point references: release them before the
+        // callback counts as finished, so that fini sees them gone.
         drop(ev);
         self.finish_callback();
     }
@@ -621,39 +620,94 @@ impl TmInner {
         if self.running.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        // The last running callback finished: deliver what waited for that
-        // (a deferred STOPPED) and wake fini and wait_stopped.
+        // The last running callback finished: deliver a STOPPED that
+        // waited for it, and wake fini and wait_stopped.
         let mut core = self.core.lock();
-        while self.running.load(Ordering::Acquire) == 0 {
-            let Some(ev) = core.deferred.pop_front() else {
-                break;
-            };
+        if core.stop_deferred && self.running.load(Ordering::Acquire) == 0 {
+            core.stop_deferred = false;
             self.running.fetch_add(1, Ordering::AcqRel);
             drop(core);
-            self.call_tm_cb(&ev);
-            drop(ev);
-            self.running.fetch_sub(1, Ordering::AcqRel);
-            core = self.core.lock();
+            self.deliver_stopped();
+            return;
         }
         drop(core);
         self.cond.notify_all();
     }
 
-    /// Completes every queued buffer with `Cancelled` (start failure,
-    /// transport's STOPPED with buffers left). Takes and releases the lock.
-    fn cancel_remaining(self: &Arc<Self>, core: MutexGuard<'_, TmCore>, why: &str) {
-        let left: Vec<Arc<Slot>> = core.slots.iter().cloned().collect();
-        drop(core);
-        if !left.is_empty() {
-            if why.is_empty() {
-                debug!(tm = %self.id, n = left.len(), "completing queued buffers with Cancelled");
-            } else {
-                error!(tm = %self.id, n = left.len(), "{why}: completing queued buffers with Cancelled");
+    /// Delivers STOPPED (counted as running by the caller): the state
+    /// becomes STOPPED as its event is delivered, as in Motr.
+    pub(crate) fn deliver_stopped(self: &Arc<Self>) {
+        let ev = {
+            let mut core = self.core.lock();
+            core.state = TmState::Stopped;
+            core.event_seq += 1;
+            TmEvent {
+                kind: TmEventKind::StateChange {
+                    state: TmState::Stopped,
+                    status: Ok(()),
+                    ep: None,
+                },
+                time: Instant::now(),
             }
+        };
+        debug!(tm = %self.id, "stopped");
+        self.cond.notify_all();
+        self.call_tm_cb(&ev);
+        drop(ev);
+        self.finish_callback();
+    }
+
+    /// Completes every queued buffer with `Cancelled` (a failed start).
+    /// Returns the callbacks to run once the lock is released.
+    fn cancel_all(self: &Arc<Self>, core: &mut TmCore) -> Vec<Delivery> {
+        let left: Vec<Arc<Slot>> = core.slots.iter().cloned().collect();
+        if !left.is_empty() {
+            debug!(tm = %self.id, n = left.len(), "completing queued buffers with Cancelled");
         }
-        for s in left {
-            self.post_buffer(&QueuedBuf(s), Post::Complete(Err(NetError::Cancelled)))
-                .run();
+        left.into_iter()
+            .map(|s| {
+                s.set(F_CANCEL);
+                self.post_locked(
+                    core,
+                    &QueuedBuf(s),
+                    Post::Complete(Err(NetError::Cancelled)),
+                )
+            })
+            .collect()
+    }
+
+    /// Ends a queued buffer's operation (cancel, timeout, stop): a buffer
+    /// the transport does not use is completed here, its callback run by
+    /// one of the transport's threads; one in use is the transport's to
+    /// end.
+    fn cancel_slot(self: &Arc<Self>, core: &mut TmCore, slot: &Arc<Slot>, reason: DelReason) {
+        let q = QueuedBuf(Arc::clone(slot));
+        if slot.flag(F_IN_USE) {
+            self.xprt.buf_del(&q, reason);
+            return;
+        }
+        let d = self.post_locked(core, &q, Post::Complete(Err(NetError::Cancelled)));
+        if d.is_pending() {
+            self.xprt.deliver(d);
+        }
+    }
+
+    /// The last buffer of a stopping transfer machine completed: the
+    /// transport releases its address and STOPPED is posted, to run after
+    /// the last running callback returned, or on one of the transport's
+    /// threads.
+    fn finish_stop(self: &Arc<Self>, core: &mut TmCore) {
+        if std::mem::replace(&mut core.stop_posted, true) {
+            return;
+        }
+        self.xprt.stopped();
+        if self.running.load(Ordering::Acquire) > 0 {
+            core.stop_deferred = true;
+        } else {
+            self.running.fetch_add(1, Ordering::AcqRel);
+            self.xprt.deliver(Delivery {
+                job: Some(Job::Stopped(Arc::clone(self))),
+            });
         }
     }
 
@@ -688,13 +742,17 @@ impl TmInner {
 
     pub(crate) fn post_start_failed(self: &Arc<Self>, error: NetError) {
         let mut core = self.core.lock();
-        if !matches!(core.state, TmState::Starting | TmState::Stopping) {
+        if core.state != TmState::Starting {
             debug!(tm = %self.id, state = ?core.state, "start failure ignored");
             return;
         }
         core.state = TmState::Failed;
         debug!(tm = %self.id, %error, "start failed");
-        self.cancel_remaining(core, "");
+        let done = self.cancel_all(&mut core);
+        drop(core);
+        for d in done {
+            d.run();
+        }
         let core = self.core.lock();
         self.emit_tm(
             core,
@@ -704,36 +762,6 @@ impl TmInner {
                 ep: None,
             },
         );
-    }
-
-    pub(crate) fn post_stopped(self: &Arc<Self>) {
-        let core = self.core.lock();
-        if core.state != TmState::Stopping {
-            warn!(tm = %self.id, state = ?core.state, "STOPPED posted outside STOPPING: ignored");
-            return;
-        }
-        self.cancel_remaining(core, "transport posted STOPPED with buffers still queued");
-        let mut core = self.core.lock();
-        core.state = TmState::Stopped;
-        debug!(tm = %self.id, "stopped");
-        let kind = TmEventKind::StateChange {
-            state: TmState::Stopped,
-            status: Ok(()),
-            ep: None,
-        };
-        if !core.sync && self.running.load(Ordering::Acquire) > 0 {
-            // Callbacks of buffer events are still running on other
-            // threads: STOPPED is delivered after the last of them.
-            core.event_seq += 1;
-            core.deferred.push_back(TmEvent {
-                kind,
-                time: Instant::now(),
-            });
-            drop(core);
-            self.cond.notify_all();
-            return;
-        }
-        self.emit_tm(core, kind);
     }
 
     pub(crate) fn post_error(self: &Arc<Self>, error: NetError) {
@@ -761,25 +789,21 @@ impl TmInner {
         }
     }
 
-    pub(crate) fn release_claim(&self, q: &QueuedBuf) {
-        let core = self.core.lock();
-        if let Some(s) = Self::live(&core, q) {
-            s.clear(F_IN_USE);
-            if core.state == TmState::Stopping && !s.flag(F_CANCEL) {
-                // The stop spared it because it was in use; it is not any
-                // more, so it goes now.
-                s.set(F_CANCEL);
-            }
-            if s.flag(F_CANCEL) {
-                // The deletion was deferred because the buffer was in use:
-                // ask again now that it is not.
-                let reason = if s.flag(F_TIMED_OUT) {
-                    DelReason::Timeout
-                } else {
-                    DelReason::Cancel
-                };
-                self.xprt.buf_del(&self.sink(), q, reason);
-            }
+    pub(crate) fn release_claim(self: &Arc<Self>, q: &QueuedBuf) {
+        let mut core = self.core.lock();
+        let Some(s) = Self::live(&core, q).cloned() else {
+            return;
+        };
+        s.clear(F_IN_USE);
+        if core.state == TmState::Stopping && !s.flag(F_CANCEL) {
+            // The stop spared it because it was in use; it is not any
+            // more, so it goes now.
+            s.set(F_CANCEL);
+        }
+        if s.flag(F_CANCEL) {
+            // A deletion arrived while the buffer was in use: now that it
+            // is not, the core completes it.
+            self.cancel_slot(&mut core, &s, DelReason::Cancel);
         }
     }
 
@@ -807,10 +831,23 @@ impl TmInner {
         }
     }
 
+    /// A report about a buffer from its transport: the callbacks to run.
     pub(crate) fn post_buffer(self: &Arc<Self>, q: &QueuedBuf, post: Post<'_>) -> Delivery {
-        let slot = &q.0;
         let mut core = self.core.lock();
-        if Self::live(&core, q).is_none() {
+        let d = self.post_locked(&mut core, q, post);
+        drop(core);
+        // For wait_event_after (cheap when nobody waits).
+        self.cond.notify_all();
+        d
+    }
+
+    /// Applies a report about a buffer (a completion, a message, a
+    /// released reservation), from the transport or from the core itself.
+    /// Returns the callbacks to run once the lock is released: the buffer's
+    /// pending events, or in synchronous mode the notify hook.
+    fn post_locked(self: &Arc<Self>, core: &mut TmCore, q: &QueuedBuf, post: Post<'_>) -> Delivery {
+        let slot = &q.0;
+        if Self::live(core, q).is_none() {
             trace!(tm = %self.id, token = slot.token, "event for a buffer no longer queued ignored");
             return Delivery::default();
         }
@@ -845,7 +882,7 @@ impl TmInner {
                     warn!(tm = %self.id, seq, "message for an unknown reservation ignored");
                     return Delivery::default();
                 };
-                let (status, len, sender) = match self.sender_ep(&mut core, sender) {
+                let (status, len, sender) = match self.sender_ep(core, sender) {
                     Ok(ep) => (Ok(()), len.min(c.len), Some(ep)),
                     Err(e) => {
                         warn!(tm = %self.id, sender, %e, "message from an unparseable sender address");
@@ -869,7 +906,7 @@ impl TmInner {
                         fin: c.fin,
                     }),
                 ));
-                (fin, redel) = self.drain_recv(&core, slot, &mut rs, now, &mut out);
+                (fin, redel) = self.drain_recv(core, slot, &mut rs, now, &mut out);
             }
             Post::Hole { seq } => {
                 let mut rs = slot.rs.lock();
@@ -886,27 +923,11 @@ impl TmInner {
                     }
                 }
                 rs.ready.push((seq, None));
-                (fin, redel) = self.drain_recv(&core, slot, &mut rs, now, &mut out);
+                (fin, redel) = self.drain_recv(core, slot, &mut rs, now, &mut out);
             }
         }
         if fin {
-            self.remove_slot(&mut core, slot);
-        } else if redel {
-            // Spared by a deletion or a stop while messages were being
-            // written into it; now idle, it goes.
-            if !slot.flag(F_CANCEL) {
-                slot.set(F_CANCEL);
-                core.stats[slot.queue.index()].dels += 1;
-            }
-            let reason = if slot.flag(F_TIMED_OUT) {
-                DelReason::Timeout
-            } else {
-                DelReason::Cancel
-            };
-            self.xprt.buf_del(&self.sink(), q, reason);
-        }
-        if out.is_empty() {
-            return Delivery::default();
+            self.remove_slot(core, slot);
         }
         for ev in out.iter() {
             core.stats[slot.queue.index()].record_event(
@@ -917,31 +938,37 @@ impl TmInner {
             trace!(tm = %self.id, token = slot.token, queue = %slot.queue, ok = ev.status.is_ok(), fin = ev.fin, "buffer event");
         }
         core.event_seq += out.len() as u64;
-        if core.sync {
-            self.queue_pending(
-                core,
-                out.into_iter().map(|ev| Pending::Buf(slot.clone(), ev)),
-            );
-            return Delivery::default();
-        }
-        self.running.fetch_add(out.len(), Ordering::AcqRel);
-        let start = {
+        let d = if out.is_empty() {
+            Delivery::default()
+        } else if core.sync {
+            self.queue_pending(core, out.into_iter().map(|ev| (Arc::clone(slot), ev)))
+        } else {
+            self.running.fetch_add(out.len(), Ordering::AcqRel);
             // Queued under the transfer machine's lock, so events of one
             // buffer are delivered in the order they were posted.
             let mut se = slot.events.lock();
             se.backlog.extend(out);
-            !std::mem::replace(&mut se.busy, true)
-        };
-        drop(core);
-        // For wait_event_after (cheap when nobody waits).
-        self.cond.notify_all();
-        if start {
-            Delivery {
-                job: Some(crate::xprt::Job::Buf(Arc::clone(self), Arc::clone(slot))),
+            if std::mem::replace(&mut se.busy, true) {
+                Delivery::default()
+            } else {
+                Delivery {
+                    job: Some(Job::Buf(Arc::clone(self), Arc::clone(slot))),
+                }
             }
-        } else {
-            Delivery::default()
+        };
+        if redel {
+            // Spared by a deletion or a stop while messages were being
+            // written into it; now idle, it goes (after the events above).
+            if !slot.flag(F_CANCEL) {
+                slot.set(F_CANCEL);
+                core.stats[slot.queue.index()].dels += 1;
+            }
+            self.cancel_slot(core, slot, DelReason::Cancel);
         }
+        if core.state == TmState::Stopping && core.slots.len() == 0 {
+            self.finish_stop(core);
+        }
+        d
     }
 
     /// Moves finished reservations of a receive buffer, in order, into
@@ -1108,7 +1135,6 @@ impl TmInner {
         if core.state != TmState::Started {
             return Err(PassiveError {
                 error: NetError::Unreachable(f.owner.clone()),
-                victim: None,
                 notice: Delivery::default(),
             });
         }
@@ -1129,66 +1155,52 @@ impl TmInner {
                 } else {
                     s.size
                 };
-                (f.queue != s.queue
+                if f.queue != s.queue
                     || f.len != len as u64
                     || core.own_addr.as_deref() != Some(f.owner.as_str())
-                    || f.actor != s.actor)
-                    .then(|| {
-                        NetError::InvalidDescriptor(
-                            "descriptor fields do not match the buffer it names".into(),
-                        )
+                    || f.actor != s.actor
+                {
+                    Some(NetError::InvalidDescriptor(
+                        "descriptor fields do not match the buffer it names".into(),
+                    ))
+                } else if s.queue.bulk_peer() != Some(active) {
+                    Some(NetError::WrongQueue {
+                        passive: s.queue,
+                        active,
                     })
+                } else if let Some(actor) = s.actor.as_deref().filter(|a| *a != requester) {
+                    Some(NetError::AccessDenied {
+                        requester: requester.to_string(),
+                        allowed: actor.to_string(),
+                    })
+                } else if s.queue == QueueType::PassiveBulkSend && active_size < s.length {
+                    Some(NetError::TooBig(format!(
+                        "active receive buffer of {active_size} bytes for {} bytes offered",
+                        s.length
+                    )))
+                } else if s.queue == QueueType::PassiveBulkRecv && active_size > s.size {
+                    Some(NetError::TooBig(format!(
+                        "active send of {active_size} bytes into a passive buffer of {} bytes",
+                        s.size
+                    )))
+                } else {
+                    None
+                }
             }
         };
-        if let Some(error) = reject {
-            core.rejected += 1;
-            debug!(tm = %self.id, requester, %error, "active bulk request rejected");
-            let notice = self.loss_event(core, error.clone());
-            return Err(PassiveError {
-                error,
-                victim: None,
-                notice,
-            });
-        }
-        let Some(slot) = found else {
-            return Err(PassiveError {
-                error: NetError::NoEntry,
-                victim: None,
-                notice: Delivery::default(),
-            });
-        };
-        let fail_both = if slot.queue.bulk_peer() != Some(active) {
-            Some(NetError::WrongQueue {
-                passive: slot.queue,
-                active,
-            })
-        } else if let Some(actor) = slot.actor.as_deref().filter(|a| *a != requester) {
-            Some(NetError::AccessDenied {
-                requester: requester.to_string(),
-                allowed: actor.to_string(),
-            })
-        } else if slot.queue == QueueType::PassiveBulkSend && active_size < slot.length {
-            Some(NetError::TooBig(format!(
-                "active receive buffer of {active_size} bytes for {} bytes offered",
-                slot.length
-            )))
-        } else if slot.queue == QueueType::PassiveBulkRecv && active_size > slot.size {
-            Some(NetError::TooBig(format!(
-                "active send of {active_size} bytes into a passive buffer of {} bytes",
-                slot.size
-            )))
-        } else {
-            None
+        let slot = match (reject, found) {
+            (None, Some(slot)) => slot,
+            (reject, _) => {
+                // Refused without touching the passive buffer: it stays
+                // queued for the transfer it was made for.
+                let error = reject.unwrap_or(NetError::NoEntry);
+                core.rejected += 1;
+                debug!(tm = %self.id, requester, %error, "active bulk request refused");
+                let notice = self.loss_event(core, error.clone());
+                return Err(PassiveError { error, notice });
+            }
         };
         slot.set(F_IN_USE);
-        if let Some(error) = fail_both {
-            debug!(tm = %self.id, requester, %error, "active bulk request breaks the descriptor's contract");
-            return Err(PassiveError {
-                error,
-                victim: Some(QueuedBuf(slot)),
-                notice: Delivery::default(),
-            });
-        }
         let len = if slot.queue == QueueType::PassiveBulkSend {
             slot.length
         } else {
@@ -1200,8 +1212,13 @@ impl TmInner {
         })
     }
 
-    pub(crate) fn expire_timeouts(&self, now: Instant) -> usize {
+    /// Expires every buffer whose deadline is at or before `now`: the core
+    /// completes idle ones (`TimedOut`) and asks the transport to end the
+    /// operations in flight. A deletion asked before never keeps a timeout
+    /// from firing. Returns how many buffers expired.
+    pub(crate) fn handle_timeout(self: &Arc<Self>, now: Instant) -> usize {
         let mut core = self.core.lock();
+        core.armed = None;
         let mut n = 0;
         while let Some(&(d, key)) = core.timers.first() {
             if d > now {
@@ -1209,16 +1226,15 @@ impl TmInner {
             }
             core.timers.pop_first();
             if let Some(slot) = core.slots.get(key).cloned()
-                && !slot.flag(F_CANCEL)
+                && !slot.flag(F_TIMED_OUT)
             {
                 slot.set(F_TIMED_OUT | F_CANCEL);
                 trace!(tm = %self.id, token = key, "buffer timed out");
-                self.xprt
-                    .buf_del(&self.sink(), &QueuedBuf(slot), DelReason::Timeout);
+                self.cancel_slot(&mut core, &slot, DelReason::Timeout);
                 n += 1;
             }
         }
-        self.update_earliest(&core);
+        self.update_earliest(&mut core);
         n
     }
 
@@ -1268,7 +1284,7 @@ impl TmInner {
                 )));
             }
         }
-        while self.running.load(Ordering::Acquire) > 0 || !core.deferred.is_empty() {
+        while self.running.load(Ordering::Acquire) > 0 || core.stop_deferred {
             self.cond.wait(&mut core);
         }
         core.state = TmState::Undefined;
@@ -1281,6 +1297,14 @@ impl TmInner {
         self.cond.notify_all();
         debug!(tm = %self.id, "finalised");
         Ok(())
+    }
+}
+
+impl TimerTarget for TmInner {
+    fn on_timer(&self, now: Instant) {
+        if let Some(me) = self.me.upgrade() {
+            me.handle_timeout(now);
+        }
     }
 }
 
@@ -1364,21 +1388,25 @@ impl TmHandle {
         }
         core.state = TmState::Starting;
         debug!(tm = %self.inner.id, addr, "starting");
-        match self.inner.xprt.start(&self.inner.sink(), addr) {
+        match self.inner.xprt.start(addr) {
             Ok(()) => Ok(()),
             Err(e) => {
                 core.state = TmState::Failed;
-                self.inner.cancel_remaining(core, "");
+                for d in self.inner.cancel_all(&mut core) {
+                    if d.is_pending() {
+                        self.inner.xprt.deliver(d);
+                    }
+                }
                 Err(e)
             }
         }
     }
 
     /// Stops the transfer machine. With `abort`, every queued buffer is
-    /// cancelled (in-flight operations too, where the transport can);
-    /// without, operations already in progress finish and the others are
-    /// cancelled. STOPPED follows as an event, after every buffer's
-    /// completion.
+    /// cancelled, operations in flight too (whatever was asked of them
+    /// before); without, operations already in progress finish and the
+    /// others are cancelled. STOPPED follows as an event, after every
+    /// buffer's completion, always from another thread.
     ///
     /// # Errors
     /// `WrongState` unless INITIALIZED, STARTING or STARTED; the transport's
@@ -1397,8 +1425,7 @@ impl TmHandle {
             });
         }
         core.state = TmState::Stopping;
-        let sink = self.inner.sink();
-        if let Err(e) = self.inner.xprt.stop(&sink, abort) {
+        if let Err(e) = self.inner.xprt.stop(abort) {
             core.state = old;
             return Err(e);
         }
@@ -1406,15 +1433,18 @@ impl TmHandle {
         let targets: Vec<Arc<Slot>> = core
             .slots
             .iter()
-            .filter(|s| !s.flag(F_CANCEL) && (abort || !s.flag(F_IN_USE)))
+            .filter(|s| abort || !s.flag(F_IN_USE))
             .cloned()
             .collect();
         for s in targets {
-            s.set(F_CANCEL);
-            core.stats[s.queue.index()].dels += 1;
-            self.inner
-                .xprt
-                .buf_del(&sink, &QueuedBuf(s), DelReason::Stop { abort });
+            if !s.flag(F_CANCEL) {
+                s.set(F_CANCEL);
+                core.stats[s.queue.index()].dels += 1;
+            }
+            self.inner.cancel_slot(&mut core, &s, DelReason::Stop);
+        }
+        if core.state == TmState::Stopping && core.slots.len() == 0 {
+            self.inner.finish_stop(&mut core);
         }
         Ok(())
     }
@@ -1540,6 +1570,7 @@ impl TmHandle {
         let deadline = buf.timeout();
         let now = Instant::now();
         if let Some(d) = deadline {
+            let now = self.inner.dom.clock.now();
             if !caps.timeouts {
                 return Err((
                     NetError::Unsupported {
@@ -1597,7 +1628,6 @@ impl TmHandle {
             None => unreachable!("slot inserted above"),
         };
         let q = QueuedBuf(Arc::clone(&slot));
-        let sink = self.inner.sink();
         let undo = |core: &mut TmCore, e: NetError| {
             core.slots.remove(key);
             let buffer = slot.buf.lock().take().expect(
@@ -1637,12 +1667,12 @@ impl TmHandle {
         // then find the new earliest deadline.
         if let Some(d) = deadline {
             core.timers.insert((d, key));
-            self.inner.update_earliest(&core);
+            self.inner.update_earliest(&mut core);
         }
-        if let Err(e) = self.inner.xprt.buf_add(&sink, &q) {
+        if let Err(e) = self.inner.xprt.buf_add(&q) {
             if let Some(d) = deadline {
                 core.timers.remove(&(d, key));
-                self.inner.update_earliest(&core);
+                self.inner.update_earliest(&mut core);
             }
             return Err(undo(&mut core, e));
         }
@@ -1730,9 +1760,12 @@ impl TmHandle {
             .map(|a| a.token)
     }
 
-    /// Cancels a queued buffer. Returns `Ok(true)` when the buffer was
-    /// queued: it will complete (with `Cancelled` unless its operation
-    /// finishes first), always on another thread or later. Returns
+    /// Cancels a queued buffer, in any state it can be queued in. Returns
+    /// `Ok(true)` when the buffer was queued: it will complete (with
+    /// `Cancelled` unless its operation finishes first), always on another
+    /// thread or later. An operation in flight is ended (the transport
+    /// aborts the transfer and tells the peer where it can); the buffer's
+    /// timeout stays armed. Returns
     /// `Ok(false)` when it was not queued (already completed, or a deletion
     /// is already under way): a no-op.
     ///
@@ -1753,9 +1786,7 @@ impl TmHandle {
         slot.set(F_CANCEL);
         core.stats[slot.queue.index()].dels += 1;
         trace!(tm = %self.inner.id, token = token.key, "del");
-        self.inner
-            .xprt
-            .buf_del(&self.inner.sink(), &QueuedBuf(slot), DelReason::Cancel);
+        self.inner.cancel_slot(&mut core, &slot, DelReason::Cancel);
         Ok(true)
     }
 
@@ -1836,9 +1867,10 @@ impl TmHandle {
         self.inner.core.lock().rejected
     }
 
-    /// Switches to synchronous event delivery: events wait until
-    /// [`TmHandle::deliver_all`] runs them on the caller's thread. Only in
-    /// INITIALIZED.
+    /// Switches to synchronous event delivery: buffer events wait until
+    /// [`TmHandle::deliver_all`] runs them on the caller's thread (transfer
+    /// machine events, state changes and errors, are delivered as in the
+    /// default mode, as Motr does). Only in INITIALIZED.
     ///
     /// # Errors
     /// `Unsupported` if the transport cannot, `WrongState` otherwise.
@@ -1902,15 +1934,8 @@ impl TmHandle {
                     None => break,
                 }
             };
-            match item {
-                Pending::Buf(slot, ev) => self.inner.dispatch_buffer(&slot, ev),
-                Pending::Tm(ev, loss) => {
-                    if loss {
-                        self.inner.loss_pending.store(false, Ordering::Release);
-                    }
-                    self.inner.call_tm_cb(&ev);
-                }
-            }
+            let (slot, ev) = item;
+            self.inner.dispatch_buffer(&slot, ev);
             self.inner.finish_callback();
             n += 1;
         }
@@ -1952,6 +1977,20 @@ impl TmHandle {
             });
         }
         self.inner.xprt.confine(cpus)
+    }
+
+    /// The earliest deadline of a queued buffer, if any (lock-free).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.inner.next_deadline()
+    }
+
+    /// Expires every buffer whose deadline is at or before `now` (time as
+    /// an input: the domain's [`Clock`](crate::Clock) calls this by itself;
+    /// call it directly to drive timeouts by hand). Idle buffers complete
+    /// with `TimedOut`; operations in flight are ended by the transport.
+    /// No callback runs on the calling thread. Returns how many expired.
+    pub fn handle_timeout(&self, now: Instant) -> usize {
+        self.inner.handle_timeout(now)
     }
 
     /// Number of events posted so far (buffer and transfer machine events).
@@ -2027,14 +2066,14 @@ impl TmHandle {
         loop {
             let settled = matches!(core.state, TmState::Stopped | TmState::Failed)
                 && self.inner.running.load(Ordering::Acquire) == 0
-                && core.deferred.is_empty();
+                && !core.stop_deferred;
             if settled {
                 return Ok(());
             }
             if self.inner.cond.wait_until(&mut core, deadline).timed_out() {
                 let settled = matches!(core.state, TmState::Stopped | TmState::Failed)
                     && self.inner.running.load(Ordering::Acquire) == 0
-                    && core.deferred.is_empty();
+                    && !core.stop_deferred;
                 return if settled {
                     Ok(())
                 } else {
@@ -2042,6 +2081,40 @@ impl TmHandle {
                 };
             }
         }
+    }
+}
+
+/// Stands in for a transport whose `tm_init` failed, while the half-built
+/// transfer machine is dropped. Never started.
+#[derive(Debug)]
+struct Unmade;
+
+impl XprtTm for Unmade {
+    fn start(&self, _addr: &str) -> Result<()> {
+        Err(NetError::WrongState {
+            op: "start",
+            state: TmState::Undefined,
+        })
+    }
+    fn stop(&self, _abort: bool) -> Result<()> {
+        Ok(())
+    }
+    fn fini(&self) {}
+    fn ep_parse(&self, addr: &str) -> Result<crate::xprt::EpAddr> {
+        Err(NetError::InvalidAddress {
+            addr: addr.to_string(),
+            reason: "transfer machine not made".into(),
+        })
+    }
+    fn buf_add(&self, _buf: &QueuedBuf) -> Result<()> {
+        Err(NetError::WrongState {
+            op: "add",
+            state: TmState::Undefined,
+        })
+    }
+    fn buf_del(&self, _buf: &QueuedBuf, _reason: DelReason) {}
+    fn deliver(&self, delivery: Delivery) {
+        delivery.run();
     }
 }
 
@@ -2079,11 +2152,19 @@ impl TransferMachine {
     /// The transport's failure.
     pub fn new(dom: &Domain, callback: Arc<TmCallback>) -> Result<Self> {
         let id = TmId(next_id());
-        let xprt = dom.inner.xprt.tm_init(id)?;
-        let inner = Arc::new_cyclic(|me| TmInner {
+        let mut failed = None;
+        let inner = Arc::new_cyclic(|me: &Weak<TmInner>| TmInner {
             id,
             dom: Arc::clone(&dom.inner),
-            xprt,
+            // The transport gets its sink at creation: a weak reference to
+            // the transfer machine being built here.
+            xprt: match dom.inner.xprt.tm_init(id, TmSink { tm: me.clone(), id }) {
+                Ok(x) => x,
+                Err(e) => {
+                    failed = Some(e);
+                    Box::new(Unmade)
+                }
+            },
             core: Mutex::new(TmCore {
                 state: TmState::Initialized,
                 slots: Slab::default(),
@@ -2098,8 +2179,10 @@ impl TransferMachine {
                 sync: false,
                 pending: VecDeque::new(),
                 notify: None,
-                deferred: VecDeque::new(),
+                stop_posted: false,
+                stop_deferred: false,
                 timers: BTreeSet::new(),
+                armed: None,
                 no_buffers: 0,
                 rejected: 0,
                 event_seq: 0,
@@ -2112,6 +2195,9 @@ impl TransferMachine {
             loss_pending: AtomicBool::new(false),
             me: me.clone(),
         });
+        if let Some(e) = failed {
+            return Err(e);
+        }
         dom.inner.tms.fetch_add(1, Ordering::AcqRel);
         debug!(tm = %id, dom = dom.inner.id, "transfer machine init");
         Ok(Self {

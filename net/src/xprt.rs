@@ -10,10 +10,24 @@
 //!   parsing, buffer add and delete.
 //!
 //! The core does all the bookkeeping (queues, flags, statistics, end point
-//! references, event delivery, descriptor encoding, exactly-once completion)
-//! and calls the transport with the locks documented on each method. The
-//! transport reports through a [`TmSink`]: state changes, buffer completions,
-//! received messages, errors. It never calls application code itself.
+//! references, event delivery, descriptor encoding, exactly-once completion,
+//! buffer timeouts, cancellation of idle buffers and the stop sequence) and
+//! calls the transport with the locks documented on each method. The
+//! transport reports through the [`TmSink`] it is given when the transfer
+//! machine is created: its start, buffer completions, received messages,
+//! errors. It never calls application code itself, except by running a
+//! [`Delivery`] the core hands it.
+//!
+//! # What a transport still does itself
+//!
+//! Move bytes: start an operation when a buffer is added, claim receive and
+//! passive buffers for incoming requests, complete what it started, and end
+//! an operation in flight when the core asks ([`XprtTm::buf_del`] is only
+//! called for buffers the transport is using). Run the core's deliveries on
+//! its own threads ([`XprtTm::deliver`]). Release its address when the core
+//! says the transfer machine stopped ([`XprtTm::stopped`]). Everything else
+//! (which buffers a cancel, a timeout or a stop reaches, when STOPPED is
+//! posted, the clock) is the core's.
 //!
 //! # Locks held on entry
 //!
@@ -21,7 +35,7 @@
 //! |---|---|
 //! | [`Transport::dom_init`] | none |
 //! | [`XprtDomain::buf_register`], [`XprtDomain::buf_deregister`], [`XprtDomain::tm_init`], [`XprtDomain::fini`] | none (domain state is atomic) |
-//! | [`XprtTm::start`], [`XprtTm::stop`], [`XprtTm::ep_parse`], [`XprtTm::desc_extra`], [`XprtTm::buf_add`], [`XprtTm::buf_del`], [`XprtTm::confine`] | the transfer machine's lock |
+//! | [`XprtTm::start`], [`XprtTm::stop`], [`XprtTm::stopped`], [`XprtTm::ep_parse`], [`XprtTm::desc_extra`], [`XprtTm::buf_add`], [`XprtTm::buf_del`], [`XprtTm::deliver`], [`XprtTm::confine`] | the transfer machine's lock |
 //! | [`XprtTm::fini`] | none |
 //!
 //! While the transfer machine's lock is held the transport must not block,
@@ -33,27 +47,28 @@
 //!
 //! # Exactly one completion
 //!
-//! Every buffer the core hands to [`XprtTm::buf_add`] must eventually be
-//! completed through [`TmSink::complete`] (or, for a message receive buffer,
-//! by the final [`TmSink::post_msg`]). The core ignores completions of
-//! buffers that already completed, so a transport that races a cancellation
-//! against a normal completion may post both. As a safety net, when the
-//! transport posts `STOPPED` (or a start fails) the core completes any buffer
-//! still queued with `Cancelled` and logs the transport's mistake.
+//! A buffer the transport never touched is the core's to complete: a
+//! cancel, a timeout or a stop completes it at once (its callback runs
+//! through [`XprtTm::deliver`]). A buffer the transport uses (after
+//! [`TmSink::begin_use`], a receive claim or a passive claim) must be
+//! completed by the transport through [`TmSink::complete`] (or, for a
+//! message receive buffer, by the final [`TmSink::post_msg`]), and promptly
+//! once [`XprtTm::buf_del`] asked. The core ignores completions of buffers
+//! that already completed, so a transport that races a cancellation against
+//! a normal completion may post both. The core posts STOPPED itself when
+//! the last buffer of a stopping transfer machine completed.
 
 use std::any::Any;
 use std::fmt;
-use std::sync::{Arc, Weak};
-use std::time::Instant;
-
-use parking_lot::MappedMutexGuard;
+use std::sync::Arc;
 
 use crate::bufvec::BufVec;
-use crate::desc::DescFields;
-use crate::ep::EndPoint;
 use crate::error::{NetError, Result};
-use crate::queue::QueueType;
-use crate::tm::{BufToken, RecvParams, Slot, TmId, TmInner, TmState};
+use crate::tm::TmId;
+
+pub use crate::sink::{
+    ClaimError, Delivery, PassiveClaim, PassiveError, QueuedBuf, RecvClaim, TmSink,
+};
 
 /// Transport-private data attached to buffers and end points.
 pub type XprtData = Arc<dyn Any + Send + Sync>;
@@ -104,8 +119,9 @@ pub struct Caps {
     pub sync_delivery: bool,
     /// Several messages may land in one receive buffer.
     pub multi_message: bool,
-    /// Buffer timeouts are enforced (the transport drives
-    /// [`TmSink::expire_timeouts`]).
+    /// Buffer timeouts are enforced: the transport ends an operation in
+    /// flight when [`XprtTm::buf_del`] says [`DelReason::Timeout`] (the
+    /// core's clock decides when).
     pub timeouts: bool,
     /// The transfer machine's threads can be confined to CPUs.
     pub confine: bool,
@@ -178,12 +194,9 @@ pub enum DelReason {
     /// The buffer's timeout expired (complete with `Cancelled`; the core
     /// reports `TimedOut`).
     Timeout,
-    /// The transfer machine is stopping.
-    Stop {
-        /// Stop with abort: in-flight operations should be aborted if the
-        /// transport can.
-        abort: bool,
-    },
+    /// The transfer machine is stopping with abort (a stop without abort
+    /// lets operations in flight finish and never asks).
+    Stop,
 }
 
 /// A transport: the factory of its domains.
@@ -224,11 +237,12 @@ pub trait XprtDomain: Send + Sync + fmt::Debug {
         drop(reg);
     }
 
-    /// Creates the transport's state for a new transfer machine.
+    /// Creates the transport's state for a new transfer machine. `sink` is
+    /// its end of the core for the transfer machine's whole life: keep it.
     ///
     /// # Errors
     /// Resource exhaustion.
-    fn tm_init(&self, tm: TmId) -> Result<Box<dyn XprtTm>>;
+    fn tm_init(&self, tm: TmId, sink: TmSink) -> Result<Box<dyn XprtTm>>;
 
     /// Releases the domain's state; called once, after every transfer
     /// machine and buffer of the domain is gone.
@@ -240,21 +254,28 @@ pub trait XprtDomain: Send + Sync + fmt::Debug {
 pub trait XprtTm: Send + Sync + fmt::Debug {
     /// Starts the transfer machine at `addr`. Must post
     /// [`TmSink::post_started`] or [`TmSink::post_start_failed`] later, from
-    /// another thread (never from inside this call). `sink` may be kept.
+    /// another thread (never from inside this call).
     ///
     /// # Errors
     /// A synchronous failure (invalid or busy address): the core moves the
     /// transfer machine to FAILED.
-    fn start(&self, sink: &TmSink, addr: &str) -> Result<()>;
+    fn start(&self, addr: &str) -> Result<()>;
 
-    /// Stops the transfer machine. The core has already asked for every
-    /// buffer to be deleted as the stop mode requires. Must complete every
-    /// queued buffer and then post [`TmSink::post_stopped`] from another
-    /// thread. May be called in INITIALIZED, STARTING or STARTED.
+    /// The transfer machine is stopping: accept no new work. The core then
+    /// completes every idle buffer itself and asks (through
+    /// [`XprtTm::buf_del`]) for the operations in flight to end, all of
+    /// them with `abort`, none without (they finish normally). May be
+    /// called in INITIALIZED, STARTING or STARTED.
     ///
     /// # Errors
     /// A failure to stop; the core restores the previous state.
-    fn stop(&self, sink: &TmSink, abort: bool) -> Result<()>;
+    fn stop(&self, abort: bool) -> Result<()>;
+
+    /// Every buffer completed after a stop: release the address (so that
+    /// another transfer machine may start there) and forget the transfer
+    /// machine's work. Called once, before STOPPED is posted. Must not
+    /// block.
+    fn stopped(&self) {}
 
     /// Releases the transfer machine's resources (joins threads). Called
     /// without locks, after STOPPED or FAILED, or in INITIALIZED, with no
@@ -283,12 +304,23 @@ pub trait XprtTm: Send + Sync + fmt::Debug {
     /// # Errors
     /// A refusal; the core hands the buffer back to the application and
     /// will never accept a completion for it.
-    fn buf_add(&self, sink: &TmSink, buf: &QueuedBuf) -> Result<()>;
+    fn buf_add(&self, buf: &QueuedBuf) -> Result<()>;
 
-    /// Asks for a queued buffer to be cancelled. The transport completes it
-    /// with `Cancelled` if the operation has not started, and may let an
-    /// in-flight operation finish normally. Never completes inline.
-    fn buf_del(&self, sink: &TmSink, buf: &QueuedBuf, reason: DelReason);
+    /// Ends the operation of a buffer the transport is using (the core
+    /// completes idle buffers itself): a cancel, a timeout, or a stop with
+    /// abort. The transport aborts the transfer (telling the peer where the
+    /// protocol can) and completes the buffer with `Cancelled` (reported as
+    /// `TimedOut` after a timeout), or lets an operation that is about to
+    /// finish complete normally. Either way the buffer must complete
+    /// promptly. May be called again for the same buffer (a timeout after a
+    /// cancel, a stop after either). Never completes inline.
+    fn buf_del(&self, buf: &QueuedBuf, reason: DelReason);
+
+    /// Runs `delivery` (callbacks the core decided: a buffer cancelled or
+    /// timed out by the core, the STOPPED event) soon on one of the
+    /// transfer machine's threads, never inline. Called from any state,
+    /// INITIALIZED included. Must not block.
+    fn deliver(&self, delivery: Delivery);
 
     /// Confines the transfer machine's threads to the given CPUs; called in
     /// INITIALIZED only, and only when [`Caps::confine`] is set.
@@ -301,434 +333,5 @@ pub trait XprtTm: Send + Sync + fmt::Debug {
             transport: "unknown",
             what: "confine",
         })
-    }
-}
-
-/// The transport's view of a queued buffer: what the operation needs, and
-/// access to the memory.
-///
-/// Cheap to clone. A transport keeps clones in its work queues; they stay
-/// valid (for reading parameters) after the buffer completed, but its data
-/// is gone once the completion handed the buffer back.
-#[derive(Clone)]
-pub struct QueuedBuf(pub(crate) Arc<Slot>);
-
-impl fmt::Debug for QueuedBuf {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("QueuedBuf")
-            .field("token", &self.0.token)
-            .field("queue", &self.0.queue)
-            .finish()
-    }
-}
-
-impl QueuedBuf {
-    /// The token the application got from its add.
-    pub fn token(&self) -> BufToken {
-        BufToken {
-            tm: self.0.tm_id,
-            key: self.0.token,
-        }
-    }
-
-    /// The queue the buffer is on.
-    pub fn queue(&self) -> QueueType {
-        self.0.queue
-    }
-
-    /// Bytes to send (message send, passive bulk send, active bulk send);
-    /// 0 for the receive queues.
-    pub fn length(&self) -> usize {
-        self.0.length
-    }
-
-    /// Capacity of the buffer in bytes.
-    pub fn size(&self) -> usize {
-        self.0.size
-    }
-
-    /// The destination of a message send (until the buffer completed).
-    pub fn end_point(&self) -> Option<EndPoint> {
-        self.0.ep.lock().clone()
-    }
-
-    /// The decoded descriptor of an active bulk buffer.
-    pub fn desc(&self) -> Option<&DescFields> {
-        self.0.desc.as_deref()
-    }
-
-    /// Receive parameters of a message receive buffer.
-    pub fn recv_params(&self) -> RecvParams {
-        self.0.recv
-    }
-
-    /// Absolute timeout of the buffer, if any.
-    pub fn deadline(&self) -> Option<Instant> {
-        self.0.deadline
-    }
-
-    /// What [`XprtDomain::buf_register`] returned for this buffer.
-    pub fn reg(&self) -> Option<&XprtData> {
-        self.0.reg.as_ref()
-    }
-
-    /// True once a deletion (cancel, timeout or stop) was requested.
-    pub fn is_cancelled(&self) -> bool {
-        self.0.flag(crate::tm::F_CANCEL)
-    }
-
-    /// True while the transport uses the buffer (between
-    /// [`TmSink::begin_use`] or a claim and the completion).
-    pub fn is_in_use(&self) -> bool {
-        self.0.flag(crate::tm::F_IN_USE)
-    }
-
-    /// Locks the buffer's memory. `None` once the buffer was handed back.
-    ///
-    /// Data locks are the lowest locks of the hierarchy: take one with no
-    /// other lock held, or under the transfer machine's lock or a transport
-    /// lock, never the other way round. When two are held (a copy between
-    /// buffers), lock the source (sending) buffer first.
-    pub fn data(&self) -> Option<MappedMutexGuard<'_, BufVec>> {
-        parking_lot::MutexGuard::try_map(self.0.buf.lock(), |b| {
-            b.as_mut().map(|nb| nb.bufvec_mut())
-        })
-        .ok()
-    }
-}
-
-/// A region of a receive buffer reserved for one incoming message
-/// ([`TmSink::claim_recv`]). Hand it back with [`TmSink::post_msg`] once
-/// the message is written, or [`TmSink::release_recv`] if it could not be.
-///
-/// Several claims on one multi-message buffer may be outstanding at once
-/// (their regions are disjoint); their events are delivered in claim order.
-#[derive(Debug)]
-#[must_use = "a claim must be posted or released, or the buffer never completes"]
-pub struct RecvClaim {
-    /// The receive buffer.
-    pub buf: QueuedBuf,
-    /// Where the message goes in the buffer.
-    pub offset: usize,
-    /// Bytes reserved.
-    pub len: usize,
-    pub(crate) seq: u64,
-}
-
-/// Why no receive buffer could be claimed.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum ClaimError {
-    /// The transfer machine is not started (the sender should see
-    /// `Unreachable`).
-    NotStarted,
-    /// No receive buffer is free. Already counted (MSG_RECV failed events,
-    /// [`TmHandle::no_buffer_drops`](crate::TmHandle::no_buffer_drops)).
-    /// `notice` is the receiving transfer machine's `NoBuffers` error event
-    /// (empty when one is already pending: loss events are coalesced); run
-    /// it on a thread of the receiving transfer machine, not the sender's.
-    NoBuffers {
-        /// The receiver's error event.
-        notice: Delivery,
-    },
-    /// The message is larger than any empty receive buffer. `victim`, the
-    /// first such buffer, is claimed for the transport, which must complete
-    /// it with [`NetError::MessageTooLarge`] (as the sender will be).
-    TooLarge {
-        /// The receive buffer to fail.
-        victim: QueuedBuf,
-        /// Its capacity.
-        space: usize,
-    },
-}
-
-/// A passive buffer claimed for an active bulk request
-/// ([`TmSink::claim_passive`]).
-#[derive(Debug)]
-pub struct PassiveClaim {
-    /// The passive buffer, now in use by the transport.
-    pub buf: QueuedBuf,
-    /// Number of bytes to transfer.
-    pub len: usize,
-}
-
-/// A refused active bulk request.
-#[derive(Debug)]
-pub struct PassiveError {
-    /// The status the active buffer completes with.
-    pub error: NetError,
-    /// The passive buffer, when the request named it correctly but broke
-    /// its contract (wrong queue pairing, wrong end point, sizes): it is
-    /// claimed for the transport, which must complete it with the same
-    /// error. `None` when the passive buffer is untouched.
-    pub victim: Option<QueuedBuf>,
-    /// For a request refused without touching a buffer (stale, forged or
-    /// edited descriptor, busy buffer): the passive transfer machine's
-    /// error event (coalesced; possibly empty), to run on one of its own
-    /// threads.
-    pub notice: Delivery,
-}
-
-/// The core's end of a transfer machine, handed to the transport.
-///
-/// Cheap to clone; holds the transfer machine weakly, so a transport keeping
-/// one never keeps a finalised transfer machine alive. Every method may be
-/// called from any thread, but never while holding the transfer machine's
-/// lock (that is, never from inside an [`XprtTm`] method of the same
-/// transfer machine).
-#[derive(Clone)]
-pub struct TmSink {
-    pub(crate) tm: Weak<TmInner>,
-    pub(crate) id: TmId,
-}
-
-impl fmt::Debug for TmSink {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TmSink").field("tm", &self.id).finish()
-    }
-}
-
-impl TmSink {
-    fn with<R>(&self, f: impl FnOnce(&Arc<TmInner>) -> R) -> Option<R> {
-        self.tm.upgrade().map(|tm| f(&tm))
-    }
-
-    /// The transfer machine this sink reports to.
-    pub fn tm_id(&self) -> TmId {
-        self.id
-    }
-
-    /// The transfer machine's state, or `None` once it is gone.
-    pub fn state(&self) -> Option<TmState> {
-        self.with(|tm| tm.state())
-    }
-
-    /// Number of buffers currently queued.
-    pub fn queued(&self) -> usize {
-        self.with(|tm| tm.queued()).unwrap_or(0)
-    }
-
-    /// Start succeeded; `addr` is the transfer machine's own canonical
-    /// address (with a real port if the application asked for port 0). A
-    /// STARTED that arrives after a stop began is ignored: a stop never
-    /// loses to a late start.
-    pub fn post_started(&self, addr: &str) {
-        self.with(|tm| tm.post_started(addr));
-    }
-
-    /// Start failed; the transfer machine goes to FAILED and every buffer
-    /// still queued completes with `Cancelled`.
-    pub fn post_start_failed(&self, error: NetError) {
-        self.with(|tm| tm.post_start_failed(error));
-    }
-
-    /// Stop finished: every buffer was completed and no transport thread
-    /// will touch the transfer machine's buffers again.
-    pub fn post_stopped(&self) {
-        self.with(|tm| tm.post_stopped());
-    }
-
-    /// Reports an error outside any buffer's context.
-    pub fn post_error(&self, error: NetError) {
-        self.with(|tm| tm.post_error(error));
-    }
-
-    /// Reports a transport-specific diagnostic.
-    pub fn post_diagnostic(&self, text: String) {
-        self.with(|tm| tm.post_diagnostic(text));
-    }
-
-    /// Marks a queued buffer in use before the transport starts working on
-    /// it. Returns false when the buffer was cancelled or completed: the
-    /// transport must then leave it alone (its cancellation completes it).
-    pub fn begin_use(&self, buf: &QueuedBuf) -> bool {
-        self.with(|tm| tm.begin_use(buf)).unwrap_or(false)
-    }
-
-    /// Gives back an exclusive claim ([`TmSink::begin_use`] or
-    /// [`TmSink::claim_passive`]) without completing the buffer: it stays
-    /// queued and available. If a deletion or a stop arrived meanwhile, the
-    /// transport is asked again (through [`XprtTm::buf_del`]) to complete
-    /// it.
-    pub fn release_claim(&self, buf: &QueuedBuf) {
-        self.with(|tm| tm.release_claim(buf));
-    }
-
-    /// Completes a buffer: `Ok(len)` with the bytes moved (received length
-    /// for the receive queues, sent length for the others), or the failure.
-    /// A `Cancelled` status on a buffer whose timeout expired is reported as
-    /// `TimedOut`. The callback runs on the calling thread, unless the
-    /// transfer machine is in synchronous delivery mode.
-    pub fn complete(&self, buf: &QueuedBuf, status: Result<usize>) {
-        self.complete_deferred(buf, status).run();
-    }
-
-    /// Like [`TmSink::complete`], but returns the callback to run as a
-    /// [`Delivery`], so the transport can run it on a thread of its choice
-    /// (for example the receiving transfer machine's own worker).
-    pub fn complete_deferred(&self, buf: &QueuedBuf, status: Result<usize>) -> Delivery {
-        self.with(|tm| tm.post_buffer(buf, crate::tm::Post::Complete(status)))
-            .unwrap_or_default()
-    }
-
-    /// Reports a message of `len` bytes (at most the claimed length) written
-    /// at `claim.offset`, sent by `sender` (a canonical address). The core
-    /// decides whether the buffer stays queued for more messages (it does
-    /// while it has at least its minimum receive size left, has received
-    /// fewer than its maximum number of messages, and was neither cancelled
-    /// nor stopped). The callbacks run on the calling thread, unless in
-    /// synchronous delivery mode.
-    pub fn post_msg(&self, claim: RecvClaim, len: usize, sender: &str) {
-        self.post_msg_deferred(claim, len, sender).run();
-    }
-
-    /// Like [`TmSink::post_msg`], returning the callbacks as a [`Delivery`].
-    pub fn post_msg_deferred(&self, claim: RecvClaim, len: usize, sender: &str) -> Delivery {
-        self.with(|tm| {
-            tm.post_buffer(
-                &claim.buf,
-                crate::tm::Post::Msg {
-                    seq: claim.seq,
-                    len,
-                    sender,
-                },
-            )
-        })
-        .unwrap_or_default()
-    }
-
-    /// Gives back a receive claim whose message could not be written (for
-    /// example, it arrived truncated). No event is posted for it; its space
-    /// is reused if it was the buffer's last reservation.
-    pub fn release_recv(&self, claim: RecvClaim) {
-        self.with(|tm| tm.post_buffer(&claim.buf, crate::tm::Post::Hole { seq: claim.seq }))
-            .unwrap_or_default()
-            .run();
-    }
-
-    /// Claims space for an incoming message of `len` bytes in the first
-    /// queued message receive buffer (in add order) that is not cancelled,
-    /// not closed to further messages, and has `len` bytes left.
-    ///
-    /// # Errors
-    /// See [`ClaimError`]. `NoBuffers` is counted and reported here.
-    pub fn claim_recv(&self, len: usize) -> std::result::Result<RecvClaim, ClaimError> {
-        self.with(|tm| tm.claim_recv(len))
-            .unwrap_or(Err(ClaimError::NotStarted))
-    }
-
-    /// Validates an active bulk request against the passive buffer its
-    /// descriptor names, and claims that buffer. `requester` is the
-    /// canonical address of the active transfer machine, `active` its queue,
-    /// `active_size` the capacity of its buffer (active receive) or the
-    /// bytes it sends (active send).
-    ///
-    /// Checked, in order: the transfer machine is started; the buffer
-    /// exists with the descriptor's generation and cookie, not cancelled,
-    /// not in use (else `NoEntry`, or `Busy`); the descriptor's other fields
-    /// match the buffer (else `InvalidDescriptor`); queue pairing (else
-    /// `WrongQueue`), allowed end point (else `AccessDenied`) and sizes
-    /// (else `TooBig`), which fail the passive buffer too. Rejections that
-    /// leave the passive buffer alone are reported to its transfer machine
-    /// as error events.
-    ///
-    /// # Errors
-    /// See [`PassiveError`].
-    pub fn claim_passive(
-        &self,
-        fields: &DescFields,
-        requester: &str,
-        active: QueueType,
-        active_size: usize,
-    ) -> std::result::Result<PassiveClaim, PassiveError> {
-        self.with(|tm| tm.claim_passive(fields, requester, active, active_size))
-            .unwrap_or_else(|| {
-                Err(PassiveError {
-                    error: NetError::Unreachable(fields.owner.clone()),
-                    victim: None,
-                    notice: Delivery::default(),
-                })
-            })
-    }
-
-    /// The earliest buffer deadline, if any buffer has one. Lock-free.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        self.with(|tm| tm.next_deadline()).flatten()
-    }
-
-    /// Asks the transport (through [`XprtTm::buf_del`] with
-    /// [`DelReason::Timeout`]) to cancel every buffer whose deadline is at
-    /// or before `now`. Returns how many were expired. Harmless to call
-    /// early or often.
-    pub fn expire_timeouts(&self, now: Instant) -> usize {
-        self.with(|tm| tm.expire_timeouts(now)).unwrap_or(0)
-    }
-
-    /// The queued buffer with this token, if it is still queued on this
-    /// transfer machine.
-    pub fn lookup(&self, token: BufToken) -> Option<QueuedBuf> {
-        self.with(|tm| tm.lookup(token)).flatten()
-    }
-}
-
-/// Callbacks the core has decided, waiting to run: the pending events of a
-/// buffer, or a transfer machine's loss event.
-///
-/// Returned by the `*_deferred` posting methods (and carried by
-/// [`ClaimError::NoBuffers`] and [`PassiveError`]) so a transport can run
-/// the application's callbacks on a thread of the transfer machine they
-/// belong to. Running it (or dropping it: `Drop` runs it) delivers every
-/// event pending for that buffer, in order; an empty delivery does nothing.
-#[must_use = "a Delivery runs the application's callback; run it (dropping it also runs it)"]
-#[derive(Default)]
-pub struct Delivery {
-    pub(crate) job: Option<Job>,
-}
-
-/// What a delivery runs.
-pub(crate) enum Job {
-    /// The pending events of one buffer.
-    Buf(Arc<TmInner>, Arc<Slot>),
-    /// A transfer machine's (loss) event; boxed, as they are rare and a
-    /// `Delivery` is moved around a lot.
-    Tm(Arc<TmInner>, Box<crate::tm::TmEvent>),
-}
-
-impl Job {
-    fn run(self) {
-        match self {
-            Self::Buf(tm, slot) => tm.run_delivery(&slot),
-            Self::Tm(tm, ev) => tm.run_loss_event(*ev),
-        }
-    }
-}
-
-impl fmt::Debug for Delivery {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Delivery")
-            .field("pending", &self.job.is_some())
-            .finish()
-    }
-}
-
-impl Delivery {
-    /// Runs the callbacks now, on this thread.
-    pub fn run(mut self) {
-        if let Some(job) = self.job.take() {
-            job.run();
-        }
-    }
-
-    /// True when running it would call the application.
-    pub fn is_pending(&self) -> bool {
-        self.job.is_some()
-    }
-}
-
-impl Drop for Delivery {
-    fn drop(&mut self) {
-        if let Some(job) = self.job.take() {
-            job.run();
-        }
     }
 }

@@ -1,17 +1,18 @@
 //! The core against a scriptable fake transport: the test plays the
-//! transport's part (posting STARTED, completions, messages) through the
-//! sink, to check what the core guarantees whatever the transport does.
+//! transport's part (posting STARTED, completions, messages, running the
+//! core's deliveries) through the sink, to check what the core guarantees
+//! whatever the transport does.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use colibri_net::xprt::{
-    Caps, DelReason, EpAddr, Limits, QueuedBuf, TmSink, Transport, XprtDomain, XprtTm,
+    Caps, DelReason, Delivery, EpAddr, Limits, QueuedBuf, TmSink, Transport, XprtDomain, XprtTm,
 };
 use colibri_net::{
-    BufVec, BufferCallbacks, Domain, NetError, QueueType, RecvParams, Result, TmEventKind, TmId,
-    TmState, event_channel, ignore_tm_events, tm_event_channel,
+    BufVec, BufferCallbacks, Clock, Domain, DomainConfig, NetError, QueueType, RecvParams, Result,
+    TmEventKind, TmId, TmState, event_channel, ignore_tm_events, tm_event_channel,
 };
 use parking_lot::Mutex;
 
@@ -20,6 +21,9 @@ struct Script {
     sink: Option<TmSink>,
     queued: Vec<QueuedBuf>,
     dels: Vec<(QueuedBuf, DelReason)>,
+    /// The core's deliveries, run by `pump` (the fake's "thread").
+    deliveries: Vec<Delivery>,
+    stopped: usize,
     fail_add: bool,
     extra: Vec<u8>,
 }
@@ -38,7 +42,23 @@ impl Fake {
         }
     }
     fn sink(&self) -> TmSink {
-        self.script.lock().sink.clone().expect("started")
+        self.script.lock().sink.clone().expect("initialised")
+    }
+
+    /// Runs the deliveries the core handed over, as a transport thread
+    /// would; returns how many ran.
+    fn pump(&self) -> usize {
+        let mut n = 0;
+        loop {
+            let ds: Vec<Delivery> = std::mem::take(&mut self.script.lock().deliveries);
+            if ds.is_empty() {
+                return n;
+            }
+            n += ds.len();
+            for d in ds {
+                d.run();
+            }
+        }
     }
 }
 
@@ -61,25 +81,27 @@ impl XprtDomain for Fake {
     fn caps(&self) -> Caps {
         self.caps
     }
-    fn tm_init(&self, _tm: TmId) -> Result<Box<dyn XprtTm>> {
+    fn tm_init(&self, _tm: TmId, sink: TmSink) -> Result<Box<dyn XprtTm>> {
+        self.script.lock().sink = Some(sink);
         Ok(Box::new(self.clone()))
     }
 }
 
 impl XprtTm for Fake {
-    fn start(&self, sink: &TmSink, addr: &str) -> Result<()> {
+    fn start(&self, addr: &str) -> Result<()> {
         if addr == "bad" {
             return Err(NetError::InvalidAddress {
                 addr: addr.into(),
                 reason: "fake".into(),
             });
         }
-        self.script.lock().sink = Some(sink.clone());
         Ok(())
     }
-    fn stop(&self, sink: &TmSink, _abort: bool) -> Result<()> {
-        self.script.lock().sink = Some(sink.clone());
+    fn stop(&self, _abort: bool) -> Result<()> {
         Ok(())
+    }
+    fn stopped(&self) {
+        self.script.lock().stopped += 1;
     }
     fn fini(&self) {}
     fn ep_parse(&self, addr: &str) -> Result<EpAddr> {
@@ -98,7 +120,7 @@ impl XprtTm for Fake {
     fn desc_extra(&self, _buf: &QueuedBuf) -> Result<Vec<u8>> {
         Ok(self.script.lock().extra.clone())
     }
-    fn buf_add(&self, _sink: &TmSink, buf: &QueuedBuf) -> Result<()> {
+    fn buf_add(&self, buf: &QueuedBuf) -> Result<()> {
         let mut s = self.script.lock();
         if s.fail_add {
             return Err(NetError::Busy("fake refuses".into()));
@@ -106,8 +128,11 @@ impl XprtTm for Fake {
         s.queued.push(buf.clone());
         Ok(())
     }
-    fn buf_del(&self, _sink: &TmSink, buf: &QueuedBuf, reason: DelReason) {
+    fn buf_del(&self, buf: &QueuedBuf, reason: DelReason) {
         self.script.lock().dels.push((buf.clone(), reason));
+    }
+    fn deliver(&self, delivery: Delivery) {
+        self.script.lock().deliveries.push(delivery);
     }
 }
 
@@ -122,12 +147,13 @@ fn started(fake: &Fake) -> (Domain, colibri_net::TransferMachine) {
 
 fn stop(fake: &Fake, tm: &colibri_net::TransferMachine) {
     tm.stop(true).unwrap();
-    // Complete whatever the core asked to delete, as a transport would.
+    // Complete whatever in-flight operation the core asked to end, as a
+    // transport would, and run the core's deliveries.
     let dels: Vec<_> = std::mem::take(&mut fake.script.lock().dels);
     for (q, _) in dels {
         fake.sink().complete(&q, Err(NetError::Cancelled));
     }
-    fake.sink().post_stopped();
+    fake.pump();
     tm.wait_stopped(Duration::from_secs(5)).unwrap();
 }
 
@@ -238,7 +264,7 @@ fn duplicate_and_late_completions_are_ignored() {
 }
 
 #[test]
-fn stopped_with_buffers_left_completes_them_once() {
+fn stop_completes_idle_buffers_and_posts_stopped_itself() {
     let fake = Fake::new(Caps::new(1));
     let (dom, tm) = started(&fake);
     let (cbs, ev) = event_channel(8);
@@ -250,14 +276,25 @@ fn stopped_with_buffers_left_completes_them_once() {
         tm.add_msg_recv(b, RecvParams::default()).unwrap();
     }
     tm.stop(false).unwrap();
-    // A buggy transport: posts STOPPED without completing anything.
-    fake.sink().post_stopped();
+    // The core completed them, not the transport: nothing was asked of it,
+    // and it was told the machine stopped.
+    assert!(fake.script.lock().dels.is_empty());
+    assert_eq!(fake.script.lock().stopped, 1);
+    // The state changes as STOPPED is delivered, on the transport's thread.
+    assert_eq!(tm.state(), TmState::Stopping);
+    assert!(ev.try_recv().is_none(), "no callback inside stop");
+    assert_eq!(
+        fake.pump(),
+        3,
+        "three buffer deliveries (STOPPED follows the last one)"
+    );
+    assert_eq!(tm.state(), TmState::Stopped);
     tm.wait_stopped(Duration::from_secs(5)).unwrap();
     for _ in 0..3 {
         let e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
         assert_eq!(e.error(), Some(&NetError::Cancelled));
     }
-    // Its late completions change nothing.
+    // A transport's late completions change nothing.
     let late: Vec<_> = std::mem::take(&mut fake.script.lock().queued);
     for q in late {
         fake.sink().complete(&q, Ok(1));
@@ -265,6 +302,136 @@ fn stopped_with_buffers_left_completes_them_once() {
     assert!(ev.recv_timeout(Duration::from_millis(50)).is_none());
     tm.fini().unwrap();
     drop(cbs);
+    dom.fini().unwrap();
+}
+
+#[test]
+fn stop_with_abort_reaches_a_buffer_whose_del_was_ignored() {
+    let fake = Fake::new(Caps::new(1));
+    let (dom, tm) = started(&fake);
+    let (cbs, ev) = event_channel(8);
+    let ep = tm.ep_create("ep:peer").unwrap();
+    let b = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(cbs);
+    let t = tm.add_msg_send(b, &ep, 10).unwrap();
+    let q = fake.script.lock().queued.pop().unwrap();
+    assert!(fake.sink().begin_use(&q));
+    assert!(tm.del(t).unwrap());
+    assert!(!tm.del(t).unwrap(), "a second del is a no-op");
+    // A transport that ignored the del: the stop asks again.
+    tm.stop(true).unwrap();
+    let reasons: Vec<DelReason> = fake.script.lock().dels.iter().map(|d| d.1).collect();
+    assert_eq!(reasons, [DelReason::Cancel, DelReason::Stop]);
+    assert_eq!(tm.state(), TmState::Stopping);
+    fake.sink().complete(&q, Err(NetError::Cancelled));
+    fake.pump();
+    tm.wait_stopped(Duration::from_secs(5)).unwrap();
+    let e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(e.error(), Some(&NetError::Cancelled));
+    drop((e, ep, q));
+    fake.script.lock().dels.clear();
+    tm.fini().unwrap();
+    dom.fini().unwrap();
+}
+
+#[test]
+fn timeouts_on_a_manual_clock_reach_idle_and_in_flight_buffers() {
+    let fake = Fake::new(Caps::new(1).with_timeouts());
+    let manual = Clock::manual();
+    let dom =
+        Domain::with_config(&fake, DomainConfig::default().with_clock(manual.clock())).unwrap();
+    let tm = dom.tm_init(ignore_tm_events()).unwrap();
+    let (cbs, ev) = event_channel(8);
+    // Before start: a receive buffer times out in INITIALIZED too.
+    let mut b = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(cbs.clone());
+    b.set_timeout(Some(manual.now() + Duration::from_secs(1)));
+    tm.add_msg_recv(b, RecvParams::default()).unwrap();
+    assert_eq!(
+        tm.next_deadline(),
+        Some(manual.now() + Duration::from_secs(1))
+    );
+    manual.advance(Duration::from_millis(999));
+    assert_eq!(fake.pump(), 0);
+    manual.advance(Duration::from_millis(1));
+    assert_eq!(fake.pump(), 1);
+    let e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(e.error(), Some(&NetError::TimedOut));
+    drop(e);
+    assert_eq!(tm.next_deadline(), None);
+    // In flight and already deleted: the timeout still reaches it.
+    tm.start("ep:me").unwrap();
+    fake.sink().post_started("ep:me");
+    let ep = tm.ep_create("ep:peer").unwrap();
+    let mut b = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(cbs);
+    b.set_timeout(Some(manual.now() + Duration::from_secs(2)));
+    let t = tm.add_msg_send(b, &ep, 8).unwrap();
+    let q = fake.script.lock().queued.pop().unwrap();
+    assert!(fake.sink().begin_use(&q));
+    assert!(tm.del(t).unwrap());
+    manual.advance(Duration::from_secs(3));
+    let reasons: Vec<DelReason> = fake.script.lock().dels.drain(..).map(|d| d.1).collect();
+    assert_eq!(reasons, [DelReason::Cancel, DelReason::Timeout]);
+    fake.sink().complete(&q, Err(NetError::Cancelled));
+    let e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(e.error(), Some(&NetError::TimedOut));
+    drop((e, ep, q));
+    shutdown(&fake, tm, dom);
+}
+
+#[test]
+fn sync_delivery_holds_buffer_events_only() {
+    let fake = Fake::new(Caps::new(1).with_sync_delivery());
+    let dom = Domain::new(&fake).unwrap();
+    let (cb, tm_events) = tm_event_channel(8);
+    let tm = dom.tm_init(cb).unwrap();
+    tm.set_sync_delivery().unwrap();
+    tm.start("ep:me").unwrap();
+    fake.sink().post_started("ep:me");
+    assert!(
+        matches!(
+            tm_events.try_recv().map(|e| e.kind),
+            Some(TmEventKind::StateChange {
+                state: TmState::Started,
+                ..
+            })
+        ),
+        "STARTED is delivered at once"
+    );
+    let (cbs, ev) = event_channel(8);
+    let b = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(cbs);
+    tm.add_msg_recv(b, RecvParams::default()).unwrap();
+    tm.stop(true).unwrap();
+    fake.pump();
+    tm.wait_stopped(Duration::from_secs(5)).unwrap();
+    assert!(
+        matches!(
+            tm_events.try_recv().map(|e| e.kind),
+            Some(TmEventKind::StateChange {
+                state: TmState::Stopped,
+                ..
+            })
+        ),
+        "STOPPED is delivered without deliver_all"
+    );
+    assert!(ev.try_recv().is_none(), "the buffer event waits");
+    assert!(tm.events_pending());
+    assert_eq!(tm.deliver_all().unwrap(), 1);
+    assert_eq!(
+        ev.try_recv().and_then(|e| e.error().cloned()),
+        Some(NetError::Cancelled)
+    );
+    tm.fini().unwrap();
     dom.fini().unwrap();
 }
 
@@ -278,7 +445,7 @@ fn late_started_never_resurrects() {
     tm.stop(false).unwrap();
     fake.sink().post_started("ep:me");
     assert_eq!(tm.state(), TmState::Stopping);
-    fake.sink().post_stopped();
+    assert_eq!(fake.pump(), 1);
     assert_eq!(tm.state(), TmState::Stopped);
     fake.sink().post_started("ep:me");
     assert_eq!(tm.state(), TmState::Stopped);
@@ -313,6 +480,7 @@ fn synchronous_start_failure_fails_the_tm_and_cancels_queued_receives() {
         Err(NetError::InvalidAddress { .. })
     ));
     assert_eq!(tm.state(), TmState::Failed);
+    fake.pump();
     assert_eq!(
         ev.recv_timeout(Duration::from_secs(5)).unwrap().error(),
         Some(&NetError::Cancelled)
@@ -398,11 +566,21 @@ fn descriptors_carry_transport_extra_bytes_and_identity() {
         .claim_passive(&f, "ep:peer", QueueType::ActiveBulkRecv, 10)
         .unwrap_err();
     assert!(matches!(e.error, NetError::TooBig(_)));
-    let victim = e.victim.expect("sizes fail the passive buffer too");
-    sink.complete(&victim, Err(e.error));
+    // The refusal is the requester's: the passive buffer stays queued and
+    // usable, and its machine is told through an error event.
+    assert!(e.notice.is_pending());
+    e.notice.run();
+    assert_eq!(tm.rejected_requests(), 1);
+    assert_eq!(tm.queued(), 1);
+    assert!(ev.try_recv().is_none());
+    let ok = sink
+        .claim_passive(&f, "ep:peer", QueueType::ActiveBulkRecv, 60)
+        .unwrap();
+    assert_eq!(ok.len, 60);
+    sink.complete(&ok.buf, Ok(60));
     let pe = ev.recv_timeout(Duration::from_secs(5)).unwrap();
-    assert!(matches!(pe.error(), Some(NetError::TooBig(_))));
-    drop((victim, peer, pe));
+    assert!(pe.is_ok());
+    drop((ok, peer, pe));
     shutdown(&fake, tm, dom);
 }
 
@@ -420,6 +598,6 @@ fn public_types_are_send_and_sync_as_documented() {
     send_sync::<TmSink>();
     send_sync::<QueuedBuf>();
     send::<colibri_net::BufferEvent>();
-    send::<colibri_net::xprt::Delivery>();
+    send::<Delivery>();
     send::<colibri_net::AddError>();
 }

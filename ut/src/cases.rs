@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use colibri_net::pool::{BufferPool, PoolConfig, RecvProvisioner};
 use colibri_net::{
-    AddError, BufToken, BufVec, BufferCallbacks, BufferEvent, DescFields, Domain, NetBufDesc,
-    NetBuffer, NetError, QueueType, RecvParams, TmEvent, TmEventKind, TmHandle, TmState,
-    ignore_tm_events,
+    AddError, BufToken, BufVec, BufferCallbacks, BufferEvent, Clock, DescFields, Domain,
+    DomainConfig, NetBufDesc, NetBuffer, NetError, QueueType, RecvParams, TmEvent, TmEventKind,
+    TmHandle, TmState, ignore_tm_events,
 };
 use parking_lot::Mutex;
 
-use crate::Factory;
 use crate::harness::{EVENT_WAIT, Node, QUIET_WAIT, Rng, pattern};
+use crate::{Factory, STALL_MSG};
 
 fn refused<T: std::fmt::Debug>(r: Result<T, AddError>) -> (NetError, NetBuffer) {
     match r {
@@ -842,54 +842,102 @@ pub fn descriptor_corrupt_and_foreign(f: &dyn Factory) {
     b.shutdown();
 }
 
-/// A descriptor used from the wrong active queue fails both sides with
-/// `WrongQueue`.
+/// A refused bulk request is the requester's failure only: the active
+/// buffer completes with the error, the passive transfer machine gets an
+/// error event and its buffer stays queued, untouched, for the transfer it
+/// was made for (so whoever sees a descriptor cannot kill that transfer).
+fn assert_refused(
+    a: &Node,
+    b: &Node,
+    queue: QueueType,
+    passive: BufToken,
+    want: fn(&NetError) -> bool,
+    what: &str,
+) {
+    let ae = a.next_event_on(queue);
+    assert_status(&ae, want, what);
+    let tev = b.next_tm_event();
+    match &tev.kind {
+        TmEventKind::Error(e) => assert!(want(e), "passive side told {e:?}, expected {what}"),
+        other => panic!("expected an error event at the passive side, got {other:?}"),
+    }
+    let st =
+        b.tm.buffer_state(passive)
+            .expect("passive buffer still queued");
+    assert!(!st.in_use && !st.cancelled, "{st:?}");
+    b.expect_quiet();
+}
+
+/// Wrong queue pairing (active receive against a passive receive buffer,
+/// active send against a passive send buffer) is refused with
+/// `WrongQueue`; the passive buffer survives and serves the right request.
 pub fn descriptor_wrong_pairing(f: &dyn Factory) {
     let (a, b) = pair(f);
-    let (_, d) = b.tm.add_passive_recv(b.buf(64), None).unwrap();
+    let wrong_queue = |e: &NetError| matches!(e, NetError::WrongQueue { .. });
+    let (t, d) = b.tm.add_passive_recv(b.buf(64), None).unwrap();
     a.tm.add_active_recv(a.buf(64), &d).unwrap();
-    let ae = a.next_event_on(QueueType::ActiveBulkRecv);
-    assert_status(
-        &ae,
-        |e| matches!(e, NetError::WrongQueue { .. }),
+    assert_refused(
+        &a,
+        &b,
+        QueueType::ActiveBulkRecv,
+        t,
+        wrong_queue,
         "WrongQueue",
     );
+    a.tm.add_active_send(a.buf_with(&pattern(3, 64), 0), &d, 64)
+        .unwrap();
+    assert!(a.next_event_on(QueueType::ActiveBulkSend).is_ok());
     let pe = b.next_event_on(QueueType::PassiveBulkRecv);
-    assert_eq!(pe.status(), ae.status());
-    drop((ae, pe));
-    let (_, d) = b.tm.add_passive_send(b.buf(64), 64, None).unwrap();
+    assert_eq!(pe.message().unwrap(), pattern(3, 64));
+    drop(pe);
+    let (t, d) = b.tm.add_passive_send(b.buf(64), 64, None).unwrap();
     a.tm.add_active_send(a.buf(64), &d, 64).unwrap();
-    let ae = a.next_event_on(QueueType::ActiveBulkSend);
-    assert_status(
-        &ae,
-        |e| matches!(e, NetError::WrongQueue { .. }),
+    assert_refused(
+        &a,
+        &b,
+        QueueType::ActiveBulkSend,
+        t,
+        wrong_queue,
         "WrongQueue",
     );
-    let pe = b.next_event_on(QueueType::PassiveBulkSend);
-    assert_eq!(pe.status(), ae.status());
+    assert_eq!(b.tm.rejected_requests(), 2);
+    assert!(b.tm.del(t).unwrap());
+    assert!(
+        b.next_event_on(QueueType::PassiveBulkSend)
+            .error()
+            .unwrap()
+            .is_cancelled()
+    );
     assert_eq!(b.tm.queued(), 0);
-    drop((ae, pe));
     a.shutdown();
     b.shutdown();
 }
 
-/// Bulk size violations fail both sides with `TooBig`.
+/// Bulk size violations are refused with `TooBig`; the passive buffer
+/// survives and serves a request that fits.
 pub fn descriptor_size_violations(f: &dyn Factory) {
     let (a, b) = pair(f);
-    let (_, d) = b.tm.add_passive_send(b.buf(1000), 1000, None).unwrap();
+    let too_big = |e: &NetError| matches!(e, NetError::TooBig(_));
+    let data = pattern(8, 1000);
+    let (t, d) =
+        b.tm.add_passive_send(b.buf_with(&data, 0), 1000, None)
+            .unwrap();
     a.tm.add_active_recv(a.buf(500), &d).unwrap();
+    assert_refused(&a, &b, QueueType::ActiveBulkRecv, t, too_big, "TooBig");
+    a.tm.add_active_recv(a.buf(1000), &d).unwrap();
     let ae = a.next_event_on(QueueType::ActiveBulkRecv);
-    assert_status(&ae, |e| matches!(e, NetError::TooBig(_)), "TooBig");
-    let pe = b.next_event_on(QueueType::PassiveBulkSend);
-    assert_status(&pe, |e| matches!(e, NetError::TooBig(_)), "TooBig");
-    drop((ae, pe));
-    let (_, d) = b.tm.add_passive_recv(b.buf(100), None).unwrap();
+    assert_eq!(ae.message().unwrap(), data);
+    assert!(b.next_event_on(QueueType::PassiveBulkSend).is_ok());
+    drop(ae);
+    let (t, d) = b.tm.add_passive_recv(b.buf(100), None).unwrap();
     a.tm.add_active_send(a.buf(200), &d, 200).unwrap();
-    let ae = a.next_event_on(QueueType::ActiveBulkSend);
-    assert_status(&ae, |e| matches!(e, NetError::TooBig(_)), "TooBig");
+    assert_refused(&a, &b, QueueType::ActiveBulkSend, t, too_big, "TooBig");
+    a.tm.add_active_send(a.buf_with(&pattern(4, 100), 0), &d, 100)
+        .unwrap();
+    assert!(a.next_event_on(QueueType::ActiveBulkSend).is_ok());
     let pe = b.next_event_on(QueueType::PassiveBulkRecv);
-    assert_status(&pe, |e| matches!(e, NetError::TooBig(_)), "TooBig");
-    drop((ae, pe));
+    assert_eq!(pe.message().unwrap(), pattern(4, 100));
+    drop(pe);
     // A larger active receive buffer is fine: the transfer is the passive
     // length.
     let (_, d) =
@@ -905,26 +953,19 @@ pub fn descriptor_size_violations(f: &dyn Factory) {
     b.shutdown();
 }
 
-/// A descriptor restricted to one end point fails both sides with
-/// `AccessDenied` when another uses it; the right one succeeds.
+/// A descriptor restricted to one end point is refused with
+/// `AccessDenied` when another uses it; the passive buffer survives and
+/// the allowed end point succeeds.
 pub fn descriptor_wrong_actor(f: &dyn Factory) {
     let (a, b) = pair(f);
     let c = Node::start(f);
     let only_c = b.ep(&c.addr);
-    let (_, d) = b.tm.add_passive_send(b.buf(64), 64, Some(&only_c)).unwrap();
-    a.tm.add_active_recv(a.buf(64), &d).unwrap();
-    let ae = a.next_event_on(QueueType::ActiveBulkRecv);
-    assert_status(
-        &ae,
-        |e| matches!(e, NetError::AccessDenied { .. }),
-        "AccessDenied",
-    );
-    let pe = b.next_event_on(QueueType::PassiveBulkSend);
-    assert_eq!(pe.status(), ae.status());
-    drop((ae, pe));
-    let (_, d) =
+    let denied = |e: &NetError| matches!(e, NetError::AccessDenied { .. });
+    let (t, d) =
         b.tm.add_passive_send(b.buf_with(&pattern(5, 64), 0), 64, Some(&only_c))
             .unwrap();
+    a.tm.add_active_recv(a.buf(64), &d).unwrap();
+    assert_refused(&a, &b, QueueType::ActiveBulkRecv, t, denied, "AccessDenied");
     c.tm.add_active_recv(c.buf(64), &d).unwrap();
     let ce = c.next_event_on(QueueType::ActiveBulkRecv);
     assert!(ce.is_ok(), "{ce:?}");
@@ -1379,13 +1420,9 @@ pub fn sync_delivery(f: &dyn Factory) {
     b.tm.set_sync_delivery().unwrap();
     assert!(b.tm.is_sync_delivery());
     b.tm.start(&b.addr).unwrap();
-    b.tm.wait_for_state(TmState::Started, EVENT_WAIT).unwrap();
-    assert!(
-        b.tm_events.try_recv().is_none(),
-        "STARTED waits for deliver_all"
-    );
-    assert_eq!(b.tm.deliver_all().unwrap(), 1);
-    let addr = match b.tm_events.try_recv().expect("STARTED").kind {
+    // Transfer machine events are not held (as in Motr): STARTED comes
+    // without deliver_all.
+    let addr = match b.next_tm_event().kind {
         TmEventKind::StateChange { ep: Some(ep), .. } => ep.addr().to_string(),
         other => panic!("{other:?}"),
     };
@@ -1422,7 +1459,8 @@ pub fn sync_delivery(f: &dyn Factory) {
     assert_eq!(threads.lock().len(), 4);
     assert!(threads.lock().iter().all(|&t| t == thread::current().id()));
     assert_eq!(b.tm.deliver_all().unwrap(), 0);
-    // Stop: cancellations and STOPPED also wait for deliver_all.
+    // Stop: the cancellation waits for deliver_all, STOPPED does not, and
+    // fini is refused only while a buffer event waits.
     let rb = b
         .dom
         .register(BufVec::new(1, 64))
@@ -1431,8 +1469,16 @@ pub fn sync_delivery(f: &dyn Factory) {
     b.tm.add_msg_recv(rb, RecvParams::default()).unwrap();
     b.tm.stop(true).unwrap();
     b.tm.wait_for_state(TmState::Stopped, EVENT_WAIT).unwrap();
+    assert!(matches!(
+        b.next_tm_event().kind,
+        TmEventKind::StateChange {
+            state: TmState::Stopped,
+            ..
+        }
+    ));
     assert!(b.events.try_recv().is_none());
-    assert_eq!(b.tm.deliver_all().unwrap(), 2);
+    assert!(b.tm.events_pending());
+    assert_eq!(b.tm.deliver_all().unwrap(), 1);
     assert!(b.events.try_recv().unwrap().error().unwrap().is_cancelled());
     drop(ep);
     a.shutdown();
@@ -1958,4 +2004,277 @@ pub fn pool_low_water_grows_the_pool(f: &dyn Factory) {
     wait_until("all back in the pool", || pool.free() == pool.total());
     pool.fini().unwrap();
     a.shutdown();
+}
+
+// ----- Exactly-once holes: states, clocks, operations in flight -----------
+
+/// A message receive buffer queued before `start` can be cancelled and
+/// times out while the transfer machine is INITIALIZED (no start needed),
+/// and a stop in INITIALIZED completes what is queued.
+pub fn recv_before_start_cancel_and_timeout(f: &dyn Factory) {
+    let a = Node::init(f);
+    let t = a.tm.add_msg_recv(a.buf(64), RecvParams::default()).unwrap();
+    assert!(a.tm.del(t).unwrap());
+    let ev = a.next_event_on(QueueType::MsgRecv);
+    assert_status(&ev, |e| *e == NetError::Cancelled, "Cancelled");
+    drop(final_buffer(ev));
+    assert!(!a.tm.del(t).unwrap(), "gone after its completion");
+    if a.tm.caps().timeouts {
+        let mut b = a.buf(64);
+        b.set_timeout(Some(a.dom.clock().now() + Duration::from_millis(100)));
+        a.tm.add_msg_recv(b, RecvParams::default()).unwrap();
+        let ev = a.next_event_on(QueueType::MsgRecv);
+        assert_status(&ev, |e| *e == NetError::TimedOut, "TimedOut");
+    }
+    assert_eq!(a.tm.state(), TmState::Initialized);
+    assert_eq!(a.tm.queued(), 0);
+    a.tm.add_msg_recv(a.buf(64), RecvParams::default()).unwrap();
+    let evs = a.stop(false);
+    assert_eq!(evs.len(), 1, "{evs:?}");
+    assert!(evs[0].error().is_some_and(NetError::is_cancelled));
+    drop(evs);
+    a.shutdown();
+}
+
+/// Timeouts on a manual clock: nothing expires until the clock moves, then
+/// every due buffer expires at once, in INITIALIZED and STARTED, on the
+/// queues that wait for a peer and for an operation in flight.
+pub fn timeouts_on_a_manual_clock(f: &dyn Factory) {
+    let manual = Clock::manual();
+    let mut a = Node::init_with(f, DomainConfig::default().with_clock(manual.clock()));
+    if !a.tm.caps().timeouts {
+        a.shutdown();
+        return;
+    }
+    let timed = |a: &Node, ms: u64| {
+        let mut b = a.buf(64);
+        b.set_timeout(Some(manual.now() + Duration::from_millis(ms)));
+        b
+    };
+    let early =
+        a.tm.add_msg_recv(timed(&a, 1000), RecvParams::default())
+            .unwrap();
+    a.start_tm();
+    let (p1, _) = a.tm.add_passive_recv(timed(&a, 1000), None).unwrap();
+    let (p2, _) = a.tm.add_passive_send(timed(&a, 2000), 64, None).unwrap();
+    let r2 =
+        a.tm.add_msg_recv(timed(&a, 2000), RecvParams::default())
+            .unwrap();
+    assert_eq!(
+        a.tm.next_deadline(),
+        Some(manual.now() + Duration::from_millis(1000))
+    );
+    // A past deadline is refused on this clock too.
+    let mut past = a.buf(64);
+    past.set_timeout(Some(manual.now()));
+    let (e, _) = refused(a.tm.add_msg_recv(past, RecvParams::default()));
+    assert_eq!(e, NetError::TimeoutInPast);
+    manual.advance(Duration::from_millis(999));
+    a.expect_quiet();
+    manual.advance(Duration::from_millis(1));
+    let mut got: Vec<BufToken> = (0..2)
+        .map(|_| {
+            let ev = a.next_event();
+            assert_status(&ev, |e| *e == NetError::TimedOut, "TimedOut");
+            ev.token()
+        })
+        .collect();
+    got.sort_by_key(BufToken::raw);
+    let mut want = vec![early, p1];
+    want.sort_by_key(BufToken::raw);
+    assert_eq!(got, want);
+    a.expect_quiet();
+    manual.advance(Duration::from_secs(1));
+    for _ in 0..2 {
+        let ev = a.next_event();
+        assert_status(&ev, |e| *e == NetError::TimedOut, "TimedOut");
+        assert!([p2, r2].contains(&ev.token()));
+    }
+    assert_eq!(a.tm.next_deadline(), None);
+    if let Some(mut st) = f.staller() {
+        // An operation in flight is ended by its timeout too.
+        let ep = a.ep(&st.deaf_peer());
+        let mut b = a.buf(STALL_MSG);
+        b.set_timeout(Some(manual.now() + Duration::from_secs(5)));
+        let t = a.tm.add_msg_send(b, &ep, STALL_MSG).unwrap();
+        wait_until("the send in flight", || {
+            a.tm.buffer_state(t).is_some_and(|s| s.in_use)
+        });
+        a.expect_quiet();
+        manual.advance(Duration::from_secs(5));
+        let ev = a.next_event_on(QueueType::MsgSend);
+        assert_status(&ev, |e| *e == NetError::TimedOut, "TimedOut");
+        drop((ev, ep));
+    }
+    assert_eq!(a.tm.queued(), 0);
+    a.shutdown();
+}
+
+/// Waits until buffer `t` is in use by the transport, then a little more
+/// so that a transfer really is stuck on the wire.
+fn wait_in_flight(n: &Node, t: BufToken) {
+    wait_until("the operation in flight", || {
+        n.tm.buffer_state(t).is_some_and(|s| s.in_use)
+    });
+    n.expect_quiet();
+}
+
+/// `del` ends a send on the wire to a peer that stopped reading: the
+/// buffer completes `Cancelled` at once (not when the peer reads, nor when
+/// the connection is given up), and the transfer machine goes on working.
+/// A send queued behind it still honours its timeout.
+pub fn del_ends_a_send_in_flight(f: &dyn Factory) {
+    let Some(mut st) = f.staller() else {
+        return;
+    };
+    let (a, b) = pair(f);
+    let ep = a.ep(&st.deaf_peer());
+    let t = a.tm.add_msg_send(a.buf(STALL_MSG), &ep, STALL_MSG).unwrap();
+    wait_in_flight(&a, t);
+    assert!(a.tm.del(t).unwrap());
+    let ev = a.next_event_on(QueueType::MsgSend);
+    assert_status(&ev, |e| *e == NetError::Cancelled, "Cancelled");
+    assert_eq!(final_buffer(ev).len(), STALL_MSG);
+    if a.tm.caps().timeouts {
+        let mut buf = a.buf(1024);
+        buf.set_timeout(Some(Instant::now() + Duration::from_millis(200)));
+        a.tm.add_msg_send(buf, &ep, 1024).unwrap();
+        let ev = a.next_event_on(QueueType::MsgSend);
+        assert_status(&ev, |e| *e == NetError::TimedOut, "TimedOut");
+    }
+    // Unaffected: a normal exchange with another peer.
+    b.tm.add_msg_recv(b.buf(128), RecvParams::default())
+        .unwrap();
+    let got = send_msg(&a, &b, &pattern(1, 100));
+    assert_eq!(got.message().unwrap(), pattern(1, 100));
+    drop(got);
+    assert_eq!(a.tm.queued(), 0);
+    drop(ep);
+    a.shutdown();
+    b.shutdown();
+}
+
+/// A stop with abort after a `del` of an operation in flight reaches it
+/// (abort reaches every queued buffer, whatever was asked before): the
+/// buffer completes exactly once and STOPPED follows.
+pub fn stop_abort_after_del_in_flight(f: &dyn Factory) {
+    let Some(mut st) = f.staller() else {
+        return;
+    };
+    let a = Node::start(f);
+    let ep = a.ep(&st.deaf_peer());
+    let t = a.tm.add_msg_send(a.buf(STALL_MSG), &ep, STALL_MSG).unwrap();
+    wait_in_flight(&a, t);
+    assert!(a.tm.del(t).unwrap());
+    let evs = a.stop(true);
+    assert_eq!(evs.len(), 1, "exactly one completion: {evs:?}");
+    assert!(evs[0].error().is_some_and(NetError::is_cancelled));
+    drop((evs, ep));
+    a.shutdown();
+}
+
+/// `del` ends a receive that a stalled sender holds (the message's bytes
+/// stopped coming); a stop with abort ends another.
+pub fn del_ends_a_stalled_receive(f: &dyn Factory) {
+    let Some(mut st) = f.staller() else {
+        return;
+    };
+    const LEN: usize = 1 << 20;
+    let a = Node::start(f);
+    let t =
+        a.tm.add_msg_recv(a.buf(LEN), RecvParams::default())
+            .unwrap();
+    st.stalled_message(&a.addr, LEN);
+    wait_in_flight(&a, t);
+    assert!(a.tm.del(t).unwrap());
+    let ev = a.next_event_on(QueueType::MsgRecv);
+    assert_status(&ev, |e| *e == NetError::Cancelled, "Cancelled");
+    drop(ev);
+    let t =
+        a.tm.add_msg_recv(a.buf(LEN), RecvParams::default())
+            .unwrap();
+    st.stalled_message(&a.addr, LEN);
+    wait_in_flight(&a, t);
+    let evs = a.stop(true);
+    assert_eq!(evs.len(), 1, "{evs:?}");
+    assert!(evs[0].error().is_some_and(NetError::is_cancelled));
+    drop(evs);
+    a.shutdown();
+}
+
+/// `del` ends a passive transfer whose active peer stalled half-way; a
+/// stop with abort ends another.
+pub fn del_ends_a_stalled_passive_transfer(f: &dyn Factory) {
+    let Some(mut st) = f.staller() else {
+        return;
+    };
+    const LEN: usize = 1 << 20;
+    let a = Node::start(f);
+    let (t, d) = a.tm.add_passive_recv(a.buf(LEN), None).unwrap();
+    st.stalled_put(&d, LEN);
+    wait_in_flight(&a, t);
+    assert!(a.tm.del(t).unwrap());
+    let ev = a.next_event_on(QueueType::PassiveBulkRecv);
+    assert_status(&ev, |e| *e == NetError::Cancelled, "Cancelled");
+    drop(ev);
+    let (t, d) = a.tm.add_passive_recv(a.buf(LEN), None).unwrap();
+    st.stalled_put(&d, LEN);
+    wait_in_flight(&a, t);
+    let evs = a.stop(true);
+    assert_eq!(evs.len(), 1, "{evs:?}");
+    assert!(evs[0].error().is_some_and(NetError::is_cancelled));
+    drop(evs);
+    a.shutdown();
+}
+
+/// A provisioner tops the receive queue up before the application's
+/// callback runs: with a minimum of one buffer, a message that arrives
+/// while the callback of the previous one is still busy finds a buffer.
+pub fn pool_tops_up_before_the_callback(f: &dyn Factory) {
+    let (a, b) = pair(f);
+    let pool = BufferPool::new(&b.dom, PoolConfig::new(1024).initial(2)).unwrap();
+    let (entered_tx, entered) = crossbeam_channel::bounded::<()>(4);
+    let (release, release_rx) = crossbeam_channel::bounded::<()>(4);
+    let (msgs_tx, msgs) = crossbeam_channel::bounded(4);
+    let first = Arc::new(AtomicBool::new(true));
+    let prov = RecvProvisioner::attach(&b.tm, &pool, RecvParams::default(), 1, move |_, ev| {
+        let _ = msgs_tx.send((ev.status().clone(), ev.message().ok()));
+        if first.swap(false, Ordering::SeqCst) {
+            // A slow callback: it holds on until the test says.
+            let _ = entered_tx.send(());
+            let _ = release_rx.recv_timeout(EVENT_WAIT);
+        }
+    })
+    .unwrap();
+    let ep = a.ep(&b.addr);
+    a.tm.add_msg_send(a.buf_with(&pattern(1, 100), 0), &ep, 100)
+        .unwrap();
+    entered
+        .recv_timeout(EVENT_WAIT)
+        .expect("first callback runs");
+    // The queue was topped up before that callback started.
+    assert_eq!(prov.queued(), 1);
+    a.tm.add_msg_send(a.buf_with(&pattern(2, 100), 0), &ep, 100)
+        .unwrap();
+    // Where the receiver reads while its callback is busy, the second
+    // message lands now; elsewhere (callbacks on the receiver's I/O
+    // thread) after the release, and the acknowledgements wait too.
+    // Either way neither may be dropped for lack of a buffer.
+    thread::sleep(QUIET_WAIT);
+    release.send(()).unwrap();
+    for s in a.next_events(&[QueueType::MsgSend, QueueType::MsgSend]) {
+        assert!(s.is_ok(), "send: {s:?}");
+    }
+    for i in 1..=2 {
+        let (status, msg) = msgs.recv_timeout(EVENT_WAIT).expect("message");
+        assert_eq!(status, Ok(()));
+        assert_eq!(msg.as_deref(), Some(&pattern(i, 100)[..]));
+    }
+    assert_eq!(b.tm.no_buffer_drops(), 0);
+    let _ = b.stop(true);
+    wait_until("the buffers back in the pool", || pool.free() == 2);
+    drop((prov, ep));
+    pool.fini().unwrap();
+    a.shutdown();
+    b.shutdown();
 }

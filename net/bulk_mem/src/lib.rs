@@ -57,7 +57,7 @@ mod workq;
 
 use std::time::Duration;
 
-use colibri_net::xprt::{Caps, Limits, Transport, XprtDomain, XprtTm};
+use colibri_net::xprt::{Caps, Limits, TmSink, Transport, XprtDomain, XprtTm};
 use colibri_net::{Result, TmId};
 
 pub use addr::MemAddr;
@@ -160,8 +160,8 @@ impl XprtDomain for MemDomain {
             .with_confine()
     }
 
-    fn tm_init(&self, tm: TmId) -> Result<Box<dyn XprtTm>> {
-        Ok(Box::new(tm::MemTm::new(tm, self.cfg.clone())))
+    fn tm_init(&self, tm: TmId, sink: TmSink) -> Result<Box<dyn XprtTm>> {
+        Ok(Box::new(tm::MemTm::new(tm, self.cfg.clone(), sink)?))
     }
 }
 

@@ -1,10 +1,9 @@
 //! The in-memory transfer machine: worker threads and the operations they
 //! run.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle};
-use std::time::Instant;
 
 use colibri_net::xprt::{
     ClaimError, DelReason, Delivery, EpAddr, PassiveClaim, PassiveError, QueuedBuf, TmSink, XprtTm,
@@ -25,14 +24,10 @@ pub(crate) enum Work {
     Send(QueuedBuf),
     /// Run an active bulk transfer.
     Active(QueuedBuf),
-    /// Complete a buffer (cancellation).
-    Complete(QueuedBuf, Result<usize>),
     /// Run callbacks the core decided for one of our buffers (posted by
-    /// another transfer machine's worker, so that our callbacks run on our
-    /// own threads).
+    /// the core, or by another transfer machine's worker, so that our
+    /// callbacks run on our own threads).
     Deliver(Delivery),
-    /// Look at the stop condition.
-    Stop,
 }
 
 /// State shared by a transfer machine's transport object and its workers.
@@ -41,13 +36,13 @@ pub(crate) struct Shared {
     id: TmId,
     cfg: MemConfig,
     queue: WorkQueue<Work>,
-    sink: OnceLock<TmSink>,
+    sink: TmSink,
     addr: Mutex<Option<MemAddr>>,
     own: OnceLock<String>,
     workers: Mutex<Vec<JoinHandle<()>>>,
     cpus: Mutex<Option<Vec<usize>>>,
-    busy: AtomicUsize,
-    stop_pending: AtomicBool,
+    /// Bumped by `confine`: workers re-pin themselves when it changes.
+    pin_gen: AtomicU64,
 }
 
 impl std::fmt::Debug for Work {
@@ -56,9 +51,7 @@ impl std::fmt::Debug for Work {
             Self::Started => "Started",
             Self::Send(_) => "Send",
             Self::Active(_) => "Active",
-            Self::Complete(..) => "Complete",
             Self::Deliver(_) => "Deliver",
-            Self::Stop => "Stop",
         })
     }
 }
@@ -68,109 +61,74 @@ impl Shared {
         self.queue.push(w);
     }
 
-    fn sink(&self) -> Option<&TmSink> {
-        self.sink.get()
+    pub(crate) fn sink(&self) -> &TmSink {
+        &self.sink
     }
 
     fn own_addr(&self) -> &str {
         self.own.get().map_or("", String::as_str)
     }
 
+    /// Starts the worker threads (at creation: the core may hand them
+    /// deliveries in any state, INITIALIZED included).
     fn spawn_workers(self: &Arc<Self>) -> Result<()> {
         let mut workers = self.workers.lock();
-        if !workers.is_empty() {
-            return Ok(());
-        }
-        let cpus = self.cpus.lock().clone();
         for i in 0..self.cfg.workers.max(1) {
             let sh = Arc::clone(self);
-            let cpu = cpus
-                .as_ref()
-                .and_then(|c| (!c.is_empty()).then(|| c[i % c.len()]));
             let h = thread::Builder::new()
                 .name(format!("colibri-mem-{}-{i}", self.id.0))
-                .spawn(move || sh.worker(cpu))
-                .map_err(NetError::from)?;
-            workers.push(h);
+                .spawn(move || sh.worker(i))
+                .map_err(NetError::from);
+            match h {
+                Ok(h) => workers.push(h),
+                Err(e) => {
+                    self.queue.close();
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }
 
-    fn worker(self: Arc<Self>, cpu: Option<usize>) {
-        if let Some(cpu) = cpu
-            && !core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
-        {
-            warn!(tm = %self.id, cpu, "could not pin worker thread");
-        }
-        loop {
-            let deadline = || self.sink().and_then(TmSink::next_deadline);
-            let item = self.queue.pop(self.cfg.spin, &deadline);
-            if let Some(w) = item {
-                self.busy.fetch_add(1, Ordering::SeqCst);
-                self.process(w);
-                self.busy.fetch_sub(1, Ordering::SeqCst);
-            } else if self.queue.is_closed() && self.queue.is_empty() {
-                return;
+    /// Pins the calling worker (number `i`) as `confine` asked.
+    fn pin(&self, i: usize) {
+        let cpus = self.cpus.lock().clone();
+        if let Some(c) = cpus.filter(|c| !c.is_empty()) {
+            let cpu = c[i % c.len()];
+            if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+                warn!(tm = %self.id, cpu, "could not pin worker thread");
             }
-            if let Some(sink) = self.sink()
-                && sink.next_deadline().is_some_and(|d| d <= Instant::now())
-            {
-                sink.expire_timeouts(Instant::now());
-            }
-            self.check_stop();
         }
     }
 
-    /// Posts STOPPED once a stop was requested and nothing is left: no
-    /// queued buffer and no work item. Exactly one caller wins.
-    fn check_stop(self: &Arc<Self>) {
-        if !self.stop_pending.load(Ordering::SeqCst) {
-            return;
+    fn worker(self: Arc<Self>, i: usize) {
+        let mut pinned = 0;
+        loop {
+            let generation = self.pin_gen.load(Ordering::Acquire);
+            if generation != pinned {
+                pinned = generation;
+                self.pin(i);
+            }
+            match self.queue.pop(self.cfg.spin) {
+                Some(w) => self.process(w),
+                None if self.queue.is_closed() && self.queue.is_empty() => return,
+                None => {}
+            }
         }
-        let Some(sink) = self.sink() else {
-            return;
-        };
-        if sink.queued() > 0 || !self.queue.is_empty() {
-            return;
-        }
-        if self
-            .stop_pending
-            .compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst)
-            .is_err()
-        {
-            return;
-        }
-        if let Some(a) = self.addr.lock().take() {
-            addr::unregister(a, self);
-        }
-        debug!(tm = %self.id, "stopped");
-        sink.post_stopped();
     }
 
     fn process(self: &Arc<Self>, w: Work) {
         trace!(tm = %self.id, work = ?w, "work");
         match w {
-            Work::Started => {
-                if let Some(sink) = self.sink() {
-                    sink.post_started(self.own_addr());
-                }
-            }
+            Work::Started => self.sink.post_started(self.own_addr()),
             Work::Send(q) => self.do_send(&q),
             Work::Active(q) => self.do_active(&q),
-            Work::Complete(q, status) => {
-                if let Some(sink) = self.sink() {
-                    sink.complete(&q, status);
-                }
-            }
             Work::Deliver(d) => d.run(),
-            Work::Stop => {}
         }
     }
 
     fn do_send(self: &Arc<Self>, q: &QueuedBuf) {
-        let Some(sink) = self.sink() else {
-            return;
-        };
+        let sink = &self.sink;
         if !sink.begin_use(q) {
             return;
         }
@@ -187,10 +145,7 @@ impl Shared {
             sink.complete(q, Err(unreachable()));
             return;
         };
-        let Some(dsink) = dest.sink() else {
-            sink.complete(q, Err(unreachable()));
-            return;
-        };
+        let dsink = dest.sink();
         match dsink.claim_recv(len) {
             Ok(claim) => {
                 let copied = copy(q, 0, &claim.buf, claim.offset, len);
@@ -222,9 +177,7 @@ impl Shared {
     }
 
     fn do_active(self: &Arc<Self>, q: &QueuedBuf) {
-        let Some(sink) = self.sink() else {
-            return;
-        };
+        let sink = &self.sink;
         if !sink.begin_use(q) {
             return;
         }
@@ -240,10 +193,7 @@ impl Shared {
             sink.complete(q, Err(unreachable()));
             return;
         };
-        let Some(dsink) = dest.sink() else {
-            sink.complete(q, Err(unreachable()));
-            return;
-        };
+        let dsink = dest.sink();
         let active = q.queue();
         let active_size = if active == QueueType::ActiveBulkRecv {
             q.size()
@@ -261,18 +211,9 @@ impl Shared {
                 dest.push(Work::Deliver(dsink.complete_deferred(&p, status.clone())));
                 sink.complete(q, status);
             }
-            Err(PassiveError {
-                error,
-                victim,
-                notice,
-            }) => {
+            Err(PassiveError { error, notice }) => {
                 if notice.is_pending() {
                     dest.push(Work::Deliver(notice));
-                }
-                if let Some(v) = victim {
-                    dest.push(Work::Deliver(
-                        dsink.complete_deferred(&v, Err(error.clone())),
-                    ));
                 }
                 sink.complete(q, Err(error));
             }
@@ -302,46 +243,47 @@ pub(crate) struct MemTm {
 }
 
 impl MemTm {
-    pub(crate) fn new(id: TmId, cfg: MemConfig) -> Self {
-        Self {
-            sh: Arc::new(Shared {
-                id,
-                cfg,
-                queue: WorkQueue::new(),
-                sink: OnceLock::new(),
-                addr: Mutex::new(None),
-                own: OnceLock::new(),
-                workers: Mutex::new(Vec::new()),
-                cpus: Mutex::new(None),
-                busy: AtomicUsize::new(0),
-                stop_pending: AtomicBool::new(false),
-            }),
+    pub(crate) fn new(id: TmId, cfg: MemConfig, sink: TmSink) -> Result<Self> {
+        let sh = Arc::new(Shared {
+            id,
+            cfg,
+            queue: WorkQueue::new(),
+            sink,
+            addr: Mutex::new(None),
+            own: OnceLock::new(),
+            workers: Mutex::new(Vec::new()),
+            cpus: Mutex::new(None),
+            pin_gen: AtomicU64::new(0),
+        });
+        sh.spawn_workers()?;
+        Ok(Self { sh })
+    }
+
+    fn leave_address(&self) {
+        if let Some(a) = self.sh.addr.lock().take() {
+            addr::unregister(a, &self.sh);
         }
     }
 }
 
 impl XprtTm for MemTm {
-    fn start(&self, sink: &TmSink, addr: &str) -> Result<()> {
+    fn start(&self, addr: &str) -> Result<()> {
         let want = MemAddr::parse(addr)?;
-        let _ = self.sh.sink.set(sink.clone());
         let got = addr::register(want, &self.sh)?;
         *self.sh.addr.lock() = Some(got);
         let _ = self.sh.own.set(got.compact());
-        if let Err(e) = self.sh.spawn_workers() {
-            addr::unregister(got, &self.sh);
-            return Err(e);
-        }
         self.sh.push(Work::Started);
         Ok(())
     }
 
-    fn stop(&self, sink: &TmSink, abort: bool) -> Result<()> {
-        let _ = self.sh.sink.set(sink.clone());
-        self.sh.spawn_workers()?;
+    fn stop(&self, abort: bool) -> Result<()> {
         debug!(tm = %self.sh.id, abort, "stop requested");
-        self.sh.stop_pending.store(true, Ordering::SeqCst);
-        self.sh.push(Work::Stop);
         Ok(())
+    }
+
+    fn stopped(&self) {
+        self.leave_address();
+        debug!(tm = %self.sh.id, "stopped");
     }
 
     fn fini(&self) {
@@ -358,9 +300,7 @@ impl XprtTm for MemTm {
                 warn!(tm = %self.sh.id, "worker thread panicked");
             }
         }
-        if let Some(a) = self.sh.addr.lock().take() {
-            addr::unregister(a, &self.sh);
-        }
+        self.leave_address();
     }
 
     fn ep_parse(&self, addr: &str) -> Result<EpAddr> {
@@ -371,32 +311,27 @@ impl XprtTm for MemTm {
         })
     }
 
-    fn buf_add(&self, _sink: &TmSink, buf: &QueuedBuf) -> Result<()> {
+    fn buf_add(&self, buf: &QueuedBuf) -> Result<()> {
         match buf.queue() {
             QueueType::MsgSend => self.sh.push(Work::Send(buf.clone())),
             QueueType::ActiveBulkRecv | QueueType::ActiveBulkSend => {
                 self.sh.push(Work::Active(buf.clone()));
             }
             // Receive and passive buffers wait for the other side.
-            QueueType::MsgRecv | QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend => {
-                if buf.deadline().is_some() {
-                    // Make a parked worker recompute its wake-up time.
-                    self.sh.queue.wake_all();
-                }
-            }
+            QueueType::MsgRecv | QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend => {}
         }
         Ok(())
     }
 
-    fn buf_del(&self, _sink: &TmSink, buf: &QueuedBuf, reason: DelReason) {
-        if buf.is_in_use() {
-            // A copy is under way: it completes normally (and a message
-            // receive buffer leaves the queue with it).
-            trace!(tm = %self.sh.id, ?reason, "del of a buffer in use: completes normally");
-            return;
-        }
-        self.sh
-            .push(Work::Complete(buf.clone(), Err(NetError::Cancelled)));
+    fn buf_del(&self, _buf: &QueuedBuf, reason: DelReason) {
+        // The core completes idle buffers itself; a buffer in use here is
+        // being copied by a worker, and the copy completes it at once (a
+        // message receive buffer leaves the queue with that message).
+        trace!(tm = %self.sh.id, ?reason, "del of a buffer in use: its copy completes it");
+    }
+
+    fn deliver(&self, delivery: Delivery) {
+        self.sh.push(Work::Deliver(delivery));
     }
 
     fn confine(&self, cpus: &[usize]) -> Result<()> {
@@ -410,6 +345,8 @@ impl XprtTm for MemTm {
             return Err(NetError::InvalidArgument("empty CPU set".into()));
         }
         *self.sh.cpus.lock() = Some(cpus.to_vec());
+        self.sh.pin_gen.fetch_add(1, Ordering::AcqRel);
+        self.sh.queue.wake_all();
         Ok(())
     }
 }

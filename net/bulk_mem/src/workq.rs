@@ -55,7 +55,8 @@ impl<T> WorkQueue<T> {
         self.q.is_empty()
     }
 
-    /// Wakes every consumer, for example to make them recompute a deadline.
+    /// Wakes every consumer, for example to make them look at their
+    /// settings again.
     pub(crate) fn wake_all(&self) {
         let _g = self.lock.lock();
         self.cv.notify_all();
@@ -73,14 +74,10 @@ impl<T> WorkQueue<T> {
     }
 
     /// Takes the next item, spinning up to `spin` and then sleeping. `None`
-    /// when the deadline (if any) passed, the queue was closed, or a
-    /// [`WorkQueue::wake_all`] asked consumers to look around.
-    ///
-    /// `deadline` is read when spinning starts and again under the queue's
-    /// lock just before sleeping: a waker that changes what it returns and
-    /// then calls `wake_all` is never missed.
-    pub(crate) fn pop(&self, spin: Duration, deadline: &dyn Fn() -> Option<Instant>) -> Option<T> {
-        let mut d = deadline();
+    /// when the queue was closed or a [`WorkQueue::wake_all`] asked
+    /// consumers to look around. (Buffer timeouts are the core's: workers
+    /// have no deadline of their own.)
+    pub(crate) fn pop(&self, spin: Duration) -> Option<T> {
         if let Some(item) = self.q.pop() {
             return Some(item);
         }
@@ -97,8 +94,7 @@ impl<T> WorkQueue<T> {
                     if self.is_closed() {
                         return None;
                     }
-                    let now = Instant::now();
-                    if now.duration_since(start) >= spin || d.is_some_and(|d| now >= d) {
+                    if start.elapsed() >= spin {
                         break;
                     }
                 }
@@ -107,21 +103,13 @@ impl<T> WorkQueue<T> {
         let mut g = self.lock.lock();
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        d = deadline();
         let item = match self.q.pop() {
             Some(item) => Some(item),
             None if self.is_closed() => None,
-            None if d.is_some_and(|d| Instant::now() >= d) => None,
             None => {
-                // Woken by a push, wake_all, close, the deadline or
-                // spuriously: in every case return, so that the caller
-                // looks at its timers again.
-                match d {
-                    Some(d) => {
-                        self.cv.wait_until(&mut g, d);
-                    }
-                    None => self.cv.wait(&mut g),
-                }
+                // Woken by a push, wake_all, close or spuriously: in every
+                // case return, so that the caller looks around.
+                self.cv.wait(&mut g);
                 self.q.pop()
             }
         };
@@ -136,20 +124,12 @@ mod tests {
     use std::sync::Arc;
 
     #[test]
-    fn fifo_and_deadline() {
+    fn fifo() {
         let q = WorkQueue::new();
         q.push(1);
         q.push(2);
-        assert_eq!(q.pop(Duration::ZERO, &|| None), Some(1));
-        assert_eq!(q.pop(Duration::from_micros(5), &|| None), Some(2));
-        let t = Instant::now();
-        assert_eq!(
-            q.pop(Duration::from_micros(50), &|| Some(
-                t + Duration::from_millis(20)
-            )),
-            None
-        );
-        assert!(t.elapsed() >= Duration::from_millis(20));
+        assert_eq!(q.pop(Duration::ZERO), Some(1));
+        assert_eq!(q.pop(Duration::from_micros(5)), Some(2));
         assert!(q.is_empty());
     }
 
@@ -158,7 +138,7 @@ mod tests {
         for spin in [Duration::ZERO, Duration::from_micros(20)] {
             let q = Arc::new(WorkQueue::new());
             let q2 = q.clone();
-            let t = std::thread::spawn(move || q2.pop(spin, &|| None));
+            let t = std::thread::spawn(move || q2.pop(spin));
             std::thread::sleep(Duration::from_millis(20));
             q.push(7);
             assert_eq!(t.join().unwrap(), Some(7));
@@ -166,39 +146,20 @@ mod tests {
     }
 
     #[test]
-    fn a_deadline_published_before_wake_all_is_seen() {
-        // The regression behind a lost buffer timeout: the producer
-        // publishes an earlier deadline and then wakes the consumer, which
-        // must sleep until that deadline, not forever.
-        use std::sync::atomic::AtomicU64;
-        for _ in 0..200 {
-            let q: Arc<WorkQueue<u8>> = Arc::new(WorkQueue::new());
-            let base = Instant::now();
-            let at = Arc::new(AtomicU64::new(0)); // 0: no deadline
-            let (q2, at2) = (q.clone(), at.clone());
-            let (tx, rx) = std::sync::mpsc::sync_channel(1);
-            std::thread::spawn(move || {
-                let dl = || match at2.load(Ordering::SeqCst) {
-                    0 => None,
-                    ms => Some(base + Duration::from_millis(ms)),
-                };
-                let _ = tx.send(q2.pop(Duration::ZERO, &dl));
-            });
-            std::thread::yield_now();
-            at.store(5, Ordering::SeqCst);
-            q.wake_all();
-            // Without the fix the consumer could sleep with no deadline.
-            let got = rx.recv_timeout(Duration::from_secs(5));
-            assert_eq!(got, Ok(None), "the consumer missed the new deadline");
-            q.close();
-        }
+    fn wake_all_releases_a_parked_consumer() {
+        let q: Arc<WorkQueue<u8>> = Arc::new(WorkQueue::new());
+        let q2 = q.clone();
+        let t = std::thread::spawn(move || q2.pop(Duration::ZERO));
+        std::thread::sleep(Duration::from_millis(10));
+        q.wake_all();
+        assert_eq!(t.join().unwrap(), None);
     }
 
     #[test]
     fn close_releases_waiters() {
         let q: Arc<WorkQueue<u8>> = Arc::new(WorkQueue::new());
         let q2 = q.clone();
-        let t = std::thread::spawn(move || q2.pop(Duration::ZERO, &|| None));
+        let t = std::thread::spawn(move || q2.pop(Duration::ZERO));
         std::thread::sleep(Duration::from_millis(10));
         q.close();
         assert_eq!(t.join().unwrap(), None);
@@ -216,9 +177,7 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut got = 0u64;
                     loop {
-                        match q.pop(Duration::ZERO, &|| {
-                            Some(Instant::now() + Duration::from_secs(5))
-                        }) {
+                        match q.pop(Duration::ZERO) {
                             Some(u64::MAX) => return got,
                             Some(_) => got += 1,
                             None if q.is_closed() => return got,

@@ -250,9 +250,7 @@ fn reset(e: &io::Error) -> NetError {
 /// Completes a buffer through its transfer machine's sink (callbacks run
 /// here, on the I/O thread).
 pub(crate) fn complete(tm: &TmShared, q: &QueuedBuf, status: Result<usize>) {
-    if let Some(s) = tm.sink() {
-        s.complete(q, status);
-    }
+    tm.sink().complete(q, status);
 }
 
 impl Conn {
@@ -464,20 +462,20 @@ impl Conn {
             .map(|(x, _)| *x)
     }
 
-    /// A deletion of an outgoing buffer in use. Without `abort` (a plain
-    /// cancel), only a transfer with nothing on the wire yet is cancelled;
-    /// others finish normally. With `abort` (timeout, stop with abort) the
-    /// transfer ends now: the peer is told (`wire` is the status it
-    /// completes its buffer with) and the buffer completes `Cancelled`.
-    pub(crate) fn del_op(&mut self, xid: u64, abort: bool, wire: &NetError) -> Result<()> {
+    /// A deletion (cancel, timeout, stop with abort) of an outgoing buffer
+    /// in use: the transfer ends now and the buffer completes `Cancelled`
+    /// (the core reports `TimedOut` after a timeout). Frames not yet
+    /// started are withdrawn; a frame partly on the wire is finished from a
+    /// copy of its unwritten part (a frame cannot be cut short without
+    /// closing the connection), so a message already partly sent still
+    /// arrives whole. A bulk transfer's peer is told with an ABORT carrying
+    /// `wire`, the status its passive buffer completes with.
+    pub(crate) fn del_op(&mut self, xid: u64, wire: &NetError) -> Result<()> {
         let Some(op) = self.ops.get(&xid) else {
             return Ok(());
         };
         if !op.started {
             return self.finish_op(xid, Err(NetError::Cancelled));
-        }
-        if !abort {
-            return Ok(());
         }
         let bulk = !matches!(op.kind, OpKind::Msg);
         let (own, dest) = (op.tm.own(), TcpAddr::parse(&op.dest).ok());
@@ -507,9 +505,8 @@ impl Conn {
             body: Body::Recv { claim, tm },
             ..
         } = std::mem::replace(&mut self.rstate, RState::Header)
-            && let Some(s) = tm.sink()
         {
-            s.release_recv(claim);
+            tm.sink().release_recv(claim);
         }
     }
 
@@ -838,14 +835,14 @@ impl Conn {
             Opcode::Msg => {
                 let body = match self.target_tm(&h)? {
                     None => Body::Discard(Some(NetError::Unreachable(h.receiver.to_string()))),
-                    Some(tm) => match tm.sink().map(|s| s.claim_recv(body_len)) {
-                        Some(Ok(claim)) => Body::Recv { claim, tm },
-                        Some(Err(ClaimError::NoBuffers { notice })) => {
+                    Some(tm) => match tm.sink().claim_recv(body_len) {
+                        Ok(claim) => Body::Recv { claim, tm },
+                        Err(ClaimError::NoBuffers { notice }) => {
                             // This I/O thread is the receiving machine's own.
                             notice.run();
                             Body::Discard(Some(NetError::NoBuffers))
                         }
-                        Some(Err(ClaimError::TooLarge { victim, space })) => {
+                        Err(ClaimError::TooLarge { victim, space }) => {
                             let e = NetError::MessageTooLarge {
                                 len: body_len,
                                 space,
@@ -971,16 +968,16 @@ impl Conn {
                 .target_tm(h)
                 .map_err(Some)?
                 .ok_or_else(|| Some(NetError::Unreachable(h.receiver.to_string())))?;
-            let sink = tm
-                .sink()
-                .ok_or_else(|| Some(NetError::Unreachable(h.receiver.to_string())))?;
+            let sink = tm.sink();
             let requester = h.sender.to_string();
             match sink.claim_passive(&fields, &requester, active, h.total as usize) {
                 Ok(PassiveClaim { buf, len: xlen }) => {
                     let xlen = xlen as u64;
                     if len > xlen || (!get && h.total != xlen) {
+                        // A malformed request: refused, and the passive
+                        // buffer stays queued for a genuine one.
+                        sink.release_claim(&buf);
                         let e = NetError::Protocol("first chunk outside the transfer".into());
-                        complete(&tm, &buf, Err(e.clone()));
                         return Err(Some(e));
                     }
                     self.pas.insert(
@@ -998,16 +995,9 @@ impl Conn {
                         },
                     );
                 }
-                Err(PassiveError {
-                    error,
-                    victim,
-                    notice,
-                }) => {
+                Err(PassiveError { error, notice }) => {
                     // This I/O thread is the passive machine's own.
                     notice.run();
-                    if let Some(v) = victim {
-                        complete(&tm, &v, Err(error.clone()));
-                    }
                     return Err(Some(error));
                 }
             }
@@ -1034,9 +1024,8 @@ impl Conn {
         match body {
             Body::Recv { claim, tm } => {
                 self.respond(Opcode::MsgAck, &h, None);
-                if let Some(s) = tm.sink() {
-                    s.post_msg(claim, h.body_len as usize, &h.sender.to_string());
-                }
+                tm.sink()
+                    .post_msg(claim, h.body_len as usize, &h.sender.to_string());
             }
             Body::Discard(reply) => {
                 if let Some(e) = reply {
@@ -1144,9 +1133,7 @@ impl Conn {
                 std::mem::replace(body, Body::Discard(Some(wire.clone())))
             {
                 trace!(conn = self.token, xid = h.xid, "message read aborted");
-                if let Some(s) = tm.sink() {
-                    s.release_recv(claim);
-                }
+                tm.sink().release_recv(claim);
             }
             found = true;
         }

@@ -1,8 +1,10 @@
 //! The I/O engine of a domain: one thread that owns the domain's sockets
 //! (its outgoing connections, the listeners its transfer machines opened
 //! and the connections accepted on them), drives readiness with `epoll`
-//! (through `mio`), runs the operations the transfer machines queue, drives
-//! buffer timeouts, and reaps idle connections (the seed's skulker).
+//! (through `mio`), runs the operations the transfer machines queue and the
+//! core's deliveries, watches connect timeouts, and reaps idle connections
+//! (the skulker). Buffer timeouts are the core's: a buffer in flight that
+//! expires reaches the engine as a deletion.
 //!
 //! The thread polls for [`TcpConfig::spin`](crate::TcpConfig::spin) after
 //! its last piece of work before it blocks in `epoll_wait`; whoever queues a
@@ -16,8 +18,8 @@ use std::sync::{Arc, LazyLock, Weak};
 use std::thread::{self, JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
-use colibri_net::xprt::{DelReason, QueuedBuf};
-use colibri_net::{NetBufDesc, NetError, QueueType, Result, TmId};
+use colibri_net::xprt::{DelReason, Delivery, QueuedBuf};
+use colibri_net::{NetBufDesc, NetError, QueueType, Result};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
@@ -75,17 +77,14 @@ impl Stats {
 
 /// Commands queued to an engine.
 pub(crate) enum Cmd {
-    AddTm(Arc<TmShared>),
-    RemoveTm(TmId),
     Started(Arc<TmShared>),
-    Stop(Arc<TmShared>),
     Listen(Arc<Listener>),
     Send(Arc<TmShared>, QueuedBuf),
     Active(Arc<TmShared>, QueuedBuf),
-    Del(Arc<TmShared>, QueuedBuf, DelReason),
+    Del(QueuedBuf, DelReason),
+    /// Callbacks the core decided for a transfer machine of this domain.
+    Deliver(Delivery),
     Pin(usize),
-    /// Recompute timers (a buffer with a timeout was added).
-    Wake,
 }
 
 /// A listening socket shared by the transfer machines of this process
@@ -328,7 +327,6 @@ struct Loop {
     /// Peers' listening addresses reachable over connections they opened
     /// to us (learned from their requests).
     routes: HashMap<SocketAddrV4, usize>,
-    tms: HashMap<TmId, Arc<TmShared>>,
     next_token: usize,
     /// The connection that last had data to read (polled directly while
     /// spinning).
@@ -352,7 +350,6 @@ impl Loop {
             listeners: HashMap::new(),
             out: HashMap::new(),
             routes: HashMap::new(),
-            tms: HashMap::new(),
             next_token: 1,
             hot: None,
             dirty: Vec::new(),
@@ -508,7 +505,6 @@ impl Loop {
             self.timers(now);
         }
         self.flush_dirty();
-        self.check_stops();
     }
 
     fn on_event(&mut self, ev: &mio::event::Event) {
@@ -710,19 +706,10 @@ impl Loop {
 
     fn on_cmd(&mut self, c: Cmd) {
         match c {
-            Cmd::AddTm(tm) => {
-                self.tms.insert(tm.id, tm);
-            }
-            Cmd::RemoveTm(id) => {
-                self.tms.remove(&id);
-            }
             Cmd::Started(tm) => {
-                if let (Some(s), Some(a)) = (tm.sink(), tm.own()) {
-                    s.post_started(&a.to_string());
+                if let Some(a) = tm.own() {
+                    tm.sink().post_started(&a.to_string());
                 }
-            }
-            Cmd::Stop(tm) => {
-                self.tms.insert(tm.id, tm);
             }
             Cmd::Listen(l) => {
                 let t = self.token();
@@ -742,17 +729,14 @@ impl Loop {
             }
             Cmd::Send(tm, q) => self.start_op(tm, q, false),
             Cmd::Active(tm, q) => self.start_op(tm, q, true),
-            Cmd::Del(tm, q, reason) => self.del(&tm, &q, reason),
+            Cmd::Del(q, reason) => self.del(&q, reason),
+            Cmd::Deliver(d) => d.run(),
             Cmd::Pin(cpu) => pin(cpu),
-            Cmd::Wake => {}
         }
     }
 
     fn start_op(&mut self, tm: Arc<TmShared>, q: QueuedBuf, bulk: bool) {
-        let Some(sink) = tm.sink() else {
-            return;
-        };
-        if !sink.begin_use(&q) {
+        if !tm.sink().begin_use(&q) {
             return;
         }
         let Some(own) = tm.own() else {
@@ -815,12 +799,11 @@ impl Loop {
         self.dirty.push(t);
     }
 
-    fn del(&mut self, tm: &Arc<TmShared>, q: &QueuedBuf, reason: DelReason) {
-        if !q.is_in_use() {
-            complete(tm, q, Err(NetError::Cancelled));
-            return;
-        }
-        let abort = matches!(reason, DelReason::Timeout | DelReason::Stop { abort: true });
+    /// Ends the transfer using buffer `q` (which the transport has in
+    /// use: the core completes idle buffers itself), wherever it is: an
+    /// outgoing operation is withdrawn or aborted on the wire, an incoming
+    /// message read or bulk transfer is abandoned and its sender told.
+    fn del(&mut self, q: &QueuedBuf, reason: DelReason) {
         let wire = if reason == DelReason::Timeout {
             NetError::TimedOut
         } else {
@@ -831,7 +814,7 @@ impl Loop {
             QueueType::MsgSend | QueueType::ActiveBulkRecv | QueueType::ActiveBulkSend => {
                 for (t, c) in &mut self.conns {
                     if let Some(x) = c.find_op(q) {
-                        if let Err(e) = c.del_op(x, abort, &wire) {
+                        if let Err(e) = c.del_op(x, &wire) {
                             failed.push((*t, e));
                         }
                         self.dirty.push(*t);
@@ -839,10 +822,6 @@ impl Loop {
                 }
             }
             QueueType::MsgRecv | QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend => {
-                if !abort {
-                    // In use: the transfer finishes normally.
-                    return;
-                }
                 for (t, c) in &mut self.conns {
                     if c.abort_incoming(q, &wire) {
                         self.dirty.push(*t);
@@ -855,24 +834,9 @@ impl Loop {
         }
     }
 
-    /// Buffer timeouts, connect timeouts and the skulker; sets the next
-    /// time to look.
+    /// Connect timeouts and the skulker; sets the next time to look.
     fn timers(&mut self, now: Instant) {
         let mut next = now + Duration::from_secs(1);
-        for tm in self.tms.values() {
-            if let Some(s) = tm.sink()
-                && let Some(d) = s.next_deadline()
-            {
-                if d <= now {
-                    s.expire_timeouts(now);
-                } else {
-                    next = next.min(d);
-                }
-            }
-            if tm.is_stopping() {
-                next = next.min(now + Duration::from_millis(2));
-            }
-        }
         let mut late = Vec::new();
         for (t, c) in &self.conns {
             if let Some(d) = c.connect_deadline {
@@ -918,18 +882,6 @@ impl Loop {
         }
         next = next.min(self.next_reap);
         self.timer_at = next;
-    }
-
-    fn check_stops(&mut self) {
-        let done: Vec<Arc<TmShared>> = self
-            .tms
-            .values()
-            .filter(|tm| tm.is_stopping() && tm.sink().is_some_and(|s| s.queued() == 0))
-            .cloned()
-            .collect();
-        for tm in done {
-            tm.finish_stop();
-        }
     }
 }
 

@@ -81,7 +81,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use colibri_net::xprt::{Caps, Limits, Transport, XprtDomain, XprtTm};
+use colibri_net::xprt::{Caps, Limits, TmSink, Transport, XprtDomain, XprtTm};
 use colibri_net::{Result, TmId};
 
 pub use addr::TcpAddr;
@@ -221,8 +221,8 @@ impl XprtDomain for TcpDomain {
             .with_confine()
     }
 
-    fn tm_init(&self, tm: TmId) -> Result<Box<dyn XprtTm>> {
-        Ok(Box::new(tm::TcpTm::new(tm, Arc::clone(&self.engine))))
+    fn tm_init(&self, tm: TmId, sink: TmSink) -> Result<Box<dyn XprtTm>> {
+        Ok(Box::new(tm::TcpTm::new(tm, Arc::clone(&self.engine), sink)))
     }
 
     fn fini(&self) {

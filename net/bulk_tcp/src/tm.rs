@@ -2,10 +2,9 @@
 //! one only queues a command to an I/O thread (they run under the transfer
 //! machine's lock and must not block).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use colibri_net::xprt::{DelReason, EpAddr, QueuedBuf, TmSink, XprtTm};
+use colibri_net::xprt::{DelReason, Delivery, EpAddr, QueuedBuf, TmSink, XprtTm};
 use colibri_net::{NetError, QueueType, Result, TmId};
 use parking_lot::Mutex;
 use tracing::debug;
@@ -18,12 +17,11 @@ use crate::engine::{self, Cmd, Engine, Listener};
 pub(crate) struct TmShared {
     pub(crate) id: TmId,
     /// The I/O thread of the transfer machine's domain: its sends and
-    /// active transfers, its timers and its stop.
+    /// active transfers, and the core's deliveries.
     pub(crate) engine: Arc<Engine>,
-    sink: OnceLock<TmSink>,
+    sink: TmSink,
     own: OnceLock<TcpAddr>,
     listener: Mutex<Option<Arc<Listener>>>,
-    stopping: AtomicBool,
 }
 
 impl std::fmt::Debug for TmShared {
@@ -36,34 +34,13 @@ impl std::fmt::Debug for TmShared {
 }
 
 impl TmShared {
-    pub(crate) fn sink(&self) -> Option<&TmSink> {
-        self.sink.get()
+    pub(crate) fn sink(&self) -> &TmSink {
+        &self.sink
     }
 
     /// Its own address, once started.
     pub(crate) fn own(&self) -> Option<TcpAddr> {
         self.own.get().copied()
-    }
-
-    pub(crate) fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::SeqCst)
-    }
-
-    /// Every buffer completed: leave the listener and post STOPPED. Exactly
-    /// one caller wins.
-    pub(crate) fn finish_stop(&self) {
-        if self
-            .stopping
-            .compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst)
-            .is_err()
-        {
-            return;
-        }
-        self.leave_listener();
-        debug!(tm = %self.id, "stopped");
-        if let Some(s) = self.sink() {
-            s.post_stopped();
-        }
     }
 
     fn leave_listener(&self) {
@@ -81,22 +58,21 @@ pub(crate) struct TcpTm {
 }
 
 impl TcpTm {
-    pub(crate) fn new(id: TmId, engine: Arc<Engine>) -> Self {
-        let sh = Arc::new(TmShared {
-            id,
-            engine,
-            sink: OnceLock::new(),
-            own: OnceLock::new(),
-            listener: Mutex::new(None),
-            stopping: AtomicBool::new(false),
-        });
-        sh.engine.push(Cmd::AddTm(Arc::clone(&sh)));
-        Self { sh }
+    pub(crate) fn new(id: TmId, engine: Arc<Engine>, sink: TmSink) -> Self {
+        Self {
+            sh: Arc::new(TmShared {
+                id,
+                engine,
+                sink,
+                own: OnceLock::new(),
+                listener: Mutex::new(None),
+            }),
+        }
     }
 }
 
 impl XprtTm for TcpTm {
-    fn start(&self, sink: &TmSink, addr: &str) -> Result<()> {
+    fn start(&self, addr: &str) -> Result<()> {
         let want = TcpAddr::parse(addr)?;
         if want.ip.is_unspecified() || want.ip.is_broadcast() || want.ip.is_multicast() {
             return Err(NetError::InvalidAddress {
@@ -104,7 +80,6 @@ impl XprtTm for TcpTm {
                 reason: "a transfer machine needs a unicast address peers can reach".into(),
             });
         }
-        let _ = self.sh.sink.set(sink.clone());
         let (l, got) = engine::claim_addr(want, &self.sh)?;
         let _ = self.sh.own.set(got);
         *self.sh.listener.lock() = Some(l);
@@ -113,17 +88,18 @@ impl XprtTm for TcpTm {
         Ok(())
     }
 
-    fn stop(&self, sink: &TmSink, abort: bool) -> Result<()> {
-        let _ = self.sh.sink.set(sink.clone());
+    fn stop(&self, abort: bool) -> Result<()> {
         debug!(tm = %self.sh.id, abort, "stop requested");
-        self.sh.stopping.store(true, Ordering::SeqCst);
-        self.sh.engine.push(Cmd::Stop(Arc::clone(&self.sh)));
         Ok(())
+    }
+
+    fn stopped(&self) {
+        self.sh.leave_listener();
+        debug!(tm = %self.sh.id, "stopped");
     }
 
     fn fini(&self) {
         self.sh.leave_listener();
-        self.sh.engine.push(Cmd::RemoveTm(self.sh.id));
     }
 
     fn ep_parse(&self, addr: &str) -> Result<EpAddr> {
@@ -134,32 +110,22 @@ impl XprtTm for TcpTm {
         })
     }
 
-    fn buf_add(&self, sink: &TmSink, buf: &QueuedBuf) -> Result<()> {
-        let _ = self.sh.sink.set(sink.clone());
+    fn buf_add(&self, buf: &QueuedBuf) -> Result<()> {
         let sh = Arc::clone(&self.sh);
         match buf.queue() {
             QueueType::MsgSend => self.sh.engine.push(Cmd::Send(sh, buf.clone())),
             QueueType::ActiveBulkRecv | QueueType::ActiveBulkSend => {
                 self.sh.engine.push(Cmd::Active(sh, buf.clone()));
             }
-            QueueType::MsgRecv | QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend => {
-                if buf.deadline().is_some() {
-                    // Make the I/O thread recompute its wake-up time.
-                    self.sh.engine.push(Cmd::Wake);
-                }
-            }
+            // Receive and passive buffers wait for requests.
+            QueueType::MsgRecv | QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend => {}
         }
         Ok(())
     }
 
-    fn buf_del(&self, sink: &TmSink, buf: &QueuedBuf, reason: DelReason) {
-        let _ = self.sh.sink.set(sink.clone());
-        let del = || Cmd::Del(Arc::clone(&self.sh), buf.clone(), reason);
-        let incoming = matches!(
-            buf.queue(),
-            QueueType::MsgRecv | QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend
-        );
-        if incoming && buf.is_in_use() {
+    fn buf_del(&self, buf: &QueuedBuf, reason: DelReason) {
+        let del = || Cmd::Del(buf.clone(), reason);
+        if buf.queue().is_passive() || buf.queue() == QueueType::MsgRecv {
             // A request is filling or reading it. Requests for this machine
             // are read by the engine of its listener, by its own engine when
             // they come back over a connection it opened, and (when its
@@ -169,6 +135,10 @@ impl XprtTm for TcpTm {
         } else {
             self.sh.engine.push(del());
         }
+    }
+
+    fn deliver(&self, delivery: Delivery) {
+        self.sh.engine.push(Cmd::Deliver(delivery));
     }
 
     fn confine(&self, cpus: &[usize]) -> Result<()> {

@@ -331,8 +331,13 @@ fn hostile_bulk_requests() {
     s.read_exact(&mut detail).unwrap();
     let e = wire::decode_status(a.status, &detail).unwrap();
     assert!(matches!(e, NetError::WrongQueue { .. }), "{e:?}");
+    // The refusal is the requester's: the passive buffer stays queued,
+    // untouched, for the transfer it was made for.
+    assert!(n.events.recv_timeout(Duration::from_millis(100)).is_none());
+    assert_eq!(n.tm.rejected_requests(), 1);
+    n.tm.stop(true).unwrap();
     let ev = n.next_on(QueueType::PassiveBulkSend);
-    assert_eq!(ev.error(), Some(&e), "both sides fail with the same status");
+    assert_eq!(ev.error(), Some(&NetError::Cancelled));
     assert_eq!(
         ev.buffer().unwrap().bufvec().to_vec(0, 64).unwrap(),
         vec![1; 64],
