@@ -410,9 +410,14 @@ impl ProvShared {
 /// Keeps a transfer machine's MSG_RECV queue stocked from a
 /// [`BufferPool`] (Motr's `m0_net_tm_pool_attach`).
 ///
+/// The queue is topped up when a buffer's final event arrives, before the
+/// application's callback runs, so a message arriving during a slow
+/// callback finds a buffer (when the pool has one to spare).
+///
 /// Dropping it (or [`RecvProvisioner::detach`]) stops the topping up;
 /// buffers already queued stay queued, and still return to the pool after
 /// their final event (a stop with abort cancels them).
+#[must_use = "dropping a RecvProvisioner stops topping the receive queue up: keep it"]
 pub struct RecvProvisioner {
     sh: Arc<ProvShared>,
 }
@@ -469,17 +474,23 @@ impl RecvProvisioner {
         let cbs = Arc::new(BufferCallbacks::new().on(
             QueueType::MsgRecv,
             move |tm: &TmHandle, mut ev: BufferEvent| {
+                if ev.is_final()
+                    && let Some(p) = weak.upgrade()
+                {
+                    // Top the queue up before the application's callback
+                    // runs (as Motr's tm_provision does): a message that
+                    // arrives while it works finds a buffer.
+                    p.queued.fetch_sub(1, Ordering::SeqCst);
+                    p.fill();
+                }
                 on_msg(tm, &mut ev);
                 if !ev.is_final() {
                     return;
                 }
+                // Unless the application took it, the buffer goes back to
+                // the pool (which tops up a provisioner waiting for one).
                 if let Some(b) = ev.take_buffer() {
                     let _ = pool2.put(b);
-                }
-                drop(ev);
-                if let Some(p) = weak.upgrade() {
-                    p.queued.fetch_sub(1, Ordering::SeqCst);
-                    p.fill();
                 }
             },
         ));
