@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use colibri_net::{
-    BufVec, BufferCallbacks, BufferEvent, Domain, EndPoint, EventReceiver, NetBuffer, QueueType,
-    TmEvent, TmEventKind, TmEventReceiver, TmState, TransferMachine, event_channel,
+    BufVec, BufferCallbacks, BufferEvent, Domain, DomainConfig, EndPoint, EventReceiver, NetBuffer,
+    QueueType, TmEvent, TmEventKind, TmEventReceiver, TmState, TransferMachine, event_channel,
     tm_event_channel,
 };
 
@@ -43,7 +43,13 @@ impl std::fmt::Debug for Node {
 impl Node {
     /// An initialised, not started node.
     pub fn init(f: &dyn Factory) -> Self {
-        let dom = Domain::new(&*f.transport()).expect("domain init");
+        Self::init_with(f, DomainConfig::default())
+    }
+
+    /// An initialised, not started node whose domain has `cfg` (a manual
+    /// clock, say).
+    pub fn init_with(f: &dyn Factory, cfg: DomainConfig) -> Self {
+        let dom = Domain::with_config(&*f.transport(), cfg).expect("domain init");
         let (tm_cb, tm_events) = tm_event_channel(1024);
         let tm = dom.tm_init(tm_cb).expect("tm init");
         let (cbs, events) = event_channel(4096);

@@ -35,6 +35,10 @@ pub mod harness;
 
 pub use harness::{Node, Rng, pattern};
 
+/// Largest message the in-flight cases send to a deaf peer: more than a
+/// loopback socket pair buffers, so the send stays on the wire.
+pub const STALL_MSG: usize = 12 << 20;
+
 /// Makes the transport under test and addresses for it.
 pub trait Factory: Send + Sync {
     /// Name of the transport, for messages.
@@ -55,6 +59,32 @@ pub trait Factory: Send + Sync {
     fn invalid_addr(&self) -> String {
         "not an address".to_string()
     }
+
+    /// Peers that stop half-way, for the cases that end operations in
+    /// flight. `None` (the default) for a transport whose transfers cannot
+    /// stall (bulk_mem copies in one step): those cases then test what
+    /// they can without one.
+    fn staller(&self) -> Option<Box<dyn Staller>> {
+        None
+    }
+}
+
+/// Misbehaving peers a transport's test provides, speaking its wire
+/// protocol: they stop in the middle of a transfer and keep the connection
+/// open. Dropping the staller closes everything it opened.
+pub trait Staller: Send {
+    /// An address at which a peer accepts connections and never reads:
+    /// a large enough send to it stays in flight.
+    fn deaf_peer(&mut self) -> String;
+
+    /// Sends the start of a `len`-byte message to the transfer machine at
+    /// `to` and stops, so that a receive buffer stays claimed.
+    fn stalled_message(&mut self, to: &str, len: usize);
+
+    /// Starts an active send of `len` bytes into the passive receive
+    /// buffer named by `desc` and stops half-way, so that the passive
+    /// buffer stays in use.
+    fn stalled_put(&mut self, desc: &colibri_net::NetBufDesc, len: usize);
 }
 
 /// Expands into one `#[test]` per conformance case, each calling
@@ -70,6 +100,13 @@ macro_rules! conformance_tests {
             start_address_in_use,
             failed_tm_only_finalises,
             recv_added_before_start,
+            recv_before_start_cancel_and_timeout,
+            timeouts_on_a_manual_clock,
+            del_ends_a_send_in_flight,
+            stop_abort_after_del_in_flight,
+            del_ends_a_stalled_receive,
+            del_ends_a_stalled_passive_transfer,
+            pool_tops_up_before_the_callback,
             add_needs_started,
             stop_abort_cancels_everything,
             stop_without_abort,
