@@ -89,6 +89,7 @@ pub mod ep;
 pub mod error;
 pub mod pool;
 pub mod queue;
+pub mod registry;
 mod sink;
 mod slab;
 pub mod stats;

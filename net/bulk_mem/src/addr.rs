@@ -1,11 +1,10 @@
 //! Addresses of the in-memory transport and the process-wide registry of
 //! started transfer machines.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Weak};
+use std::sync::{Arc, Weak};
 
 use colibri_net::NetError;
+use colibri_net::registry::Registry;
 use parking_lot::Mutex;
 
 use crate::tm::Shared;
@@ -18,55 +17,23 @@ use crate::tm::Shared;
 /// zero service.
 pub use colibri_net::addr::InetAddr as MemAddr;
 
-/// Bumped whenever the registry changes, so that cached lookups know when
-/// to look again.
-static GENERATION: AtomicU64 = AtomicU64::new(1);
-
-/// Started transfer machines by address.
-static REGISTRY: LazyLock<Mutex<HashMap<MemAddr, Weak<Shared>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// First port tried for port 0.
-const DYNAMIC_PORT_BASE: u16 = 32768;
+/// Started transfer machines by address (the core's registry).
+static REGISTRY: Registry<Shared> = Registry::new();
 
 /// Claims `addr` for `tm`; port 0 picks a free port. Returns the address
 /// actually claimed.
 pub(crate) fn register(addr: MemAddr, tm: &Arc<Shared>) -> Result<MemAddr, NetError> {
-    let mut reg = REGISTRY.lock();
-    let taken = |reg: &HashMap<MemAddr, Weak<Shared>>, a: &MemAddr| {
-        reg.get(a).is_some_and(|w| w.strong_count() > 0)
-    };
-    let addr = if addr.port == 0 {
-        (DYNAMIC_PORT_BASE..=u16::MAX)
-            .map(|port| MemAddr { port, ..addr })
-            .find(|a| !taken(&reg, a))
-            .ok_or_else(|| NetError::AddrInUse(format!("{}:0 (no free port left)", addr.ip)))?
-    } else {
-        if taken(&reg, &addr) {
-            return Err(NetError::AddrInUse(addr.compact()));
-        }
-        addr
-    };
-    reg.insert(addr, Arc::downgrade(tm));
-    GENERATION.fetch_add(1, Ordering::AcqRel);
-    Ok(addr)
+    REGISTRY.claim(addr, tm)
 }
 
 /// Releases `addr` if `tm` holds it.
 pub(crate) fn unregister(addr: MemAddr, tm: &Arc<Shared>) {
-    let mut reg = REGISTRY.lock();
-    if reg
-        .get(&addr)
-        .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(tm)))
-    {
-        reg.remove(&addr);
-        GENERATION.fetch_add(1, Ordering::AcqRel);
-    }
+    REGISTRY.release(&addr, tm);
 }
 
 /// The transfer machine started at `addr`, if any.
 pub(crate) fn lookup(addr: &MemAddr) -> Option<Arc<Shared>> {
-    REGISTRY.lock().get(addr).and_then(Weak::upgrade)
+    REGISTRY.lookup(addr)
 }
 
 /// The transport's data of an end point: its address, and the transfer
@@ -88,7 +55,7 @@ impl MemEp {
     /// The transfer machine started at this address, if any; the global
     /// registry is only consulted after it changed.
     pub(crate) fn lookup(&self) -> Option<Arc<Shared>> {
-        let generation = GENERATION.load(Ordering::Acquire);
+        let generation = REGISTRY.generation();
         let mut c = self.cache.lock();
         if c.0 == generation
             && let Some(tm) = c.1.upgrade()

@@ -18,6 +18,7 @@ use std::sync::{Arc, LazyLock, Weak};
 use std::thread::{self, JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
+use colibri_net::registry::Registry;
 use colibri_net::xprt::{DelReason, Delivery, QueuedBuf};
 use colibri_net::{NetBufDesc, NetError, QueueType, Result};
 use mio::net::{TcpListener, TcpStream};
@@ -88,11 +89,10 @@ pub(crate) enum Cmd {
 }
 
 /// A listening socket shared by the transfer machines of this process
-/// started at its address, told apart by service id.
+/// started at its address, told apart by service id (in [`SERVICES`]).
 pub(crate) struct Listener {
     pub(crate) addr: SocketAddrV4,
     sock: Mutex<Option<TcpListener>>,
-    services: Mutex<HashMap<u32, Weak<TmShared>>>,
     engine: Arc<Engine>,
 }
 
@@ -107,11 +107,19 @@ impl std::fmt::Debug for Listener {
 impl Listener {
     /// The transfer machine of `service`, if started here.
     pub(crate) fn service(&self, service: u32) -> Option<Arc<TmShared>> {
-        self.services.lock().get(&service).and_then(Weak::upgrade)
+        SERVICES.lookup(&TcpAddr {
+            ip: *self.addr.ip(),
+            port: self.addr.port(),
+            service,
+        })
     }
 }
 
-/// Listeners of the process by address.
+/// The transfer machines of the process by address (the core's registry).
+static SERVICES: Registry<TmShared> = Registry::new();
+
+/// Listeners of the process by address. Lock order: `LISTENERS`, then
+/// the registry's own lock.
 static LISTENERS: LazyLock<Mutex<HashMap<SocketAddrV4, Arc<Listener>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
@@ -128,11 +136,7 @@ pub(crate) fn claim_addr(want: TcpAddr, tm: &Arc<TmShared>) -> Result<(Arc<Liste
     if want.port != 0
         && let Some(l) = reg.get(&want.sock())
     {
-        let mut sv = l.services.lock();
-        if sv.get(&want.service).is_some_and(|w| w.strong_count() > 0) {
-            return Err(NetError::AddrInUse(want.to_string()));
-        }
-        sv.insert(want.service, Arc::downgrade(tm));
+        SERVICES.claim(want, tm)?;
         return Ok((Arc::clone(l), want));
     }
     let std_l = bind(want.sock()).map_err(|e| {
@@ -148,16 +152,18 @@ pub(crate) fn claim_addr(want: TcpAddr, tm: &Arc<TmShared>) -> Result<(Arc<Liste
             return Err(NetError::InvalidArgument("bound an IPv6 address".into()));
         }
     };
-    let got = TcpAddr {
-        port: real.port(),
-        ..want
-    };
+    let got = SERVICES.claim(
+        TcpAddr {
+            port: real.port(),
+            ..want
+        },
+        tm,
+    )?;
     let engine = Arc::clone(&tm.engine);
     engine.add_user();
     let l = Arc::new(Listener {
         addr: real,
         sock: Mutex::new(Some(TcpListener::from_std(std_l))),
-        services: Mutex::new(HashMap::from([(want.service, Arc::downgrade(tm))])),
         engine,
     });
     reg.insert(real, Arc::clone(&l));
@@ -187,17 +193,13 @@ fn bind(addr: SocketAddrV4) -> std::io::Result<std::net::TcpListener> {
 /// listening socket (at once, so the address can be started again).
 pub(crate) fn release_addr(l: &Arc<Listener>, service: u32, tm: &TmShared) {
     let mut reg = LISTENERS.lock();
-    let mut sv = l.services.lock();
-    if sv
-        .get(&service)
-        .is_some_and(|w| std::ptr::eq(w.as_ptr(), tm))
-    {
-        sv.remove(&service);
-    }
-    sv.retain(|_, w| w.strong_count() > 0);
-    let last = sv.is_empty();
-    drop(sv);
-    if !last {
+    let me = TcpAddr {
+        ip: *l.addr.ip(),
+        port: l.addr.port(),
+        service,
+    };
+    SERVICES.release(&me, tm);
+    if SERVICES.any_at(me.ip, me.port) {
         return;
     }
     if reg.get(&l.addr).is_some_and(|x| Arc::ptr_eq(x, l)) {
