@@ -78,7 +78,7 @@ impl QueuedBuf {
         self.0.deadline
     }
 
-    /// What [`XprtDomain::buf_register`] returned for this buffer.
+    /// What [`XprtDomain::buf_register`](crate::xprt::XprtDomain::buf_register) returned for this buffer.
     pub fn reg(&self) -> Option<&XprtData> {
         self.0.reg.as_ref()
     }
@@ -182,7 +182,7 @@ pub struct PassiveError {
 /// Cheap to clone; holds the transfer machine weakly, so a transport keeping
 /// one never keeps a finalised transfer machine alive. Every method may be
 /// called from any thread, but never while holding the transfer machine's
-/// lock (that is, never from inside an [`XprtTm`] method of the same
+/// lock (that is, never from inside an [`XprtTm`](crate::xprt::XprtTm) method of the same
 /// transfer machine).
 #[derive(Clone)]
 pub struct TmSink {
@@ -250,8 +250,7 @@ impl TmSink {
     /// Gives back an exclusive claim ([`TmSink::begin_use`] or
     /// [`TmSink::claim_passive`]) without completing the buffer: it stays
     /// queued and available. If a deletion or a stop arrived meanwhile, the
-    /// transport is asked again (through [`XprtTm::buf_del`]) to complete
-    /// it.
+    /// core completes it now (it is no longer in use).
     pub fn release_claim(&self, buf: &QueuedBuf) {
         self.with(|tm| tm.release_claim(buf));
     }

@@ -1452,6 +1452,9 @@ pub fn sync_delivery(f: &dyn Factory) {
         assert!(a.next_event_on(QueueType::MsgSend).is_ok());
     }
     assert!(b.tm.events_pending());
+    // The hook runs on a transport thread, soon after the first event.
+    wait_until("the notify hook", || fired.load(Ordering::SeqCst) > 0);
+    thread::sleep(QUIET_WAIT);
     assert_eq!(fired.load(Ordering::SeqCst), 1, "notify fires once");
     assert!(threads.lock().is_empty(), "no callback before deliver_all");
     assert_eq!(b.tm.deliver_all().unwrap(), 4);

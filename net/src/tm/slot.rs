@@ -1,0 +1,190 @@
+//! Queued buffers: the slot of each add (parameters, memory, flags,
+//! receive reservations, per-buffer event backlog).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use crate::buffer::{BufferCallbacks, NetBuffer};
+use crate::desc::DescFields;
+use crate::ep::EndPoint;
+use crate::error::Result;
+use crate::queue::QueueType;
+use crate::xprt::XprtData;
+
+use super::RecvParams;
+
+/// Senders' end points a transfer machine keeps alive.
+pub(super) const EP_CACHE: usize = 64;
+
+pub(crate) const F_IN_USE: u8 = 1;
+
+pub(crate) const F_CANCEL: u8 = 2;
+
+pub(crate) const F_TIMED_OUT: u8 = 4;
+
+/// A queued buffer: the parameters of its operation and its memory.
+pub(crate) struct Slot {
+    pub(crate) token: u64,
+    pub(crate) tm_id: u64,
+    pub(crate) queue: QueueType,
+    pub(crate) length: usize,
+    pub(crate) size: usize,
+    /// Destination of a send; released when the buffer completes, even if
+    /// the transport keeps its `QueuedBuf`.
+    pub(crate) ep: Mutex<Option<EndPoint>>,
+    pub(crate) actor: Option<String>,
+    pub(crate) desc: Option<Box<DescFields>>,
+    pub(crate) cookie: u64,
+    pub(crate) recv: RecvParams,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) add_time: Instant,
+    pub(crate) reg: Option<XprtData>,
+    pub(crate) callbacks: Arc<BufferCallbacks>,
+    pub(crate) buf: Mutex<Option<NetBuffer>>,
+    pub(super) flags: AtomicU8,
+    pub(super) rs: Mutex<RecvState>,
+    pub(super) events: Mutex<SlotEvents>,
+}
+
+/// Reservations of a message receive buffer. Several messages may be
+/// written into one buffer at once, each into its own reserved region;
+/// their events are delivered in reservation order, the final one last.
+#[derive(Default)]
+pub(super) struct RecvState {
+    /// End of the reserved space.
+    pub(super) reserved: usize,
+    /// Messages reserved (released reservations excluded).
+    pub(super) claimed: u32,
+    /// Messages delivered.
+    pub(super) delivered: u32,
+    pub(super) next_seq: u64,
+    pub(super) next_drain: u64,
+    pub(super) inflight: Few<(u64, Claim)>,
+    /// Finished reservations waiting for earlier ones; `None` for a
+    /// released one.
+    pub(super) ready: Few<(u64, Option<Ready>)>,
+    /// The final reservation was made (or the buffer is being failed):
+    /// no more claims.
+    pub(super) closed: bool,
+}
+
+pub(super) struct Claim {
+    pub(super) offset: usize,
+    pub(super) len: usize,
+    pub(super) fin: bool,
+}
+
+pub(super) struct Ready {
+    pub(super) status: Result<()>,
+    pub(super) offset: usize,
+    pub(super) len: usize,
+    pub(super) sender: Option<EndPoint>,
+    pub(super) fin: bool,
+}
+
+impl Slot {
+    pub(crate) fn flag(&self, f: u8) -> bool {
+        self.flags.load(Ordering::Acquire) & f != 0
+    }
+    pub(super) fn set(&self, f: u8) {
+        self.flags.fetch_or(f, Ordering::AcqRel);
+    }
+    pub(super) fn clear(&self, f: u8) {
+        self.flags.fetch_and(!f, Ordering::AcqRel);
+    }
+}
+
+#[derive(Default)]
+pub(super) struct SlotEvents {
+    pub(super) busy: bool,
+    pub(super) backlog: VecDeque<EvData>,
+}
+
+pub(super) struct EvData {
+    pub(super) status: Result<()>,
+    pub(super) offset: usize,
+    pub(super) length: usize,
+    pub(super) sender: Option<EndPoint>,
+    pub(super) time: Instant,
+    pub(super) fin: bool,
+    pub(super) msgs: u32,
+}
+
+/// A small ordered collection holding its first element inline: the
+/// events one post produces (almost always one), the reservations of a
+/// receive buffer in flight (usually one). Only a second element allocates.
+pub(super) struct Few<T> {
+    pub(super) first: Option<T>,
+    pub(super) rest: Vec<T>,
+}
+
+impl<T> Default for Few<T> {
+    fn default() -> Self {
+        Self {
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+}
+
+impl<T> Few<T> {
+    pub(super) fn push(&mut self, v: T) {
+        if self.first.is_none() {
+            self.first = Some(v);
+        } else {
+            self.rest.push(v);
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.first.iter().chain(self.rest.iter())
+    }
+
+    /// Removes and returns the first element matching `pred`, keeping the
+    /// order of the others.
+    pub(super) fn take(&mut self, pred: impl Fn(&T) -> bool) -> Option<T> {
+        if self.first.as_ref().is_some_and(&pred) {
+            let v = self.first.take();
+            if !self.rest.is_empty() {
+                self.first = Some(self.rest.remove(0));
+            }
+            return v;
+        }
+        let i = self.rest.iter().position(pred)?;
+        Some(self.rest.remove(i))
+    }
+}
+
+impl<T> IntoIterator for Few<T> {
+    type Item = T;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.first.into_iter().chain(self.rest)
+    }
+}
+
+pub(super) type Out = Few<EvData>;
+
+pub(crate) enum Post<'a> {
+    Complete(Result<usize>),
+    Msg {
+        seq: u64,
+        len: usize,
+        sender: &'a str,
+    },
+    Hole {
+        seq: u64,
+    },
+}
