@@ -136,6 +136,13 @@ impl XprtTm for Fake {
     }
 }
 
+/// A registered 64-byte buffer with `cbs`.
+fn buf64(dom: &Domain, cbs: &Arc<BufferCallbacks>) -> colibri_net::NetBuffer {
+    dom.register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(Arc::clone(cbs))
+}
+
 fn started(fake: &Fake) -> (Domain, colibri_net::TransferMachine) {
     let dom = Domain::new(fake).unwrap();
     let tm = dom.tm_init(ignore_tm_events()).unwrap();
@@ -180,10 +187,7 @@ fn optional_features_are_refused_not_faked() {
     ));
     tm2.fini().unwrap();
     let (cbs, _ev) = event_channel(4);
-    let mut b = dom
-        .register(BufVec::new(1, 64))
-        .unwrap()
-        .with_callbacks(cbs.clone());
+    let mut b = buf64(&dom, &cbs);
     b.set_timeout(Some(std::time::Instant::now() + Duration::from_secs(9)));
     let e = tm.add_msg_recv(b, RecvParams::default()).unwrap_err();
     assert!(matches!(
@@ -194,10 +198,7 @@ fn optional_features_are_refused_not_faked() {
         }
     ));
     drop(e);
-    let b = dom
-        .register(BufVec::new(1, 64))
-        .unwrap()
-        .with_callbacks(cbs);
+    let b = buf64(&dom, &cbs);
     let e = tm.add_msg_recv(b, RecvParams::multi(8, 4)).unwrap_err();
     assert!(matches!(e.error, NetError::Unsupported { .. }));
     drop(e);
@@ -232,10 +233,7 @@ fn duplicate_and_late_completions_are_ignored() {
     let (dom, tm) = started(&fake);
     let (cbs, ev) = event_channel(8);
     let ep = tm.ep_create("ep:peer").unwrap();
-    let b = dom
-        .register(BufVec::new(1, 64))
-        .unwrap()
-        .with_callbacks(cbs);
+    let b = buf64(&dom, &cbs);
     let t = tm.add_msg_send(b, &ep, 10).unwrap();
     let q = fake.script.lock().queued.pop().unwrap();
     assert_eq!(q.token(), t);
@@ -269,10 +267,7 @@ fn stop_completes_idle_buffers_and_posts_stopped_itself() {
     let (dom, tm) = started(&fake);
     let (cbs, ev) = event_channel(8);
     for _ in 0..3 {
-        let b = dom
-            .register(BufVec::new(1, 64))
-            .unwrap()
-            .with_callbacks(cbs.clone());
+        let b = buf64(&dom, &cbs);
         tm.add_msg_recv(b, RecvParams::default()).unwrap();
     }
     tm.stop(false).unwrap();
@@ -311,10 +306,7 @@ fn stop_with_abort_reaches_a_buffer_whose_del_was_ignored() {
     let (dom, tm) = started(&fake);
     let (cbs, ev) = event_channel(8);
     let ep = tm.ep_create("ep:peer").unwrap();
-    let b = dom
-        .register(BufVec::new(1, 64))
-        .unwrap()
-        .with_callbacks(cbs);
+    let b = buf64(&dom, &cbs);
     let t = tm.add_msg_send(b, &ep, 10).unwrap();
     let q = fake.script.lock().queued.pop().unwrap();
     assert!(fake.sink().begin_use(&q));
@@ -345,10 +337,7 @@ fn timeouts_on_a_manual_clock_reach_idle_and_in_flight_buffers() {
     let tm = dom.tm_init(ignore_tm_events()).unwrap();
     let (cbs, ev) = event_channel(8);
     // Before start: a receive buffer times out in INITIALIZED too.
-    let mut b = dom
-        .register(BufVec::new(1, 64))
-        .unwrap()
-        .with_callbacks(cbs.clone());
+    let mut b = buf64(&dom, &cbs);
     b.set_timeout(Some(manual.now() + Duration::from_secs(1)));
     tm.add_msg_recv(b, RecvParams::default()).unwrap();
     assert_eq!(
@@ -367,10 +356,7 @@ fn timeouts_on_a_manual_clock_reach_idle_and_in_flight_buffers() {
     tm.start("ep:me").unwrap();
     fake.sink().post_started("ep:me");
     let ep = tm.ep_create("ep:peer").unwrap();
-    let mut b = dom
-        .register(BufVec::new(1, 64))
-        .unwrap()
-        .with_callbacks(cbs);
+    let mut b = buf64(&dom, &cbs);
     b.set_timeout(Some(manual.now() + Duration::from_secs(2)));
     let t = tm.add_msg_send(b, &ep, 8).unwrap();
     let q = fake.script.lock().queued.pop().unwrap();
@@ -406,10 +392,7 @@ fn sync_delivery_holds_buffer_events_only() {
         "STARTED is delivered at once"
     );
     let (cbs, ev) = event_channel(8);
-    let b = dom
-        .register(BufVec::new(1, 64))
-        .unwrap()
-        .with_callbacks(cbs);
+    let b = buf64(&dom, &cbs);
     tm.add_msg_recv(b, RecvParams::default()).unwrap();
     tm.stop(true).unwrap();
     fake.pump();
@@ -470,10 +453,7 @@ fn synchronous_start_failure_fails_the_tm_and_cancels_queued_receives() {
     let dom = Domain::new(&fake).unwrap();
     let tm = dom.tm_init(ignore_tm_events()).unwrap();
     let (cbs, ev) = event_channel(4);
-    let b = dom
-        .register(BufVec::new(1, 64))
-        .unwrap()
-        .with_callbacks(cbs);
+    let b = buf64(&dom, &cbs);
     tm.add_msg_recv(b, RecvParams::default()).unwrap();
     assert!(matches!(
         tm.start("bad"),
@@ -501,10 +481,7 @@ fn panicking_callback_does_not_lose_the_machine() {
         }
     }));
     for _ in 0..2 {
-        let b = dom
-            .register(BufVec::new(1, 64))
-            .unwrap()
-            .with_callbacks(cbs.clone());
+        let b = buf64(&dom, &cbs);
         tm.add_msg_recv(b, RecvParams::default()).unwrap();
     }
     let qs: Vec<_> = std::mem::take(&mut fake.script.lock().queued);
@@ -526,10 +503,7 @@ fn message_from_an_unparseable_sender_fails_that_message() {
     let fake = Fake::new(Caps::new(1));
     let (dom, tm) = started(&fake);
     let (cbs, ev) = event_channel(4);
-    let b = dom
-        .register(BufVec::new(1, 64))
-        .unwrap()
-        .with_callbacks(cbs);
+    let b = buf64(&dom, &cbs);
     tm.add_msg_recv(b, RecvParams::default()).unwrap();
     let claim = fake.sink().claim_recv(5).unwrap();
     fake.sink().post_msg(claim, 5, "garbage");

@@ -2032,10 +2032,7 @@ pub fn recv_before_start_cancel_and_timeout(f: &dyn Factory) {
     assert_eq!(a.tm.state(), TmState::Initialized);
     assert_eq!(a.tm.queued(), 0);
     a.tm.add_msg_recv(a.buf(64), RecvParams::default()).unwrap();
-    let evs = a.stop(false);
-    assert_eq!(evs.len(), 1, "{evs:?}");
-    assert!(evs[0].error().is_some_and(NetError::is_cancelled));
-    drop(evs);
+    stop_cancels_the_one_left(&a, false);
     a.shutdown();
 }
 
@@ -2113,6 +2110,14 @@ pub fn timeouts_on_a_manual_clock(f: &dyn Factory) {
     a.shutdown();
 }
 
+/// Stops `n` and checks that the one buffer left completed exactly once,
+/// `Cancelled`, before STOPPED.
+fn stop_cancels_the_one_left(n: &Node, abort: bool) {
+    let evs = n.stop(abort);
+    assert_eq!(evs.len(), 1, "exactly one completion: {evs:?}");
+    assert!(evs[0].error().is_some_and(NetError::is_cancelled));
+}
+
 /// Waits until buffer `t` is in use by the transport, then a little more
 /// so that a transfer really is stuck on the wire.
 fn wait_in_flight(n: &Node, t: BufToken) {
@@ -2169,10 +2174,8 @@ pub fn stop_abort_after_del_in_flight(f: &dyn Factory) {
     let t = a.tm.add_msg_send(a.buf(STALL_MSG), &ep, STALL_MSG).unwrap();
     wait_in_flight(&a, t);
     assert!(a.tm.del(t).unwrap());
-    let evs = a.stop(true);
-    assert_eq!(evs.len(), 1, "exactly one completion: {evs:?}");
-    assert!(evs[0].error().is_some_and(NetError::is_cancelled));
-    drop((evs, ep));
+    stop_cancels_the_one_left(&a, true);
+    drop(ep);
     a.shutdown();
 }
 
@@ -2198,10 +2201,7 @@ pub fn del_ends_a_stalled_receive(f: &dyn Factory) {
             .unwrap();
     st.stalled_message(&a.addr, LEN);
     wait_in_flight(&a, t);
-    let evs = a.stop(true);
-    assert_eq!(evs.len(), 1, "{evs:?}");
-    assert!(evs[0].error().is_some_and(NetError::is_cancelled));
-    drop(evs);
+    stop_cancels_the_one_left(&a, true);
     a.shutdown();
 }
 
@@ -2223,10 +2223,7 @@ pub fn del_ends_a_stalled_passive_transfer(f: &dyn Factory) {
     let (t, d) = a.tm.add_passive_recv(a.buf(LEN), None).unwrap();
     st.stalled_put(&d, LEN);
     wait_in_flight(&a, t);
-    let evs = a.stop(true);
-    assert_eq!(evs.len(), 1, "{evs:?}");
-    assert!(evs[0].error().is_some_and(NetError::is_cancelled));
-    drop(evs);
+    stop_cancels_the_one_left(&a, true);
     a.shutdown();
 }
 
