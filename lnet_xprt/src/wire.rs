@@ -757,7 +757,8 @@ impl PingInfo {
     /// Encodes the buffer (little-endian, entry 0 = `0@lo` carrying `seqno`).
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new(Vec::with_capacity(self.encoded_len()));
+        let mut out = Vec::with_capacity(self.encoded_len());
+        let mut w = Writer::new(&mut out);
         w.put_u32(PING_MAGIC);
         w.put_u32(self.features.bits());
         w.put_u32(self.pid);
@@ -771,7 +772,7 @@ impl PingInfo {
         for ni in &self.nis {
             entry(ni.nid, ni.status.to_u32(), ni.msg_size);
         }
-        w.into_inner()
+        out
     }
 
     /// Decodes with the default interface limit ([`INTERFACES_MAX_DEFAULT`]).

@@ -101,7 +101,8 @@ impl NetBufDesc {
                 "descriptor of {total} bytes exceeds the transport's maximum of {max_size}"
             )));
         }
-        let mut w = Writer::new(Vec::with_capacity(total));
+        let mut bytes = Vec::with_capacity(total);
+        let mut w = Writer::new(&mut bytes);
         w.put_u32(DESC_MAGIC);
         w.put_u8(DESC_VERSION);
         w.put_u8(fields.queue.code());
@@ -124,9 +125,7 @@ impl NetBufDesc {
         }
         let crc = crc32c(w.written());
         w.put_u32(crc);
-        Ok(Self {
-            bytes: w.into_inner(),
-        })
+        Ok(Self { bytes })
     }
 
     /// Decodes and validates the descriptor's bytes: size, magic, version,

@@ -216,6 +216,7 @@ impl Header {
     }
 
     /// Reads the fields after the opcode (offsets 6 to 64).
+    #[inline]
     fn read_fields(opcode: Opcode, r: &mut Reader<'_>) -> Result<Self, Short> {
         let queue = r.u8()?;
         let flags = r.u8()?;
@@ -379,7 +380,7 @@ const MAX_STATUS: u16 = S_OTHER;
 /// Longest text in a status detail.
 const MAX_TEXT: usize = 1024;
 
-fn put_str(out: &mut Writer<Vec<u8>>, s: &str) {
+fn put_str(out: &mut Writer<&mut Vec<u8>>, s: &str) {
     // Details are bounded; longer texts are cut at a character boundary.
     let mut end = s.len().min(MAX_TEXT);
     while !s.is_char_boundary(end) {
@@ -392,7 +393,8 @@ fn put_str(out: &mut Writer<Vec<u8>>, s: &str) {
 /// Encodes a failure as a status code and a detail body, so that the peer
 /// completes its buffer with an equal [`NetError`].
 pub fn encode_status(e: &NetError) -> (u16, Vec<u8>) {
-    let mut d = Writer::new(Vec::new());
+    let mut detail = Vec::new();
+    let mut d = Writer::new(&mut detail);
     let code = match e {
         NetError::Cancelled => S_CANCELLED,
         NetError::TimedOut => S_TIMED_OUT,
@@ -446,7 +448,7 @@ pub fn encode_status(e: &NetError) -> (u16, Vec<u8>) {
             S_OTHER
         }
     };
-    (code, d.into_inner())
+    (code, detail)
 }
 
 /// Reads a status detail; every short read is a truncated detail.
