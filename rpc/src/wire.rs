@@ -174,10 +174,10 @@ impl MsgHeader {
     /// A [`WireError`] for anything that is not a valid message header, or
     /// a length field that disagrees with `buf`.
     pub fn decode(buf: &[u8]) -> Result<Self, WireError> {
-        // Every field is read before any is checked: a buffer shorter than
-        // the header is truncated, whatever its first bytes say.
+        // One length check, then every field is read (from a reader of known
+        // length, so no read can fail) before any is checked.
         let short = |_: Short| WireError::Truncated("message header");
-        let mut r = Reader::new(buf);
+        let mut r = Reader::new(Reader::new(buf).array::<MSG_HEADER_SIZE>().map_err(short)?);
         let magic = r.u32().map_err(short)?;
         let version = r.u8().map_err(short)?;
         let flags = r.u8().map_err(short)?;
@@ -514,17 +514,18 @@ impl<'a> MsgReader<'a> {
             request: None,
         };
         let short = |_: Short| plain(WireError::Truncated("item header"));
-        let kind = r.u8().map_err(short)?;
-        let flags = r.u8().map_err(short)?;
-        let ndesc = usize::from(r.u8().map_err(short)?);
-        let reserved = r.u8().map_err(short)?;
-        let opcode = r.u32().map_err(short)?;
-        let session = r.u64().map_err(short)?;
-        let xid = r.u64().map_err(short)?;
-        let status = r.i32().map_err(short)?;
-        let plen = r.u32().map_err(short)? as usize;
-        let dlen = r.u32().map_err(short)? as usize;
-        let low_gap = r.u32().map_err(short)?;
+        let mut h = Reader::new(r.array::<ITEM_HEADER_SIZE>().map_err(short)?);
+        let kind = h.u8().map_err(short)?;
+        let flags = h.u8().map_err(short)?;
+        let ndesc = usize::from(h.u8().map_err(short)?);
+        let reserved = h.u8().map_err(short)?;
+        let opcode = h.u32().map_err(short)?;
+        let session = h.u64().map_err(short)?;
+        let xid = h.u64().map_err(short)?;
+        let status = h.i32().map_err(short)?;
+        let plen = h.u32().map_err(short)? as usize;
+        let dlen = h.u32().map_err(short)? as usize;
+        let low_gap = h.u32().map_err(short)?;
         let kind = ItemKind::from_code(kind);
         // Only a request of this message's own session, in the client to
         // server direction, is answered with an error reply.
@@ -589,11 +590,12 @@ fn parse_descs(section: &[u8], n: usize) -> Result<Vec<BulkDesc>, WireError> {
     let short = |_: Short| WireError::Truncated("bulk descriptor entry");
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let kind = r.u8().map_err(short)?;
-        let reserved = r.u8().map_err(short)?;
-        let l = r.u16().map_err(short)?;
-        let reserved2 = r.u32().map_err(short)?;
-        let len = r.u64().map_err(short)?;
+        let mut e = Reader::new(r.array::<DESC_ENTRY_SIZE>().map_err(short)?);
+        let kind = e.u8().map_err(short)?;
+        let reserved = e.u8().map_err(short)?;
+        let l = e.u16().map_err(short)?;
+        let reserved2 = e.u32().map_err(short)?;
+        let len = e.u64().map_err(short)?;
         let kind = BulkKind::from_code(kind).ok_or(WireError::BadField("bulk descriptor kind"))?;
         if reserved != 0 || reserved2 != 0 {
             return Err(WireError::BadField("bulk descriptor reserved field"));
