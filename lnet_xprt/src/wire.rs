@@ -28,6 +28,8 @@
 
 use std::fmt;
 
+use colibri_wire::{Endian, Reader, Short, Writer};
+
 use crate::ids::{Nid, Pid};
 
 /// Size of the LNet message header on the wire.
@@ -300,18 +302,6 @@ pub struct HeaderView<'a> {
     buf: &'a [u8; HEADER_LEN],
 }
 
-fn le_u32(b: &[u8], off: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[off..off + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn le_u64(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[off..off + 8]);
-    u64::from_le_bytes(a)
-}
-
 impl<'a> HeaderView<'a> {
     /// A view of the first [`HEADER_LEN`] bytes of `buf`.
     ///
@@ -325,53 +315,62 @@ impl<'a> HeaderView<'a> {
         Ok(Self { buf: head })
     }
 
+    /// A reader at `off`. Every caller passes an offset that leaves room
+    /// in the 72 bytes for the fields it reads, so those reads cannot come
+    /// up short and their zero fallbacks are never taken.
+    fn at(&self, off: usize) -> Reader<'a> {
+        let mut r = Reader::new(self.buf);
+        let _ = r.skip(off);
+        r
+    }
+
     /// `dest_nid` (offset 0).
     #[must_use]
     pub fn dest_nid(&self) -> Nid {
-        Nid::from_u64(le_u64(self.buf, 0))
+        Nid::from_u64(self.at(0).u64().unwrap_or(0))
     }
     /// `src_nid` (offset 8).
     #[must_use]
     pub fn src_nid(&self) -> Nid {
-        Nid::from_u64(le_u64(self.buf, 8))
+        Nid::from_u64(self.at(8).u64().unwrap_or(0))
     }
     /// `dest_pid` (offset 16).
     #[must_use]
     pub fn dest_pid(&self) -> Pid {
-        le_u32(self.buf, 16)
+        self.at(16).u32().unwrap_or(0)
     }
     /// `src_pid` (offset 20).
     #[must_use]
     pub fn src_pid(&self) -> Pid {
-        le_u32(self.buf, 20)
+        self.at(20).u32().unwrap_or(0)
     }
     /// Raw `type` (offset 24).
     #[must_use]
     pub fn raw_type(&self) -> u32 {
-        le_u32(self.buf, 24)
+        self.at(24).u32().unwrap_or(0)
     }
     /// `payload_length` (offset 28).
     #[must_use]
     pub fn payload_length(&self) -> u32 {
-        le_u32(self.buf, 28)
+        self.at(28).u32().unwrap_or(0)
     }
     /// A u64 of the variant part at absolute offset `off` (32..=64).
     #[must_use]
     pub fn u64_at(&self, off: usize) -> u64 {
-        le_u64(self.buf, off.clamp(32, HEADER_LEN - 8))
+        self.at(off.clamp(32, HEADER_LEN - 8)).u64().unwrap_or(0)
     }
     /// A u32 of the variant part at absolute offset `off` (32..=68).
     #[must_use]
     pub fn u32_at(&self, off: usize) -> u32 {
-        le_u32(self.buf, off.clamp(32, HEADER_LEN - 4))
+        self.at(off.clamp(32, HEADER_LEN - 4)).u32().unwrap_or(0)
     }
     /// A wire handle at absolute offset `off` (32..=56).
     #[must_use]
     pub fn handle_at(&self, off: usize) -> WireHandle {
-        let off = off.clamp(32, HEADER_LEN - 16);
+        let mut r = self.at(off.clamp(32, HEADER_LEN - 16));
         WireHandle {
-            interface_cookie: le_u64(self.buf, off),
-            object_cookie: le_u64(self.buf, off + 8),
+            interface_cookie: r.u64().unwrap_or(0),
+            object_cookie: r.u64().unwrap_or(0),
         }
     }
 }
@@ -454,22 +453,23 @@ impl Header {
     /// Encodes the header into its 72-byte wire form (unused bytes zero).
     #[must_use]
     pub fn encode(&self) -> [u8; HEADER_LEN] {
-        let mut b = [0u8; HEADER_LEN];
-        w64(&mut b, 0, self.dest_nid.as_u64());
-        w64(&mut b, 8, self.src_nid.as_u64());
-        w32(&mut b, 16, self.dest_pid);
-        w32(&mut b, 20, self.src_pid);
-        w32(&mut b, 24, self.msg_type().to_u32());
-        w32(&mut b, 28, self.payload_length);
+        let mut w = Writer::new([0u8; HEADER_LEN]);
+        w.put_u64(self.dest_nid.as_u64());
+        w.put_u64(self.src_nid.as_u64());
+        w.put_u32(self.dest_pid);
+        w.put_u32(self.src_pid);
+        w.put_u32(self.msg_type().to_u32());
+        w.put_u32(self.payload_length);
+        // The variant part (offset 32); bytes a type does not use stay zero.
         match self.body {
             Body::Ack {
                 dst_wmd,
                 match_bits,
                 mlength,
             } => {
-                whandle(&mut b, 32, dst_wmd);
-                w64(&mut b, 48, match_bits);
-                w32(&mut b, 56, mlength);
+                put_handle(&mut w, dst_wmd);
+                w.put_u64(match_bits);
+                w.put_u32(mlength);
             }
             Body::Put {
                 ack_wmd,
@@ -478,11 +478,11 @@ impl Header {
                 ptl_index,
                 offset,
             } => {
-                whandle(&mut b, 32, ack_wmd);
-                w64(&mut b, 48, match_bits);
-                w64(&mut b, 56, hdr_data);
-                w32(&mut b, 64, ptl_index);
-                w32(&mut b, 68, offset);
+                put_handle(&mut w, ack_wmd);
+                w.put_u64(match_bits);
+                w.put_u64(hdr_data);
+                w.put_u32(ptl_index);
+                w.put_u32(offset);
             }
             Body::Get {
                 return_wmd,
@@ -491,36 +491,28 @@ impl Header {
                 src_offset,
                 sink_length,
             } => {
-                whandle(&mut b, 32, return_wmd);
-                w64(&mut b, 48, match_bits);
-                w32(&mut b, 56, ptl_index);
-                w32(&mut b, 60, src_offset);
-                w32(&mut b, 64, sink_length);
+                put_handle(&mut w, return_wmd);
+                w.put_u64(match_bits);
+                w.put_u32(ptl_index);
+                w.put_u32(src_offset);
+                w.put_u32(sink_length);
             }
-            Body::Reply { dst_wmd } => whandle(&mut b, 32, dst_wmd),
+            Body::Reply { dst_wmd } => put_handle(&mut w, dst_wmd),
             Body::Hello {
                 incarnation,
                 conn_type,
             } => {
-                w64(&mut b, 32, incarnation);
-                w32(&mut b, 40, conn_type);
+                w.put_u64(incarnation);
+                w.put_u32(conn_type);
             }
         }
-        b
+        w.into_inner()
     }
 }
 
-fn w32(b: &mut [u8; HEADER_LEN], off: usize, v: u32) {
-    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn w64(b: &mut [u8; HEADER_LEN], off: usize, v: u64) {
-    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
-}
-
-fn whandle(b: &mut [u8; HEADER_LEN], off: usize, h: WireHandle) {
-    w64(b, off, h.interface_cookie);
-    w64(b, off + 8, h.object_cookie);
+fn put_handle(w: &mut Writer<[u8; HEADER_LEN]>, h: WireHandle) {
+    w.put_u64(h.interface_cookie);
+    w.put_u64(h.object_cookie);
 }
 
 /// Encodes a whole message: header followed by its payload.
@@ -766,15 +758,15 @@ impl PingInfo {
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.encoded_len());
-        out.extend_from_slice(&PING_MAGIC.to_le_bytes());
-        out.extend_from_slice(&self.features.bits().to_le_bytes());
-        out.extend_from_slice(&self.pid.to_le_bytes());
-        let nnis = u32::try_from(self.nnis()).unwrap_or(u32::MAX);
-        out.extend_from_slice(&nnis.to_le_bytes());
+        let mut w = Writer::new(&mut out);
+        w.put_u32(PING_MAGIC);
+        w.put_u32(self.features.bits());
+        w.put_u32(self.pid);
+        w.put_u32(u32::try_from(self.nnis()).unwrap_or(u32::MAX));
         let mut entry = |nid: Nid, status: u32, size: u32| {
-            out.extend_from_slice(&nid.as_u64().to_le_bytes());
-            out.extend_from_slice(&status.to_le_bytes());
-            out.extend_from_slice(&size.to_le_bytes());
+            w.put_u64(nid.as_u64());
+            w.put_u32(status);
+            w.put_u32(size);
         };
         entry(Nid::LO_0, self.seqno, self.lo_msg_size);
         for ni in &self.nis {
@@ -803,62 +795,50 @@ impl PingInfo {
     /// entries than it announces, entry 0 not `0@lo`, a bad status value, or a
     /// large primary NID.
     pub fn decode_with_limit(buf: &[u8], max_nis: u32) -> Result<Self, WireError> {
-        let head = buf
-            .first_chunk::<PING_HEADER_LEN>()
-            .ok_or(WireError::TooShort {
-                needed: PING_HEADER_LEN,
-                got: buf.len(),
-            })?;
-        let raw_magic = le_u32(head, 0);
-        let swapped = if raw_magic == PING_MAGIC {
-            false
+        let too_short = |_: Short| WireError::TooShort {
+            needed: PING_HEADER_LEN,
+            got: buf.len(),
+        };
+        let head = Reader::new(buf).bytes(PING_HEADER_LEN).map_err(too_short)?;
+        // The magic, read little-endian, tells the sender's byte order.
+        let raw_magic = Reader::new(head).u32().map_err(too_short)?;
+        let endian = if raw_magic == PING_MAGIC {
+            Endian::Little
         } else if raw_magic.swap_bytes() == PING_MAGIC {
-            true
+            Endian::Big
         } else {
             return Err(WireError::BadMagic(raw_magic));
         };
-        let r32 = |b: &[u8], off: usize| {
-            let v = le_u32(b, off);
-            if swapped { v.swap_bytes() } else { v }
-        };
-        let r64 = |b: &[u8], off: usize| {
-            let v = le_u64(b, off);
-            if swapped { v.swap_bytes() } else { v }
-        };
-        let features = PingFeatures::from_bits_truncate(r32(head, 4));
+        let mut r = Reader::with_endian(buf, endian);
+        r.skip(4).map_err(too_short)?;
+        let features = PingFeatures::from_bits_truncate(r.u32().map_err(too_short)?);
         if !features.contains(PingFeatures::NI_STATUS) {
             return Err(WireError::NoNiStatus);
         }
         if features.contains(PingFeatures::PRIMARY_LARGE) {
             return Err(WireError::LargePrimaryUnsupported);
         }
-        let pid = r32(head, 8);
-        let nnis = r32(head, 12);
+        let pid = r.u32().map_err(too_short)?;
+        let nnis = r.u32().map_err(too_short)?;
         if nnis == 0 || nnis > max_nis {
             return Err(WireError::BadInterfaceCount { nnis, max: max_nis });
         }
         let needed = PING_HEADER_LEN + PING_ENTRY_LEN * nnis as usize;
-        if buf.len() < needed {
-            return Err(WireError::Truncated {
-                needed,
-                got: buf.len(),
-            });
-        }
-        let entry = |i: usize| {
-            let off = PING_HEADER_LEN + PING_ENTRY_LEN * i;
-            (
-                Nid::from_u64(r64(buf, off)),
-                r32(buf, off + 8),
-                r32(buf, off + 12),
-            )
+        let truncated = || WireError::Truncated {
+            needed,
+            got: buf.len(),
         };
-        let (lo, seqno, lo_msg_size) = entry(0);
+        if buf.len() < needed {
+            return Err(truncated());
+        }
+        let mut entry = || read_entry(&mut r).map_err(|_| truncated());
+        let (lo, seqno, lo_msg_size) = entry()?;
         if lo != Nid::LO_0 {
             return Err(WireError::FirstNotLoopback(lo));
         }
         let mut nis = Vec::with_capacity(nnis as usize - 1);
-        for i in 1..nnis as usize {
-            let (nid, status, msg_size) = entry(i);
+        for _ in 1..nnis {
+            let (nid, status, msg_size) = entry()?;
             nis.push(PingNi {
                 nid,
                 status: NiStatus::from_u32(status)?,
@@ -873,6 +853,11 @@ impl PingInfo {
             nis,
         })
     }
+}
+
+/// One `lnet_ni_status` entry: NID, status and message size.
+fn read_entry(r: &mut Reader<'_>) -> Result<(Nid, u32, u32), Short> {
+    Ok((Nid::from_u64(r.u64()?), r.u32()?, r.u32()?))
 }
 
 #[cfg(test)]

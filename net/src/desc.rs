@@ -33,6 +33,7 @@
 
 use std::fmt;
 
+use colibri_wire::{Reader, Short, Writer};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::checksum::crc32c;
@@ -100,30 +101,31 @@ impl NetBufDesc {
                 "descriptor of {total} bytes exceeds the transport's maximum of {max_size}"
             )));
         }
-        let mut b = Vec::with_capacity(total);
-        b.extend_from_slice(&DESC_MAGIC.to_le_bytes());
-        b.push(DESC_VERSION);
-        b.push(fields.queue.code());
-        b.push(if fields.actor.is_some() {
+        let mut bytes = Vec::with_capacity(total);
+        let mut w = Writer::new(&mut bytes);
+        w.put_u32(DESC_MAGIC);
+        w.put_u8(DESC_VERSION);
+        w.put_u8(fields.queue.code());
+        w.put_u8(if fields.actor.is_some() {
             FLAG_ACTOR
         } else {
             0
         });
-        b.push(0);
-        b.extend_from_slice(&fields.transport_id.to_le_bytes());
-        b.extend_from_slice(&fields.len.to_le_bytes());
-        b.extend_from_slice(&fields.token.to_le_bytes());
-        b.extend_from_slice(&fields.cookie.to_le_bytes());
+        w.put_u8(0);
+        w.put_u32(fields.transport_id);
+        w.put_u64(fields.len);
+        w.put_u64(fields.token);
+        w.put_u64(fields.cookie);
         for part in [fields.owner.as_bytes(), actor.as_bytes(), &fields.extra[..]] {
             let n = u16::try_from(part.len()).map_err(|_| {
                 NetError::InvalidDescriptor(format!("descriptor field of {} bytes", part.len()))
             })?;
-            b.extend_from_slice(&n.to_le_bytes());
-            b.extend_from_slice(part);
+            w.put_u16(n);
+            w.put_bytes(part);
         }
-        let crc = crc32c(&b);
-        b.extend_from_slice(&crc.to_le_bytes());
-        Ok(Self { bytes: b })
+        let crc = crc32c(w.written());
+        w.put_u32(crc);
+        Ok(Self { bytes })
     }
 
     /// Decodes and validates the descriptor's bytes: size, magic, version,
@@ -138,32 +140,34 @@ impl NetBufDesc {
             return Err(bad("too short"));
         }
         let (body, crc) = b.split_at(b.len() - 4);
-        if u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) != crc32c(body) {
+        let truncated = |_: Short| bad("truncated");
+        if Reader::new(crc).u32().map_err(truncated)? != crc32c(body) {
             return Err(bad("checksum mismatch"));
         }
-        let mut r = Reader { b: body, at: 0 };
-        if r.u32()? != DESC_MAGIC {
+        let mut r = Reader::new(body);
+        if r.u32().map_err(truncated)? != DESC_MAGIC {
             return Err(bad("bad magic"));
         }
-        if r.u8()? != DESC_VERSION {
+        if r.u8().map_err(truncated)? != DESC_VERSION {
             return Err(bad("unsupported version"));
         }
-        let queue = QueueType::from_code(r.u8()?).ok_or_else(|| bad("bad queue code"))?;
+        let queue = QueueType::from_code(r.u8().map_err(truncated)?)
+            .ok_or_else(|| bad("bad queue code"))?;
         if !queue.is_passive() {
             return Err(bad("descriptor does not name a passive buffer"));
         }
-        let flags = r.u8()?;
-        if flags & !FLAG_ACTOR != 0 || r.u8()? != 0 {
+        let flags = r.u8().map_err(truncated)?;
+        if flags & !FLAG_ACTOR != 0 || r.u8().map_err(truncated)? != 0 {
             return Err(bad("unknown flags"));
         }
-        let transport_id = r.u32()?;
-        let len = r.u64()?;
-        let token = r.u64()?;
-        let cookie = r.u64()?;
-        let owner = r.string()?;
-        let actor = r.string()?;
-        let extra = r.bytes()?.to_vec();
-        if r.at != body.len() {
+        let transport_id = r.u32().map_err(truncated)?;
+        let len = r.u64().map_err(truncated)?;
+        let token = r.u64().map_err(truncated)?;
+        let cookie = r.u64().map_err(truncated)?;
+        let owner = string(&mut r)?;
+        let actor = string(&mut r)?;
+        let extra = prefixed(&mut r)?.to_vec();
+        if !r.is_empty() {
             return Err(bad("trailing bytes"));
         }
         let actor = if flags & FLAG_ACTOR != 0 {
@@ -186,48 +190,17 @@ impl NetBufDesc {
     }
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
+/// A field of a descriptor's variable part: a `u16` length, then the bytes.
+fn prefixed<'a>(r: &mut Reader<'a>) -> Result<&'a [u8]> {
+    let truncated = |_: Short| NetError::InvalidDescriptor("truncated".into());
+    let n = r.u16().map_err(truncated)?;
+    r.bytes(n.into()).map_err(truncated)
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| NetError::InvalidDescriptor("truncated".into()))?;
-        let s = &self.b[self.at..end];
-        self.at = end;
-        Ok(s)
-    }
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Result<u16> {
-        let s = self.take(2)?;
-        Ok(u16::from_le_bytes([s[0], s[1]]))
-    }
-    fn u32(&mut self) -> Result<u32> {
-        let s = self.take(4)?;
-        Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        let s = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(s);
-        Ok(u64::from_le_bytes(a))
-    }
-    fn bytes(&mut self) -> Result<&'a [u8]> {
-        let n = self.u16()? as usize;
-        self.take(n)
-    }
-    fn string(&mut self) -> Result<String> {
-        let s = self.bytes()?;
-        String::from_utf8(s.to_vec())
-            .map_err(|_| NetError::InvalidDescriptor("address is not UTF-8".into()))
-    }
+fn string(r: &mut Reader<'_>) -> Result<String> {
+    let s = prefixed(r)?;
+    String::from_utf8(s.to_vec())
+        .map_err(|_| NetError::InvalidDescriptor("address is not UTF-8".into()))
 }
 
 impl Serialize for NetBufDesc {

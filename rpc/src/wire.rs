@@ -72,6 +72,7 @@
 //! gap) are refused with [`WireError::BadVersion`].
 
 use colibri_net::NetBufDesc;
+use colibri_wire::{Reader, Short, Writer};
 
 /// Magic number at the start of every RPC message ("CRPC").
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CRPC");
@@ -151,18 +152,19 @@ impl MsgHeader {
     /// If `dst` is shorter than the header (a bug of the caller).
     pub fn write(&self, dst: &mut [u8]) {
         let (ae, aseq) = self.ack.unwrap_or((0, 0));
-        dst[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        dst[4] = VERSION;
-        dst[5] = self.flags();
-        dst[6..8].copy_from_slice(&self.items.to_le_bytes());
-        dst[8..12].copy_from_slice(&self.len.to_le_bytes());
-        dst[12..16].copy_from_slice(&0u32.to_le_bytes());
-        dst[16..24].copy_from_slice(&self.session.to_le_bytes());
-        dst[24..32].copy_from_slice(&self.epoch.to_le_bytes());
-        dst[32..40].copy_from_slice(&self.seq.to_le_bytes());
-        dst[40..48].copy_from_slice(&self.low.to_le_bytes());
-        dst[48..56].copy_from_slice(&ae.to_le_bytes());
-        dst[56..64].copy_from_slice(&aseq.to_le_bytes());
+        let mut w = Writer::new(dst);
+        w.put_u32(MAGIC);
+        w.put_u8(VERSION);
+        w.put_u8(self.flags());
+        w.put_u16(self.items);
+        w.put_u32(self.len);
+        w.put_zeros(4);
+        w.put_u64(self.session);
+        w.put_u64(self.epoch);
+        w.put_u64(self.seq);
+        w.put_u64(self.low);
+        w.put_u64(ae);
+        w.put_u64(aseq);
     }
 
     /// Decodes and checks the header at the start of `buf`, a whole
@@ -172,17 +174,28 @@ impl MsgHeader {
     /// A [`WireError`] for anything that is not a valid message header, or
     /// a length field that disagrees with `buf`.
     pub fn decode(buf: &[u8]) -> Result<Self, WireError> {
-        if buf.len() < MSG_HEADER_SIZE {
-            return Err(WireError::Truncated("message header"));
-        }
-        let magic = u32_at(buf, 0);
+        // One length check, then every field is read (from a reader of known
+        // length, so no read can fail) before any is checked.
+        let short = |_: Short| WireError::Truncated("message header");
+        let mut r = Reader::new(Reader::new(buf).array::<MSG_HEADER_SIZE>().map_err(short)?);
+        let magic = r.u32().map_err(short)?;
+        let version = r.u8().map_err(short)?;
+        let flags = r.u8().map_err(short)?;
+        let items = r.u16().map_err(short)?;
+        let len = r.u32().map_err(short)?;
+        let reserved = r.u32().map_err(short)?;
+        let session = r.u64().map_err(short)?;
+        let epoch = r.u64().map_err(short)?;
+        let seq = r.u64().map_err(short)?;
+        let low = r.u64().map_err(short)?;
+        let ack_epoch = r.u64().map_err(short)?;
+        let ack_seq = r.u64().map_err(short)?;
         if magic != MAGIC {
             return Err(WireError::BadMagic(magic));
         }
-        if buf[4] != VERSION {
-            return Err(WireError::BadVersion(buf[4]));
+        if version != VERSION {
+            return Err(WireError::BadVersion(version));
         }
-        let flags = buf[5];
         if flags & !(MSG_REPLIES | MSG_ACK_ONLY | MSG_ACK_NOW) != 0 {
             return Err(WireError::BadField("message flags"));
         }
@@ -190,13 +203,13 @@ impl MsgHeader {
             replies: flags & MSG_REPLIES != 0,
             ack_only: flags & MSG_ACK_ONLY != 0,
             ack_now: flags & MSG_ACK_NOW != 0,
-            items: u16_at(buf, 6),
-            len: u32_at(buf, 8),
-            session: u64_at(buf, 16),
-            epoch: u64_at(buf, 24),
-            seq: u64_at(buf, 32),
-            low: u64_at(buf, 40),
-            ack: match (u64_at(buf, 48), u64_at(buf, 56)) {
+            items,
+            len,
+            session,
+            epoch,
+            seq,
+            low,
+            ack: match (ack_epoch, ack_seq) {
                 (0, 0) => None,
                 (0, _) | (_, 0) => return Err(WireError::BadField("acknowledgement")),
                 (e, s) => Some((e, s)),
@@ -205,7 +218,7 @@ impl MsgHeader {
         if h.len as usize != buf.len() {
             return Err(WireError::Length("message length field"));
         }
-        if u32_at(buf, 12) != 0 {
+        if reserved != 0 {
             return Err(WireError::BadField("message reserved field"));
         }
         if h.session == 0 {
@@ -364,24 +377,6 @@ pub enum WireError {
     Length(&'static str),
 }
 
-fn u16_at(b: &[u8], off: usize) -> u16 {
-    let mut a = [0u8; 2];
-    a.copy_from_slice(&b[off..off + 2]);
-    u16::from_le_bytes(a)
-}
-
-fn u32_at(b: &[u8], off: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[off..off + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn u64_at(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[off..off + 8]);
-    u64::from_le_bytes(a)
-}
-
 /// Encoded size of an item with `payload` bytes and `descs`.
 pub fn item_size(payload: usize, descs: &[BulkDesc]) -> usize {
     ITEM_HEADER_SIZE + payload + descs_size(descs)
@@ -412,25 +407,26 @@ pub fn encode_item(
     let dlen = u32::try_from(descs_size(descs))
         .map_err(|_| WireError::Length("descriptor section over 4 GiB"))?;
     out.reserve(item_size(payload.len(), descs));
-    out.push(h.kind.code());
-    out.push(h.flags);
-    out.push(descs.len() as u8);
-    out.push(0);
-    out.extend_from_slice(&h.opcode.to_le_bytes());
-    out.extend_from_slice(&h.session.to_le_bytes());
-    out.extend_from_slice(&h.xid.to_le_bytes());
-    out.extend_from_slice(&h.status.to_le_bytes());
-    out.extend_from_slice(&plen.to_le_bytes());
-    out.extend_from_slice(&dlen.to_le_bytes());
-    out.extend_from_slice(&h.low_gap.to_le_bytes());
-    out.extend_from_slice(payload);
+    let mut w = Writer::new(out);
+    w.put_u8(h.kind.code());
+    w.put_u8(h.flags);
+    w.put_u8(descs.len() as u8);
+    w.put_u8(0);
+    w.put_u32(h.opcode);
+    w.put_u64(h.session);
+    w.put_u64(h.xid);
+    w.put_i32(h.status);
+    w.put_u32(plen);
+    w.put_u32(dlen);
+    w.put_u32(h.low_gap);
+    w.put_bytes(payload);
     for d in descs {
-        out.push(d.kind.code());
-        out.push(0);
-        out.extend_from_slice(&(d.desc.len() as u16).to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(&d.len.to_le_bytes());
-        out.extend_from_slice(d.desc.as_bytes());
+        w.put_u8(d.kind.code());
+        w.put_u8(0);
+        w.put_u16(d.desc.len() as u16);
+        w.put_zeros(4);
+        w.put_u64(d.len);
+        w.put_bytes(d.desc.as_bytes());
     }
     Ok(())
 }
@@ -512,18 +508,25 @@ impl<'a> MsgReader<'a> {
     }
 
     fn item(&mut self) -> Result<Item<'a>, ItemError> {
-        let b = &self.buf[self.off..];
+        let mut r = Reader::new(&self.buf[self.off..]);
         let plain = |error| ItemError {
             error,
             request: None,
         };
-        if b.len() < ITEM_HEADER_SIZE {
-            return Err(plain(WireError::Truncated("item header")));
-        }
-        let kind = ItemKind::from_code(b[0]);
-        let session = u64_at(b, 8);
-        let xid = u64_at(b, 16);
-        let opcode = u32_at(b, 4);
+        let short = |_: Short| plain(WireError::Truncated("item header"));
+        let mut h = Reader::new(r.array::<ITEM_HEADER_SIZE>().map_err(short)?);
+        let kind = h.u8().map_err(short)?;
+        let flags = h.u8().map_err(short)?;
+        let ndesc = usize::from(h.u8().map_err(short)?);
+        let reserved = h.u8().map_err(short)?;
+        let opcode = h.u32().map_err(short)?;
+        let session = h.u64().map_err(short)?;
+        let xid = h.u64().map_err(short)?;
+        let status = h.i32().map_err(short)?;
+        let plen = h.u32().map_err(short)? as usize;
+        let dlen = h.u32().map_err(short)? as usize;
+        let low_gap = h.u32().map_err(short)?;
+        let kind = ItemKind::from_code(kind);
         // Only a request of this message's own session, in the client to
         // server direction, is answered with an error reply.
         let request = (kind == Some(ItemKind::Request)
@@ -535,12 +538,9 @@ impl<'a> MsgReader<'a> {
         let Some(kind) = kind else {
             return Err(fail(WireError::BadField("item kind")));
         };
-        let flags = b[1];
-        let ndesc = usize::from(b[2]);
-        if b[3] != 0 {
+        if reserved != 0 {
             return Err(fail(WireError::BadField("item reserved field")));
         }
-        let low_gap = u32_at(b, 36);
         if low_gap != 0 && (kind != ItemKind::Request || u64::from(low_gap) > xid) {
             return Err(fail(WireError::BadField("replied-below gap")));
         }
@@ -558,22 +558,17 @@ impl<'a> MsgReader<'a> {
         if xid == 0 && kind != ItemKind::OneWay {
             return Err(fail(WireError::BadField("zero transaction id")));
         }
-        let status = u32_at(b, 24) as i32;
         if status != 0 && kind != ItemKind::Reply {
             return Err(fail(WireError::BadField("status on a request")));
         }
         if ndesc > MAX_DESCS || (ndesc > 0 && kind != ItemKind::Request) {
             return Err(fail(WireError::BadField("bulk descriptor count")));
         }
-        let plen = u32_at(b, 28) as usize;
-        let dlen = u32_at(b, 32) as usize;
-        let body = &b[ITEM_HEADER_SIZE..];
-        if plen > body.len() || dlen > body.len() - plen {
-            return Err(fail(WireError::Truncated("item payload or descriptors")));
-        }
-        let payload = &body[..plen];
-        let descs = parse_descs(&body[plen..plen + dlen], ndesc).map_err(fail)?;
-        self.off += ITEM_HEADER_SIZE + plen + dlen;
+        let truncated = |_: Short| fail(WireError::Truncated("item payload or descriptors"));
+        let payload = r.bytes(plen).map_err(truncated)?;
+        let section = r.bytes(dlen).map_err(truncated)?;
+        let descs = parse_descs(section, ndesc).map_err(fail)?;
+        self.off += r.position();
         Ok(Item {
             header: ItemHeader {
                 kind,
@@ -590,30 +585,31 @@ impl<'a> MsgReader<'a> {
     }
 }
 
-fn parse_descs(mut b: &[u8], n: usize) -> Result<Vec<BulkDesc>, WireError> {
+fn parse_descs(section: &[u8], n: usize) -> Result<Vec<BulkDesc>, WireError> {
+    let mut r = Reader::new(section);
+    let short = |_: Short| WireError::Truncated("bulk descriptor entry");
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        if b.len() < DESC_ENTRY_SIZE {
-            return Err(WireError::Truncated("bulk descriptor entry"));
-        }
-        let kind = BulkKind::from_code(b[0]).ok_or(WireError::BadField("bulk descriptor kind"))?;
-        if b[1] != 0 || u32_at(b, 4) != 0 {
+        let mut e = Reader::new(r.array::<DESC_ENTRY_SIZE>().map_err(short)?);
+        let kind = e.u8().map_err(short)?;
+        let reserved = e.u8().map_err(short)?;
+        let l = e.u16().map_err(short)?;
+        let reserved2 = e.u32().map_err(short)?;
+        let len = e.u64().map_err(short)?;
+        let kind = BulkKind::from_code(kind).ok_or(WireError::BadField("bulk descriptor kind"))?;
+        if reserved != 0 || reserved2 != 0 {
             return Err(WireError::BadField("bulk descriptor reserved field"));
         }
-        let l = usize::from(u16_at(b, 2));
-        let len = u64_at(b, 8);
-        let rest = &b[DESC_ENTRY_SIZE..];
-        if l > rest.len() {
-            return Err(WireError::Truncated("bulk descriptor"));
-        }
+        let desc = r
+            .bytes(l.into())
+            .map_err(|_| WireError::Truncated("bulk descriptor"))?;
         out.push(BulkDesc {
             kind,
             len,
-            desc: NetBufDesc::from_bytes(rest[..l].to_vec()),
+            desc: NetBufDesc::from_bytes(desc.to_vec()),
         });
-        b = &rest[l..];
     }
-    if !b.is_empty() {
+    if !r.is_empty() {
         return Err(WireError::Length("bulk descriptor section"));
     }
     Ok(out)

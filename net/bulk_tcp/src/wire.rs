@@ -41,6 +41,7 @@ use std::net::Ipv4Addr;
 
 use colibri_net::checksum::crc32c;
 use colibri_net::{NetError, QueueType};
+use colibri_wire::{Reader, Short, Writer};
 
 use crate::addr::TcpAddr;
 
@@ -128,18 +129,6 @@ pub struct Header {
     pub receiver: TcpAddr,
 }
 
-fn le16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-fn le64(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
-}
-
 fn proto(why: impl Into<String>) -> NetError {
     NetError::Protocol(why.into())
 }
@@ -175,28 +164,28 @@ impl Header {
 
     /// Encodes the header.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
-        let mut b = [0u8; HEADER_LEN];
-        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        b[4] = VERSION;
-        b[5] = self.opcode as u8;
-        b[6] = self.queue;
-        b[7] = self.flags;
-        b[8..16].copy_from_slice(&self.xid.to_le_bytes());
-        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
-        b[24..32].copy_from_slice(&self.total.to_le_bytes());
-        b[32..36].copy_from_slice(&self.chunk.to_le_bytes());
-        b[36..40].copy_from_slice(&self.body_len.to_le_bytes());
-        b[40..42].copy_from_slice(&self.desc_len.to_le_bytes());
-        b[42..44].copy_from_slice(&self.status.to_le_bytes());
-        b[44..48].copy_from_slice(&self.sender.ip.octets());
-        b[48..52].copy_from_slice(&self.sender.service.to_le_bytes());
-        b[52..54].copy_from_slice(&self.sender.port.to_le_bytes());
-        b[54..56].copy_from_slice(&self.receiver.port.to_le_bytes());
-        b[56..60].copy_from_slice(&self.receiver.ip.octets());
-        b[60..64].copy_from_slice(&self.receiver.service.to_le_bytes());
-        let crc = crc32c(&b[..64]);
-        b[64..68].copy_from_slice(&crc.to_le_bytes());
-        b
+        let mut w = Writer::new([0u8; HEADER_LEN]);
+        w.put_u32(MAGIC);
+        w.put_u8(VERSION);
+        w.put_u8(self.opcode as u8);
+        w.put_u8(self.queue);
+        w.put_u8(self.flags);
+        w.put_u64(self.xid);
+        w.put_u64(self.offset);
+        w.put_u64(self.total);
+        w.put_u32(self.chunk);
+        w.put_u32(self.body_len);
+        w.put_u16(self.desc_len);
+        w.put_u16(self.status);
+        w.put_bytes(&self.sender.ip.octets());
+        w.put_u32(self.sender.service);
+        w.put_u16(self.sender.port);
+        w.put_u16(self.receiver.port);
+        w.put_bytes(&self.receiver.ip.octets());
+        w.put_u32(self.receiver.service);
+        let crc = crc32c(w.written());
+        w.put_u32(crc);
+        w.into_inner()
     }
 
     /// Decodes and validates a header. `max_body` bounds the body of data
@@ -205,46 +194,67 @@ impl Header {
     /// # Errors
     /// `Protocol` naming the first field found wrong.
     pub fn decode(b: &[u8], max_body: u32) -> Result<Self, NetError> {
-        if b.len() < HEADER_LEN {
-            return Err(proto("short header"));
-        }
-        let b = &b[..HEADER_LEN];
-        if le32(b, 0) != MAGIC {
+        let short = |_: Short| proto("short header");
+        let head = b.get(..HEADER_LEN).ok_or_else(|| proto("short header"))?;
+        let (fields, crc) = head.split_at(HEADER_LEN - 4);
+        let mut r = Reader::new(fields);
+        if r.u32().map_err(short)? != MAGIC {
             return Err(proto("bad magic"));
         }
-        if le32(b, 64) != crc32c(&b[..64]) {
+        if Reader::new(crc).u32().map_err(short)? != crc32c(fields) {
             return Err(proto("header checksum mismatch"));
         }
-        if b[4] != VERSION {
-            return Err(proto(format!("unsupported version {}", b[4])));
+        let version = r.u8().map_err(short)?;
+        if version != VERSION {
+            return Err(proto(format!("unsupported version {version}")));
         }
-        let opcode =
-            Opcode::from_u8(b[5]).ok_or_else(|| proto(format!("unknown opcode {}", b[5])))?;
-        let ip = |at: usize| Ipv4Addr::new(b[at], b[at + 1], b[at + 2], b[at + 3]);
-        let h = Self {
-            opcode,
-            queue: b[6],
-            flags: b[7],
-            xid: le64(b, 8),
-            offset: le64(b, 16),
-            total: le64(b, 24),
-            chunk: le32(b, 32),
-            body_len: le32(b, 36),
-            desc_len: le16(b, 40),
-            status: le16(b, 42),
-            sender: TcpAddr {
-                ip: ip(44),
-                service: le32(b, 48),
-                port: le16(b, 52),
-            },
-            receiver: TcpAddr {
-                ip: ip(56),
-                port: le16(b, 54),
-                service: le32(b, 60),
-            },
-        };
+        let op = r.u8().map_err(short)?;
+        let opcode = Opcode::from_u8(op).ok_or_else(|| proto(format!("unknown opcode {op}")))?;
+        let h = Self::read_fields(opcode, &mut r).map_err(short)?;
         h.validate(max_body)?;
         Ok(h)
+    }
+
+    /// Reads the fields after the opcode (offsets 6 to 64).
+    #[inline]
+    fn read_fields(opcode: Opcode, r: &mut Reader<'_>) -> Result<Self, Short> {
+        let queue = r.u8()?;
+        let flags = r.u8()?;
+        let xid = r.u64()?;
+        let offset = r.u64()?;
+        let total = r.u64()?;
+        let chunk = r.u32()?;
+        let body_len = r.u32()?;
+        let desc_len = r.u16()?;
+        let status = r.u16()?;
+        let sender_ip = Ipv4Addr::from(*r.array::<4>()?);
+        let sender_service = r.u32()?;
+        let sender_port = r.u16()?;
+        let receiver_port = r.u16()?;
+        let receiver_ip = Ipv4Addr::from(*r.array::<4>()?);
+        let receiver_service = r.u32()?;
+        Ok(Self {
+            opcode,
+            queue,
+            flags,
+            xid,
+            offset,
+            total,
+            chunk,
+            body_len,
+            desc_len,
+            status,
+            sender: TcpAddr {
+                ip: sender_ip,
+                service: sender_service,
+                port: sender_port,
+            },
+            receiver: TcpAddr {
+                ip: receiver_ip,
+                service: receiver_service,
+                port: receiver_port,
+            },
+        })
     }
 
     fn validate(&self, max_body: u32) -> Result<(), NetError> {
@@ -370,27 +380,28 @@ const MAX_STATUS: u16 = S_OTHER;
 /// Longest text in a status detail.
 const MAX_TEXT: usize = 1024;
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+fn put_str(out: &mut Writer<&mut Vec<u8>>, s: &str) {
     // Details are bounded; longer texts are cut at a character boundary.
     let mut end = s.len().min(MAX_TEXT);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    out.extend_from_slice(&(end as u16).to_le_bytes());
-    out.extend_from_slice(&s.as_bytes()[..end]);
+    out.put_u16(end as u16);
+    out.put_bytes(&s.as_bytes()[..end]);
 }
 
 /// Encodes a failure as a status code and a detail body, so that the peer
 /// completes its buffer with an equal [`NetError`].
 pub fn encode_status(e: &NetError) -> (u16, Vec<u8>) {
-    let mut d = Vec::new();
+    let mut detail = Vec::new();
+    let mut d = Writer::new(&mut detail);
     let code = match e {
         NetError::Cancelled => S_CANCELLED,
         NetError::TimedOut => S_TIMED_OUT,
         NetError::NoBuffers => S_NO_BUFFERS,
         NetError::MessageTooLarge { len, space } => {
-            d.extend_from_slice(&(*len as u64).to_le_bytes());
-            d.extend_from_slice(&(*space as u64).to_le_bytes());
+            d.put_u64(*len as u64);
+            d.put_u64(*space as u64);
             S_MSG_TOO_LARGE
         }
         NetError::TooBig(s) => {
@@ -406,8 +417,8 @@ pub fn encode_status(e: &NetError) -> (u16, Vec<u8>) {
             S_CONN_RESET
         }
         NetError::WrongQueue { passive, active } => {
-            d.push(passive.code());
-            d.push(active.code());
+            d.put_u8(passive.code());
+            d.put_u8(active.code());
             S_WRONG_QUEUE
         }
         NetError::AccessDenied { requester, allowed } => {
@@ -437,42 +448,34 @@ pub fn encode_status(e: &NetError) -> (u16, Vec<u8>) {
             S_OTHER
         }
     };
-    (code, d)
+    (code, detail)
 }
 
-struct Detail<'a> {
-    b: &'a [u8],
-    at: usize,
+/// Reads a status detail; every short read is a truncated detail.
+struct Detail<'a>(Reader<'a>);
+
+fn truncated(_: Short) -> NetError {
+    proto("truncated status detail")
 }
 
-impl<'a> Detail<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], NetError> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| proto("truncated status detail"))?;
-        let s = &self.b[self.at..end];
-        self.at = end;
-        Ok(s)
-    }
+impl Detail<'_> {
     fn u64(&mut self) -> Result<u64, NetError> {
-        Ok(le64(self.take(8)?, 0))
+        self.0.u64().map_err(truncated)
     }
     fn str(&mut self) -> Result<String, NetError> {
-        let n = le16(self.take(2)?, 0) as usize;
+        let n = usize::from(self.0.u16().map_err(truncated)?);
         if n > MAX_TEXT {
             return Err(proto("status detail text too long"));
         }
-        let s = self.take(n)?;
+        let s = self.0.bytes(n).map_err(truncated)?;
         String::from_utf8(s.to_vec()).map_err(|_| proto("status detail is not UTF-8"))
     }
     fn queue(&mut self) -> Result<QueueType, NetError> {
-        let c = self.take(1)?[0];
+        let c = self.0.u8().map_err(truncated)?;
         QueueType::from_code(c).ok_or_else(|| proto("bad queue code in status detail"))
     }
     fn end(self) -> Result<(), NetError> {
-        if self.at == self.b.len() {
+        if self.0.is_empty() {
             Ok(())
         } else {
             Err(proto("trailing bytes in status detail"))
@@ -485,7 +488,7 @@ impl<'a> Detail<'a> {
 /// # Errors
 /// `Protocol` when the code is unknown or the detail malformed.
 pub fn decode_status(code: u16, detail: &[u8]) -> Result<NetError, NetError> {
-    let mut r = Detail { b: detail, at: 0 };
+    let mut r = Detail(Reader::new(detail));
     let e = match code {
         S_CANCELLED => NetError::Cancelled,
         S_TIMED_OUT => NetError::TimedOut,

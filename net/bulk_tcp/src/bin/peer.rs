@@ -36,6 +36,7 @@ use colibri_net::{
     BufToken, BufVec, BufferEvent, Domain, EndPoint, NetBufDesc, QueueType, RecvParams, TmState,
     TransferMachine, event_channel, ignore_tm_events,
 };
+use colibri_wire::{Reader, Short};
 
 /// Byte `i` of pattern `seed` (splitmix64), as the tests compute it.
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -49,18 +50,6 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
             (z ^ (z >> 31)) as u8
         })
         .collect()
-}
-
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    b.get(at..at + 4)
-        .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-}
-
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    let s = b.get(at..at + 8)?;
-    let mut a = [0u8; 8];
-    a.copy_from_slice(s);
-    Some(u64::from_le_bytes(a))
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -248,22 +237,25 @@ fn serve(addr: &str, max: Duration) -> Res<ExitCode> {
 
 fn command(p: &mut Peer, m: &[u8], from: &EndPoint) -> Res<()> {
     let bad = || -> Box<dyn std::error::Error> { "malformed command".into() };
-    match m[0] {
+    let short = |_: Short| bad();
+    let (&cmd, rest) = m.split_first().ok_or_else(bad)?;
+    let mut args = Reader::new(rest);
+    match cmd {
         b'E' => {
             let mut r = vec![b'e'];
-            r.extend_from_slice(&m[1..]);
+            r.extend_from_slice(rest);
             p.send(from, &r)?;
         }
         b'S' => {
-            let len = u32_at(m, 1).ok_or_else(bad)? as usize;
-            let seed = u64_at(m, 5).ok_or_else(bad)?;
+            let len = args.u32().map_err(short)? as usize;
+            let seed = args.u64().map_err(short)?;
             let b = p.buf(&pattern(seed, len), len)?;
             let (t, d) = p.tm.add_passive_send(b, len, None).map_err(|e| e.error)?;
             p.record(t);
             p.send(from, &[b"D".as_slice(), d.as_bytes()].concat())?;
         }
         b'R' => {
-            let len = u32_at(m, 1).ok_or_else(bad)? as usize;
+            let len = args.u32().map_err(short)? as usize;
             let b = p.buf(&[], len)?;
             let (t, d) = p.tm.add_passive_recv(b, None).map_err(|e| e.error)?;
             p.record(t);
@@ -271,17 +263,17 @@ fn command(p: &mut Peer, m: &[u8], from: &EndPoint) -> Res<()> {
             p.send(from, &[b"D".as_slice(), d.as_bytes()].concat())?;
         }
         b'P' => {
-            let seed = u64_at(m, 1).ok_or_else(bad)?;
-            let len = u32_at(m, 9).ok_or_else(bad)? as usize;
-            let desc = NetBufDesc::from_bytes(m[13..].to_vec());
+            let seed = args.u64().map_err(short)?;
+            let len = args.u32().map_err(short)? as usize;
+            let desc = NetBufDesc::from_bytes(args.rest().to_vec());
             let b = p.buf(&pattern(seed, len), len)?;
             let t = p.tm.add_active_send(b, &desc, len).map_err(|e| e.error)?;
             p.record(t);
             p.notify.insert(t, from.clone());
         }
         b'G' => {
-            let len = u32_at(m, 1).ok_or_else(bad)? as usize;
-            let desc = NetBufDesc::from_bytes(m[5..].to_vec());
+            let len = args.u32().map_err(short)? as usize;
+            let desc = NetBufDesc::from_bytes(args.rest().to_vec());
             let b = p.buf(&[], len)?;
             let t = p.tm.add_active_recv(b, &desc).map_err(|e| e.error)?;
             p.record(t);
