@@ -196,6 +196,25 @@ impl Plan {
         self.tests.iter().any(|x| x == t || x == "all")
     }
 
+    /// How many steps [`run_plan`] reports through its progress callback
+    /// for this plan (for a "step N of M" display).
+    pub fn steps(&self) -> usize {
+        let mut n = 0;
+        if self.wants("rtt") {
+            n += self.rtt_sizes.len();
+        }
+        if self.wants("oneway") {
+            n += 1;
+        }
+        if self.wants("bulk") {
+            n += 2 * self.bulk_sizes.len();
+        }
+        if self.wants("rpc") {
+            n += RPC_STEPS;
+        }
+        n
+    }
+
     fn mode(&self) -> &'static str {
         if self.polling { "polling" } else { "blocking" }
     }
@@ -356,6 +375,10 @@ fn tcp_name(polling: bool, what: &str) -> String {
         }
     )
 }
+
+/// Progress steps of [`run_rpc`]: round trip, rate, bulk read, bulk write,
+/// one-way items.
+const RPC_STEPS: usize = 5;
 
 /// The RPC rows: each against the layer below (or the RPC layer's own
 /// other setting) measured in the same, interleaved runs.
@@ -599,6 +622,13 @@ pub fn table(rows: &[Row]) -> String {
     out.push_str(
         "ratio = ours / baseline (for us, lower is better; for Mmsg/s and GB/s, higher)\n",
     );
+    if rows.iter().any(|r| r.target.is_some()) {
+        out.push_str(
+            "target = the project's goal for that figure (BENCHMARKS.md says why); \
+             MISSED means this run did not reach it on this machine: figures depend on \
+             the CPU, other load and pinning, so compare the ratio, measured side by side\n",
+        );
+    }
     out
 }
 

@@ -18,7 +18,7 @@ mod xprt;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use colibri_bench::parse_size;
@@ -189,6 +189,8 @@ struct Report {
     transport: &'static str,
     machine: Machine,
     build: &'static str,
+    /// Wall time of the whole run.
+    seconds: f64,
     sections: Vec<Section>,
 }
 
@@ -212,7 +214,9 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
     } else {
         Some((a.cpus[0], a.cpus[1]))
     };
-    let progress_on = !a.quiet && std::io::stderr().is_terminal();
+    // One line per step on stderr, "N/M", whether or not it is a terminal
+    // (a log file shows where a long run is); --quiet turns it off.
+    let progress_on = !a.quiet;
     let started = Instant::now();
     let mut report = Report {
         transport: a.xprt.name(),
@@ -222,6 +226,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         } else {
             "release"
         },
+        seconds: 0.0,
         sections: Vec::new(),
     };
     if report.build == "debug" && !a.quiet {
@@ -229,43 +234,22 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
             "note: a debug build; run `cargo run --release -p colibri-cli -- bench` for real figures"
         );
     }
-    for &polling in modes {
-        let mut plan = if a.smoke {
-            Plan::smoke(polling)
-        } else {
-            Plan::standard(polling)
-        };
-        plan.cpus = pinned;
-        plan.tests.clone_from(&a.tests);
-        if let Some(s) = &a.sizes {
-            plan.rtt_sizes.clone_from(s);
-        }
-        if let Some(s) = &a.bulk_sizes {
-            plan.bulk_sizes.clone_from(s);
-        }
-        if let Some(b) = a.bulk_bytes {
-            plan.bulk_bytes = b;
-        }
-        if let Some(i) = a.iters {
-            plan.rtt_iters = i;
-        }
-        if let Some(c) = a.count {
-            plan.oneway_count = c;
-        }
-        if let Some(r) = a.runs {
-            plan.runs = r;
-        }
-        // TCP is compared with a raw loopback TCP socket pair, and against
-        // its own targets.
-        plan.tcp = a.xprt == Xprt::Tcp;
-        plan.mem_targets &= !plan.tcp;
+    let plans: Vec<(bool, Plan)> = modes
+        .iter()
+        .map(|&polling| (polling, bench_plan(a, polling, pinned)))
+        .collect();
+    let total: usize = plans.iter().map(|(_, p)| p.steps()).sum();
+    let mut step = 0;
+    for (polling, plan) in plans {
         let xprt = a.xprt.transport(polling, a.workers);
         let mode = if polling { "polling" } else { "blocking" };
-        let mut step = 0;
         let mut progress = |what: &str| {
             step += 1;
             if progress_on {
-                eprintln!("[{:>5.1}s] {step}. {what}", started.elapsed().as_secs_f64());
+                eprintln!(
+                    "[{:>6.1}s] {step}/{total} {what}",
+                    started.elapsed().as_secs_f64()
+                );
             }
         };
         let rows =
@@ -277,21 +261,16 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
             rows,
         });
     }
+    report.seconds = round_sig(started.elapsed().as_secs_f64());
     let mut out = std::io::stdout().lock();
     if a.json {
-        serde_json::to_writer_pretty(&mut out, &report).map_err(|e| e.to_string())?;
-        writeln!(out).map_err(|e| e.to_string())?;
+        write_json(&mut out, &report)?;
     } else {
         let m = &report.machine;
         writeln!(
             out,
-            "transport {}, {} build, {} CPUs ({}), kernel {}, {:.0?} total",
-            report.transport,
-            report.build,
-            m.cpus,
-            m.cpu_model,
-            m.kernel,
-            Duration::from_secs_f64(started.elapsed().as_secs_f64().round())
+            "transport {}, {} build, {} CPUs ({}), kernel {}, {:.2} s total",
+            report.transport, report.build, m.cpus, m.cpu_model, m.kernel, report.seconds
         )
         .map_err(|e| e.to_string())?;
         for s in &report.sections {
@@ -311,12 +290,92 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The plan of one mode, from the command line.
+fn bench_plan(a: &BenchArgs, polling: bool, pinned: Option<(usize, usize)>) -> Plan {
+    let mut plan = if a.smoke {
+        Plan::smoke(polling)
+    } else {
+        Plan::standard(polling)
+    };
+    plan.cpus = pinned;
+    plan.tests.clone_from(&a.tests);
+    if let Some(s) = &a.sizes {
+        plan.rtt_sizes.clone_from(s);
+    }
+    if let Some(s) = &a.bulk_sizes {
+        plan.bulk_sizes.clone_from(s);
+    }
+    if let Some(b) = a.bulk_bytes {
+        plan.bulk_bytes = b;
+    }
+    if let Some(i) = a.iters {
+        plan.rtt_iters = i;
+    }
+    if let Some(c) = a.count {
+        plan.oneway_count = c;
+    }
+    if let Some(r) = a.runs {
+        plan.runs = r;
+    }
+    // TCP is compared with a raw loopback TCP socket pair, and against
+    // its own targets.
+    plan.tcp = a.xprt == Xprt::Tcp;
+    plan.mem_targets &= !plan.tcp;
+    plan
+}
+
+/// Rounds to six significant digits, so that JSON shows `344.2`, not
+/// `344.20000000000005`, and small rates keep their digits.
+pub(crate) fn round_sig(x: f64) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let k = 5 - x.abs().log10().floor() as i32;
+    if k >= 0 {
+        let scale = 10f64.powi(k);
+        (x * scale).round() / scale
+    } else {
+        let scale = 10f64.powi(-k);
+        (x / scale).round() * scale
+    }
+}
+
+/// Rounds every floating-point number of a JSON value to six significant
+/// digits.
+fn round_json(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Number(n) if n.is_f64() => {
+            if let Some(r) = n
+                .as_f64()
+                .map(round_sig)
+                .and_then(serde_json::Number::from_f64)
+            {
+                *n = r;
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(round_json),
+        serde_json::Value::Object(o) => o.values_mut().for_each(round_json),
+        _ => {}
+    }
+}
+
+/// Writes `value` as pretty JSON with rounded numbers, and a newline.
+pub(crate) fn write_json(out: &mut impl Write, value: &impl Serialize) -> Result<(), String> {
+    let mut v = serde_json::to_value(value).map_err(|e| e.to_string())?;
+    round_json(&mut v);
+    serde_json::to_writer_pretty(&mut *out, &v).map_err(|e| e.to_string())?;
+    writeln!(out).map_err(|e| e.to_string())
+}
+
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Colours only on a terminal, and never with NO_COLOR set.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .init();
     let cli = Cli::parse();
     let res = match &cli.cmd {
@@ -334,5 +393,20 @@ fn main() -> ExitCode {
             eprintln!("colibri: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_sig;
+
+    #[test]
+    fn rounding_keeps_six_significant_digits() {
+        assert_eq!(round_sig(344.200_000_000_000_05), 344.2);
+        assert_eq!(round_sig(0.000_493_123_456), 0.000_493_123);
+        assert_eq!(round_sig(12_345_678.9), 12_345_700.0);
+        assert_eq!(round_sig(-2.5), -2.5);
+        assert_eq!(round_sig(0.0), 0.0);
+        assert_eq!(serde_json::to_string(&round_sig(0.1 + 0.2)).unwrap(), "0.3");
     }
 }

@@ -2,6 +2,8 @@
 //! `colibri-examples`, over any transport, by address.
 
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use colibri_examples::{echo, ping};
@@ -9,6 +11,40 @@ use colibri_rpc::{RpcConfig, RpcMachine};
 use serde::Serialize;
 
 use crate::xprt::Xprt;
+use crate::{round_sig, write_json};
+
+/// Largest ping payload with the default RPC configuration: a request (and
+/// its reply) must fit in one message with its headers (the `--size` help
+/// says it too; a test keeps the three in step).
+pub(crate) const MAX_PING: usize = 16280;
+
+/// Checks that `addr` names a service (`IPv4:PORT:SERVICE`): both
+/// transports would take a missing one as service 0, which is almost
+/// never what was meant.
+pub(crate) fn check_addr(addr: &str) -> Result<(), String> {
+    let parts = addr.split(':').count();
+    if parts == 2 {
+        return Err(format!(
+            "address {addr} has no service id: write IPv4:PORT:SERVICE, for example {addr}:1"
+        ));
+    }
+    if parts != 3 {
+        return Err(format!(
+            "address {addr} is not IPv4:PORT:SERVICE (for example 127.0.0.1:4041:1)"
+        ));
+    }
+    Ok(())
+}
+
+/// Set by SIGINT or SIGTERM.
+fn stop_flag() -> Result<Arc<AtomicBool>, String> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&flag))
+            .map_err(|e| format!("cannot catch signal {sig}: {e}"))?;
+    }
+    Ok(flag)
+}
 
 /// Options of `colibri serve`.
 #[derive(Debug, clap::Args)]
@@ -21,7 +57,8 @@ pub(crate) struct ServeArgs {
     /// 127.0.0.1:4040:1 for mem, 127.0.0.1:4041:1 for tcp.
     #[arg(long, short)]
     listen: Option<String>,
-    /// Stop after this many seconds (default: run until killed).
+    /// Stop after this many seconds (default: run until Ctrl-C, SIGINT or
+    /// SIGTERM; either way the statistics are printed).
     #[arg(long)]
     duration: Option<f64>,
     /// Transport threads poll before sleeping (lower latency, more CPU).
@@ -47,7 +84,8 @@ pub(crate) struct PingArgs {
     /// Pings to send.
     #[arg(long, short, default_value_t = 10)]
     count: u64,
-    /// Payload bytes per ping (e.g. 64, 4K).
+    /// Payload bytes per ping (e.g. 64, 4K; at most 16280, what fits in
+    /// one message of the default size with its headers).
     #[arg(long, short, default_value = "64", value_parser = colibri_bench::parse_size)]
     size: usize,
     /// Pause between pings, in milliseconds.
@@ -78,6 +116,17 @@ struct ServeReport {
 pub(crate) fn serve(a: &ServeArgs) -> Result<(), String> {
     let xprt = a.xprt.transport(a.polling, 1);
     let addr = a.listen.as_deref().unwrap_or(a.xprt.default_addr(true));
+    check_addr(addr).map_err(|e| format!("cannot serve at {addr}: {e}"))?;
+    let deadline = match a.duration {
+        Some(d) if d.is_finite() && d >= 0.0 => Some(Instant::now() + Duration::from_secs_f64(d)),
+        Some(d) => {
+            return Err(format!(
+                "bad --duration {d}: a number of seconds, 0 or more"
+            ));
+        }
+        None => None,
+    };
+    let stop = stop_flag()?;
     let m = RpcMachine::start_on(&*xprt, addr, RpcConfig::default())
         .map_err(|e| format!("cannot serve at {addr}: {e}"))?;
     ping::install_server(&m);
@@ -88,7 +137,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<(), String> {
             m.addr(),
             a.xprt.name(),
             match a.duration {
-                Some(d) => format!("stopping after {d} s"),
+                Some(d) => format!("stopping after {d} s (or at Ctrl-C)"),
                 None => "stop with Ctrl-C".to_string(),
             }
         );
@@ -101,24 +150,30 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<(), String> {
         }
     }
     let start = Instant::now();
-    match a.duration {
-        Some(d) if d.is_finite() && d >= 0.0 => std::thread::sleep(Duration::from_secs_f64(d)),
-        Some(d) => return Err(format!("bad --duration {d}")),
-        None => loop {
-            std::thread::sleep(Duration::from_secs(3600));
-        },
+    let signalled = loop {
+        if stop.load(Ordering::Relaxed) {
+            break true;
+        }
+        let left = deadline.map_or(Duration::from_millis(50), |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        if left.is_zero() {
+            break false;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    };
+    if signalled && !a.quiet {
+        eprintln!("signal received: stopping");
     }
     let report = ServeReport {
         transport: a.xprt.name(),
         addr: m.addr().to_string(),
-        seconds: start.elapsed().as_secs_f64(),
+        seconds: round_sig(start.elapsed().as_secs_f64()),
         stats: m.stats(),
     };
     m.shutdown().map_err(|e| e.to_string())?;
     if a.json {
-        let mut out = std::io::stdout().lock();
-        serde_json::to_writer_pretty(&mut out, &report).map_err(|e| e.to_string())?;
-        writeln!(out).map_err(|e| e.to_string())?;
+        write_json(&mut std::io::stdout().lock(), &report)?;
     } else if !a.quiet {
         eprintln!(
             "served {} requests in {:.1} s",
@@ -137,6 +192,15 @@ struct PingOutput {
 }
 
 pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
+    if let Some(addr) = &a.addr {
+        check_addr(addr)?;
+    }
+    if a.size > MAX_PING {
+        return Err(format!(
+            "a {}-byte ping does not fit in a message ({MAX_PING} bytes at most)",
+            a.size
+        ));
+    }
     let xprt = a.xprt.transport(a.polling, 1);
     let local = match &a.addr {
         Some(_) => None,
@@ -196,7 +260,7 @@ pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
     if let Some(s) = local {
         s.shutdown().map_err(|e| e.to_string())?;
     }
-    let ok = summary.received == summary.sent;
+    let ok = summary.received == summary.sent && summary.sent > 0;
     let mut out = std::io::stdout().lock();
     if a.json {
         let o = PingOutput {
@@ -205,20 +269,58 @@ pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
             replies,
             summary,
         };
-        serde_json::to_writer_pretty(&mut out, &o).map_err(|e| e.to_string())?;
-        writeln!(out).map_err(|e| e.to_string())?;
+        write_json(&mut out, &o)?;
     } else {
+        let lost = if summary.sent == 0 {
+            0.0
+        } else {
+            100.0 * (summary.sent - summary.received) as f64 / summary.sent as f64
+        };
+        let rtt = if summary.received == 0 {
+            "no reply came back".to_string()
+        } else {
+            format!(
+                "rtt min/avg/max = {:.1}/{:.1}/{:.1} us",
+                summary.min_us, summary.avg_us, summary.max_us
+            )
+        };
         writeln!(
             out,
-            "--- {target} ping statistics ---\n{} sent, {} received, {:.0}% lost, rtt min/avg/max = {:.1}/{:.1}/{:.1} us",
-            summary.sent,
-            summary.received,
-            if summary.sent == 0 { 0.0 } else { 100.0 * (summary.sent - summary.received) as f64 / summary.sent as f64 },
-            summary.min_us,
-            summary.avg_us,
-            summary.max_us
+            "--- {target} ping statistics ---\n{} sent, {} received, {lost:.0}% lost, {rtt}",
+            summary.sent, summary.received,
         )
         .map_err(|e| e.to_string())?;
     }
     Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_largest_ping_is_what_fits_in_a_default_message() {
+        let fits = RpcConfig::default().max_msg_size
+            - colibri_rpc::wire::MSG_HEADER_SIZE
+            - colibri_rpc::wire::ITEM_HEADER_SIZE;
+        assert_eq!(MAX_PING, fits);
+        let help = crate::Cli::command()
+            .find_subcommand_mut("ping")
+            .expect("ping")
+            .render_long_help()
+            .to_string();
+        assert!(help.contains(&MAX_PING.to_string()), "{help}");
+    }
+
+    #[test]
+    fn addresses_need_a_service() {
+        assert!(check_addr("127.0.0.1:4041:1").is_ok());
+        let e = check_addr("127.0.0.1:4041").unwrap_err();
+        assert!(
+            e.contains("no service id") && e.contains("127.0.0.1:4041:1"),
+            "{e}"
+        );
+        assert!(check_addr("localhost").is_err());
+    }
 }

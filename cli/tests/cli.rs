@@ -160,3 +160,186 @@ fn serve_and_ping_between_two_processes_over_tcp() {
     assert_eq!(v["summary"]["received"], 10);
     assert_eq!(v["summary"]["peer"], addr.as_str());
 }
+
+/// What a new user tripped over: each of these printed something
+/// misleading before.
+#[test]
+fn addresses_without_a_service_and_oversize_pings_are_refused_up_front() {
+    let out = colibri(&["ping", "--xprt", "tcp", "127.0.0.1:4041", "-c", "3"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no service id") && err.contains("127.0.0.1:4041:1"),
+        "{err}"
+    );
+    assert!(!err.contains("PING"), "nothing was sent: {err}");
+    let out = colibri(&["serve", "--listen", "127.0.0.1:4041", "--duration", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no service id"));
+    // Too large a ping: one clear line before anything else.
+    let out = colibri(&["ping", "-s", "17K", "-c", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("16280"), "{err}");
+    let help = colibri(&["ping", "--help"]);
+    assert!(String::from_utf8_lossy(&help.stdout).contains("16280"));
+}
+
+#[test]
+fn no_reply_is_said_and_fails() {
+    let out = colibri(&["ping", "127.0.0.1:4997:9", "-c", "1", "--timeout", "200"]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("no reply came back"), "{text}");
+    assert!(!text.contains("rtt"), "{text}");
+}
+
+#[test]
+fn a_busy_address_is_one_line_and_logs_have_no_colours() {
+    let first = Command::new(env!("CARGO_BIN_EXE_colibri"))
+        .args([
+            "serve",
+            "--xprt",
+            "tcp",
+            "--listen",
+            "127.0.0.1:0:1",
+            "--duration",
+            "30",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = KillOnDrop(first);
+    let addr = banner_addr(&mut first.0);
+    let out = Command::new(env!("CARGO_BIN_EXE_colibri"))
+        .args([
+            "serve",
+            "--xprt",
+            "tcp",
+            "--listen",
+            &addr,
+            "--duration",
+            "0",
+        ])
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !err.contains('\u{1b}'),
+        "ANSI escapes when not a terminal: {err:?}"
+    );
+    assert!(!err.contains("WARN"), "{err}");
+    assert!(err.contains("already in use"), "{err}");
+}
+
+#[test]
+fn serve_prints_its_statistics_on_sigterm() {
+    let child = Command::new(env!("CARGO_BIN_EXE_colibri"))
+        .args([
+            "serve",
+            "--xprt",
+            "tcp",
+            "--listen",
+            "127.0.0.1:0:1",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let addr = banner_addr(&mut child.0);
+    let ping = colibri(&["ping", "--xprt", "tcp", &addr, "-c", "3", "-i", "0", "-q"]);
+    assert!(ping.status.success());
+    let status = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(std::time::Instant::now() < end, "serve ignored SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.0.stdout.as_mut().unwrap(), &mut out).unwrap();
+    assert!(child.0.wait().unwrap().success());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["stats"]["requests"], 3, "{v}");
+}
+
+#[test]
+fn bench_shows_progress_with_a_total_and_rounds_its_numbers() {
+    let out = colibri(&[
+        "bench",
+        "--smoke",
+        "--tests",
+        "rtt,oneway",
+        "--sizes",
+        "64",
+        "--mode",
+        "polling",
+        "--no-pin",
+    ]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let steps: Vec<&str> = err.lines().filter(|l| l.contains("/2 ")).collect();
+    assert_eq!(steps.len(), 2, "one line per step, with the total: {err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let total = text
+        .lines()
+        .next()
+        .and_then(|l| l.split(", ").last())
+        .unwrap_or_default();
+    assert!(total.ends_with(" s total") && total.contains('.'), "{text}");
+    let out = colibri(&[
+        "bench", "--smoke", "--tests", "rtt", "--mode", "polling", "--no-pin", "--json", "-q",
+    ]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(v["seconds"].as_f64().unwrap() > 0.0);
+    for num in json
+        .split(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == 'e'))
+        .filter(|t| t.contains('.'))
+    {
+        let digits = num
+            .split('e')
+            .next()
+            .unwrap_or("")
+            .chars()
+            .filter(char::is_ascii_digit)
+            .collect::<String>();
+        let significant = digits.trim_start_matches('0').len();
+        assert!(significant <= 6, "unrounded number {num} in {json}");
+    }
+}
+
+/// A child process killed (SIGKILL) if the test ends without reaping it.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The address a `colibri serve` child printed in its banner.
+fn banner_addr(child: &mut std::process::Child) -> String {
+    use std::io::{BufRead, BufReader};
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = lines.next().expect("the server's banner").unwrap();
+    // Keep reading (and dropping) the rest, so that the child never blocks
+    // on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    first
+        .split_once(" at ")
+        .and_then(|(_, rest)| rest.split_once(' '))
+        .map(|(a, _)| a.to_string())
+        .unwrap_or_else(|| panic!("unexpected banner {first:?}"))
+}

@@ -1264,11 +1264,21 @@ impl Inner {
             None
         };
         let sender = ev.take_sender();
-        if let Some(b) = ev.take_buffer().filter(|_| !self.is_stopping())
+        // A cancelled buffer belongs to a machine that is stopping or whose
+        // start failed: it is not re-queued (the add would be refused).
+        let cancelled = ev.error().is_some_and(NetError::is_cancelled);
+        if let Some(b) = ev
+            .take_buffer()
+            .filter(|_| !cancelled && !self.is_stopping())
             && let Err(e) = tm.add_msg_recv(b, self.recv_params)
             && !self.is_stopping()
         {
-            warn!(error = %e.error, "could not re-queue a receive buffer");
+            match e.error {
+                NetError::WrongState { .. } => {
+                    debug!(error = %e.error, "receive buffer not re-queued: the machine is not running");
+                }
+                _ => warn!(error = %e.error, "could not re-queue a receive buffer"),
+            }
         }
         drop(ev);
         let (Some(parsed), Some(sender)) = (parsed, sender) else {
