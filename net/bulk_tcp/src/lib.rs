@@ -74,6 +74,7 @@
 mod addr;
 mod conn;
 mod engine;
+mod proto;
 mod tm;
 pub mod wire;
 
