@@ -75,6 +75,8 @@ mod addr;
 mod conn;
 mod engine;
 mod proto;
+#[cfg(any(test, feature = "fuzzing"))]
+mod testkit;
 mod tm;
 pub mod wire;
 
