@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use colibri_net::registry::Registry;
 use colibri_net::xprt::{DelReason, Delivery, QueuedBuf};
-use colibri_net::{NetBufDesc, NetError, QueueType, Result};
+use colibri_net::{NetError, QueueType, Result};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
@@ -28,7 +28,8 @@ use tracing::{debug, trace, warn};
 
 use crate::TcpConfig;
 use crate::addr::TcpAddr;
-use crate::conn::{Conn, Cx, Flow, complete};
+use crate::conn::{Conn, Flow};
+use crate::proto::{self, Directory, Expiry, Machine, Proto, ProtoConfig};
 use crate::tm::TmShared;
 
 const WAKE: Token = Token(0);
@@ -104,17 +105,6 @@ impl std::fmt::Debug for Listener {
     }
 }
 
-impl Listener {
-    /// The transfer machine of `service`, if started here.
-    pub(crate) fn service(&self, service: u32) -> Option<Arc<TmShared>> {
-        SERVICES.lookup(&TcpAddr {
-            ip: *self.addr.ip(),
-            port: self.addr.port(),
-            service,
-        })
-    }
-}
-
 /// The transfer machines of the process by address (the core's registry).
 static SERVICES: Registry<TmShared> = Registry::new();
 
@@ -122,11 +112,6 @@ static SERVICES: Registry<TmShared> = Registry::new();
 /// the registry's own lock.
 static LISTENERS: LazyLock<Mutex<HashMap<SocketAddrV4, Arc<Listener>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// This process's listener at `addr`, if any.
-pub(crate) fn listener_at(addr: SocketAddrV4) -> Option<Arc<Listener>> {
-    LISTENERS.lock().get(&addr).cloned()
-}
 
 /// Claims `want` for `tm`: joins the process's listener at that address or
 /// opens one (port 0 opens one on a free port). Returns the listener and
@@ -322,6 +307,8 @@ impl Engine {
 /// The engine thread's own state.
 struct Loop {
     eng: Arc<Engine>,
+    /// The protocol's configuration, for new connections.
+    pcfg: ProtoConfig,
     poll: Poll,
     conns: HashMap<usize, Conn>,
     listeners: HashMap<usize, Arc<Listener>>,
@@ -346,6 +333,7 @@ impl Loop {
         let now = Instant::now();
         let next_reap = now + eng.cfg.idle_timeout / 2;
         Self {
+            pcfg: ProtoConfig::new(&eng.cfg),
             eng,
             poll,
             conns: HashMap::new(),
@@ -416,7 +404,7 @@ impl Loop {
         if !self.full.is_empty() {
             let full = std::mem::take(&mut self.full);
             for t in full {
-                if self.conns.get(&t).is_some_and(Conn::has_output) {
+                if self.conns.get(&t).is_some_and(|c| c.proto.has_output()) {
                     self.dirty.push(t);
                 }
             }
@@ -429,16 +417,11 @@ impl Loop {
             self.hot = None;
             return false;
         };
-        if !c.connected {
+        if !c.proto.is_connected() {
             return false;
         }
         let before = self.eng.stats.rx_bytes.load(Ordering::Relaxed);
-        let cx = Cx {
-            max_body: u32::try_from(self.eng.cfg.limits.max_buffer_size + 65536)
-                .unwrap_or(u32::MAX),
-            stats: &self.eng.stats,
-        };
-        match c.on_readable(&cx, false) {
+        match c.on_readable(&self.eng.stats, &Services, false) {
             Ok(Flow::Open) => {}
             Ok(Flow::Eof) => {
                 let e = NetError::ConnectionReset(format!("{} closed the connection", c.peer));
@@ -454,11 +437,11 @@ impl Loop {
         let Some(c) = self.conns.get_mut(&t) else {
             return true;
         };
-        if c.has_output() {
+        if c.proto.has_output() {
             self.dirty.push(t);
         }
-        if std::mem::take(&mut c.new_routes) {
-            for a in c.learned.clone() {
+        if let Some(learned) = c.proto.take_new_routes() {
+            for &a in learned {
                 self.routes.insert(a, t);
             }
         }
@@ -480,7 +463,7 @@ impl Loop {
                     if t == WAKE {
                         continue;
                     }
-                    let out = self.conns.get(&t.0).is_some_and(|c| c.out);
+                    let out = self.conns.get(&t.0).is_some_and(|c| c.proto.is_outgoing());
                     if out != first {
                         continue;
                     }
@@ -518,12 +501,11 @@ impl Loop {
         let Some(c) = self.conns.get_mut(&t) else {
             return;
         };
-        if !c.connected && (ev.is_writable() || ev.is_error() || ev.is_write_closed()) {
+        if !c.proto.is_connected() && (ev.is_writable() || ev.is_error() || ev.is_write_closed()) {
             match c.sock.take_error() {
                 Ok(None) => match c.sock.peer_addr() {
                     Ok(_) => {
-                        c.connected = true;
-                        c.connect_deadline = None;
+                        c.proto.set_connected();
                         trace!(conn = t, peer = %c.peer, "connected");
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::NotConnected => return,
@@ -532,19 +514,18 @@ impl Loop {
                 Ok(Some(e)) | Err(e) => return self.close(t, &NetError::io(&e)),
             }
         }
-        if !c.connected {
+        if !c.proto.is_connected() {
             return;
         }
         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-            let cx = Cx {
-                max_body: u32::try_from(self.eng.cfg.limits.max_buffer_size + 65536)
-                    .unwrap_or(u32::MAX),
-                stats: &self.eng.stats,
-            };
-            match c.on_readable(&cx, ev.is_read_closed() || ev.is_error()) {
+            match c.on_readable(
+                &self.eng.stats,
+                &Services,
+                ev.is_read_closed() || ev.is_error(),
+            ) {
                 Ok(Flow::Open) => self.hot = Some(t),
                 Ok(Flow::Eof) => {
-                    let idle = c.is_idle();
+                    let idle = c.proto.is_idle();
                     let e = NetError::ConnectionReset(format!("{} closed the connection", c.peer));
                     if !idle {
                         self.eng.stats.broken.fetch_add(1, Ordering::Relaxed);
@@ -561,11 +542,11 @@ impl Loop {
         let Some(c) = self.conns.get_mut(&t) else {
             return;
         };
-        if c.has_output() {
+        if c.proto.has_output() {
             self.dirty.push(t);
         }
-        if std::mem::take(&mut c.new_routes) {
-            for a in c.learned.clone() {
+        if let Some(learned) = c.proto.take_new_routes() {
+            for &a in learned {
                 self.routes.insert(a, t);
             }
         }
@@ -591,7 +572,8 @@ impl Loop {
                     };
                     self.tune(&stream);
                     let t = self.token();
-                    let mut c = Conn::new(t, stream, peer, Some(Arc::clone(l)));
+                    let proto = Proto::accepted(t, self.pcfg, l.addr, Instant::now());
+                    let mut c = Conn::new(stream, peer, proto);
                     if let Err(e) = self.poll.registry().register(
                         &mut c.sock,
                         Token(t),
@@ -637,15 +619,16 @@ impl Loop {
         // `idle_timeout`, so a request sent now cannot race that close.
         if let Some(&t) = self.routes.get(&peer)
             && let Some(c) = self.conns.get(&t)
-            && c.last_use.elapsed() < self.eng.cfg.idle_timeout / 2
+            && c.proto.last_use().elapsed() < self.eng.cfg.idle_timeout / 2
         {
             return Ok(t);
         }
         let stream = TcpStream::connect(peer.into())?;
         self.tune(&stream);
         let t = self.token();
-        let mut c = Conn::new(t, stream, peer, None);
-        c.connect_deadline = Some(Instant::now() + self.eng.cfg.connect_timeout);
+        let now = Instant::now();
+        let proto = Proto::connecting(t, self.pcfg, now, now + self.eng.cfg.connect_timeout);
+        let mut c = Conn::new(stream, peer, proto);
         self.poll.registry().register(
             &mut c.sock,
             Token(t),
@@ -663,16 +646,16 @@ impl Loop {
         let Some(mut c) = self.conns.remove(&t) else {
             return;
         };
-        if c.out && self.out.get(&c.peer) == Some(&t) {
+        if c.proto.is_outgoing() && self.out.get(&c.peer) == Some(&t) {
             self.out.remove(&c.peer);
         }
-        for a in &c.learned {
+        for a in c.proto.learned() {
             if self.routes.get(a) == Some(&t) {
                 self.routes.remove(a);
             }
         }
         let _ = self.poll.registry().deregister(&mut c.sock);
-        c.fail_all(e);
+        c.proto.fail_all(e);
         trace!(conn = t, peer = %c.peer, %e, "closed");
     }
 
@@ -690,7 +673,7 @@ impl Loop {
             };
             match c.flush() {
                 Ok(()) => {
-                    if c.has_output() && !self.full.contains(&t) {
+                    if c.proto.has_output() && !self.full.contains(&t) {
                         // The socket is full: epoll reports room again only
                         // once a third of the buffer drained; while spinning
                         // we try again sooner.
@@ -729,75 +712,37 @@ impl Loop {
                     self.accept(&l);
                 }
             }
-            Cmd::Send(tm, q) => self.start_op(tm, q, false),
-            Cmd::Active(tm, q) => self.start_op(tm, q, true),
+            Cmd::Send(tm, q) | Cmd::Active(tm, q) => self.start_op(tm, q),
             Cmd::Del(q, reason) => self.del(&q, reason),
             Cmd::Deliver(d) => d.run(),
             Cmd::Pin(cpu) => pin(cpu),
         }
     }
 
-    fn start_op(&mut self, tm: Arc<TmShared>, q: QueuedBuf, bulk: bool) {
+    fn start_op(&mut self, tm: Arc<TmShared>, q: QueuedBuf) {
         if !tm.sink().begin_use(&q) {
             return;
         }
         let Some(own) = tm.own() else {
-            complete(
-                &tm,
-                &q,
-                Err(NetError::InvalidArgument(
-                    "transfer machine not started".into(),
-                )),
-            );
+            let e = NetError::InvalidArgument("transfer machine not started".into());
+            tm.complete(&q, Err(e));
             return;
         };
-        let (dest, desc) = if bulk {
-            let Some(f) = q.desc() else {
-                complete(&tm, &q, Err(NetError::InvalidDescriptor("missing".into())));
-                return;
-            };
-            let Ok(dest) = TcpAddr::parse(&f.owner) else {
-                let e = NetError::InvalidDescriptor("owner is not a TCP address".into());
-                complete(&tm, &q, Err(e));
-                return;
-            };
-            match NetBufDesc::encode(f, usize::MAX) {
-                Ok(d) => (dest, Some((Arc::<[u8]>::from(d.into_bytes()), f.len))),
-                Err(e) => {
-                    complete(&tm, &q, Err(e));
-                    return;
-                }
-            }
-        } else {
-            let Some(dest) = q
-                .end_point()
-                .and_then(|ep| ep.downcast::<TcpAddr>().copied())
-            else {
-                complete(
-                    &tm,
-                    &q,
-                    Err(NetError::InvalidArgument(
-                        "send without a TCP end point".into(),
-                    )),
-                );
-                return;
-            };
-            (dest, None)
+        let plan = match proto::plan(&q) {
+            Ok(p) => p,
+            Err(e) => return tm.complete(&q, Err(e)),
         };
+        let dest = plan.dest;
         let t = match self.conn_to(dest.sock()) {
             Ok(t) => t,
             Err(e) => {
                 debug!(%dest, %e, "connect failed");
-                complete(&tm, &q, Err(NetError::Unreachable(dest.to_string())));
+                tm.complete(&q, Err(NetError::Unreachable(dest.to_string())));
                 return;
             }
         };
-        let chunk = self.eng.cfg.chunk;
         let c = self.conns.get_mut(&t).expect("just looked up");
-        match desc {
-            Some((d, plen)) => c.start_bulk(chunk, tm, q, own, dest, d, plen),
-            None => c.start_msg(tm, q, own, dest),
-        }
+        c.proto.start(tm, q, own, plan);
         self.dirty.push(t);
     }
 
@@ -815,17 +760,19 @@ impl Loop {
         match q.queue() {
             QueueType::MsgSend | QueueType::ActiveBulkRecv | QueueType::ActiveBulkSend => {
                 for (t, c) in &mut self.conns {
-                    if let Some(x) = c.find_op(q) {
-                        if let Err(e) = c.del_op(x, &wire) {
+                    match c.proto.del_outgoing(q, &wire) {
+                        Ok(false) => {}
+                        Ok(true) => self.dirty.push(*t),
+                        Err(e) => {
+                            self.dirty.push(*t);
                             failed.push((*t, e));
                         }
-                        self.dirty.push(*t);
                     }
                 }
             }
             QueueType::MsgRecv | QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend => {
                 for (t, c) in &mut self.conns {
-                    if c.abort_incoming(q, &wire) {
+                    if c.proto.abort_incoming(q, &wire) {
                         self.dirty.push(*t);
                     }
                 }
@@ -841,49 +788,52 @@ impl Loop {
         let mut next = now + Duration::from_secs(1);
         let mut late = Vec::new();
         for (t, c) in &self.conns {
-            if let Some(d) = c.connect_deadline {
-                if d <= now {
-                    late.push(*t);
-                } else {
-                    next = next.min(d);
-                }
+            if c.proto.connect_expired(now) {
+                late.push(*t);
+            } else if let Some(d) = c.proto.connect_deadline() {
+                next = next.min(d);
             }
         }
         for t in late {
-            self.close(t, &NetError::TimedOut);
+            self.close(t, &Expiry::Connect.error());
         }
         if now >= self.next_reap {
             let idle = self.eng.cfg.idle_timeout;
-            let reap: Vec<usize> = self
+            let verdicts: Vec<(usize, Expiry)> = self
                 .conns
                 .iter()
-                .filter(|(_, c)| {
-                    c.out && c.connected && c.is_idle() && now.duration_since(c.last_use) >= idle
-                })
-                .map(|(t, _)| *t)
+                .filter_map(|(t, c)| c.proto.sweep(now, idle).map(|x| (*t, x)))
                 .collect();
-            for t in reap {
-                trace!(conn = t, "idle connection reaped");
-                self.eng.stats.reaped.fetch_add(1, Ordering::Relaxed);
-                self.close(t, &NetError::ConnectionReset("idle".into()));
-            }
-            // A peer that stopped reading: after `idle_timeout` without any
-            // write progress the connection is given up.
-            let stalled: Vec<usize> = self
-                .conns
-                .iter()
-                .filter(|(_, c)| c.full_since.is_some_and(|t| now.duration_since(t) >= idle))
-                .map(|(t, _)| *t)
-                .collect();
-            for t in stalled {
-                debug!(conn = t, "peer stopped reading: connection closed");
-                self.eng.stats.broken.fetch_add(1, Ordering::Relaxed);
-                self.close(t, &NetError::TimedOut);
+            for (t, x) in verdicts {
+                match x {
+                    Expiry::Idle => {
+                        trace!(conn = t, "idle connection reaped");
+                        self.eng.stats.reaped.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // A peer that stopped reading: after `idle_timeout`
+                    // without any write progress the connection is given up.
+                    Expiry::Stalled | Expiry::Connect => {
+                        debug!(conn = t, "peer stopped reading: connection closed");
+                        self.eng.stats.broken.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                self.close(t, &x.error());
             }
             self.next_reap = now + (idle / 4).max(Duration::from_millis(10));
         }
         next = next.min(self.next_reap);
         self.timer_at = next;
+    }
+}
+
+/// The transfer machines requests are delivered to: those of this process
+/// (the core's registry of started addresses).
+#[derive(Debug, Clone, Copy)]
+struct Services;
+
+impl Directory<TmShared> for Services {
+    fn machine(&self, addr: &TcpAddr) -> Option<Arc<TmShared>> {
+        SERVICES.lookup(addr)
     }
 }
 

@@ -74,6 +74,11 @@
 mod addr;
 mod conn;
 mod engine;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
+mod proto;
+#[cfg(any(test, feature = "fuzzing"))]
+mod testkit;
 mod tm;
 pub mod wire;
 

@@ -11,6 +11,7 @@ use tracing::debug;
 
 use crate::addr::TcpAddr;
 use crate::engine::{self, Cmd, Engine, Listener};
+use crate::proto::Machine;
 
 /// State of a transfer machine shared by its transport object and the I/O
 /// threads.
@@ -33,16 +34,17 @@ impl std::fmt::Debug for TmShared {
     }
 }
 
-impl TmShared {
-    pub(crate) fn sink(&self) -> &TmSink {
+impl Machine for TmShared {
+    fn sink(&self) -> &TmSink {
         &self.sink
     }
 
-    /// Its own address, once started.
-    pub(crate) fn own(&self) -> Option<TcpAddr> {
+    fn own(&self) -> Option<TcpAddr> {
         self.own.get().copied()
     }
+}
 
+impl TmShared {
     fn leave_listener(&self) {
         let l = self.listener.lock().take();
         if let (Some(l), Some(own)) = (l, self.own()) {
