@@ -87,6 +87,7 @@ pub mod desc;
 pub mod domain;
 pub mod ep;
 pub mod error;
+pub mod fasthash;
 pub mod pool;
 pub mod queue;
 pub mod registry;

@@ -112,7 +112,6 @@ pub mod codec;
 mod completion;
 mod config;
 mod error;
-mod fasthash;
 mod machine;
 mod seq;
 mod server;

@@ -19,12 +19,12 @@ use tracing::{debug, trace, warn};
 
 use crate::config::RpcConfig;
 use crate::error::{Result, RpcError, STATUS_UNKNOWN_OPCODE};
-use crate::fasthash::FastMap;
 use crate::seq::{Inbound, Now, Offer, new_epoch};
 use crate::server::{Handler, ReplyHandle, Request, SrvSession};
 use crate::session::{Session, SessionInner};
 use crate::stats::{Counters, RpcStats, bump};
 use crate::wire::{self, BulkDesc, ItemError, ItemHeader, MSG_HEADER_SIZE, MsgHeader, WireError};
+use colibri_net::fasthash::FastMap;
 
 /// First delay before a message refused by the receiver (no free receive
 /// buffer, or a broken connection) is sent again; it doubles with each

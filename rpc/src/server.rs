@@ -15,13 +15,13 @@ use tracing::{Span, debug, debug_span, warn};
 use crate::codec;
 use crate::config::RpcConfig;
 use crate::error::{Result, RpcError, STATUS_BUSY, STATUS_NO_REPLY, STATUS_PROTOCOL, STATUS_STALE};
-use crate::fasthash::FastMap;
 use crate::machine::{
     ACK_DELAY, Freed, Inner, Link, MsgRecord, OutRef, Outbound, Parsed, QItem, RxMsg, SendOutcome,
 };
 use crate::seq::{Inbound, Now};
 use crate::stats::bump;
 use crate::wire::{self, BulkDesc, FLAG_RESEND, ItemHeader, ItemKind, MsgHeader};
+use colibri_net::fasthash::FastMap;
 
 /// A request handler (see [`RpcHandle::on`](crate::RpcHandle::on)).
 pub(crate) type Handler = Arc<dyn Fn(Request, ReplyHandle) + Send + Sync>;

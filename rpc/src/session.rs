@@ -17,7 +17,6 @@ use crate::call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, CallStat
 use crate::codec;
 use crate::config::CallOpts;
 use crate::error::{Result, RpcError};
-use crate::fasthash::FastMap;
 use crate::machine::{
     ACK_DELAY, Freed, Inner, Link, MsgRecord, OutRef, Parsed, QItem, RxMsg, SendOutcome,
 };
@@ -26,6 +25,7 @@ use crate::stats::{SessionStats, bump};
 use crate::wire::{
     self, BulkDesc, BulkKind, FLAG_RESEND, ItemHeader, ItemKind, MAX_DESCS, MsgHeader,
 };
+use colibri_net::fasthash::FastMap;
 
 /// A random nonzero 64-bit value (session ids).
 pub(crate) fn random_id() -> u64 {

@@ -18,6 +18,7 @@ use std::sync::{Arc, LazyLock, Weak};
 use std::thread::{self, JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
+use colibri_net::fasthash::FastMap;
 use colibri_net::registry::Registry;
 use colibri_net::xprt::{DelReason, Delivery, QueuedBuf};
 use colibri_net::{NetError, QueueType, Result};
@@ -310,12 +311,14 @@ struct Loop {
     /// The protocol's configuration, for new connections.
     pcfg: ProtoConfig,
     poll: Poll,
-    conns: HashMap<usize, Conn>,
-    listeners: HashMap<usize, Arc<Listener>>,
-    out: HashMap<SocketAddrV4, usize>,
+    conns: FastMap<usize, Conn>,
+    listeners: FastMap<usize, Arc<Listener>>,
+    out: FastMap<SocketAddrV4, usize>,
     /// Peers' listening addresses reachable over connections they opened
     /// to us (learned from their requests).
-    routes: HashMap<SocketAddrV4, usize>,
+    routes: FastMap<SocketAddrV4, usize>,
+    /// Commands taken from the queue (kept to reuse its allocation).
+    cmd_buf: VecDeque<Cmd>,
     next_token: usize,
     /// The connection that last had data to read (polled directly while
     /// spinning).
@@ -336,10 +339,11 @@ impl Loop {
             pcfg: ProtoConfig::new(&eng.cfg),
             eng,
             poll,
-            conns: HashMap::new(),
-            listeners: HashMap::new(),
-            out: HashMap::new(),
-            routes: HashMap::new(),
+            conns: FastMap::default(),
+            listeners: FastMap::default(),
+            out: FastMap::default(),
+            routes: FastMap::default(),
+            cmd_buf: VecDeque::new(),
             next_token: 1,
             hot: None,
             dirty: Vec::new(),
@@ -473,14 +477,15 @@ impl Loop {
             }
         }
         if self.eng.has_cmds.swap(false, Ordering::SeqCst) {
-            let cmds: Vec<Cmd> = self.eng.cmds.lock().drain(..).collect();
+            let mut cmds = std::mem::take(&mut self.cmd_buf);
+            std::mem::swap(&mut cmds, &mut *self.eng.cmds.lock());
             if !cmds.is_empty() {
                 active = true;
-                self.timer_at = Instant::now();
             }
-            for c in cmds {
+            while let Some(c) = cmds.pop_front() {
                 self.on_cmd(c);
             }
+            self.cmd_buf = cmds;
         }
         let now = Instant::now();
         if active {

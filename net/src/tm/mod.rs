@@ -20,7 +20,7 @@ mod post;
 mod slot;
 mod timers;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -34,6 +34,7 @@ use crate::buffer::BufState;
 use crate::domain::{Domain, DomainInner};
 use crate::ep::{EndPoint, EpInner};
 use crate::error::{FiniError, NetError, Result};
+use crate::fasthash::FastMap;
 use crate::queue::QueueType;
 use crate::sink::Job;
 use crate::slab::Slab;
@@ -53,7 +54,7 @@ struct TmCore {
     qlen: [usize; QueueType::COUNT],
     recv_list: VecDeque<u64>,
     stats: [QueueStats; QueueType::COUNT],
-    eps: HashMap<String, Weak<EpInner>>,
+    eps: FastMap<String, Weak<EpInner>>,
     eps_sweep_at: usize,
     /// Recent senders' end points, kept alive so that a busy peer's end
     /// point is not re-created for every message (oldest evicted first).
@@ -749,7 +750,7 @@ impl TransferMachine {
                 qlen: [0; QueueType::COUNT],
                 recv_list: VecDeque::new(),
                 stats: [QueueStats::default(); QueueType::COUNT],
-                eps: HashMap::new(),
+                eps: FastMap::default(),
                 eps_sweep_at: 64,
                 ep_cache: VecDeque::new(),
                 own_ep: None,

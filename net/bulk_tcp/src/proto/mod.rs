@@ -37,7 +37,9 @@
 //! transfer machine of this process an address names), so that the tests
 //! run the protocol on real transfer machines of a fake transport.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use colibri_net::fasthash::FastMap;
 use std::io::IoSlice;
 use std::net::SocketAddrV4;
 use std::sync::Arc;
@@ -450,11 +452,14 @@ pub(crate) struct Proto<M> {
     /// Body bytes the last [`RecvSpace`] offered for a direct read.
     direct: usize,
     rstate: RState<M>,
-    ops: HashMap<u64, Op<M>>,
+    ops: FastMap<u64, Op<M>>,
     next_xid: u64,
-    pas: HashMap<u64, Pxfer<M>>,
+    pas: FastMap<u64, Pxfer<M>>,
     learned: Vec<SocketAddrV4>,
     new_routes: bool,
+    /// The last sender address seen and its printed form: a busy peer's
+    /// address is formatted once, not per message.
+    sender_name: Option<(TcpAddr, String)>,
 }
 
 impl<M> std::fmt::Debug for Proto<M> {
@@ -487,12 +492,21 @@ impl<M: Machine> Proto<M> {
             rlen: 0,
             direct: 0,
             rstate: RState::Header,
-            ops: HashMap::new(),
+            ops: FastMap::default(),
             next_xid: 1,
-            pas: HashMap::new(),
+            pas: FastMap::default(),
             learned: Vec::new(),
             new_routes: false,
+            sender_name: None,
         }
+    }
+
+    /// The printed form of `a` (cached for the last sender).
+    fn sender_name(&mut self, a: TcpAddr) -> &str {
+        if self.sender_name.as_ref().is_none_or(|(x, _)| *x != a) {
+            self.sender_name = Some((a, a.to_string()));
+        }
+        self.sender_name.as_ref().map_or("", |(_, n)| n.as_str())
     }
 
     /// A connection being opened at `now`, given up if not established by
@@ -1247,8 +1261,13 @@ impl<M: Machine> Proto<M> {
                 .map_err(Some)?
                 .ok_or_else(|| Some(NetError::Unreachable(h.receiver.to_string())))?;
             let sink = tm.sink();
-            let requester = h.sender.to_string();
-            match sink.claim_passive(&fields, &requester, active, h.total as usize) {
+            let claimed = sink.claim_passive(
+                &fields,
+                self.sender_name(h.sender),
+                active,
+                h.total as usize,
+            );
+            match claimed {
                 Ok(PassiveClaim { buf, len: xlen }) => {
                     let xlen = xlen as u64;
                     if len > xlen || (!get && h.total != xlen) {
@@ -1302,8 +1321,8 @@ impl<M: Machine> Proto<M> {
         match body {
             Body::Recv { claim, tm } => {
                 self.respond(Opcode::MsgAck, &h, None);
-                tm.sink()
-                    .post_msg(claim, h.body_len as usize, &h.sender.to_string());
+                let sender = self.sender_name(h.sender);
+                tm.sink().post_msg(claim, h.body_len as usize, sender);
             }
             Body::Discard(reply) => {
                 if let Some(e) = reply {

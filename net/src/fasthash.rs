@@ -1,18 +1,25 @@
-//! A fast hasher for the machine's maps, whose keys are integers (xids,
-//! session ids, opcodes) and end point addresses in memory: a
-//! multiply-rotate mix (in the style of FxHash), much cheaper than SipHash
-//! on the per-call path. Session ids arrive from peers, so the hash is
+//! A fast hasher for the maps on the per-message paths (the RPC layer's
+//! xids and sessions, a transport's connections and transfers, a transfer
+//! machine's end points): a multiply-rotate mix (in the style of FxHash),
+//! much cheaper than SipHash. Keys may come from peers, so the hash is
 //! seeded with a per-process random value (from the standard library's
-//! OS-seeded `RandomState`): colliding ids cannot be computed in advance.
+//! OS-seeded `RandomState`): colliding keys cannot be computed in advance.
+//!
+//! ```
+//! use colibri_net::fasthash::FastMap;
+//! let mut m: FastMap<u64, &str> = FastMap::default();
+//! m.insert(7, "seven");
+//! assert_eq!(m.get(&7), Some(&"seven"));
+//! ```
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
 
-/// The hasher.
+/// The hasher (build one through [`FastState`]).
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct FastHasher(u64);
+pub struct FastHasher(u64);
 
 const K: u64 = 0xf135_7aea_2e62_a9c5;
 
@@ -44,7 +51,7 @@ impl Hasher for FastHasher {
 
 /// Builds [`FastHasher`]s starting from the process's random seed.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct FastState(u64);
+pub struct FastState(u64);
 
 impl Default for FastState {
     fn default() -> Self {
@@ -61,4 +68,4 @@ impl BuildHasher for FastState {
 }
 
 /// A `HashMap` with the fast hasher.
-pub(crate) type FastMap<K, V> = HashMap<K, V, FastState>;
+pub type FastMap<K, V> = HashMap<K, V, FastState>;
