@@ -251,11 +251,28 @@ impl BufVec {
     /// # Errors
     /// `InvalidArgument` when the range does not fit.
     pub fn io_slices(&self, offset: usize, len: usize) -> Result<Vec<IoSlice<'_>>> {
+        let mut v = Vec::new();
+        self.extend_io_slices(offset, len, &mut v)?;
+        Ok(v)
+    }
+
+    /// Like [`BufVec::io_slices`], appending to `out` (no allocation of
+    /// its own, for the per-message write paths).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the range does not fit.
+    pub fn extend_io_slices<'a>(
+        &'a self,
+        offset: usize,
+        len: usize,
+        out: &mut impl Extend<IoSlice<'a>>,
+    ) -> Result<()> {
         self.check_range(offset, len)?;
-        Ok(self
-            .pieces(offset, len)
-            .map(|p| IoSlice::new(&self.segs[p.seg][p.start..p.end]))
-            .collect())
+        out.extend(
+            self.pieces(offset, len)
+                .map(|p| IoSlice::new(&self.segs[p.seg][p.start..p.end])),
+        );
+        Ok(())
     }
 
     /// Mutable slices over `[offset, offset + len)`, for vectored reads or

@@ -10,9 +10,10 @@ use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::net::SocketAddrV4;
 use std::time::Instant;
 
-use colibri_net::{BufVec, NetError, Result};
+use colibri_net::{BufToken, BufVec, NetError, Result};
 use mio::net::TcpStream;
 use parking_lot::MappedMutexGuard;
+use smallvec::SmallVec;
 
 use crate::engine::Stats;
 use crate::proto::{Directory, Proto};
@@ -55,8 +56,11 @@ impl Conn {
             let r = {
                 // Lock the memory of the frames of this batch: each buffer
                 // once (the batch stops at a repeat).
-                let mut guards: Vec<Option<MappedMutexGuard<'_, BufVec>>> = Vec::new();
-                let mut locked = Vec::new();
+                // Inline vectors: a request and its answer (the usual
+                // batch) need no allocation.
+                let mut guards: SmallVec<[Option<MappedMutexGuard<'_, BufVec>>; 4]> =
+                    SmallVec::new();
+                let mut locked: SmallVec<[BufToken; 4]> = SmallVec::new();
                 let mut bytes = 0;
                 for out in self.proto.to_write().take(MAX_BATCH) {
                     if let Some(q) = out.buf() {
@@ -76,7 +80,7 @@ impl Conn {
                         break;
                     }
                 }
-                let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(guards.len() * 3);
+                let mut iov: SmallVec<[IoSlice<'_>; 12]> = SmallVec::new();
                 for (out, g) in self.proto.to_write().zip(guards.iter()) {
                     out.slices(g.as_deref(), &mut iov)?;
                     if iov.len() >= MAX_IOV {

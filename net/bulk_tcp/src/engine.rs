@@ -765,7 +765,7 @@ impl Loop {
         match q.queue() {
             QueueType::MsgSend | QueueType::ActiveBulkRecv | QueueType::ActiveBulkSend => {
                 for (t, c) in &mut self.conns {
-                    match c.proto.del_outgoing(q, &wire) {
+                    match c.proto.del_outgoing(q, &wire, reason == DelReason::Cancel) {
                         Ok(false) => {}
                         Ok(true) => self.dirty.push(*t),
                         Err(e) => {

@@ -240,7 +240,9 @@ impl TmInner {
             // Queued under the transfer machine's lock, so events of one
             // buffer are delivered in the order they were posted.
             let mut se = slot.events.lock();
-            se.backlog.extend(out);
+            for ev in out {
+                se.backlog.push(ev);
+            }
             if std::mem::replace(&mut se.busy, true) {
                 Delivery::default()
             } else {

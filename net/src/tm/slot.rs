@@ -101,7 +101,9 @@ impl Slot {
 #[derive(Default)]
 pub(super) struct SlotEvents {
     pub(super) busy: bool,
-    pub(super) backlog: VecDeque<EvData>,
+    /// Events not yet delivered (the first inline: a buffer's events are
+    /// almost always one at a time, and a new slot allocates nothing).
+    pub(super) backlog: Few<EvData>,
 }
 
 pub(super) struct EvData {
@@ -116,17 +118,18 @@ pub(super) struct EvData {
 
 /// A small ordered collection holding its first element inline: the
 /// events one post produces (almost always one), the reservations of a
-/// receive buffer in flight (usually one). Only a second element allocates.
+/// receive buffer in flight (usually one), a buffer's undelivered events.
+/// Only a second element allocates.
 pub(super) struct Few<T> {
     pub(super) first: Option<T>,
-    pub(super) rest: Vec<T>,
+    pub(super) rest: VecDeque<T>,
 }
 
 impl<T> Default for Few<T> {
     fn default() -> Self {
         Self {
             first: None,
-            rest: Vec::new(),
+            rest: VecDeque::new(),
         }
     }
 }
@@ -136,8 +139,15 @@ impl<T> Few<T> {
         if self.first.is_none() {
             self.first = Some(v);
         } else {
-            self.rest.push(v);
+            self.rest.push_back(v);
         }
+    }
+
+    /// Removes and returns the first element.
+    pub(super) fn pop_front(&mut self) -> Option<T> {
+        let v = self.first.take();
+        self.first = self.rest.pop_front();
+        v
     }
 
     pub(super) fn len(&self) -> usize {
@@ -156,20 +166,17 @@ impl<T> Few<T> {
     /// order of the others.
     pub(super) fn take(&mut self, pred: impl Fn(&T) -> bool) -> Option<T> {
         if self.first.as_ref().is_some_and(&pred) {
-            let v = self.first.take();
-            if !self.rest.is_empty() {
-                self.first = Some(self.rest.remove(0));
-            }
-            return v;
+            return self.pop_front();
         }
         let i = self.rest.iter().position(pred)?;
-        Some(self.rest.remove(i))
+        self.rest.remove(i)
     }
 }
 
 impl<T> IntoIterator for Few<T> {
     type Item = T;
-    type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
+    type IntoIter =
+        std::iter::Chain<std::option::IntoIter<T>, std::collections::vec_deque::IntoIter<T>>;
     fn into_iter(self) -> Self::IntoIter {
         self.first.into_iter().chain(self.rest)
     }

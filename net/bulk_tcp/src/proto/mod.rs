@@ -254,26 +254,27 @@ impl<'a> Out<'a> {
     pub(crate) fn slices<'b>(
         &self,
         mem: Option<&'b BufVec>,
-        iov: &mut Vec<IoSlice<'b>>,
+        iov: &mut impl Extend<IoSlice<'b>>,
     ) -> Result<()>
     where
         'a: 'b,
     {
-        for part in self.head {
-            if !part.is_empty() {
-                iov.push(IoSlice::new(part));
-            }
-        }
+        iov.extend(
+            self.head
+                .iter()
+                .filter(|p| !p.is_empty())
+                .map(|p| IoSlice::new(p)),
+        );
         match self.data {
             OutData::None => {}
             OutData::Bytes(b) => {
                 if !b.is_empty() {
-                    iov.push(IoSlice::new(b));
+                    iov.extend([IoSlice::new(b)]);
                 }
             }
             OutData::Buf { off, len, .. } => {
                 let bv = mem.ok_or(NetError::Cancelled)?;
-                iov.extend(bv.io_slices(off, len)?);
+                bv.extend_io_slices(off, len, iov)?;
             }
         }
         Ok(())
@@ -769,12 +770,22 @@ impl<M: Machine> Proto<M> {
     /// told with an ABORT carrying `wire`, the status its passive buffer
     /// completes with.
     ///
+    /// A plain cancel (`cancel`) of a message whose bytes are all written
+    /// changes nothing: it cannot be taken back, so it completes with the
+    /// receiver's acknowledgement (a cancelled message is never one that
+    /// arrived). A timeout or a stop with abort ends it all the same.
+    ///
     /// Returns whether the transfer was on this connection.
     ///
     /// # Errors
     /// The partly written frame could not be copied: the connection must
     /// be closed (its stream cannot be finished).
-    pub(crate) fn del_outgoing(&mut self, q: &QueuedBuf, wire: &NetError) -> Result<bool> {
+    pub(crate) fn del_outgoing(
+        &mut self,
+        q: &QueuedBuf,
+        wire: &NetError,
+        cancel: bool,
+    ) -> Result<bool> {
         let t = q.token();
         let Some((&xid, op)) = self.ops.iter().find(|(_, o)| o.q.token() == t) else {
             return Ok(false);
@@ -784,6 +795,13 @@ impl<M: Machine> Proto<M> {
             return Ok(true);
         }
         let bulk = !matches!(op.kind, OpKind::Msg);
+        if cancel && !bulk && !self.wq.iter().any(|f| f.tag == Tag::Req(xid)) {
+            trace!(
+                conn = self.id,
+                xid, "cancel of a message already written: it completes when acknowledged"
+            );
+            return Ok(true);
+        }
         let (own, dest) = (op.tm.own(), op.dest);
         let res = self.finish_op(xid, Err(NetError::Cancelled));
         if let (true, Some(own)) = (bulk, own) {

@@ -601,7 +601,7 @@ fn del_through_core(n: &Node, end: &mut Proto<TestTm>, t: BufToken) -> QueuedBuf
     assert_eq!(dels.len(), 1);
     let (q, reason) = dels.into_iter().next().unwrap();
     assert_eq!(reason, DelReason::Cancel);
-    assert!(end.del_outgoing(&q, &NetError::Cancelled).unwrap());
+    assert!(end.del_outgoing(&q, &NetError::Cancelled, false).unwrap());
     q
 }
 
@@ -624,7 +624,34 @@ fn del_before_a_byte_is_written_withdraws_the_operation() {
     assert!(!p.ab.has_output());
     assert!(p.ab.is_idle());
     let q = p.a.last_added();
-    assert!(!p.ab.del_outgoing(&q, &NetError::Cancelled).unwrap());
+    assert!(!p.ab.del_outgoing(&q, &NetError::Cancelled, false).unwrap());
+}
+
+#[test]
+fn a_cancel_cannot_take_back_a_message_already_written() {
+    let mut p = Pair::new(1 << 20);
+    let (cbs, ev) = event_channel(8);
+    let rbuf = registered(&p.b, &[], 4096, &cbs);
+    p.b.tm.add_msg_recv(rbuf, RecvParams::default()).unwrap();
+    let st = p.send(&pattern(100, 2), &cbs);
+    // Every byte of the message is written: the cancel changes nothing.
+    p.a_to_b().unwrap();
+    let e = event(&ev);
+    assert_eq!(e.queue(), QueueType::MsgRecv);
+    drop(e);
+    assert!(p.a.tm.del(st).unwrap());
+    let (q, reason) = p.a.take_dels().into_iter().next().unwrap();
+    assert_eq!(reason, DelReason::Cancel);
+    assert!(p.ab.del_outgoing(&q, &NetError::Cancelled, true).unwrap());
+    no_event(&ev);
+    assert!(!p.ab.has_output(), "no ABORT for a message");
+    // It completes with the acknowledgement: a cancelled message is never
+    // one that arrived.
+    p.b_to_a().unwrap();
+    let e = event(&ev);
+    assert_eq!((e.queue(), e.length()), (QueueType::MsgSend, 100));
+    assert!(e.is_ok());
+    assert_eq!(p.a.m.completions_of(st), 1);
 }
 
 #[test]
@@ -675,7 +702,10 @@ fn a_put_partly_written_is_aborted_on_the_wire() {
             let dels = p.a.take_dels();
             assert_eq!(dels.len(), 1);
             assert_eq!(dels[0].1, DelReason::Timeout);
-            assert!(p.ab.del_outgoing(&dels[0].0, &NetError::TimedOut).unwrap());
+            assert!(
+                p.ab.del_outgoing(&dels[0].0, &NetError::TimedOut, false)
+                    .unwrap()
+            );
             NetError::TimedOut
         } else {
             del_through_core(&p.a, &mut p.ab, at);
@@ -952,7 +982,10 @@ fn a_send_in_flight_times_out_through_the_core() {
     let dels = p.a.take_dels();
     assert_eq!(dels.len(), 1);
     assert_eq!(dels[0].1, DelReason::Timeout);
-    assert!(p.ab.del_outgoing(&dels[0].0, &NetError::TimedOut).unwrap());
+    assert!(
+        p.ab.del_outgoing(&dels[0].0, &NetError::TimedOut, false)
+            .unwrap()
+    );
     assert_eq!(event(&ev).error(), Some(&NetError::TimedOut));
     assert_eq!(p.a.m.completions_of(t), 1);
     // The late answer is ignored.
