@@ -318,6 +318,14 @@ impl TmSink {
             .unwrap_or(Err(ClaimError::NotStarted))
     }
 
+    /// Like [`TmSink::claim_recv`], but a failure has no effect at all:
+    /// nothing counted or reported, no buffer failed. For a transport
+    /// that can free a receive buffer first (by running completions it
+    /// deferred) before it tries again with [`TmSink::claim_recv`].
+    pub fn try_claim_recv(&self, len: usize) -> Option<RecvClaim> {
+        self.with(|tm| tm.try_claim_recv(len)).flatten()
+    }
+
     /// Validates an active bulk request against the passive buffer its
     /// descriptor names, and claims that buffer. `requester` is the
     /// canonical address of the active transfer machine, `active` its queue,

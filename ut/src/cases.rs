@@ -326,7 +326,8 @@ pub fn stop_racing_start(f: &dyn Factory) {
             .unwrap();
         tm.start(&f.addr()).unwrap();
         tm.stop(i % 2 == 0).unwrap();
-        assert_eq!(tm.state(), TmState::Stopping);
+        // STOPPED comes from a transport thread: it may already be there.
+        assert!(matches!(tm.state(), TmState::Stopping | TmState::Stopped));
         tm.wait_stopped(EVENT_WAIT).unwrap();
         assert_eq!(tm.state(), TmState::Stopped);
         let s = states.lock().clone();

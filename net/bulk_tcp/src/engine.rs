@@ -319,6 +319,9 @@ struct Loop {
     routes: FastMap<SocketAddrV4, usize>,
     /// Commands taken from the queue (kept to reuse its allocation).
     cmd_buf: VecDeque<Cmd>,
+    /// Connections with acknowledged sends whose callbacks run once this
+    /// step's writes are out.
+    later: Vec<usize>,
     next_token: usize,
     /// The connection that last had data to read (polled directly while
     /// spinning).
@@ -344,6 +347,7 @@ impl Loop {
             out: FastMap::default(),
             routes: FastMap::default(),
             cmd_buf: VecDeque::new(),
+            later: Vec::new(),
             next_token: 1,
             hot: None,
             dirty: Vec::new(),
@@ -444,6 +448,9 @@ impl Loop {
         if c.proto.has_output() {
             self.dirty.push(t);
         }
+        if c.proto.has_later() {
+            self.later.push(t);
+        }
         if let Some(learned) = c.proto.take_new_routes() {
             for &a in learned {
                 self.routes.insert(a, t);
@@ -462,6 +469,12 @@ impl Loop {
             // from its receive buffers gets them back before it reads the
             // next requests that arrived in the same batch).
             for first in [true, false] {
+                if !first {
+                    // Completions from the outgoing connections free their
+                    // buffers before the requests read next need them (the
+                    // hot connection, alone, defers them past its writes).
+                    self.run_later();
+                }
                 for ev in events {
                     let t = ev.token();
                     if t == WAKE {
@@ -495,6 +508,18 @@ impl Loop {
             self.timers(now);
         }
         self.flush_dirty();
+        // The callbacks of acknowledged sends, now that the answers of
+        // this step are on their way.
+        self.run_later();
+    }
+
+    /// Runs the deferred completions of the connections that have some.
+    fn run_later(&mut self) {
+        while let Some(t) = self.later.pop() {
+            if let Some(c) = self.conns.get_mut(&t) {
+                c.proto.run_later();
+            }
+        }
     }
 
     fn on_event(&mut self, ev: &mio::event::Event) {
@@ -549,6 +574,9 @@ impl Loop {
         };
         if c.proto.has_output() {
             self.dirty.push(t);
+        }
+        if c.proto.has_later() {
+            self.later.push(t);
         }
         if let Some(learned) = c.proto.take_new_routes() {
             for &a in learned {

@@ -145,6 +145,11 @@ impl Machine for TestTm {
         self.completions.lock().push((q.token(), status.clone()));
         self.sink.complete(q, status);
     }
+
+    fn complete_deferred(&self, q: &QueuedBuf, status: Result<usize>) -> Delivery {
+        self.completions.lock().push((q.token(), status.clone()));
+        self.sink.complete_deferred(q, status)
+    }
 }
 
 /// A started transfer machine of the fake transport, in its own domain.

@@ -309,11 +309,19 @@ impl TmInner {
         (false, false)
     }
 
-    pub(crate) fn claim_recv(self: &Arc<Self>, len: usize) -> Result<RecvClaim, ClaimError> {
-        let mut core = self.core.lock();
+    /// Claims space for a message, or `None` with no other effect (no
+    /// loss counted, no buffer failed as too small).
+    pub(crate) fn try_claim_recv(self: &Arc<Self>, len: usize) -> Option<RecvClaim> {
+        let core = self.core.lock();
         if core.state != TmState::Started {
-            return Err(ClaimError::NotStarted);
+            return None;
         }
+        Self::claim_in(&core, len).ok()
+    }
+
+    /// The claim of `len` bytes in the first receive buffer with room, or
+    /// the first empty buffer too small for it (the victim), if any.
+    fn claim_in(core: &TmCore, len: usize) -> Result<RecvClaim, Option<Arc<Slot>>> {
         let mut victim: Option<Arc<Slot>> = None;
         for &key in &core.recv_list {
             let Some(slot) = core.slots.get(key) else {
@@ -348,6 +356,18 @@ impl TmInner {
                 victim = Some(Arc::clone(slot));
             }
         }
+        Err(victim)
+    }
+
+    pub(crate) fn claim_recv(self: &Arc<Self>, len: usize) -> Result<RecvClaim, ClaimError> {
+        let mut core = self.core.lock();
+        if core.state != TmState::Started {
+            return Err(ClaimError::NotStarted);
+        }
+        let victim = match Self::claim_in(&core, len) {
+            Ok(claim) => return Ok(claim),
+            Err(victim) => victim,
+        };
         if let Some(v) = victim {
             v.rs.lock().closed = true;
             v.set(F_IN_USE);

@@ -45,7 +45,9 @@ use std::net::SocketAddrV4;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use colibri_net::xprt::{ClaimError, PassiveClaim, PassiveError, QueuedBuf, RecvClaim, TmSink};
+use colibri_net::xprt::{
+    ClaimError, Delivery, PassiveClaim, PassiveError, QueuedBuf, RecvClaim, TmSink,
+};
 use colibri_net::{BufVec, NetBufDesc, NetError, QueueType, Result};
 use tracing::{debug, trace};
 
@@ -74,6 +76,11 @@ pub(crate) trait Machine {
     /// goes through here; the callbacks run on the calling thread).
     fn complete(&self, q: &QueuedBuf, status: Result<usize>) {
         self.sink().complete(q, status);
+    }
+
+    /// Completes one of its buffers, returning the callbacks to run later.
+    fn complete_deferred(&self, q: &QueuedBuf, status: Result<usize>) -> Delivery {
+        self.sink().complete_deferred(q, status)
     }
 }
 
@@ -461,6 +468,11 @@ pub(crate) struct Proto<M> {
     /// The last sender address seen and its printed form: a busy peer's
     /// address is formatted once, not per message.
     sender_name: Option<(TcpAddr, String)>,
+    /// Callbacks of sends completed by an acknowledgement, run after the
+    /// answers the same read produced are written ([`Proto::run_later`]):
+    /// a request and the acknowledgement of our previous answer arrive
+    /// together, and the answer should not wait for that callback.
+    later: Vec<Delivery>,
 }
 
 impl<M> std::fmt::Debug for Proto<M> {
@@ -499,6 +511,20 @@ impl<M: Machine> Proto<M> {
             learned: Vec::new(),
             new_routes: false,
             sender_name: None,
+            later: Vec::new(),
+        }
+    }
+
+    /// True when completions wait for [`Proto::run_later`].
+    pub(crate) fn has_later(&self) -> bool {
+        !self.later.is_empty()
+    }
+
+    /// Runs the callbacks of acknowledged sends (after the writes they
+    /// were kept behind).
+    pub(crate) fn run_later(&mut self) {
+        for d in self.later.drain(..) {
+            d.run();
         }
     }
 
@@ -751,6 +777,32 @@ impl<M: Machine> Proto<M> {
         res
     }
 
+    /// Claims receive space, first running deferred completions if that
+    /// is what frees a buffer (a server echoing from its receive buffers
+    /// gets them back before the next request needs one).
+    fn claim_recv(&mut self, tm: &M, len: usize) -> std::result::Result<RecvClaim, ClaimError> {
+        if !self.later.is_empty() {
+            if let Some(c) = tm.sink().try_claim_recv(len) {
+                return Ok(c);
+            }
+            self.run_later();
+        }
+        tm.sink().claim_recv(len)
+    }
+
+    /// Finishes outgoing transfer `xid` by its answer: its callbacks wait
+    /// in `later`.
+    fn finish_op_later(&mut self, xid: u64, status: Result<usize>) -> Result<()> {
+        let detached = self.detach(|t| t == Tag::Req(xid));
+        if let Some(op) = self.ops.remove(&xid) {
+            let d = op.tm.complete_deferred(&op.q, status);
+            if d.is_pending() {
+                self.later.push(d);
+            }
+        }
+        detached
+    }
+
     /// Finishes outgoing transfer `xid` with `status`.
     fn finish_op(&mut self, xid: u64, status: Result<usize>) -> Result<()> {
         let detached = self.detach(|t| t == Tag::Req(xid));
@@ -815,6 +867,8 @@ impl<M: Machine> Proto<M> {
     /// operations of a connection never established), a half-read
     /// message's claim is released, and the write queue is dropped.
     pub(crate) fn fail_all(&mut self, err: &NetError) {
+        // Sends already acknowledged complete as they were.
+        self.run_later();
         self.wq.clear();
         let unreachable = !self.connected;
         for (_, op) in self.ops.drain() {
@@ -1021,6 +1075,8 @@ impl<M: Machine> Proto<M> {
             bytes = &bytes[n..];
             self.received(n, now, dir)?;
         }
+        // As the I/O layer does once the answers are written.
+        self.run_later();
         Ok(())
     }
 
@@ -1144,7 +1200,7 @@ impl<M: Machine> Proto<M> {
             Opcode::Msg => {
                 let body = match self.target_tm(&h, dir)? {
                     None => Body::Discard(Some(NetError::Unreachable(h.receiver.to_string()))),
-                    Some(tm) => match tm.sink().claim_recv(body_len) {
+                    Some(tm) => match self.claim_recv(&tm, body_len) {
                         Ok(claim) => Body::Recv { claim, tm },
                         Err(ClaimError::NoBuffers { notice }) => {
                             // This thread is the receiving machine's own.
@@ -1429,7 +1485,7 @@ impl<M: Machine> Proto<M> {
                         return Err(NetError::Protocol("GET_DATA without data".into()));
                     }
                 };
-                self.finish_op(h.xid, st)
+                self.finish_op_later(h.xid, st)
             }
         }
     }
