@@ -575,3 +575,24 @@ fn public_types_are_send_and_sync_as_documented() {
     send::<Delivery>();
     send::<colibri_net::AddError>();
 }
+
+#[test]
+fn try_claim_recv_has_no_effect_when_it_fails() {
+    let fake = Fake::new(Caps::new(1));
+    let (dom, tm) = started(&fake);
+    let (cbs, ev) = event_channel(4);
+    let sink = fake.sink();
+    assert!(sink.try_claim_recv(10).is_none());
+    assert_eq!(tm.no_buffer_drops(), 0, "not counted as a loss");
+    assert_eq!(tm.stats(QueueType::MsgRecv, false).f_events, 0);
+    // A buffer too small is not failed either.
+    tm.add_msg_recv(buf64(&dom, &cbs), RecvParams::default())
+        .unwrap();
+    assert!(sink.try_claim_recv(100).is_none());
+    assert_eq!(tm.queued(), 1);
+    assert!(ev.try_recv().is_none());
+    let claim = sink.try_claim_recv(10).expect("room for 10 bytes");
+    sink.post_msg(claim, 10, "ep:peer");
+    assert!(ev.recv_timeout(Duration::from_secs(5)).unwrap().is_ok());
+    shutdown(&fake, tm, dom);
+}
