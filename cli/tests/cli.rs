@@ -100,12 +100,12 @@ fn bench_rpc_smoke() {
 /// from another, by the address the server printed.
 #[test]
 fn serve_and_ping_between_two_processes_over_tcp() {
-    use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     use std::time::{Duration, Instant};
 
-    // The server stops by itself after a minute, whatever happens here.
-    let mut server = Command::new(env!("CARGO_BIN_EXE_colibri"))
+    // The server stops by itself after a minute, whatever happens here,
+    // and is killed when the test ends (a failed assertion included).
+    let server = Command::new(env!("CARGO_BIN_EXE_colibri"))
         .args([
             "serve",
             "--xprt",
@@ -119,14 +119,8 @@ fn serve_and_ping_between_two_processes_over_tcp() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
-    let first = lines.next().expect("the server's banner").unwrap();
-    // "serving ping and echo at 127.0.0.1:PORT:1 (transport tcp); ..."
-    let addr = first
-        .split_once(" at ")
-        .and_then(|(_, rest)| rest.split_once(' '))
-        .map(|(a, _)| a.to_string())
-        .unwrap_or_else(|| panic!("unexpected banner {first:?}"));
+    let mut server = KillOnDrop(server);
+    let (addr, first) = banner(&mut server.0);
     assert!(first.contains("transport tcp"), "{first}");
     let mut client = Command::new(env!("CARGO_BIN_EXE_colibri"))
         .args([
@@ -140,14 +134,12 @@ fn serve_and_ping_between_two_processes_over_tcp() {
     while client.try_wait().unwrap().is_none() {
         if Instant::now() > end {
             let _ = client.kill();
-            let _ = server.kill();
             panic!("ping still running after a minute");
         }
         std::thread::sleep(Duration::from_millis(10));
     }
     let out = client.wait_with_output().unwrap();
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     assert!(
         out.status.success(),
         "{}",
@@ -331,15 +323,23 @@ impl Drop for KillOnDrop {
 
 /// The address a `colibri serve` child printed in its banner.
 fn banner_addr(child: &mut std::process::Child) -> String {
+    banner(child).0
+}
+
+/// The address a `colibri serve` child printed in its banner, and the
+/// banner.
+fn banner(child: &mut std::process::Child) -> (String, String) {
     use std::io::{BufRead, BufReader};
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let first = lines.next().expect("the server's banner").unwrap();
     // Keep reading (and dropping) the rest, so that the child never blocks
     // on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    first
+    // "serving ping and echo at 127.0.0.1:PORT:1 (transport tcp); ..."
+    let addr = first
         .split_once(" at ")
         .and_then(|(_, rest)| rest.split_once(' '))
         .map(|(a, _)| a.to_string())
-        .unwrap_or_else(|| panic!("unexpected banner {first:?}"))
+        .unwrap_or_else(|| panic!("unexpected banner {first:?}"));
+    (addr, first)
 }

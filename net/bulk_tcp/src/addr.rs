@@ -7,6 +7,16 @@
 /// parts.
 pub use colibri_net::addr::InetAddr as TcpAddr;
 
+/// Parses an end point address for the core: the canonical three-part form
+/// and the parsed address as the transport's data.
+pub(crate) fn ep_addr(addr: &str) -> colibri_net::Result<colibri_net::xprt::EpAddr> {
+    let a = TcpAddr::parse(addr)?;
+    Ok(colibri_net::xprt::EpAddr {
+        addr: a.to_string(),
+        data: std::sync::Arc::new(a),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

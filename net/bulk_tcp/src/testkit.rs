@@ -85,11 +85,7 @@ impl XprtTm for Fake {
     fn fini(&self) {}
 
     fn ep_parse(&self, addr: &str) -> Result<EpAddr> {
-        let a = TcpAddr::parse(addr)?;
-        Ok(EpAddr {
-            addr: a.to_string(),
-            data: Arc::new(a),
-        })
+        crate::addr::ep_addr(addr)
     }
 
     fn buf_add(&self, buf: &QueuedBuf) -> Result<()> {
