@@ -123,6 +123,7 @@ pub struct BufState {
 /// ```
 ///
 /// Dropping a buffer deregisters it.
+#[must_use = "dropping a NetBuffer deregisters its memory"]
 pub struct NetBuffer(Box<BufInner>);
 
 /// The buffer's state, boxed so that moving a buffer (into a queue, into an
@@ -202,7 +203,6 @@ impl NetBuffer {
     }
 
     /// Sets the callbacks (builder style).
-    #[must_use]
     pub fn with_callbacks(mut self, callbacks: Arc<BufferCallbacks>) -> Self {
         self.0.callbacks = Some(callbacks);
         self

@@ -209,7 +209,10 @@ impl RealTimers {
         let s2 = Arc::clone(&state);
         let spawned = std::thread::Builder::new()
             .name("colibri-timer".into())
-            .spawn(move || Self::run(&s2));
+            .spawn(move || {
+                let _mark = crate::wait::DeliveryThread::enter();
+                Self::run(&s2);
+            });
         if let Err(e) = spawned {
             error!(%e, "could not start the timer thread: buffer timeouts are not enforced");
             state.0.lock().dead = true;

@@ -59,6 +59,26 @@ thread_local! {
     static IN_VIEW: Cell<u32> = const { Cell::new(0) };
     /// Transfer machines whose callbacks run on this thread (innermost last).
     static IN_CALLBACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// Depth of delivery-thread marks on this thread (a transport's engine
+    /// or worker thread, a timer thread, an upper layer's timer thread).
+    static DELIVERY: Cell<u32> = const { Cell::new(0) };
+}
+
+/// True while this thread delivers events: it runs a callback, or it is
+/// marked as a transport or timer thread.
+pub(crate) fn on_delivery_thread() -> bool {
+    DELIVERY.with(|d| d.get() > 0) || IN_CALLBACK.with(|c| !c.borrow().is_empty())
+}
+
+/// Marks this thread as one that delivers events, for the guard's
+/// lifetime.
+pub(crate) fn enter_delivery() {
+    DELIVERY.with(|d| d.set(d.get() + 1));
+}
+
+/// Undoes one [`enter_delivery`].
+pub(crate) fn leave_delivery() {
+    DELIVERY.with(|d| d.set(d.get().saturating_sub(1)));
 }
 
 /// True while this thread reads a buffer through an event's data view.

@@ -8,15 +8,110 @@
 //! The channels are bounded: when one is full, the forwarding callback
 //! blocks the transport thread that delivers the event until the
 //! application receives. Size them for the number of buffers in flight.
+//!
+//! ## Never wait on a thread that delivers events
+//!
+//! Events are delivered by the transport's threads (and, in synchronous
+//! mode, by the thread calling [`TmHandle::deliver_all`]). A blocking wait
+//! made on such a thread, from inside a callback for instance, waits for
+//! an event that only this very thread could deliver: it would hang for
+//! good. Every blocking wait of this crate (and of the layers above it,
+//! through [`check_may_block`]) therefore fails at once with
+//! [`NetError::ApiMisuse`] when called on a delivery thread:
+//!
+//! ```
+//! use std::time::Duration;
+//! use colibri_net::wait::check_may_block;
+//!
+//! // An application thread may block.
+//! assert!(check_may_block("waiting").is_ok());
+//! ```
+//!
+//! In a callback, react instead (add the next buffer, complete a request
+//! later from another thread), or hand the waiting to a thread of your
+//! own.
+//!
+//! [`TmHandle::deliver_all`]: crate::TmHandle::deliver_all
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender, bounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 
 use crate::buffer::{BufferCallbacks, BufferEvent};
+use crate::error::{NetError, Result};
 use crate::tm::{TmCallback, TmEvent};
+use crate::util;
+
+/// True when the calling thread delivers events: it runs a transfer
+/// machine callback, or it is a transport's or a timer's thread (see
+/// [`DeliveryThread`]). Blocking waits fail on such a thread.
+pub fn on_delivery_thread() -> bool {
+    util::on_delivery_thread()
+}
+
+/// `Ok` when the calling thread may block; [`NetError::ApiMisuse`] naming
+/// `what` and the fix when it delivers events (see the [module
+/// docs](self)).
+///
+/// # Errors
+/// `ApiMisuse` on a delivery thread.
+pub fn check_may_block(what: &str) -> Result<()> {
+    if on_delivery_thread() {
+        return Err(NetError::ApiMisuse(format!(
+            "{what} would block a thread that delivers events (a transport or timer \
+             thread, or a callback): the event it waits for may need this very thread. \
+             React in the callback instead, or wait on a thread of your own"
+        )));
+    }
+    Ok(())
+}
+
+/// Marks the calling thread, for the guard's lifetime, as one that
+/// delivers events: blocking waits on it fail with `ApiMisuse`.
+/// Transports mark their engine and worker threads; a layer above that
+/// runs completion callbacks on a thread of its own (a timer thread)
+/// marks that one. Guards nest.
+#[must_use = "the mark lasts as long as the guard"]
+pub struct DeliveryThread {
+    // Thread-bound: the mark is a thread-local.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl DeliveryThread {
+    /// Marks the calling thread until the guard drops.
+    pub fn enter() -> Self {
+        util::enter_delivery();
+        Self {
+            _not_send: PhantomData,
+        }
+    }
+}
+
+impl Drop for DeliveryThread {
+    fn drop(&mut self) {
+        util::leave_delivery();
+    }
+}
+
+impl fmt::Debug for DeliveryThread {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeliveryThread").finish()
+    }
+}
+
+fn recv_with<T>(rx: &Receiver<T>, what: &str, timeout: Duration) -> Result<T> {
+    check_may_block(what)?;
+    match rx.recv_timeout(timeout) {
+        Ok(v) => Ok(v),
+        Err(RecvTimeoutError::Timeout) => Err(NetError::TimedOut),
+        Err(RecvTimeoutError::Disconnected) => Err(NetError::ApiMisuse(format!(
+            "{what}: the callbacks feeding this channel were dropped, no event can come"
+        ))),
+    }
+}
 
 /// The receiving end of [`event_channel`].
 pub struct EventReceiver {
@@ -33,8 +128,13 @@ impl fmt::Debug for EventReceiver {
 
 impl EventReceiver {
     /// The next event, waiting up to `timeout`.
-    pub fn recv_timeout(&self, timeout: Duration) -> Option<BufferEvent> {
-        self.rx.recv_timeout(timeout).ok()
+    ///
+    /// # Errors
+    /// `TimedOut` when none came in time; `ApiMisuse` on a thread that
+    /// delivers events (see the [module docs](self)) or when the
+    /// callbacks that feed the channel are gone.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<BufferEvent> {
+        recv_with(&self.rx, "EventReceiver::recv_timeout", timeout)
     }
 
     /// The next event, if one is waiting.
@@ -80,8 +180,11 @@ impl fmt::Debug for TmEventReceiver {
 
 impl TmEventReceiver {
     /// The next event, waiting up to `timeout`.
-    pub fn recv_timeout(&self, timeout: Duration) -> Option<TmEvent> {
-        self.rx.recv_timeout(timeout).ok()
+    ///
+    /// # Errors
+    /// As [`EventReceiver::recv_timeout`].
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<TmEvent> {
+        recv_with(&self.rx, "TmEventReceiver::recv_timeout", timeout)
     }
 
     /// The next event, if one is waiting.

@@ -1229,7 +1229,7 @@ pub fn cancel_races_completion(f: &dyn Factory) {
     }
     a.expect_quiet();
     let mut received = 0;
-    while b.events.recv_timeout(QUIET_WAIT).is_some() {
+    while b.events.recv_timeout(QUIET_WAIT).is_ok() {
         received += 1;
     }
     assert_eq!(
@@ -2276,6 +2276,69 @@ pub fn pool_tops_up_before_the_callback(f: &dyn Factory) {
     wait_until("the buffers back in the pool", || pool.free() == 2);
     drop((prov, ep));
     pool.fini().unwrap();
+    a.shutdown();
+    b.shutdown();
+}
+
+/// Every blocking wait called on a thread that delivers events (here in a
+/// receive callback) fails at once with `ApiMisuse`: it would wait for an
+/// event that only this thread can deliver. The same waits work on the
+/// test's own thread.
+pub fn blocking_waits_fail_on_delivery_threads(f: &dyn Factory) {
+    let (a, b) = pair(f);
+    let (other_cbs, other_events) = colibri_net::event_channel(1);
+    drop(other_cbs);
+    let (_keep, quiet) = colibri_net::event_channel(1);
+    let (res_tx, res) = crossbeam_channel::bounded::<(Vec<String>, Duration)>(1);
+    let tm = b.tm.clone();
+    let cb = move |_tm: &TmHandle, ev: BufferEvent| {
+        let start = Instant::now();
+        let short = Duration::from_secs(2);
+        let mut errs = Vec::new();
+        let mut note = |r: Result<(), NetError>| {
+            errs.push(match r {
+                Err(NetError::ApiMisuse(t)) => t,
+                other => format!("not refused: {other:?}"),
+            });
+        };
+        note(colibri_net::wait::check_may_block("a test wait"));
+        note(tm.wait_for_state(TmState::Started, short));
+        note(tm.wait_event_after(u64::MAX, short).map(|_| ()));
+        note(tm.wait_stopped(short));
+        note(quiet.recv_timeout(short).map(|_| ()));
+        drop(ev);
+        let _ = res_tx.send((errs, start.elapsed()));
+    };
+    let cbs = Arc::new(BufferCallbacks::new().on(QueueType::MsgRecv, cb));
+    let rb = b
+        .dom
+        .register(BufVec::new(1, 1024))
+        .unwrap()
+        .with_callbacks(cbs);
+    b.tm.add_msg_recv(rb, RecvParams::default()).unwrap();
+    let ep = a.ep(&b.addr);
+    a.tm.add_msg_send(a.buf_with(b"wake", 0), &ep, 4).unwrap();
+    let (errs, took) = res.recv_timeout(EVENT_WAIT).expect("callback ran");
+    assert_eq!(errs.len(), 5);
+    for e in &errs {
+        assert!(e.contains("delivers events"), "{e}");
+    }
+    // A channel whose callbacks are gone is refused, not waited on.
+    match other_events.recv_timeout(EVENT_WAIT) {
+        Err(NetError::ApiMisuse(t)) => assert!(t.contains("dropped"), "{t}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(took < Duration::from_secs(1), "the refusals took {took:?}");
+    // On the test's thread the same waits work.
+    assert!(colibri_net::wait::check_may_block("a test wait").is_ok());
+    b.tm.wait_for_state(TmState::Started, EVENT_WAIT).unwrap();
+    let (_keep2, quiet2) = colibri_net::event_channel(1);
+    assert!(matches!(
+        quiet2.recv_timeout(Duration::from_millis(10)),
+        Err(NetError::TimedOut)
+    ));
+    assert!(a.next_event_on(QueueType::MsgSend).status().is_ok());
+    drop(ep);
     a.shutdown();
     b.shutdown();
 }

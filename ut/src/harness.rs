@@ -115,9 +115,12 @@ impl Node {
 
     /// The next buffer event; panics if none comes in time.
     pub fn next_event(&self) -> BufferEvent {
-        self.events
-            .recv_timeout(EVENT_WAIT)
-            .unwrap_or_else(|| panic!("no buffer event on {} within {EVENT_WAIT:?}", self.addr))
+        self.events.recv_timeout(EVENT_WAIT).unwrap_or_else(|e| {
+            panic!(
+                "no buffer event on {} within {EVENT_WAIT:?}: {e}",
+                self.addr
+            )
+        })
     }
 
     /// The next buffer event of `queue`, asserting its queue.
@@ -148,12 +151,12 @@ impl Node {
     pub fn next_tm_event(&self) -> TmEvent {
         self.tm_events
             .recv_timeout(EVENT_WAIT)
-            .unwrap_or_else(|| panic!("no tm event on {} within {EVENT_WAIT:?}", self.addr))
+            .unwrap_or_else(|e| panic!("no tm event on {} within {EVENT_WAIT:?}: {e}", self.addr))
     }
 
     /// Asserts that no buffer event arrives for a short while.
     pub fn expect_quiet(&self) {
-        if let Some(ev) = self.events.recv_timeout(QUIET_WAIT) {
+        if let Ok(ev) = self.events.recv_timeout(QUIET_WAIT) {
             panic!("unexpected buffer event: {ev:?}");
         }
     }

@@ -77,7 +77,10 @@ impl Shared {
             let sh = Arc::clone(self);
             let h = thread::Builder::new()
                 .name(format!("colibri-mem-{}-{i}", self.id.0))
-                .spawn(move || sh.worker(i))
+                .spawn(move || {
+                    let _mark = colibri_net::wait::DeliveryThread::enter();
+                    sh.worker(i);
+                })
                 .map_err(NetError::from);
             match h {
                 Ok(h) => workers.push(h),

@@ -254,7 +254,10 @@ impl Engine {
         let e2 = Arc::clone(&eng);
         let h = thread::Builder::new()
             .name("colibri-tcp-io".into())
-            .spawn(move || Loop::new(e2, poll).run())?;
+            .spawn(move || {
+                let _mark = colibri_net::wait::DeliveryThread::enter();
+                Loop::new(e2, poll).run();
+            })?;
         *eng.thread_id.lock() = Some(h.thread().id());
         *eng.thread.lock() = Some(h);
         let mut all = ENGINES.lock();

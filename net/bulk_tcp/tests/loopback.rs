@@ -333,7 +333,7 @@ fn hostile_bulk_requests() {
     assert!(matches!(e, NetError::WrongQueue { .. }), "{e:?}");
     // The refusal is the requester's: the passive buffer stays queued,
     // untouched, for the transfer it was made for.
-    assert!(n.events.recv_timeout(Duration::from_millis(100)).is_none());
+    assert!(n.events.recv_timeout(Duration::from_millis(100)).is_err());
     assert_eq!(n.tm.rejected_requests(), 1);
     n.tm.stop(true).unwrap();
     let ev = n.next_on(QueueType::PassiveBulkSend);

@@ -148,7 +148,7 @@ fn kill_mid_bulk_once() -> bool {
                 killed_at_rx = Some(s.xprt.stats().rx_bytes);
             }
         }
-        let Some(mut ev) = s.events.recv_timeout(Duration::from_millis(1)) else {
+        let Ok(mut ev) = s.events.recv_timeout(Duration::from_millis(1)) else {
             // After the kill, wait until no passive buffer is in use by a
             // transfer any more; the ones never used stay queued.
             let busy = ledger

@@ -39,7 +39,8 @@ use crate::queue::QueueType;
 use crate::sink::Job;
 use crate::slab::Slab;
 use crate::stats::QueueStats;
-use crate::util::{in_callback_of, in_data_view, next_id};
+use crate::util::{in_callback_of, in_data_view, next_id, on_delivery_thread};
+use crate::wait::check_may_block;
 use crate::xprt::{Caps, DelReason, Delivery, Limits, QueuedBuf, TmSink, XprtTm};
 
 pub use add::{AddOp, Added};
@@ -295,6 +296,15 @@ impl TmInner {
                     busy.join(", ")
                 )));
             }
+        }
+        if (self.running.load(Ordering::Acquire) > 0 || core.stop_deferred) && on_delivery_thread()
+        {
+            // The events still running may need this very thread.
+            return Err(NetError::Busy(
+                "events are still being delivered and this thread delivers events: \
+                 finalise from an application thread"
+                    .into(),
+            ));
         }
         while self.running.load(Ordering::Acquire) > 0 || core.stop_deferred {
             self.cond.wait(&mut core);
@@ -581,22 +591,28 @@ impl TmHandle {
     /// Blocks until an event is posted after sequence number `seq` (see
     /// [`TmHandle::event_seq`]) or `timeout` passes. Returns true if one
     /// was.
-    pub fn wait_event_after(&self, seq: u64, timeout: Duration) -> bool {
+    ///
+    /// # Errors
+    /// `ApiMisuse` on a thread that delivers events (see
+    /// [`wait`](crate::wait#never-wait-on-a-thread-that-delivers-events)).
+    pub fn wait_event_after(&self, seq: u64, timeout: Duration) -> Result<bool> {
+        check_may_block("TmHandle::wait_event_after")?;
         let deadline = Instant::now() + timeout;
         let mut core = self.inner.core.lock();
         while core.event_seq <= seq {
             if self.inner.cond.wait_until(&mut core, deadline).timed_out() {
-                return core.event_seq > seq;
+                return Ok(core.event_seq > seq);
             }
         }
-        true
+        Ok(true)
     }
 
     /// Blocks until the state satisfies `pred` or `timeout` passes.
     ///
     /// # Errors
-    /// `TimedOut`.
+    /// `TimedOut`; `ApiMisuse` on a thread that delivers events.
     pub fn wait_state(&self, pred: impl Fn(TmState) -> bool, timeout: Duration) -> Result<TmState> {
+        check_may_block("TmHandle::wait_state")?;
         let deadline = Instant::now() + timeout;
         let mut core = self.inner.core.lock();
         while !pred(core.state) {
@@ -612,7 +628,8 @@ impl TmHandle {
     ///
     /// # Errors
     /// `TimedOut`, or `WrongState` when the transfer machine failed or
-    /// stopped while waiting for STARTED.
+    /// stopped while waiting for STARTED; `ApiMisuse` on a thread that
+    /// delivers events.
     pub fn wait_for_state(&self, state: TmState, timeout: Duration) -> Result<()> {
         let terminal = |s: TmState| matches!(s, TmState::Failed | TmState::Undefined);
         let got = self.wait_state(
@@ -638,8 +655,9 @@ impl TmHandle {
     /// stop: the state is STOPPED (or FAILED) and every callback returned.
     ///
     /// # Errors
-    /// `TimedOut`.
+    /// `TimedOut`; `ApiMisuse` on a thread that delivers events.
     pub fn wait_stopped(&self, timeout: Duration) -> Result<()> {
+        check_may_block("TmHandle::wait_stopped")?;
         let deadline = Instant::now() + timeout;
         let mut core = self.inner.core.lock();
         loop {
@@ -702,6 +720,7 @@ impl XprtTm for Unmade {
 /// Dereferences to [`TmHandle`] for every operation; adds finalisation.
 /// Dropping a transfer machine that was not finalised stops it with abort,
 /// waits (up to 30 s) for STOPPED and finalises it.
+#[must_use = "dropping a TransferMachine stops and finalises it"]
 pub struct TransferMachine {
     h: TmHandle,
     finalized: bool,
@@ -844,8 +863,9 @@ impl Drop for TransferMachine {
             return;
         }
         let inner = Arc::clone(&self.h.inner);
-        if in_callback_of(inner.id.0) || in_data_view() {
-            // Cannot wait for our own callbacks here: finish elsewhere.
+        if on_delivery_thread() || in_data_view() {
+            // Cannot wait for callbacks on a thread that may be the one
+            // to deliver them: finish elsewhere.
             let spawned = std::thread::Builder::new()
                 .name("colibri-tm-drop".into())
                 .spawn(move || Self::shutdown(&inner));

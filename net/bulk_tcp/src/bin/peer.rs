@@ -171,7 +171,7 @@ fn serve(addr: &str, max: Duration) -> Res<ExitCode> {
     std::io::stdout().flush()?;
     let until = Instant::now() + max;
     while Instant::now() < until {
-        let Some(mut ev) = p.events.recv_timeout(Duration::from_millis(50)) else {
+        let Ok(mut ev) = p.events.recv_timeout(Duration::from_millis(50)) else {
             continue;
         };
         let queue = ev.queue();
@@ -292,7 +292,7 @@ fn put_loop(server: &str, max: Duration) -> Res<ExitCode> {
     let until = Instant::now() + max;
     let mut data: Vec<u8> = Vec::new();
     while Instant::now() < until {
-        let Some(mut ev) = p.events.recv_timeout(Duration::from_millis(50)) else {
+        let Ok(mut ev) = p.events.recv_timeout(Duration::from_millis(50)) else {
             continue;
         };
         let queue = ev.queue();
