@@ -4,10 +4,10 @@
 //! read and pulls the client's source for a write); the client copies a
 //! file through it and checks the copy's checksum.
 //!
-//! The handlers hand each request to a small pool of worker threads, which
-//! do the file I/O and the bulk transfer and then reply: the transport's
-//! threads never block on the disk (the seed's "fully asynchronous
-//! server").
+//! The handlers run on the RPC machine's handler pool
+//! ([`RpcHandle::on_blocking`]), which does the file I/O and waits for the
+//! bulk transfer before replying: the transport's threads never block on
+//! the disk.
 //!
 //! ```
 //! use colibri_bulk_mem::MemTransport;
@@ -22,15 +22,10 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use colibri_net::Transport;
 use colibri_net::checksum::{Crc32c, crc32c};
-use colibri_rpc::{
-    BulkArg, BulkKind, ReplyHandle, Request, RpcConfig, RpcHandle, RpcMachine, Session,
-};
+use colibri_rpc::{BulkArg, BulkKind, Request, RpcConfig, RpcHandle, RpcMachine, Session};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
@@ -88,13 +83,12 @@ pub mod status {
     pub const BAD_BULK: i32 = -71;
 }
 
-type Job = (Request, ReplyHandle);
+const OPS: [u32; 4] = [OP_STAT, OP_READ, OP_WRITE, OP_SUM];
 
 /// A running file service.
 #[derive(Debug)]
 pub struct FileServer {
-    tx: Option<SyncSender<Job>>,
-    workers: Vec<JoinHandle<()>>,
+    m: RpcHandle,
 }
 
 fn path_in(root: &Path, name: &str) -> Result<PathBuf, i32> {
@@ -118,7 +112,7 @@ fn enc<T: Serialize>(v: &T) -> Result<Vec<u8>, i32> {
     colibri_rpc::codec::encode(v).map_err(|e| e.errno())
 }
 
-/// Runs one request on a worker thread; returns the encoded reply or the
+/// Runs one request on a handler pool thread; returns the encoded reply or the
 /// failure status.
 fn serve_one(m: &RpcHandle, root: &Path, req: &Request) -> Result<Vec<u8>, i32> {
     match req.opcode() {
@@ -170,7 +164,10 @@ fn serve_one(m: &RpcHandle, root: &Path, req: &Request) -> Result<Vec<u8>, i32> 
                 .map_err(|_| status::IO)?;
             // Push into the client's sink, then reply: the client's call
             // completes once both the reply and its buffer are back.
-            let done = m.bulk_push(sink, buf, got).wait();
+            let done = m
+                .bulk_push(sink, buf, got)
+                .wait()
+                .map_err(|b| b.error().errno())?;
             let n = done.result.map_err(|e| e.errno())?;
             enc(&(n as u64))
         }
@@ -186,7 +183,10 @@ fn serve_one(m: &RpcHandle, root: &Path, req: &Request) -> Result<Vec<u8>, i32> 
             }
             let path = path_in(root, &q.name)?;
             let buf = m.alloc(src.len as usize).map_err(|e| e.errno())?;
-            let done = m.bulk_pull(src, buf).wait();
+            let done = m
+                .bulk_pull(src, buf)
+                .wait()
+                .map_err(|b| b.error().errno())?;
             let n = done.result.map_err(|e| e.errno())?;
             let data = done.buffer.bufvec().to_vec(0, n).map_err(|_| status::IO)?;
             let mut f = OpenOptions::new()
@@ -205,56 +205,29 @@ fn serve_one(m: &RpcHandle, root: &Path, req: &Request) -> Result<Vec<u8>, i32> 
 }
 
 impl FileServer {
-    /// Serves the files of `root` on machine `m` with `workers` threads.
+    /// Serves the files of `root` on machine `m`. The handlers run on the
+    /// machine's handler pool ([`RpcHandle::on_blocking`], sized by
+    /// [`RpcConfig::handler_threads`]), where they may wait for the disk
+    /// and for their bulk transfers.
     ///
     /// # Errors
-    /// A thread that could not be started.
-    pub fn start(m: &RpcHandle, root: &Path, workers: usize) -> Result<Self, Error> {
-        let (tx, rx): (SyncSender<Job>, Receiver<Job>) = sync_channel(256);
-        let rx = Arc::new(Mutex::new(rx));
-        let mut threads = Vec::new();
-        for i in 0..workers.max(1) {
-            let (m, root, rx) = (m.clone(), root.to_path_buf(), rx.clone());
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("file-server-{i}"))
-                    .spawn(move || {
-                        loop {
-                            let job = match rx.lock() {
-                                Ok(r) => r.recv(),
-                                Err(_) => return,
-                            };
-                            let Ok((req, reply)) = job else {
-                                return;
-                            };
-                            match serve_one(&m, &root, &req) {
-                                Ok(bytes) => reply.ok(&bytes),
-                                Err(code) => reply.error(code),
-                            }
-                        }
-                    })?,
-            );
+    /// The machine is shutting down, or the pool's threads could not be
+    /// started.
+    pub fn start(m: &RpcHandle, root: &Path) -> Result<Self, Error> {
+        for op in OPS {
+            let (h, root) = (m.clone(), root.to_path_buf());
+            m.on_blocking(op, move |req, reply| match serve_one(&h, &root, &req) {
+                Ok(bytes) => reply.ok(&bytes),
+                Err(code) => reply.error(code),
+            })?;
         }
-        for op in [OP_STAT, OP_READ, OP_WRITE, OP_SUM] {
-            let tx = tx.clone();
-            m.on(op, move |req, reply| {
-                // A full queue or a stopped server: the handle is dropped
-                // and the client gets `NoReply`.
-                let _ = tx.try_send((req, reply));
-            });
-        }
-        Ok(Self {
-            tx: Some(tx),
-            workers: threads,
-        })
+        Ok(Self { m: m.clone() })
     }
 
-    /// Stops the worker threads (unregister the handlers first, or shut
-    /// the machine down, so that no new job arrives).
-    pub fn stop(mut self) {
-        self.tx = None;
-        for w in self.workers.drain(..) {
-            let _ = w.join();
+    /// Unregisters the handlers (requests still running finish).
+    pub fn stop(self) {
+        for op in OPS {
+            self.m.remove_handler(op);
         }
     }
 }
@@ -403,7 +376,7 @@ pub fn copy_through_server(
     let root = work.join("served");
     std::fs::create_dir_all(&root)?;
     let server = RpcMachine::start_on(xprt, "127.0.0.1:0:1", RpcConfig::default())?;
-    let files = FileServer::start(&server, &root, 2)?;
+    let files = FileServer::start(&server, &root)?;
     let client = RpcMachine::start_on(xprt, "127.0.0.1:0:2", RpcConfig::default())?;
     let fc = FileClient::new(client.handle(), client.session(server.addr())?, 1 << 20);
     let result = (|| -> Result<Report, Error> {

@@ -33,7 +33,7 @@ fn bulk_file_refuses_bad_names() {
     let dir = tempfile::tempdir().unwrap();
     let xprt = MemTransport::default();
     let server = RpcMachine::start_on(&xprt, "127.0.0.1:0:71", RpcConfig::default()).unwrap();
-    let files = bulk_file::FileServer::start(&server, dir.path(), 1).unwrap();
+    let files = bulk_file::FileServer::start(&server, dir.path()).unwrap();
     let client = RpcMachine::start_on(&xprt, "127.0.0.1:0:72", RpcConfig::default()).unwrap();
     let fc = bulk_file::FileClient::new(
         client.handle(),

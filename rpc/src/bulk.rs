@@ -13,7 +13,7 @@ use colibri_net::{BufferCallbacks, BufferEvent, NetBuffer, QueueType};
 
 use crate::call::BulkDone;
 use crate::completion::Completion;
-use crate::error::RpcError;
+use crate::error::{BlockedWait, RpcError, check_may_block};
 use crate::machine::{Inner, RpcHandle};
 use crate::stats::bump;
 use crate::wire::{BulkDesc, BulkKind};
@@ -54,11 +54,24 @@ impl BulkOp {
     }
 
     /// Blocks until the transfer completes.
-    pub fn wait(self) -> BulkDone {
+    ///
+    /// # Errors
+    /// On a thread that delivers events (in a handler registered with
+    /// [`RpcHandle::on`](crate::RpcHandle::on), in a completion callback),
+    /// the handle back in a [`BlockedWait`] at once: the transfer goes on.
+    /// Wait in a handler registered with
+    /// [`RpcHandle::on_blocking`](crate::RpcHandle::on_blocking), `.await`
+    /// the operation in one registered with
+    /// [`RpcHandle::on_async`](crate::RpcHandle::on_async), or use
+    /// [`BulkOp::on_complete`].
+    pub fn wait(self) -> Result<BulkDone, BlockedWait<Self>> {
+        if check_may_block("BulkOp::wait").is_err() {
+            return Err(BlockedWait::new(self, "BulkOp::wait"));
+        }
         loop {
             // Only this handle (consumed here) takes the value: it comes.
             if let Some(d) = self.cell.wait(self.spin, None) {
-                return d;
+                return Ok(d);
             }
         }
     }

@@ -11,7 +11,7 @@ use colibri_net::{BufToken, NetBuffer, TmHandle};
 use parking_lot::Mutex;
 
 use crate::completion::Completion;
-use crate::error::{Result, RpcError};
+use crate::error::{BlockedWait, Result, RpcError, check_may_block};
 use crate::machine::Inner;
 use crate::session::SessionInner;
 
@@ -283,8 +283,18 @@ impl CallHandle {
     /// Blocks until the reply (spinning briefly, then parking).
     ///
     /// # Errors
-    /// The call's failure.
+    /// The call's failure; `ApiMisuse` on a thread that delivers events
+    /// (in a handler registered with [`RpcHandle::on`], in a completion
+    /// callback): the call goes on, its result is dropped. Wait in a
+    /// handler registered with [`RpcHandle::on_blocking`], `.await` the
+    /// handle in one registered with [`RpcHandle::on_async`], or use
+    /// [`CallHandle::on_complete`].
+    ///
+    /// [`RpcHandle::on`]: crate::RpcHandle::on
+    /// [`RpcHandle::on_blocking`]: crate::RpcHandle::on_blocking
+    /// [`RpcHandle::on_async`]: crate::RpcHandle::on_async
     pub fn wait(self) -> Result<Vec<u8>> {
+        check_may_block("CallHandle::wait")?;
         self.call
             .cell
             .wait(self.spin, None)
@@ -292,8 +302,13 @@ impl CallHandle {
     }
 
     /// Waits up to `timeout`; `None` if the result is not there by then
-    /// (the call goes on).
+    /// (the call goes on). On a thread that delivers events it returns
+    /// `ApiMisuse` at once (see [`CallHandle::wait`]) and the call goes
+    /// on.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<Vec<u8>>> {
+        if let Err(e) = check_may_block("CallHandle::wait_timeout") {
+            return Some(Err(e));
+        }
         if self.call.cell.is_taken() {
             return Some(Err(taken()));
         }
@@ -378,7 +393,19 @@ impl BulkCall {
     }
 
     /// Blocks until the reply and every bulk buffer are back.
-    pub fn wait(self) -> BulkOutcome {
+    ///
+    /// # Errors
+    /// On a thread that delivers events (see [`CallHandle::wait`]), the
+    /// handle back in a [`BlockedWait`]: the call goes on.
+    pub fn wait(self) -> std::result::Result<BulkOutcome, BlockedWait<Self>> {
+        if check_may_block("BulkCall::wait").is_err() {
+            return Err(BlockedWait::new(self, "BulkCall::wait"));
+        }
+        Ok(self.wait_here())
+    }
+
+    /// [`BulkCall::wait`] once the thread is known to be allowed to block.
+    pub(crate) fn wait_here(self) -> BulkOutcome {
         self.call
             .cell
             .wait(self.spin, None)
@@ -412,10 +439,21 @@ impl Future for BulkCall {
 /// smallest executor, enough to `.await` calls without an async runtime.
 ///
 /// ```
-/// let v = colibri_rpc::block_on(async { 40 + 2 });
+/// let v = colibri_rpc::block_on(async { 40 + 2 })?;
 /// assert_eq!(v, 42);
+/// # Ok::<(), colibri_rpc::RpcError>(())
 /// ```
-pub fn block_on<F: Future>(fut: F) -> F::Output {
+///
+/// # Errors
+/// `ApiMisuse` on a thread that delivers events (see
+/// [`CallHandle::wait`]); the future is dropped unpolled.
+pub fn block_on<F: Future>(fut: F) -> Result<F::Output> {
+    check_may_block("block_on")?;
+    Ok(block_on_here(fut))
+}
+
+/// [`block_on`] without the thread check (the handler pool's own use).
+pub(crate) fn block_on_here<F: Future>(fut: F) -> F::Output {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::task::{Wake, Waker};
 

@@ -93,6 +93,16 @@ pub struct RpcConfig {
     /// CPUs to confine the transfer machine's threads to (when the
     /// transport can). Default none.
     pub cpus: Option<Vec<usize>>,
+    /// Threads of the handler pool, which runs the handlers registered
+    /// with [`RpcHandle::on_blocking`](crate::RpcHandle::on_blocking) and
+    /// [`RpcHandle::on_async`](crate::RpcHandle::on_async); started with
+    /// the first such handler. As many requests wait at once as there are
+    /// threads. Default 4.
+    pub handler_threads: usize,
+    /// Most requests the handler pool holds at once (queued, running, or
+    /// an async handler not finished); more are answered `Busy` at once.
+    /// Default 4096.
+    pub handler_queue: usize,
 }
 
 impl Default for RpcConfig {
@@ -116,6 +126,8 @@ impl Default for RpcConfig {
             session_idle: Duration::from_secs(600),
             spin: Duration::from_micros(50),
             cpus: None,
+            handler_threads: 4,
+            handler_queue: 4096,
         }
     }
 }
@@ -228,6 +240,20 @@ impl RpcConfig {
         self
     }
 
+    /// Sets `handler_threads`.
+    #[must_use]
+    pub fn with_handler_threads(mut self, n: usize) -> Self {
+        self.handler_threads = n;
+        self
+    }
+
+    /// Sets `handler_queue`.
+    #[must_use]
+    pub fn with_handler_queue(mut self, n: usize) -> Self {
+        self.handler_queue = n;
+        self
+    }
+
     /// Checks that the values can work.
     ///
     /// # Errors
@@ -272,6 +298,15 @@ impl RpcConfig {
         }
         if self.timeout.is_zero() {
             return bad("timeout must be positive".into());
+        }
+        if self.handler_queue == 0 {
+            return bad("handler_queue must be at least 1".into());
+        }
+        if self.handler_threads == 0 || self.handler_threads > 1024 {
+            return bad(format!(
+                "handler_threads {} must be between 1 and 1024",
+                self.handler_threads
+            ));
         }
         Ok(())
     }

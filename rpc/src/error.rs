@@ -8,6 +8,7 @@
 //! ([`RpcError::errno`], [`RpcError::from_status`]); handlers may also
 //! return their own codes ([`RpcError::Remote`]).
 
+use std::fmt;
 use std::io;
 
 use colibri_net::NetError;
@@ -101,6 +102,75 @@ pub enum RpcError {
     /// completed, a result taken twice, ...). `EINVAL`.
     #[error("API misuse: {0}")]
     ApiMisuse(String),
+}
+
+/// `Ok` when the calling thread may block; `ApiMisuse` naming `what` and
+/// the fix on a thread that delivers events (a transport thread running a
+/// handler or a callback, the machine's timer thread).
+pub(crate) fn check_may_block(what: &str) -> Result<()> {
+    if colibri_net::wait::on_delivery_thread() {
+        return Err(RpcError::ApiMisuse(blocked_text(what)));
+    }
+    Ok(())
+}
+
+fn blocked_text(what: &str) -> String {
+    format!(
+        "{what} would block a thread that delivers events (a transport thread running \
+         a handler or a callback, or the machine's timer thread): the completion it \
+         waits for may need this very thread. Register the handler with \
+         RpcHandle::on_blocking (it runs on the handler pool, where waiting is allowed) \
+         or RpcHandle::on_async and .await the operation, or use on_complete"
+    )
+}
+
+/// A blocking wait refused because the calling thread delivers events
+/// (see [`RpcHandle::on_blocking`](crate::RpcHandle::on_blocking)): the
+/// operation goes on, and its handle comes back in
+/// [`BlockedWait::handle`] so that nothing it holds is lost. Converts
+/// into [`RpcError::ApiMisuse`] (with `?`), dropping the handle.
+pub struct BlockedWait<T> {
+    /// The handle whose wait was refused.
+    pub handle: T,
+    what: &'static str,
+}
+
+impl<T> BlockedWait<T> {
+    pub(crate) fn new(handle: T, what: &'static str) -> Self {
+        Self { handle, what }
+    }
+
+    /// The handle back.
+    pub fn into_handle(self) -> T {
+        self.handle
+    }
+
+    /// The failure, as an [`RpcError::ApiMisuse`].
+    pub fn error(&self) -> RpcError {
+        RpcError::ApiMisuse(blocked_text(self.what))
+    }
+}
+
+impl<T> fmt::Debug for BlockedWait<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockedWait")
+            .field("what", &self.what)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Display for BlockedWait<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "API misuse: {}", blocked_text(self.what))
+    }
+}
+
+impl<T> std::error::Error for BlockedWait<T> {}
+
+impl<T> From<BlockedWait<T>> for RpcError {
+    fn from(b: BlockedWait<T>) -> Self {
+        b.error()
+    }
 }
 
 impl RpcError {

@@ -65,9 +65,16 @@
 //!
 //! ## Threads and locks
 //!
-//! Handlers, reply routing and completion callbacks run on the transport's
-//! threads, never with a transfer machine lock held, one thread at a time
-//! per session. Each session has its own lock, taken before the transfer
+//! Handlers registered with [`RpcHandle::on`], reply routing and completion
+//! callbacks run on the transport's threads, never with a transfer machine
+//! lock held, one thread at a time per session. Those threads deliver the
+//! completions, so a blocking wait there ([`BulkOp::wait`],
+//! [`CallHandle::wait`], [`Session::call`], [`block_on`], ...) fails at once
+//! with [`RpcError::ApiMisuse`] instead of freezing the server. A handler
+//! that needs to wait is registered with [`RpcHandle::on_blocking`] (it
+//! runs on the machine's handler pool, [`RpcConfig::handler_threads`]) or
+//! [`RpcHandle::on_async`] (a future polled on that pool, which `.await`s
+//! its bulk transfers); both have bulk examples. Each session has its own lock, taken before the transfer
 //! machine's (sends are added under it) and never while calling user code.
 //! See `rpc/DESIGN.md`.
 //!
@@ -92,7 +99,7 @@
 //! assert_eq!(session.call(1, b"abc")?, b"cba");
 //! // Asynchronous, awaited without a runtime.
 //! let call = session.start(1, b"xyz", Default::default())?;
-//! assert_eq!(colibri_rpc::block_on(call)?, b"zyx");
+//! assert_eq!(colibri_rpc::block_on(call)??, b"zyx");
 //! // Unknown opcode: an error reply.
 //! assert!(matches!(session.call(9, b""), Err(colibri_rpc::RpcError::UnknownOpcode(9))));
 //!
@@ -118,12 +125,13 @@ mod server;
 mod session;
 mod stats;
 pub mod wire;
+mod workers;
 
 pub use bulk::{BulkOp, BulkOpFuture};
 pub use call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, Canceller, block_on};
 pub use config::{CallOpts, RpcConfig};
 pub use error::{
-    Result, RpcError, STATUS_BUSY, STATUS_INVALID, STATUS_NO_REPLY, STATUS_PROTOCOL,
+    BlockedWait, Result, RpcError, STATUS_BUSY, STATUS_INVALID, STATUS_NO_REPLY, STATUS_PROTOCOL,
     STATUS_SHUTDOWN, STATUS_STALE, STATUS_UNKNOWN_OPCODE,
 };
 pub use machine::{RpcHandle, RpcMachine};

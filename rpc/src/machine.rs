@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -18,12 +19,15 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use tracing::{debug, trace, warn};
 
 use crate::config::RpcConfig;
-use crate::error::{Result, RpcError, STATUS_UNKNOWN_OPCODE};
+use crate::error::{
+    Result, RpcError, STATUS_BUSY, STATUS_SHUTDOWN, STATUS_UNKNOWN_OPCODE, check_may_block,
+};
 use crate::seq::{Inbound, Now, Offer, new_epoch};
 use crate::server::{Handler, ReplyHandle, Request, SrvSession};
 use crate::session::{Session, SessionInner};
 use crate::stats::{Counters, RpcStats, bump};
 use crate::wire::{self, BulkDesc, ItemError, ItemHeader, MSG_HEADER_SIZE, MsgHeader, WireError};
+use crate::workers::{BoxFuture, HandlerPool};
 use colibri_net::fasthash::FastMap;
 
 /// First delay before a message refused by the receiver (no free receive
@@ -548,6 +552,10 @@ pub(crate) struct Inner {
     next_wake: AtomicU64,
     base: Instant,
     pub(crate) stats: Counters,
+    /// The handler pool, started by the first handler that needs it.
+    pool: OnceLock<HandlerPool>,
+    /// Serialises the pool's start.
+    pool_start: Mutex<()>,
 }
 
 impl fmt::Debug for Inner {
@@ -655,6 +663,8 @@ impl Inner {
                 next_wake: AtomicU64::new(u64::MAX),
                 base: Instant::now(),
                 stats: Counters::default(),
+                pool: OnceLock::new(),
+                pool_start: Mutex::new(()),
             }
         })
     }
@@ -1293,6 +1303,62 @@ impl Inner {
         }
     }
 
+    /// The handler pool, started on first use.
+    fn pool(&self) -> Result<&HandlerPool> {
+        if self.is_stopping() {
+            return Err(RpcError::Shutdown);
+        }
+        if let Some(p) = self.pool.get() {
+            return Ok(p);
+        }
+        let _one = self.pool_start.lock();
+        if let Some(p) = self.pool.get() {
+            return Ok(p);
+        }
+        let p = HandlerPool::start(
+            self.cfg.handler_threads,
+            self.cfg.handler_queue,
+            "colibri-rpc-handler",
+        )?;
+        Ok(self.pool.get_or_init(|| p))
+    }
+
+    /// Runs `job` on the handler pool, or answers `reply` at once: `Busy`
+    /// when the pool admitted `handler_queue` requests already,
+    /// `Shutdown` when the machine is stopping.
+    fn run_on_pool(
+        m: &Weak<Self>,
+        req: Request,
+        reply: ReplyHandle,
+        job: impl FnOnce(Request, ReplyHandle) + Send + 'static,
+    ) {
+        let Some(inner) = m.upgrade().filter(|m| !m.is_stopping()) else {
+            reply.error(STATUS_SHUTDOWN);
+            return;
+        };
+        let Some(pool) = inner.pool.get() else {
+            reply.error(STATUS_SHUTDOWN);
+            return;
+        };
+        let Some(adm) = pool.admit() else {
+            bump(&inner.stats.handler_busy, 1);
+            reply.error(STATUS_BUSY);
+            return;
+        };
+        // A pool closed meanwhile drops the job: its reply handle answers
+        // NoReply.
+        let m = m.clone();
+        let _ = pool.submit(adm, move || {
+            let run = std::panic::AssertUnwindSafe(move || job(req, reply));
+            if std::panic::catch_unwind(run).is_err() {
+                if let Some(m) = m.upgrade() {
+                    bump(&m.stats.handler_panics, 1);
+                }
+                warn!("a request handler panicked on the handler pool: answered NoReply");
+            }
+        });
+    }
+
     /// Gives a request or one-way item to the handler of its opcode
     /// (unknown opcodes are answered `ENOSYS`).
     pub(crate) fn run_handler(&self, req: Request, reply: ReplyHandle) {
@@ -1411,7 +1477,12 @@ impl RpcHandle {
     /// run concurrently when the transport has several threads. A handler
     /// should not block for long (its session's later items wait
     /// meanwhile), and must never wait for a later item of its own
-    /// session.
+    /// session. The blocking waits of this crate (a bulk transfer's
+    /// [`BulkOp::wait`](crate::BulkOp::wait), a call to another server)
+    /// fail there at once with `ApiMisuse`: the transport thread must
+    /// deliver the very completion they wait for. Register such a handler
+    /// with [`RpcHandle::on_blocking`] or [`RpcHandle::on_async`], or
+    /// finish with [`BulkOp::on_complete`](crate::BulkOp::on_complete).
     pub fn on(&self, opcode: u32, handler: impl Fn(Request, ReplyHandle) + Send + Sync + 'static) {
         self.inner
             .handlers
@@ -1422,20 +1493,178 @@ impl RpcHandle {
     /// Registers a typed handler: the payload is decoded as `Q`, the
     /// handler's `Ok` value encoded as the reply, its `Err` code sent as
     /// the failure status. A payload that does not decode gets an
-    /// `EINVAL` reply.
+    /// `EINVAL` reply. It runs where [`RpcHandle::on`]'s handlers run.
     pub fn on_typed<Q, R, F>(&self, opcode: u32, f: F)
     where
         Q: serde::de::DeserializeOwned,
         R: serde::Serialize,
         F: Fn(Q, &Request) -> std::result::Result<R, i32> + Send + Sync + 'static,
     {
-        self.on(opcode, move |req, reply| match req.decode::<Q>() {
-            Ok(q) => match f(q, &req) {
-                Ok(r) => reply.ok_typed(&r),
-                Err(code) => reply.error(code),
-            },
-            Err(_) => reply.error(crate::error::STATUS_INVALID),
+        self.on(opcode, typed(f));
+    }
+
+    /// Registers `handler` for `opcode` to run on the machine's handler
+    /// pool ([`RpcConfig::handler_threads`] threads), where it may block:
+    /// wait for bulk transfers ([`BulkOp::wait`](crate::BulkOp::wait)),
+    /// call other servers, read a disk. The transport thread only queues
+    /// the request, so other sessions and completions go on meanwhile.
+    ///
+    /// The requests of one session are queued in order but may run
+    /// concurrently on different pool threads; a handler that needs them
+    /// one at a time must serialise them itself. When every pool thread
+    /// is busy, requests wait in the pool's queue.
+    ///
+    /// # Errors
+    /// `Shutdown`; a failure to start the pool's threads.
+    ///
+    /// # Example
+    /// A server handler that pulls the client's data, the way bulk is
+    /// meant to be done:
+    ///
+    /// ```
+    /// use colibri_bulk_mem::MemTransport;
+    /// use colibri_rpc::{BulkArg, RpcConfig, RpcMachine};
+    ///
+    /// # fn main() -> Result<(), colibri_rpc::RpcError> {
+    /// const WRITE: u32 = 7;
+    /// let xprt = MemTransport::default();
+    /// let server = RpcMachine::start_on(&xprt, "127.0.0.1:0:11", RpcConfig::default())?;
+    /// let h = server.handle();
+    /// server.on_blocking(WRITE, move |req, reply| {
+    ///     let desc = req.bulk()[0].clone();
+    ///     let Ok(buf) = h.alloc(desc.len as usize) else {
+    ///         return reply.error(-12);
+    ///     };
+    ///     // Waiting is fine here: this is a pool thread.
+    ///     match h.bulk_pull(&desc, buf).wait() {
+    ///         Ok(done) => match done.result {
+    ///             Ok(n) => reply.ok(&(n as u64).to_le_bytes()),
+    ///             Err(e) => reply.error(e.errno()),
+    ///         },
+    ///         Err(blocked) => reply.error(blocked.error().errno()),
+    ///     }
+    /// })?;
+    ///
+    /// let client = RpcMachine::start_on(&xprt, "127.0.0.1:0:12", RpcConfig::default())?;
+    /// let session = client.session(server.addr())?;
+    /// let mut src = client.alloc(4096)?;
+    /// src.bufvec_mut().copy_in(0, &[7u8; 4096])?;
+    /// let out = session.call_bulk(WRITE, b"", vec![BulkArg::Source { buf: src, len: 4096 }]);
+    /// assert_eq!(out.result?, 4096u64.to_le_bytes());
+    /// drop(out.buffers);
+    /// drop(session);
+    /// client.shutdown()?;
+    /// server.shutdown()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// [`RpcConfig::handler_threads`]: crate::RpcConfig::handler_threads
+    pub fn on_blocking(
+        &self,
+        opcode: u32,
+        handler: impl Fn(Request, ReplyHandle) + Send + Sync + 'static,
+    ) -> Result<()> {
+        self.inner.pool()?;
+        let m = Arc::downgrade(&self.inner);
+        let handler = Arc::new(handler);
+        self.on(opcode, move |req, reply| {
+            let h = Arc::clone(&handler);
+            Inner::run_on_pool(&m, req, reply, move |req, reply| h(req, reply));
         });
+        Ok(())
+    }
+
+    /// As [`RpcHandle::on_typed`], on the handler pool (see
+    /// [`RpcHandle::on_blocking`]).
+    ///
+    /// # Errors
+    /// As [`RpcHandle::on_blocking`].
+    pub fn on_typed_blocking<Q, R, F>(&self, opcode: u32, f: F) -> Result<()>
+    where
+        Q: serde::de::DeserializeOwned,
+        R: serde::Serialize,
+        F: Fn(Q, &Request) -> std::result::Result<R, i32> + Send + Sync + 'static,
+    {
+        self.on_blocking(opcode, typed(f))
+    }
+
+    /// Registers an async handler for `opcode`: `handler` makes a future
+    /// (on the transport thread: make it cheaply, as an `async move`
+    /// block does), which is then polled on the handler pool until it
+    /// completes. In it, `.await` bulk transfers and calls instead of
+    /// waiting for them; blocking waits fail there too, as on any thread
+    /// that runs a poll woken by a transport.
+    ///
+    /// # Errors
+    /// As [`RpcHandle::on_blocking`].
+    ///
+    /// # Example
+    /// ```
+    /// use colibri_bulk_mem::MemTransport;
+    /// use colibri_rpc::{BulkArg, RpcConfig, RpcMachine};
+    ///
+    /// # fn main() -> Result<(), colibri_rpc::RpcError> {
+    /// const READ: u32 = 8;
+    /// let xprt = MemTransport::default();
+    /// let server = RpcMachine::start_on(&xprt, "127.0.0.1:0:21", RpcConfig::default())?;
+    /// let h = server.handle();
+    /// server.on_async(READ, move |req, reply| {
+    ///     let h = h.clone();
+    ///     async move {
+    ///         let desc = req.bulk()[0].clone();
+    ///         let Ok(mut buf) = h.alloc(desc.len as usize) else {
+    ///             return reply.error(-12);
+    ///         };
+    ///         let _ = buf.bufvec_mut().copy_in(0, b"hello");
+    ///         let done = h.bulk_push(&desc, buf, 5).await;
+    ///         match done.result {
+    ///             Ok(_) => reply.ok(b""),
+    ///             Err(e) => reply.error(e.errno()),
+    ///         }
+    ///     }
+    /// })?;
+    ///
+    /// let client = RpcMachine::start_on(&xprt, "127.0.0.1:0:22", RpcConfig::default())?;
+    /// let session = client.session(server.addr())?;
+    /// let sink = client.alloc(64)?;
+    /// let out = session.call_bulk(READ, b"", vec![BulkArg::Sink { buf: sink }]);
+    /// out.result?;
+    /// assert_eq!(out.buffers[0].buffer.bufvec().to_vec(0, 5)?, b"hello");
+    /// drop(out.buffers);
+    /// drop(session);
+    /// client.shutdown()?;
+    /// server.shutdown()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn on_async<F, Fut>(&self, opcode: u32, handler: F) -> Result<()>
+    where
+        F: Fn(Request, ReplyHandle) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.inner.pool()?;
+        let m = Arc::downgrade(&self.inner);
+        self.on(opcode, move |req, reply| {
+            let Some(inner) = m.upgrade().filter(|m| !m.is_stopping()) else {
+                reply.error(STATUS_SHUTDOWN);
+                return;
+            };
+            let Some(pool) = inner.pool.get() else {
+                reply.error(STATUS_SHUTDOWN);
+                return;
+            };
+            let Some(adm) = pool.admit() else {
+                bump(&inner.stats.handler_busy, 1);
+                reply.error(STATUS_BUSY);
+                return;
+            };
+            let fut: BoxFuture = Box::pin(handler(req, reply));
+            // A pool closed meanwhile drops the future: its reply handle
+            // answers NoReply.
+            let _ = pool.spawn(adm, fut);
+        });
+        Ok(())
     }
 
     /// Removes the handler of `opcode`; true if there was one.
@@ -1475,6 +1704,7 @@ impl RpcHandle {
 ///
 /// Dereferences to [`RpcHandle`] for every operation; adds
 /// [`shutdown`](RpcMachine::shutdown). Dropping a machine shuts it down.
+#[must_use = "dropping an RpcMachine shuts it down"]
 pub struct RpcMachine {
     h: RpcHandle,
     tm: Option<TransferMachine>,
@@ -1491,6 +1721,23 @@ impl Deref for RpcMachine {
     type Target = RpcHandle;
     fn deref(&self) -> &RpcHandle {
         &self.h
+    }
+}
+
+/// A raw handler that decodes the payload as `Q` and encodes `f`'s answer
+/// (see [`RpcHandle::on_typed`]).
+fn typed<Q, R, F>(f: F) -> impl Fn(Request, ReplyHandle) + Send + Sync + 'static
+where
+    Q: serde::de::DeserializeOwned,
+    R: serde::Serialize,
+    F: Fn(Q, &Request) -> std::result::Result<R, i32> + Send + Sync + 'static,
+{
+    move |req, reply| match req.decode::<Q>() {
+        Ok(q) => match f(q, &req) {
+            Ok(r) => reply.ok_typed(&r),
+            Err(code) => reply.error(code),
+        },
+        Err(_) => reply.error(crate::error::STATUS_INVALID),
     }
 }
 
@@ -1548,7 +1795,10 @@ impl RpcMachine {
         let inner = Arc::clone(&m.h.inner);
         let t = std::thread::Builder::new()
             .name("colibri-rpc-timer".into())
-            .spawn(move || inner.timer_loop())
+            .spawn(move || {
+                let _mark = colibri_net::wait::DeliveryThread::enter();
+                inner.timer_loop();
+            })
             .map_err(NetError::from)?;
         m.timer = Some(t);
         debug!(addr = m.addr(), "RPC machine started");
@@ -1581,13 +1831,18 @@ impl RpcMachine {
 
     /// Stops the machine: calls still in flight fail with `Shutdown`,
     /// queued items are dropped, the transfer machine stops (every buffer
-    /// comes back) and is finalised, and the domain is handed back with
-    /// every buffer of the machine deregistered.
+    /// comes back) and is finalised, the handler pool finishes what it
+    /// runs, and the domain is handed back with every buffer of the
+    /// machine deregistered.
     ///
     /// # Errors
     /// `Busy`-like transport failures to stop in time; the machine is
-    /// dropped regardless.
+    /// dropped regardless. `ApiMisuse` on a thread that delivers events
+    /// (a handler registered with [`RpcHandle::on`], a completion
+    /// callback), where waiting for the stop could never end: the machine
+    /// is then stopped by a thread of its own.
     pub fn shutdown(mut self) -> Result<Domain> {
+        check_may_block("RpcMachine::shutdown")?;
         self.stop_all()
     }
 
@@ -1626,6 +1881,10 @@ impl RpcMachine {
             if let Err(e) = tm.wait_stopped(TM_WAIT) {
                 result = Err(RpcError::Net(e));
             }
+            // Handlers blocked on transfers were released by the stop.
+            if let Some(pool) = inner.pool.get() {
+                pool.close();
+            }
             inner.send_free.lock().clear();
             inner.handlers.write().clear();
             if let Err(e) = tm.fini() {
@@ -1643,8 +1902,28 @@ impl RpcMachine {
 
 impl Drop for RpcMachine {
     fn drop(&mut self) {
-        if self.tm.is_some() || self.timer.is_some() {
-            let _ = self.stop_all();
+        if self.tm.is_none() && self.timer.is_none() {
+            return;
         }
+        if colibri_net::wait::on_delivery_thread() {
+            // Dropped where the stop cannot be waited for (in a handler or
+            // a callback): a thread of its own stops it.
+            self.h.inner.stopping.store(true, Ordering::Release);
+            let mut rest = Self {
+                h: self.h.clone(),
+                tm: self.tm.take(),
+                timer: self.timer.take(),
+            };
+            let spawned = std::thread::Builder::new()
+                .name("colibri-rpc-drop".into())
+                .spawn(move || {
+                    let _ = rest.stop_all();
+                });
+            if let Err(e) = spawned {
+                tracing::error!(%e, "could not spawn a thread to stop a dropped RPC machine");
+            }
+            return;
+        }
+        let _ = self.stop_all();
     }
 }

@@ -16,7 +16,7 @@ use tracing::{Span, debug, debug_span, warn};
 use crate::call::{BulkArg, BulkCall, BulkDone, BulkOutcome, CallHandle, CallState, Canceller};
 use crate::codec;
 use crate::config::CallOpts;
-use crate::error::{Result, RpcError};
+use crate::error::{Result, RpcError, check_may_block};
 use crate::machine::{
     ACK_DELAY, Freed, Inner, Link, MsgRecord, OutRef, Parsed, QItem, RxMsg, SendOutcome,
 };
@@ -744,9 +744,11 @@ impl Session {
     /// and resends.
     ///
     /// # Errors
-    /// As [`Session::start`], and the call's failure.
+    /// As [`Session::start`], and the call's failure; `ApiMisuse`, before
+    /// anything is sent, on a thread that delivers events (see
+    /// [`CallHandle::wait`]).
     pub fn call(&self, opcode: u32, payload: &[u8]) -> Result<Vec<u8>> {
-        self.start(opcode, payload, CallOpts::default())?.wait()
+        self.call_with(opcode, payload, CallOpts::default())
     }
 
     /// Calls with options and waits for the reply.
@@ -754,6 +756,7 @@ impl Session {
     /// # Errors
     /// As [`Session::call`].
     pub fn call_with(&self, opcode: u32, payload: &[u8], opts: CallOpts) -> Result<Vec<u8>> {
+        check_may_block("Session::call")?;
         self.start(opcode, payload, opts)?.wait()
     }
 
@@ -795,8 +798,10 @@ impl Session {
     ///
     /// # Errors
     /// `TimedOut` if that takes longer than `timeout`; the first send
-    /// failure since the previous flush.
+    /// failure since the previous flush; `ApiMisuse` on a thread that
+    /// delivers events (nothing is sent early then).
     pub fn flush(&self, timeout: Duration) -> Result<()> {
+        check_may_block("Session::flush")?;
         self.s.flush(&self.m, true);
         let deadline = Instant::now() + timeout;
         let mut st = self.s.st.lock();
@@ -963,8 +968,25 @@ impl Session {
     }
 
     /// Calls with bulk buffers and waits for the outcome.
+    ///
+    /// On a thread that delivers events (see [`CallHandle::wait`]) nothing
+    /// is sent: the outcome is `ApiMisuse` at once, with every buffer
+    /// back.
     pub fn call_bulk(&self, opcode: u32, payload: &[u8], bulk: Vec<BulkArg>) -> BulkOutcome {
+        if let Err(e) = check_may_block("Session::call_bulk") {
+            let buffers = bulk
+                .into_iter()
+                .map(|a| BulkDone {
+                    buffer: a.into_buffer(),
+                    result: Err(e.clone()),
+                })
+                .collect();
+            return BulkOutcome {
+                result: Err(e),
+                buffers,
+            };
+        }
         self.start_bulk(opcode, payload, bulk, CallOpts::default())
-            .wait()
+            .wait_here()
     }
 }

@@ -92,6 +92,9 @@ pub struct RpcStats {
     /// Request handlers that panicked (their requests were answered
     /// `NoReply`).
     pub handler_panics: u64,
+    /// Requests for handlers of the handler pool answered `Busy` because
+    /// the pool held `handler_queue` requests already.
+    pub handler_busy: u64,
     /// Bulk transfers completed successfully (both sides).
     pub bulk_ok: u64,
     /// Bytes moved by successful bulk transfers.
@@ -199,6 +202,7 @@ counters!(
     sessions_refused,
     items_refused,
     handler_panics,
+    handler_busy,
     bulk_ok,
     bulk_bytes,
 );

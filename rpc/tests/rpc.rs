@@ -61,6 +61,16 @@ fn bulk_both_directions() {
 }
 
 #[test]
+fn blocking_handlers() {
+    common::blocking_handlers(&Net::mem());
+}
+
+#[test]
+fn shutdown_from_a_handler() {
+    common::shutdown_from_a_handler(&Net::mem());
+}
+
+#[test]
 fn peer_stopped_mid_call() {
     common::peer_stopped_mid_call(&Net::mem());
 }
@@ -103,7 +113,8 @@ fn async_calls_callback_poll_future() {
             v.push(c.await.unwrap()[0]);
         }
         v
-    });
+    })
+    .unwrap();
     assert_eq!(out, (0..10).collect::<Vec<u8>>());
     drop(s);
     finish(client);
@@ -440,7 +451,7 @@ fn bulk_async_many_in_flight() {
         })
         .collect();
     for (i, c) in calls.into_iter().enumerate() {
-        let out = block_on(c);
+        let out = block_on(c).unwrap();
         assert!(out.result.is_ok());
         assert_eq!(
             out.buffers[0].buffer.bufvec().to_vec(0, 8192).unwrap(),
@@ -479,7 +490,7 @@ fn client_shutdown_fails_calls_in_flight() {
     for c in calls {
         assert_eq!(c.wait(), Err(RpcError::Shutdown));
     }
-    let out = bulk.wait();
+    let out = bulk.wait().unwrap();
     assert_eq!(out.result, Err(RpcError::Shutdown));
     assert_eq!(out.buffers.len(), 1);
     drop(out);
@@ -583,7 +594,7 @@ impl Raw {
         let end = Instant::now() + wait;
         loop {
             let left = end.saturating_duration_since(Instant::now());
-            let mut ev = self.events.recv_timeout(left)?;
+            let mut ev = self.events.recv_timeout(left).ok()?;
             if ev.queue() != QueueType::MsgRecv {
                 continue;
             }
@@ -879,7 +890,9 @@ fn bulk_kinds_are_checked_on_the_server() {
         let d = req.bulk()[0].clone();
         assert_eq!(d.kind, BulkKind::Sink);
         let buf = h.alloc(16).unwrap();
-        let done = h.bulk_pull(&d, buf).wait();
+        // Refused at once: the outcome is there without waiting (a
+        // handler of `on` may not wait).
+        let done = h.bulk_pull(&d, buf).try_result().expect("refused at once");
         assert!(matches!(done.result, Err(RpcError::InvalidArgument(_))));
         reply.error(-1);
     });
@@ -1396,6 +1409,57 @@ fn sessions_dispatch_in_parallel_items_of_one_session_never_do() {
     assert_eq!(a_order, (0..50).collect::<Vec<_>>());
     drop(g);
     drop((a, b));
+    finish(client);
+    finish(server);
+}
+
+#[test]
+fn a_full_handler_pool_answers_busy_and_survives_panics() {
+    // One pool thread, at most two requests held: the third is answered
+    // Busy at once; a handler that panics on the pool is counted and its
+    // client gets NoReply; the pool goes on serving.
+    let server = machine(
+        RpcConfig::default()
+            .with_handler_threads(1)
+            .with_handler_queue(2),
+    );
+    let (go_tx, go) = crossbeam_channel::bounded::<()>(4);
+    server
+        .on_blocking(NEVER, move |_req, reply| {
+            let _ = go.recv_timeout(Duration::from_secs(10));
+            reply.ok(b"late");
+        })
+        .unwrap();
+    server
+        .on_blocking(COUNT, |req, reply| {
+            assert!(req.payload() != b"boom", "handler bug");
+            reply.ok(b"fine");
+        })
+        .unwrap();
+    let client = machine(RpcConfig::default());
+    let s = client.session(server.addr()).unwrap();
+    let held: Vec<_> = (0..2)
+        .map(|_| s.start(NEVER, b"", CallOpts::new()).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match s.call(COUNT, b"x") {
+            Err(RpcError::Busy) => break,
+            // The held requests may not have reached the pool yet.
+            Ok(_) => assert!(Instant::now() < deadline, "never Busy"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(server.stats().handler_busy >= 1);
+    go_tx.send(()).unwrap();
+    go_tx.send(()).unwrap();
+    for c in held {
+        assert_eq!(c.wait().unwrap(), b"late");
+    }
+    assert_eq!(s.call(COUNT, b"boom"), Err(RpcError::NoReply));
+    assert_eq!(server.stats().handler_panics, 1);
+    assert_eq!(s.call(COUNT, b"x").unwrap(), b"fine");
+    drop(s);
     finish(client);
     finish(server);
 }

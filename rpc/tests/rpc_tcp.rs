@@ -46,3 +46,13 @@ fn a_stopped_server_fails_waiting_calls_promptly() {
 fn cancel_calls() {
     common::cancel_calls(&Net::tcp());
 }
+
+#[test]
+fn blocking_handlers() {
+    common::blocking_handlers(&Net::tcp());
+}
+
+#[test]
+fn shutdown_from_a_handler() {
+    common::shutdown_from_a_handler(&Net::tcp());
+}

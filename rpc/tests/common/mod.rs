@@ -509,7 +509,7 @@ pub(crate) fn cancel_calls(net: &Net) {
     let b = s.start_bulk(NEVER, b"", vec![BulkArg::Sink { buf: sink }], long);
     wait_held(1);
     assert!(b.cancel());
-    let out = b.wait();
+    let out = b.wait().unwrap();
     assert_eq!(out.result, Err(RpcError::Cancelled));
     assert_eq!(out.buffers.len(), 1);
     assert_eq!(out.buffers[0].buffer.id(), id);
@@ -562,4 +562,180 @@ pub(crate) fn cancel_calls(net: &Net) {
     drop(s);
     finish(client);
     finish(server);
+}
+
+/// The handler a new user writes first: `on` + `bulk_push(..).wait()`.
+/// The wait fails at once with `ApiMisuse` and the buffer comes back (the
+/// transfer goes on and completes); the server keeps serving. The same
+/// handler registered with `on_blocking` works, and so does the async
+/// form. A synchronous call, a flush and a shutdown from a handler of `on`
+/// fail at once too.
+pub(crate) fn blocking_handlers(net: &Net) {
+    let server = net.machine(RpcConfig::default().with_handler_threads(2));
+    let h = server.handle();
+    let misuse: Arc<Mutex<Vec<String>>> = Arc::default();
+    let m2 = misuse.clone();
+    server.on(READ, move |req, reply| {
+        let d = req.bulk()[0].clone();
+        let len = d.len as usize;
+        let mut buf = h.alloc(len).unwrap();
+        buf.bufvec_mut().copy_in(0, &pattern(1, len)).unwrap();
+        match h.bulk_push(&d, buf, len).wait() {
+            Ok(_) => reply.error(-1),
+            Err(blocked) => {
+                m2.lock().push(blocked.to_string());
+                // Nothing is lost: finish the transfer without waiting.
+                blocked
+                    .into_handle()
+                    .on_complete(move |done| match done.result {
+                        Ok(n) => reply.ok(&(n as u64).to_le_bytes()),
+                        Err(e) => reply.error(e.errno()),
+                    });
+            }
+        }
+    });
+    let h = server.handle();
+    server
+        .on_blocking(WRITE, move |req, reply| {
+            let d = req.bulk()[0].clone();
+            let buf = h.alloc(d.len as usize).unwrap();
+            let done = h.bulk_pull(&d, buf).wait().expect("a pool thread may wait");
+            let n = done.result.unwrap();
+            let data = done.buffer.bufvec().to_vec(0, n).unwrap();
+            reply.ok(&data
+                .iter()
+                .map(|&b| u64::from(b))
+                .sum::<u64>()
+                .to_le_bytes());
+        })
+        .unwrap();
+    let h = server.handle();
+    server
+        .on_async(SLOW, move |req, reply| {
+            let h = h.clone();
+            async move {
+                let d = req.bulk()[0].clone();
+                let len = d.len as usize;
+                let mut buf = h.alloc(len).unwrap();
+                buf.bufvec_mut().copy_in(0, &pattern(3, len)).unwrap();
+                let done = h.bulk_push(&d, buf, len).await;
+                match done.result {
+                    Ok(n) => reply.ok(&(n as u64).to_le_bytes()),
+                    Err(e) => reply.error(e.errno()),
+                }
+            }
+        })
+        .unwrap();
+    // A handler of `on` that calls back, flushes and waits for a state:
+    // each fails at once, naming the fix.
+    let back = net.machine(RpcConfig::default());
+    let back_addr = back.addr().to_string();
+    back.on(ECHO, |req, reply| reply.ok(req.payload()));
+    let h = server.handle();
+    let m3 = misuse.clone();
+    server.on(COUNT, move |_req, reply| {
+        let s = h.session(&back_addr).unwrap();
+        let e = s.call(ECHO, b"x").unwrap_err();
+        m3.lock().push(e.to_string());
+        let e = s.flush(Duration::from_secs(1)).unwrap_err();
+        m3.lock().push(e.to_string());
+        let e = colibri_rpc::block_on(async {}).unwrap_err();
+        m3.lock().push(e.to_string());
+        reply.ok(b"");
+    });
+
+    let client = net.machine(RpcConfig::default());
+    let s = client.session(server.addr()).unwrap();
+    let start = Instant::now();
+    for round in 0..3 {
+        let len = 64 << 10;
+        let sink = client.alloc(len).unwrap();
+        let out = s.call_bulk(READ, b"", vec![BulkArg::Sink { buf: sink }]);
+        assert_eq!(
+            out.result.unwrap(),
+            (len as u64).to_le_bytes(),
+            "round {round}"
+        );
+        assert_eq!(
+            out.buffers[0].buffer.bufvec().to_vec(0, len).unwrap(),
+            pattern(1, len)
+        );
+
+        let data = pattern(2 + round, len);
+        let mut src = client.alloc(len).unwrap();
+        src.bufvec_mut().copy_in(0, &data).unwrap();
+        let out = s.call_bulk(WRITE, b"", vec![BulkArg::Source { buf: src, len }]);
+        let sum = u64::from_le_bytes(out.result.unwrap().try_into().unwrap());
+        assert_eq!(sum, data.iter().map(|&b| u64::from(b)).sum::<u64>());
+
+        let sink = client.alloc(len).unwrap();
+        let out = s.call_bulk(SLOW, b"", vec![BulkArg::Sink { buf: sink }]);
+        assert_eq!(out.result.unwrap(), (len as u64).to_le_bytes());
+        assert_eq!(
+            out.buffers[0].buffer.bufvec().to_vec(0, len).unwrap(),
+            pattern(3, len)
+        );
+    }
+    s.call(COUNT, b"").unwrap();
+    // Nothing froze: the whole exchange takes well under a call timeout.
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+    let texts = misuse.lock().clone();
+    assert_eq!(texts.len(), 6, "{texts:?}");
+    for t in &texts {
+        assert!(t.contains("API misuse") && t.contains("on_blocking"), "{t}");
+    }
+    assert!(texts[0].contains("BulkOp::wait"), "{}", texts[0]);
+    assert!(texts[3].contains("Session::call"), "{}", texts[3]);
+    assert!(texts[4].contains("Session::flush"), "{}", texts[4]);
+    assert!(texts[5].contains("block_on"), "{}", texts[5]);
+    drop(s);
+    finish(client);
+    finish(server);
+    finish(back);
+}
+
+/// A machine dropped or shut down inside one of its own handlers does not
+/// hang: the shutdown is refused with `ApiMisuse` and the machine stops on
+/// a thread of its own; its client's calls fail promptly.
+pub(crate) fn shutdown_from_a_handler(net: &Net) {
+    let server = net.machine(RpcConfig::default());
+    let slot: Arc<Mutex<Option<RpcMachine>>> = Arc::default();
+    let said: Arc<Mutex<Option<String>>> = Arc::default();
+    let (sl, sd) = (slot.clone(), said.clone());
+    server.on(ECHO, move |_req, reply| {
+        reply.ok(b"bye");
+        if let Some(m) = sl.lock().take() {
+            *sd.lock() = m.shutdown().err().map(|e| e.to_string());
+        }
+    });
+    let addr = server.addr().to_string();
+    *slot.lock() = Some(server);
+    let client = net.machine(RpcConfig::default());
+    let s = client.session(&addr).unwrap();
+    let start = Instant::now();
+    assert_eq!(s.call(ECHO, b"").unwrap(), b"bye");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while said.lock().is_none() {
+        assert!(Instant::now() < deadline, "the handler did not return");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let text = said.lock().clone().unwrap();
+    assert!(text.contains("RpcMachine::shutdown"), "{text}");
+    let r = s.call_with(
+        ECHO,
+        b"",
+        CallOpts::new().timeout(Duration::from_millis(300)),
+    );
+    assert!(r.is_err(), "{r:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(s);
+    finish(client);
 }
