@@ -1,5 +1,5 @@
 //! Internet-style addresses shared by the transports that use them:
-//! `a.b.c.d:port[:service]`, the seed's 3-tuple (host, port, service id).
+//! `a.b.c.d:port[:service]`, a 3-tuple (host, port, service id).
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -18,7 +18,7 @@ pub struct InetAddr {
     pub ip: Ipv4Addr,
     /// Port; 0 at start means "pick a free one".
     pub port: u16,
-    /// Service id (the seed's third tuple).
+    /// Service id (the tuple's third part).
     pub service: u32,
 }
 

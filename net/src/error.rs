@@ -3,7 +3,7 @@
 //! One enum, [`NetError`], covers both the statuses that buffer completions
 //! carry (`Cancelled`, `TimedOut`, `NoBuffers`, ...) and the reasons an API
 //! call is refused. Every variant maps to the negative errno value a C
-//! implementation of the seed would have used ([`NetError::errno`]), so logs
+//! implementation (Motr's) would have used ([`NetError::errno`]), so logs
 //! and wire statuses stay comparable with Motr's.
 //!
 //! Operations that take ownership of something hand it back when they fail:

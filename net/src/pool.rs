@@ -1,6 +1,6 @@
 //! Buffer pools and receive-queue provisioning.
 //!
-//! The seed leaves buffer management to the application; this module is
+//! The messaging layer leaves buffer management to the application; this module is
 //! the help Motr gives its users (`m0_net_buffer_pool` and
 //! `m0_net_tm_pool_attach`), built on the public API only:
 //!

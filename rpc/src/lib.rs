@@ -1,6 +1,6 @@
 //! # colibri-rpc: RPC over Colibri transfer machines
 //!
-//! The upper layer the messaging seed describes: it supplies receive
+//! The upper layer a messaging transport needs: it supplies receive
 //! buffers, matches requests and replies, batches small items into
 //! messages ("formation"), moves large data through buffer descriptors,
 //! and lets servers finish a request later from any thread. It runs over

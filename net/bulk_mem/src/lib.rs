@@ -16,7 +16,7 @@
 //!   ([`MemConfig::workers`]) that run its sends and active bulk transfers
 //!   and its callbacks. Workers poll for [`MemConfig::spin`] before they
 //!   sleep.
-//! * Errors are reported to both sides as the seed and Motr's bulk_mem do:
+//! * Errors are reported to both sides as Motr's bulk_mem does:
 //!   a message to a transfer machine that is not started fails with
 //!   `Unreachable`; with no free receive buffer the sender gets `NoBuffers`
 //!   and the receiver a `NoBuffers` error event (counted as a failed

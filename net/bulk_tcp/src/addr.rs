@@ -1,4 +1,4 @@
-//! Addresses of the TCP transport: the seed's `host:port:service` 3-tuple.
+//! Addresses of the TCP transport: the `host:port:service` 3-tuple of the other transports.
 
 /// A TCP transport address: `a.b.c.d:port:service` (or `a.b.c.d:port`,
 /// which means service 0). The IPv4 address and port name a listening

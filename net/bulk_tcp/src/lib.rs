@@ -1,8 +1,8 @@
 //! # colibri-bulk-tcp: the TCP transport
 //!
 //! Transfer machines in different processes (and hosts) exchange messages
-//! and do bulk transfers over plain TCP: the seed's "sunrpc bulk
-//! emulation", without sunrpc. See `DESIGN.md` beside this crate for the
+//! and do bulk transfers over plain TCP (the role Motr's sunrpc bulk
+//! emulation played, without sunrpc). See `DESIGN.md` beside this crate for the
 //! threads, the locking order and the wire format.
 //!
 //! * Addresses are `a.b.c.d:port:service` ([`TcpAddr`]). The transfer
