@@ -113,7 +113,32 @@ impl Conn {
     /// next arrival raises a new edge, so no second `read` is spent on
     /// `EAGAIN`. With `closed` (the event reported the peer's FIN or an
     /// error, which raises no further edge) it reads on until end of file.
+    ///
+    /// The read buffer comes from `rbufs` and goes back to it once
+    /// everything read is processed, so that connections between reads
+    /// (idle ones above all) hold none.
     pub(crate) fn on_readable(
+        &mut self,
+        stats: &Stats,
+        dir: &impl Directory<TmShared>,
+        closed: bool,
+        rbufs: &mut RbufPool,
+    ) -> Result<Flow> {
+        if self.proto.needs_rbuf()
+            && let Some(b) = rbufs.free.pop()
+        {
+            self.proto.give_rbuf(b);
+        }
+        let flow = self.read_all(stats, dir, closed);
+        if let Some(b) = self.proto.take_idle_rbuf()
+            && rbufs.free.len() < RbufPool::KEEP
+        {
+            rbufs.free.push(b);
+        }
+        flow
+    }
+
+    fn read_all(
         &mut self,
         stats: &Stats,
         dir: &impl Directory<TmShared>,
@@ -156,4 +181,18 @@ impl Conn {
         let n = self.sock.read_vectored(&mut iov)?;
         Ok((n, n == asked))
     }
+}
+
+/// Read buffers not lent to a connection (one per I/O thread): a
+/// connection borrows one for a read and gives it back once it has
+/// processed everything it read.
+#[derive(Debug, Default)]
+pub(crate) struct RbufPool {
+    free: Vec<Vec<u8>>,
+}
+
+impl RbufPool {
+    /// Buffers kept (more are freed): enough for the connections one
+    /// step reads from at once.
+    const KEEP: usize = 16;
 }

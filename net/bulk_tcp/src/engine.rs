@@ -29,7 +29,7 @@ use tracing::{debug, trace, warn};
 
 use crate::TcpConfig;
 use crate::addr::TcpAddr;
-use crate::conn::{Conn, Flow};
+use crate::conn::{Conn, Flow, RbufPool};
 use crate::proto::{self, Directory, Expiry, Machine, Proto, ProtoConfig};
 use crate::tm::TmShared;
 
@@ -335,6 +335,8 @@ struct Loop {
     last_active: Instant,
     timer_at: Instant,
     next_reap: Instant,
+    /// Read buffers between reads.
+    rbufs: RbufPool,
 }
 
 impl Loop {
@@ -358,6 +360,7 @@ impl Loop {
             last_active: now,
             timer_at: now,
             next_reap,
+            rbufs: RbufPool::default(),
         }
     }
 
@@ -432,7 +435,7 @@ impl Loop {
             return false;
         }
         let before = self.eng.stats.rx_bytes.load(Ordering::Relaxed);
-        match c.on_readable(&self.eng.stats, &Services, false) {
+        match c.on_readable(&self.eng.stats, &Services, false, &mut self.rbufs) {
             Ok(Flow::Open) => {}
             Ok(Flow::Eof) => {
                 let e = NetError::ConnectionReset(format!("{} closed the connection", c.peer));
@@ -555,6 +558,7 @@ impl Loop {
                 &self.eng.stats,
                 &Services,
                 ev.is_read_closed() || ev.is_error(),
+                &mut self.rbufs,
             ) {
                 Ok(Flow::Open) => self.hot = Some(t),
                 Ok(Flow::Eof) => {

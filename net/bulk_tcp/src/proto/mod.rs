@@ -977,6 +977,35 @@ impl<M: Machine> Proto<M> {
 
     // ----- reading ---------------------------------------------------------
 
+    /// True when the connection has no read buffer (it gave it back with
+    /// [`Proto::take_idle_rbuf`], or never read): give it one from a pool
+    /// with [`Proto::give_rbuf`] before the next read, else
+    /// [`Proto::recv_space`] allocates one.
+    pub(crate) fn needs_rbuf(&self) -> bool {
+        self.rbuf.is_empty()
+    }
+
+    /// Gives the connection a read buffer of [`RBUF`] bytes (its content
+    /// does not matter).
+    pub(crate) fn give_rbuf(&mut self, buf: Vec<u8>) {
+        debug_assert_eq!(buf.len(), RBUF);
+        if self.rbuf.is_empty() && buf.len() == RBUF {
+            self.rbuf = buf;
+        }
+    }
+
+    /// The read buffer, when it holds no unprocessed byte: a connection
+    /// between reads then keeps no read buffer, and an idle one costs a
+    /// few hundred bytes instead of [`RBUF`].
+    pub(crate) fn take_idle_rbuf(&mut self) -> Option<Vec<u8>> {
+        if self.rpos != self.rlen || self.rbuf.is_empty() {
+            return None;
+        }
+        self.rpos = 0;
+        self.rlen = 0;
+        Some(std::mem::take(&mut self.rbuf))
+    }
+
     /// Where the next read goes. Follow it with [`Proto::received`] (with
     /// the bytes the read returned), or with nothing if it returned none.
     pub(crate) fn recv_space(&mut self) -> RecvSpace<'_> {

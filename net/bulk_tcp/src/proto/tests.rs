@@ -11,7 +11,7 @@ use colibri_net::{
     QueueType, RecvParams, event_channel,
 };
 
-use super::{DIRECT_MIN, Expiry, Proto};
+use super::{DIRECT_MIN, Expiry, Proto, RBUF};
 use crate::addr::TcpAddr;
 use crate::testkit::{self, Dir, Node, TestTm, frames, take_output};
 use crate::wire::{FLAG_LAST, HEADER_LEN, Header, Opcode, decode_status, encode_status};
@@ -991,4 +991,37 @@ fn a_send_in_flight_times_out_through_the_core() {
     // The late answer is ignored.
     p.b_to_a().unwrap();
     no_event(&ev);
+}
+
+#[test]
+fn an_idle_connection_gives_its_read_buffer_back() {
+    let mut p = Pair::new(1 << 20);
+    let (cbs, ev) = event_channel(8);
+    let rbuf = registered(&p.b, &[], 4096, &cbs);
+    p.b.tm.add_msg_recv(rbuf, RecvParams::multi(1, 8)).unwrap();
+    let now = p.now();
+    assert!(p.ba.needs_rbuf(), "no read buffer before the first read");
+    assert!(p.ba.take_idle_rbuf().is_none());
+    let data = pattern(100, 1);
+    p.send(&data, &cbs);
+    let bytes = take_output(&mut p.ab, usize::MAX, now).unwrap();
+    // Half a header: the buffer holds bytes and is kept.
+    p.ba.feed(&bytes[..HEADER_LEN / 2], now, &p.dir).unwrap();
+    assert!(p.ba.take_idle_rbuf().is_none());
+    p.ba.feed(&bytes[HEADER_LEN / 2..], now, &p.dir).unwrap();
+    assert_eq!(event(&ev).message().unwrap(), data);
+    // All processed: the buffer comes back, and a lent one is used.
+    let b = p.ba.take_idle_rbuf().expect("idle: buffer back");
+    assert_eq!(b.len(), RBUF);
+    assert!(p.ba.needs_rbuf());
+    p.ba.give_rbuf(b);
+    assert!(!p.ba.needs_rbuf());
+    p.b_to_a().unwrap();
+    assert!(event(&ev).is_ok());
+    let data = pattern(300, 2);
+    p.send(&data, &cbs);
+    let bytes = take_output(&mut p.ab, usize::MAX, now).unwrap();
+    p.ba.feed(&bytes, now, &p.dir).unwrap();
+    assert_eq!(event(&ev).message().unwrap(), data);
+    assert!(p.ba.take_idle_rbuf().is_some());
 }
