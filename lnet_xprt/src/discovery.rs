@@ -1,10 +1,10 @@
-//! Multi-Rail dynamic discovery: the per-peer state machine of seed 000.
+//! Multi-Rail dynamic discovery: the per-peer state machine of Lustre's dynamic discovery design.
 //!
 //! [`Discovery`] owns the node's [`PeerTable`] and a discovery state per peer.
 //! It is sans-IO: every input is a `handle_*` (or DLC) call that takes `now`,
 //! and every output is a list of [`Action`]s the caller carries out (send a
 //! ping, send a push, send or fail a message). Nothing here blocks: where the
-//! seed has a sender "wait until woken by the discovery thread", the message
+//! design has a sender "wait until woken by the discovery thread", the message
 //! is **parked** on its peer and comes back later as an [`Action::Transmit`]
 //! (discovery done) or [`Action::Fail`] (discovery failed).
 //!
@@ -177,7 +177,7 @@ impl Default for DiscoveryConfig {
     }
 }
 
-/// Discovery state of a peer (seed 000).
+/// Discovery state of a peer (as Lustre's discovery design names them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PeerState {
     /// `LNET_PEER_STATE_INIT`: no peer object (unknown or detached NID).
@@ -196,7 +196,7 @@ pub enum PeerState {
 }
 
 impl PeerState {
-    /// The seed's name, e.g. `LNET_PEER_STATE_ACTIVE`.
+    /// Lustre's name, e.g. `LNET_PEER_STATE_ACTIVE`.
     #[must_use]
     pub const fn name(self) -> &'static str {
         match self {
@@ -216,7 +216,7 @@ impl fmt::Display for PeerState {
     }
 }
 
-/// The events of seed 000's table (used in logs and statistics).
+/// The events of Lustre's discovery state table (used in logs and statistics).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PeerEvent {
     /// `LNET_EVENT_RECV_ACK`: the ACK of our push.
@@ -698,7 +698,7 @@ impl<M> Discovery<M> {
         }
     }
 
-    /// Explicit discovery (`lnetctl discover NID [--force]`, and the seed's
+    /// Explicit discovery (`lnetctl discover NID [--force]`, and the design's
     /// "FORCE_DISCOVERY" investigation item): queue the peer owning `nid`
     /// for a ping. `Init` creates the peer; `Verify` is queued; an `Active`
     /// peer is queued only when `force` (re-ping a known peer, e.g. a
@@ -732,7 +732,7 @@ impl<M> Discovery<M> {
     // ------------------------------------------------- discovery thread
 
     /// The discovery thread's turn: every peer queued in `Discovery` gets a
-    /// ping and moves to `WaitPingResponse` (seed 000, "On the DD thread").
+    /// ping and moves to `WaitPingResponse` (Lustre's discovery design, "On the DD thread").
     /// If discovery was switched off meanwhile, the peer becomes `Active` and
     /// its parked messages are released. Called by
     /// [`handle_timeout`](Self::handle_timeout) too.
@@ -1083,7 +1083,7 @@ impl<M> Discovery<M> {
     ///
     /// # Errors
     /// [`PeerError::Busy`]; [`PeerError::InvalidNid`]; [`PeerError::NidInUse`]
-    /// when a NID belongs to another peer (nothing is changed: the seed's
+    /// when a NID belongs to another peer (nothing is changed: the design's
     /// "abort operation and roll back"); [`PeerError::NotUnique`] and
     /// [`PeerError::MultiRailConflict`] as [`PeerTable::dlc_add`].
     pub fn dlc_add_peer_nis(

@@ -1,4 +1,4 @@
-//! Interface health, resend decisions and recovery pings (seed 001, lnet.md
+//! Interface health, resend decisions and recovery pings (Lustre's LNet health design, lnet.md
 //! section 7).
 //!
 //! Every local NI and every peer NI has a [`Health`] value in `0..=1000`,

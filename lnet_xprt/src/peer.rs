@@ -1,4 +1,4 @@
-//! Peer tables: peers, peer nets and peer NIs (seed 000, lnet.md section 3.1).
+//! Peer tables: peers, peer nets and peer NIs (Lustre's Multi-Rail design, lnet.md section 3.1).
 //!
 //! A *peer* is a remote node. It owns one *peer net* per LNet network it is
 //! reachable on, and each peer net owns the *peer NIs* (remote interfaces,
@@ -105,7 +105,7 @@ pub enum PeerError {
         configured: bool,
     },
     /// The peer is being discovered; DLC changes are refused until it is done
-    /// (seed 000: "Reject request -EBUSY").
+    /// (Lustre's discovery design: "Reject request -EBUSY").
     #[error("peer {0} is busy with discovery; retry when discovery has finished")]
     Busy(Nid),
 }
@@ -405,7 +405,7 @@ impl PeerTable {
     }
 
     /// Creates a single-NI peer whose primary NID is `nid` (the send path on a
-    /// detached or unknown NID, seed 000 "Sending"). The peer is not
+    /// detached or unknown NID, Lustre's discovery design, "Sending"). The peer is not
     /// Multi-Rail and not configured until discovery or DLC says otherwise.
     ///
     /// # Errors
@@ -578,7 +578,7 @@ impl PeerTable {
 
     /// Checks a DLC add (`lnet_peer_add_peer_ni`) without changing anything:
     /// returns the peer that owns `primary` (if any), or an error if a NID is
-    /// invalid or belongs to a different peer (the seed: "ensure that the peer
+    /// invalid or belongs to a different peer (Lustre's discovery design: "ensure that the peer
     /// NIDs provided are all unique to this peer"; the whole operation is
     /// refused so that nothing has to be rolled back).
     ///
@@ -672,7 +672,7 @@ impl PeerTable {
 
     /// DLC deletion (`lnet_peer_del_peer_ni`) of `nids` from peer `id`; an
     /// empty `nids` deletes every NI and so the peer. NIDs that are not the
-    /// peer's are skipped (the seed: "if not unique skip that peer_ni").
+    /// peer's are skipped (Lustre's discovery design: "if not unique skip that peer_ni").
     /// `keep_detached` keeps the removed NIs as detached peer NIs instead of
     /// forgetting them.
     ///
@@ -715,7 +715,7 @@ impl PeerTable {
     }
 
     /// Merges what a peer said about itself (a ping reply or push) into peer
-    /// `id` (seed 000 "When processing PING REPLY or PING PUSH", lnet.md 3.7).
+    /// `id` (Lustre's discovery design, "When processing PING REPLY or PING PUSH", lnet.md 3.7).
     ///
     /// `data` lists the peer's NIDs with their status, **primary first**.
     /// Statuses of NIDs the peer already has are always updated. When

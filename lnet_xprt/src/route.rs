@@ -1,4 +1,4 @@
-//! Routes to remote nets, route selection and gateway aliveness (seed 004,
+//! Routes to remote nets, route selection and gateway aliveness (Lustre's routing design,
 //! lnet.md section 6).
 //!
 //! A [`Route`] says "net X is reachable through gateway G (a NID on one of
