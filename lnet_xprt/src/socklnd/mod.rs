@@ -44,6 +44,7 @@
 
 pub mod acceptor;
 mod csum;
+pub mod frame;
 pub mod hello;
 
 use std::fmt;
@@ -51,6 +52,10 @@ use std::fmt;
 pub use acceptor::{AcceptPolicy, AcceptorError, ConnReq};
 pub use colibri_wire::Endian;
 pub use csum::{Crc32, payload_checksum};
+pub use frame::{
+    Frame, FrameError, FrameReceiver, KsockMsgHeader, KsockMsgType, LnetFrame, Noop, PayloadDone,
+    Want, ZcAck,
+};
 pub use hello::{Hello, HelloError, ReceivedHello};
 
 /// `LNET_PROTO_MAGIC`: the magic of socklnd HELLOs since protocol V2.
