@@ -44,19 +44,31 @@
 
 pub mod acceptor;
 mod csum;
+pub mod errors;
 pub mod frame;
+pub mod handshake;
 pub mod hello;
+pub mod reconnect;
+pub mod tunables;
 
 use std::fmt;
 
 pub use acceptor::{AcceptPolicy, AcceptorError, ConnReq};
 pub use colibri_wire::Endian;
 pub use csum::{Crc32, payload_checksum};
+pub use errors::{RECEIVE_FAILURE_STATUS, SocketError, TxFailure};
 pub use frame::{
     Frame, FrameError, FrameReceiver, KsockMsgHeader, KsockMsgType, LnetFrame, Noop, PayloadDone,
     Want, ZcAck,
 };
+pub use handshake::{
+    ActiveReply, Admission, Candidate, ConnId, ConnLoad, HandshakeError, LocalEnd, Match,
+    PassiveHello, PeerConns, Refusal, TxKind, check_active_reply, check_passive_hello,
+    userspace_peer,
+};
 pub use hello::{Hello, HelloError, ReceivedHello};
+pub use reconnect::{Keepalive, Reconnect};
+pub use tunables::{Tunables, TunablesError};
 
 /// `LNET_PROTO_MAGIC`: the magic of socklnd HELLOs since protocol V2.
 pub const LNET_PROTO_MAGIC: u32 = 0x4572_6963;
