@@ -186,6 +186,140 @@ mod tests {
         assert_eq!(ConnType::BulkOut.to_string(), "BULK_OUT");
     }
 
+    /// Two nodes handshake over bytes, both connecting at once; then a
+    /// message crosses the winning connection through the receiver.
+    #[test]
+    fn both_sides_connect_at_once_and_the_higher_nid_wins() {
+        use crate::ids::{Nid, ProcessId};
+        use crate::wire::{Body, Header, WireHandle};
+        use std::net::Ipv4Addr;
+
+        let a = LocalEnd {
+            nid: "10.0.0.1@tcp".parse::<Nid>().unwrap(),
+            pid: 12345,
+            incarnation: 111,
+        };
+        let b = LocalEnd {
+            nid: "10.0.0.2@tcp".parse::<Nid>().unwrap(),
+            pid: 12345,
+            incarnation: 222,
+        };
+        let mut a_peers = PeerConns::new(b.nid, 1);
+        let mut b_peers = PeerConns::new(a.nid, 1);
+        a_peers.set_connecting(true);
+        b_peers.set_connecting(true);
+
+        // Each side's active connection: request + HELLO.
+        let open = |from: &LocalEnd, to: &LocalEnd| {
+            let mut bytes = ConnReq::new(to.nid).encode().to_vec();
+            bytes.extend_from_slice(&from.active_hello(to.nid, ConnType::Control).encode());
+            bytes
+        };
+        // The passive half of a connection: judge the bytes, admit, answer.
+        let accept = |me: &LocalEnd, peers: &mut PeerConns, bytes: &[u8], id: u64| {
+            let (req, _) = ConnReq::decode(bytes).unwrap();
+            req.check_target(&[me.nid]).unwrap();
+            let got = Hello::decode(&bytes[16..]).unwrap();
+            let seen =
+                check_passive_hello(me, &got.hello, Ipv4Addr::new(10, 0, 0, 9), 1023).unwrap();
+            let cand = Candidate {
+                id: ConnId(id),
+                conn_type: seen.conn_type,
+                incarnation: seen.incarnation,
+                active: false,
+                loopback: false,
+            };
+            let adm = peers.admit(me.nid, cand);
+            let ctype = match adm {
+                Admission::Accepted => Some(seen.conn_type),
+                Admission::Refused { .. } => None,
+            };
+            (adm, me.passive_reply(&got.hello, ctype).encode())
+        };
+
+        let a_to_b = open(&a, &b);
+        let b_to_a = open(&b, &a);
+        // b (higher NID) refuses a's connection while it connects itself.
+        let (adm_b, reply_b) = accept(&b, &mut b_peers, &a_to_b, 1);
+        assert!(matches!(
+            adm_b,
+            Admission::Refused {
+                reason: Refusal::LostRace,
+                ..
+            }
+        ));
+        // a (lower NID) accepts b's connection.
+        let (adm_a, reply_a) = accept(&a, &mut a_peers, &b_to_a, 2);
+        assert_eq!(adm_a, Admission::Accepted);
+
+        // a reads b's NONE: retry later.
+        let r = Hello::decode(&reply_b).unwrap().hello;
+        let got = check_active_reply(&a, ProcessId::lustre(b.nid), ConnType::Control, &r).unwrap();
+        assert_eq!(got, ActiveReply::Retry { incarnation: 222 });
+        let mut backoff = Reconnect::new(
+            Tunables::default().min_reconnect(),
+            Tunables::default().max_reconnect(),
+        );
+        assert_eq!(
+            backoff.on_lost_race(crate::time::Time::from_secs(1)),
+            crate::time::Time::from_secs(2)
+        );
+        a_peers.set_connecting(false);
+
+        // b reads a's acceptance and keeps its connection.
+        let r = Hello::decode(&reply_a).unwrap().hello;
+        let got = check_active_reply(&b, ProcessId::lustre(a.nid), ConnType::Control, &r).unwrap();
+        assert_eq!(got, ActiveReply::Accepted { incarnation: 111 });
+        let cand = Candidate {
+            id: ConnId(7),
+            conn_type: ConnType::Control,
+            incarnation: 111,
+            active: true,
+            loopback: false,
+        };
+        assert_eq!(b_peers.admit(b.nid, cand), Admission::Accepted);
+        b_peers.set_connecting(false);
+
+        // b sends a small PUT on the connection choose() gives; a receives it.
+        let header = Header {
+            dest_nid: a.nid,
+            src_nid: b.nid,
+            dest_pid: 12345,
+            src_pid: 12345,
+            payload_length: 3,
+            body: Body::Put {
+                ack_wmd: WireHandle::NONE,
+                match_bits: 9,
+                hdr_data: 0,
+                ptl_index: 4,
+                offset: 0,
+            },
+        };
+        let tx = TxKind::Lnet { payload_len: 3 };
+        assert_eq!(
+            b_peers.choose(tx, 1024, |_| ConnLoad::default()),
+            Some(ConnId(7))
+        );
+        let mut wire = LnetFrame::new(header)
+            .with_checksum(payload_checksum(b"abc"))
+            .encode()
+            .to_vec();
+        wire.extend_from_slice(b"abc");
+        let mut rx = FrameReceiver::new(Endian::Little);
+        assert_eq!(rx.handle_header(&wire[..24]), Ok(None));
+        let Some(Frame::Lnet(f)) = rx.handle_header(&wire[24..96]).unwrap() else {
+            panic!("expected an LNet frame");
+        };
+        assert_eq!(f.header, header);
+        assert_eq!(rx.want(), Want::Payload(3));
+        let mut c = Crc32::new();
+        c.update(&wire[96..]);
+        assert_eq!(
+            rx.payload_received(Some(c.value())),
+            Ok(PayloadDone::default())
+        );
+    }
+
     #[test]
     fn magics() {
         // "Eric" in ASCII, as Lustre's comment says.
