@@ -302,7 +302,7 @@ impl ZcAck {
         match *self {
             Self::One(_) => 1,
             Self::Two(..) => 2,
-            Self::Range { first, last } => last - first + 1,
+            Self::Range { first, last } => last.saturating_sub(first).saturating_add(1),
         }
     }
 }
@@ -923,6 +923,16 @@ mod tests {
         assert!(ZcAck::Range { first: 3, last: 6 }.contains(4));
         assert!(!ZcAck::Two(9, 5).contains(7));
         assert_eq!(ZcAck::Two(9, 5).count(), 2);
+        // Built by hand the wrong way round: no overflow.
+        assert_eq!(ZcAck::Range { first: 6, last: 3 }.count(), 1);
+        assert_eq!(
+            ZcAck::Range {
+                first: 0,
+                last: u64::MAX
+            }
+            .count(),
+            u64::MAX
+        );
 
         // A keepalive cookie with another one is a protocol error.
         let bad = KsockMsgHeader {
