@@ -12,10 +12,22 @@
 //! ```
 //!
 //! The string form is `address@<lnd><number>` with a zero net number omitted:
-//! `10.0.0.1@tcp` (net `tcp0`), `192.168.1.2@o2ib1`, `0@lo`. Addresses of IP
-//! based LNDs (`tcp`, `o2ib`, `kfi`, `efa`) are dotted IPv4 quads; the others
-//! (`lo`, `gni`, unknown LND types) use a decimal number. An LND type without a
-//! known name is written `<type:number>` (as Lustre does), e.g. `7@<99:3>`.
+//! `10.0.0.1@tcp` (net `tcp0`), `192.168.1.2@o2ib1`, `0@lo`. The rules are
+//! those of Lustre's libcfs (`lnet/lnet/nidstrings.c`):
+//!
+//! * Addresses of IP based LNDs (`tcp`, `o2ib`, `gip`, `efa`) are dotted IPv4
+//!   quads (each part a decimal number up to 255; leading zeros are allowed,
+//!   as `sscanf("%u.%u.%u.%u")` allows them).
+//! * The numeric LNDs (`gni`, `ptlf`, `kfi`, `bxi3f`) print a decimal number
+//!   and parse a decimal number or `0x`/`0X` hexadecimal.
+//! * `lo` takes no net number (`0@lo1` and `0@lo0` are errors) and any
+//!   address text on `lo` means address 0: `5@lo` is `0@lo`.
+//! * An LND type without a known name is written `<type:number>` and its
+//!   address in hexadecimal without prefix: `11@<99:3>` is address 17 on net
+//!   99/3. Lustre prints this form but cannot parse it back; we do, and we
+//!   also print the loopback NIDs that Lustre's strings cannot express (an
+//!   address or net number other than 0 on `lo`) in this form (`5@<9:0>`),
+//!   so that every 64-bit value round-trips.
 //!
 //! ```
 //! use colibri_lnet::ids::{LndType, Net, Nid};
@@ -56,6 +68,10 @@ pub enum IdError {
         /// The net it was meant for.
         net: Net,
     },
+    /// The loopback net was given a net number (`lo1`, `lo0`); libcfs
+    /// allows only `lo`.
+    #[error("the loopback net takes no number: {0:?}")]
+    LoopbackNumber(String),
     /// A process id string had a malformed pid part.
     #[error("bad pid in {0:?}")]
     BadPid(String),
@@ -77,8 +93,14 @@ pub enum LndType {
     Gni,
     /// libfabric LND (`kfi`, 16).
     Kfi,
+    /// Cray Gemini IP LND (`gip`, 14).
+    Gip,
+    /// Bull Portals 4 LND (`ptlf`, 15).
+    Ptl4,
     /// AWS EFA LND (`efa`, 18).
     Efa,
+    /// Bull BXIv3 LND (`bxi3f`, 19).
+    Bxi3,
     /// Any other type number; printed as `<type:num>`.
     Other(u16),
 }
@@ -86,17 +108,28 @@ pub enum LndType {
 /// How the address part of a NID is written for a given LND type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum AddrForm {
+    /// Dotted quad (`libcfs_ip_addr2str` / `libcfs_ip_str2addr`).
     Ipv4,
-    Decimal,
+    /// Decimal, parsed as decimal or `0x` hex (`libcfs_num_str2addr`).
+    Number,
+    /// `lo`: printed as a number, any text parses as 0 (`libcfs_lo_str2addr`).
+    Loopback,
+    /// No known name: hexadecimal, as in `11@<99:3>`.
+    Hex,
 }
 
-const NAMED_LNDS: [LndType; 6] = [
+/// The named LND types in libcfs's table order (names are matched as
+/// prefixes in this order, as `libcfs_str2net_internal` does).
+const NAMED_LNDS: [LndType; 9] = [
     LndType::Lo,
     LndType::Tcp,
     LndType::O2ib,
     LndType::Gni,
+    LndType::Gip,
+    LndType::Ptl4,
     LndType::Kfi,
     LndType::Efa,
+    LndType::Bxi3,
 ];
 
 impl LndType {
@@ -108,8 +141,11 @@ impl LndType {
             Self::Tcp => 2,
             Self::O2ib => 5,
             Self::Gni => 13,
+            Self::Gip => 14,
+            Self::Ptl4 => 15,
             Self::Kfi => 16,
             Self::Efa => 18,
+            Self::Bxi3 => 19,
             Self::Other(n) => n,
         }
     }
@@ -122,8 +158,11 @@ impl LndType {
             2 => Self::Tcp,
             5 => Self::O2ib,
             13 => Self::Gni,
+            14 => Self::Gip,
+            15 => Self::Ptl4,
             16 => Self::Kfi,
             18 => Self::Efa,
+            19 => Self::Bxi3,
             n => Self::Other(n),
         }
     }
@@ -136,16 +175,21 @@ impl LndType {
             Self::Tcp => Some("tcp"),
             Self::O2ib => Some("o2ib"),
             Self::Gni => Some("gni"),
+            Self::Gip => Some("gip"),
+            Self::Ptl4 => Some("ptlf"),
             Self::Kfi => Some("kfi"),
             Self::Efa => Some("efa"),
+            Self::Bxi3 => Some("bxi3f"),
             Self::Other(_) => None,
         }
     }
 
     const fn addr_form(self) -> AddrForm {
         match Self::from_number(self.number()) {
-            Self::Tcp | Self::O2ib | Self::Kfi | Self::Efa => AddrForm::Ipv4,
-            Self::Lo | Self::Gni | Self::Other(_) => AddrForm::Decimal,
+            Self::Tcp | Self::O2ib | Self::Gip | Self::Efa => AddrForm::Ipv4,
+            Self::Gni | Self::Ptl4 | Self::Kfi | Self::Bxi3 => AddrForm::Number,
+            Self::Lo => AddrForm::Loopback,
+            Self::Other(_) => AddrForm::Hex,
         }
     }
 }
@@ -222,31 +266,72 @@ impl Net {
         Nid::new(self, u32::MAX)
     }
 
-    fn parse_addr(self, addr: &str) -> Result<u32, IdError> {
+    /// Parses the address text of a NID on this net. `form` is how the
+    /// address is written: the LND's own form, or [`AddrForm::Hex`] when the
+    /// net was written as `<type:num>`.
+    fn parse_addr(self, addr: &str, form: AddrForm) -> Result<u32, IdError> {
         let bad = || IdError::BadAddress {
             addr: addr.to_owned(),
             net: self,
         };
-        match self.lnd().addr_form() {
-            AddrForm::Ipv4 => addr
-                .parse::<Ipv4Addr>()
-                .map(|ip| u32::from_be_bytes(ip.octets()))
-                .map_err(|_| bad()),
-            AddrForm::Decimal => {
-                if addr.is_empty() || !addr.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(bad());
-                }
-                addr.parse::<u32>().map_err(|_| bad())
-            }
+        match form {
+            AddrForm::Ipv4 => parse_dotted_quad(addr).ok_or_else(bad),
+            AddrForm::Number => parse_number(addr).ok_or_else(bad),
+            AddrForm::Loopback => Ok(0),
+            AddrForm::Hex => parse_hex(addr).ok_or_else(bad),
         }
     }
 
-    fn fmt_addr(self, addr: u32, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.lnd().addr_form() {
-            AddrForm::Ipv4 => write!(f, "{}", Ipv4Addr::from(addr.to_be_bytes())),
-            AddrForm::Decimal => write!(f, "{addr}"),
+    /// Whether libcfs can name this net (`tcp`, `o2ib1`, `lo`): a known LND
+    /// type, and for `lo` no net number.
+    fn has_name(self) -> bool {
+        match self.lnd().name() {
+            None => false,
+            Some(_) => !(self.is_lo() && self.number() != 0),
         }
     }
+}
+
+/// Parses a dotted quad as `sscanf("%u.%u.%u.%u")` with every part at most
+/// 255 does (leading zeros allowed; no signs or spaces).
+fn parse_dotted_quad(s: &str) -> Option<u32> {
+    let mut parts = s.split('.');
+    let mut addr = 0u32;
+    for _ in 0..4 {
+        let p = parts.next()?;
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let v: u32 = p.trim_start_matches('0').parse().unwrap_or(0);
+        if p.trim_start_matches('0').len() > 3 || v > 255 {
+            return None;
+        }
+        addr = (addr << 8) | v;
+    }
+    if parts.next().is_some() {
+        return None;
+    }
+    Some(addr)
+}
+
+/// Parses a numeric address as `libcfs_num_str2addr` does: `0x`/`0X`
+/// hexadecimal or decimal, fitting 32 bits.
+fn parse_number(s: &str) -> Option<u32> {
+    if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        return parse_hex(hex);
+    }
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse::<u32>().ok()
+}
+
+/// Parses hexadecimal digits (no prefix, no sign) fitting 32 bits.
+fn parse_hex(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u32::from_str_radix(s, 16).ok()
 }
 
 impl fmt::Display for Net {
@@ -255,9 +340,9 @@ impl fmt::Display for Net {
             return f.write_str("LNET_NET_ANY");
         }
         match self.lnd().name() {
-            Some(name) if self.number() == 0 => f.write_str(name),
-            Some(name) => write!(f, "{name}{}", self.number()),
-            None => write!(f, "<{}:{}>", self.lnd().number(), self.number()),
+            Some(name) if self.has_name() && self.number() == 0 => f.write_str(name),
+            Some(name) if self.has_name() => write!(f, "{name}{}", self.number()),
+            _ => write!(f, "<{}:{}>", self.lnd().number(), self.number()),
         }
     }
 }
@@ -276,16 +361,14 @@ fn parse_u16_decimal(s: &str, whole: &str) -> Result<u16, IdError> {
         .map_err(|_| IdError::BadNetNumber(whole.to_owned()))
 }
 
-impl FromStr for Net {
-    type Err = IdError;
-
-    /// Parses `tcp`, `tcp0`, `o2ib1`, `lo`, `<99:3>` or `LNET_NET_ANY`.
-    fn from_str(s: &str) -> Result<Self, IdError> {
+impl Net {
+    /// Parses a net string and tells how addresses on it are written.
+    fn parse_with_form(s: &str) -> Result<(Self, AddrForm), IdError> {
         if s.is_empty() {
             return Err(IdError::Empty);
         }
         if s == "LNET_NET_ANY" {
-            return Ok(Self::ANY);
+            return Ok((Self::ANY, AddrForm::Hex));
         }
         if let Some(inner) = s.strip_prefix('<').and_then(|r| r.strip_suffix('>')) {
             let (ty, num) = inner
@@ -293,20 +376,35 @@ impl FromStr for Net {
                 .ok_or_else(|| IdError::UnknownNet(s.to_owned()))?;
             let ty = parse_u16_decimal(ty, s).map_err(|_| IdError::UnknownNet(s.to_owned()))?;
             let num = parse_u16_decimal(num, s)?;
-            return Ok(Self::new(LndType::from_number(ty), num));
+            return Ok((Self::new(LndType::from_number(ty), num), AddrForm::Hex));
         }
+        // libcfs matches the names as prefixes, in table order.
         for lnd in NAMED_LNDS {
             let Some(name) = lnd.name() else { continue };
-            if let Some(rest) = s.strip_prefix(name) {
-                if rest.is_empty() {
-                    return Ok(Self::new(lnd, 0));
-                }
-                if rest.bytes().all(|b| b.is_ascii_digit()) {
-                    return Ok(Self::new(lnd, parse_u16_decimal(rest, s)?));
-                }
+            let Some(rest) = s.strip_prefix(name) else {
+                continue;
+            };
+            if rest.is_empty() {
+                return Ok((Self::new(lnd, 0), lnd.addr_form()));
             }
+            if lnd == LndType::Lo {
+                return Err(IdError::LoopbackNumber(s.to_owned()));
+            }
+            if rest.bytes().all(|b| b.is_ascii_digit()) {
+                return Ok((Self::new(lnd, parse_u16_decimal(rest, s)?), lnd.addr_form()));
+            }
+            return Err(IdError::UnknownNet(s.to_owned()));
         }
         Err(IdError::UnknownNet(s.to_owned()))
+    }
+}
+
+impl FromStr for Net {
+    type Err = IdError;
+
+    /// Parses `tcp`, `tcp0`, `o2ib1`, `lo`, `<99:3>` or `LNET_NET_ANY`.
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        Self::parse_with_form(s).map(|(net, _)| net)
     }
 }
 
@@ -380,8 +478,22 @@ impl fmt::Display for Nid {
             return f.write_str("LNET_NID_ANY");
         }
         let net = self.net();
-        net.fmt_addr(self.addr(), f)?;
-        write!(f, "@{net}")
+        let addr = self.addr();
+        let form = if net.has_name() {
+            net.lnd().addr_form()
+        } else {
+            AddrForm::Hex
+        };
+        match form {
+            AddrForm::Ipv4 => write!(f, "{}@{net}", Ipv4Addr::from(addr.to_be_bytes())),
+            AddrForm::Number => write!(f, "{addr}@{net}"),
+            // Lustre prints any lo address in decimal; only 0 parses back
+            // to itself, so the others take the generic form.
+            AddrForm::Loopback if addr == 0 => write!(f, "0@{net}"),
+            AddrForm::Loopback | AddrForm::Hex => {
+                write!(f, "{addr:x}@<{}:{}>", net.lnd().number(), net.number())
+            }
+        }
     }
 }
 
@@ -402,11 +514,15 @@ impl FromStr for Nid {
         if s == "LNET_NID_ANY" || s == "*" {
             return Ok(Self::ANY);
         }
+        // The first '@' separates address and net, as libcfs's strchr.
         let (addr, net) = s
-            .rsplit_once('@')
+            .split_once('@')
             .ok_or_else(|| IdError::MissingNet(s.to_owned()))?;
-        let net: Net = net.parse()?;
-        Ok(Self::new(net, net.parse_addr(addr)?))
+        let (net, form) = Net::parse_with_form(net)?;
+        if net == Net::ANY {
+            return Err(IdError::UnknownNet(s.to_owned()));
+        }
+        Ok(Self::new(net, net.parse_addr(addr, form)?))
     }
 }
 
@@ -535,7 +651,7 @@ mod tests {
             Nid::new(Net::new(LndType::Other(99), 3), 7).to_string(),
             "7@<99:3>"
         );
-        assert_eq!(format!("{:?}", nid("1.2.3.4@kfi")), "Nid(1.2.3.4@kfi)");
+        assert_eq!(format!("{:?}", nid("1.2.3.4@tcp")), "Nid(1.2.3.4@tcp)");
     }
 
     #[test]
@@ -584,15 +700,11 @@ mod tests {
             Err(IdError::BadAddress { .. })
         ));
         assert!(matches!(
-            "abc@lo".parse::<Nid>(),
-            Err(IdError::BadAddress { .. })
-        ));
-        assert!(matches!(
             "@tcp".parse::<Nid>(),
             Err(IdError::BadAddress { .. })
         ));
         assert!(matches!(
-            "-1@lo".parse::<Nid>(),
+            "-1@gni".parse::<Nid>(),
             Err(IdError::BadAddress { .. })
         ));
         assert!(matches!(
@@ -626,6 +738,126 @@ mod tests {
         // Error messages are readable.
         let e = "10.0.0.256@tcp".parse::<Nid>().unwrap_err();
         assert_eq!(e.to_string(), "bad address \"10.0.0.256\" for net tcp");
+    }
+
+    #[test]
+    fn kfi_and_other_numeric_lnds_use_numbers() {
+        // libcfs: kfi, gni, ptlf and bxi3f use libcfs_decnum_addr2str and
+        // libcfs_num_str2addr (decimal, or 0x/0X hexadecimal).
+        let k = nid("17@kfi");
+        assert_eq!(k.as_u64(), 0x0010_0000_0000_0011);
+        assert_eq!(k.to_string(), "17@kfi");
+        assert_eq!(nid("0x11@kfi"), k);
+        assert_eq!(nid("0X11@kfi"), k);
+        assert_eq!(nid("4294967295@kfi2").addr(), u32::MAX);
+        assert!(matches!(
+            "1.2.3.4@kfi".parse::<Nid>(),
+            Err(IdError::BadAddress { .. })
+        ));
+        assert!(matches!(
+            "4294967296@kfi".parse::<Nid>(),
+            Err(IdError::BadAddress { .. })
+        ));
+        assert!(matches!(
+            "0x@kfi".parse::<Nid>(),
+            Err(IdError::BadAddress { .. })
+        ));
+        assert!(matches!(
+            "+5@kfi".parse::<Nid>(),
+            Err(IdError::BadAddress { .. })
+        ));
+        assert_eq!(nid("12@ptlf").net().lnd(), LndType::Ptl4);
+        assert_eq!(nid("12@ptlf").net().lnd().number(), 15);
+        assert_eq!(nid("12@bxi3f1").to_string(), "12@bxi3f1");
+        assert_eq!(nid("12@bxi3f1").net(), Net::new(LndType::Bxi3, 1));
+        assert_eq!(nid("10.1.2.3@gip").as_u64(), 0x000E_0000_0A01_0203);
+        assert_eq!(nid("10.1.2.3@gip").to_string(), "10.1.2.3@gip");
+        assert_eq!(nid("0x10@gni").to_string(), "16@gni");
+    }
+
+    #[test]
+    fn dotted_quads_as_sscanf_reads_them() {
+        assert_eq!(nid("010.000.0.01@tcp"), nid("10.0.0.1@tcp"));
+        assert_eq!(nid("10.0.0.1@tcp").to_string(), "10.0.0.1@tcp");
+        for bad in [
+            "10.0.0@tcp",
+            "10.0.0.1.2@tcp",
+            "10..0.1@tcp",
+            "10.0.0.0256@tcp",
+            "10.0.0.+1@tcp",
+            "10.0.0.99999999999@tcp",
+            " 10.0.0.1@tcp",
+        ] {
+            assert!(
+                matches!(bad.parse::<Nid>(), Err(IdError::BadAddress { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_lnd_types_use_hex_addresses() {
+        // libcfs_nid2str: "%x@<%u:%u>".
+        let n = Nid::new(Net::new(LndType::Other(99), 3), 17);
+        assert_eq!(n.to_string(), "11@<99:3>");
+        assert_eq!(nid("11@<99:3>"), n);
+        assert_eq!(
+            Nid::new(Net::new(LndType::Other(17), 0), 0xdead_beef).to_string(),
+            "deadbeef@<17:0>"
+        );
+        assert_eq!(nid("DEADBEEF@<17:0>").addr(), 0xdead_beef);
+        assert!(matches!(
+            "0x11@<99:3>".parse::<Nid>(),
+            Err(IdError::BadAddress { .. })
+        ));
+        assert!(matches!(
+            "123456789@<99:3>".parse::<Nid>(),
+            Err(IdError::BadAddress { .. })
+        ));
+        // A known type written the generic way parses too (hex address).
+        assert_eq!(nid("a000001@<2:0>"), nid("10.0.0.1@tcp"));
+    }
+
+    #[test]
+    fn loopback_is_strict_about_its_net_and_lax_about_its_address() {
+        // libcfs_str2net_internal: "net number not allowed" for lo.
+        assert!(matches!(
+            "0@lo1".parse::<Nid>(),
+            Err(IdError::LoopbackNumber(_))
+        ));
+        assert!(matches!(
+            "0@lo0".parse::<Nid>(),
+            Err(IdError::LoopbackNumber(_))
+        ));
+        assert!(matches!(
+            "lo1".parse::<Net>(),
+            Err(IdError::LoopbackNumber(_))
+        ));
+        // libcfs_lo_str2addr: any address text means 0.
+        assert_eq!(nid("5@lo"), Nid::LO_0);
+        assert_eq!(nid("abc@lo"), Nid::LO_0);
+        assert_eq!(nid("@lo"), Nid::LO_0);
+        // NIDs Lustre's strings cannot express take the generic form.
+        let five = Nid::new(Net::LO, 5);
+        assert_eq!(five.to_string(), "5@<9:0>");
+        assert_eq!(nid("5@<9:0>"), five);
+        let lo1 = Net::new(LndType::Lo, 1);
+        assert_eq!(lo1.to_string(), "<9:1>");
+        assert_eq!("<9:1>".parse::<Net>().unwrap(), lo1);
+        assert_eq!(Nid::new(lo1, 0).to_string(), "0@<9:1>");
+        assert_eq!(Net::LO.to_string(), "lo");
+    }
+
+    #[test]
+    fn first_at_sign_separates_the_net() {
+        assert!(matches!(
+            "a@b@lo".parse::<Nid>(),
+            Err(IdError::UnknownNet(_))
+        ));
+        assert!(matches!(
+            "1@LNET_NET_ANY".parse::<Nid>(),
+            Err(IdError::UnknownNet(_))
+        ));
     }
 
     #[test]
@@ -668,6 +900,18 @@ mod tests {
             prop_assert_eq!(Nid::from_u64(n.as_u64()), n);
             prop_assert_eq!(n.net(), net);
             prop_assert_eq!(n.addr(), addr);
+        }
+
+        #[test]
+        fn named_and_loopback_nids_round_trip(
+            ty in prop_oneof![Just(9u16), 0u16..24],
+            num in prop_oneof![Just(0u16), any::<u16>()],
+            addr in prop_oneof![Just(0u32), any::<u32>()],
+        ) {
+            let n = Nid::new(Net::new(LndType::from_number(ty), num), addr);
+            let s = n.to_string();
+            prop_assert_eq!(s.parse::<Nid>().unwrap(), n, "{}", s);
+            prop_assert_eq!(n.net().to_string().parse::<Net>().unwrap(), n.net());
         }
 
         #[test]

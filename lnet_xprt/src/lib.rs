@@ -20,10 +20,13 @@
 //!   route                routes table, route choice, gateway aliveness
 //!   health               health values, failure reactions, recovery pings (seed 001)
 //!   node                 the LNet node tying them together: send and receive paths
+//!   socklnd              Lustre's socket LND protocol without sockets: acceptor request,
+//!                        V3 HELLO, ksock_msg framing, handshake decisions, back-off
 //!   sim                  deterministic fabric simulator driving several nodes
 //! ```
 //!
-//! See `DESIGN.md` (identifiers, wire, matching, faults, node, simulator) and
+//! See `DESIGN.md` (identifiers, wire, matching, faults, node, simulator, and
+//! the socket LND protocol in [`socklnd`]) and
 //! `DESIGN-peers.md` (peers, discovery, selection, credits, routes, health)
 //! in the crate folder.
 //!
@@ -125,5 +128,6 @@ pub mod rng;
 pub mod route;
 pub mod select;
 pub mod sim;
+pub mod socklnd;
 pub mod time;
 pub mod wire;
