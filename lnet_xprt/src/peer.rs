@@ -618,13 +618,13 @@ impl PeerTable {
         if !multi_rail {
             // One NID per net for a non-Multi-Rail peer, counting what it has.
             let mut per_net: BTreeMap<Net, Nid> = BTreeMap::new();
-            if let Some(id) = owner {
-                for nid in self.peers[&id].nids() {
-                    per_net.entry(nid.net()).or_insert(nid);
-                }
-            }
+            // The peer's own NIDs count too: a Multi-Rail peer that
+            // discovery gave two NIDs on one net cannot be made non-MR.
+            let have: Vec<Nid> = owner
+                .map(|id| self.peers[&id].nids().collect())
+                .unwrap_or_default();
             per_net.entry(primary.net()).or_insert(primary);
-            for &nid in nids {
+            for &nid in have.iter().chain(nids) {
                 let existing = *per_net.entry(nid.net()).or_insert(nid);
                 if existing != nid {
                     return Err(PeerError::NotUnique {
@@ -1203,6 +1203,26 @@ mod tests {
         let gone = t.reduce_to(id, nid("10.0.0.2@tcp")).unwrap();
         assert_eq!(gone, vec![nid("10.0.0.1@tcp")]);
         assert_eq!(t.peer(id).unwrap().primary_nid(), nid("10.0.0.2@tcp"));
+        assert!(t.invariant_violation().is_none());
+    }
+
+    #[test]
+    fn a_peer_with_two_nids_on_one_net_cannot_be_made_non_mr() {
+        // Found by table_invariants_hold: a discovered Multi-Rail peer
+        // with two tcp NIDs, then `peer add --non_mr` of its primary.
+        let mut t = PeerTable::new();
+        let id = t.create_peer(nid("10.0.0.0@tcp")).unwrap();
+        t.set_discovered_flags(id, true, false);
+        t.attach(id, nid("10.0.0.2@tcp")).unwrap();
+        let before = t.peers.clone();
+        assert!(matches!(
+            t.dlc_add(nid("10.0.0.0@tcp"), &[], false),
+            Err(PeerError::NotUnique { .. })
+        ));
+        assert_eq!(before, t.peers);
+        assert!(t.invariant_violation().is_none());
+        // As Multi-Rail it is accepted.
+        assert_eq!(t.dlc_add(nid("10.0.0.0@tcp"), &[], true).unwrap(), id);
         assert!(t.invariant_violation().is_none());
     }
 
