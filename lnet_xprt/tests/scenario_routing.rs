@@ -299,3 +299,41 @@ fn routed_bare_put_lost_beyond_the_router_is_invisible() {
     );
     assert_eq!(sim.node("router").stats().send_failures, 1);
 }
+
+/// A router forwards a PUT naming a portal beyond the table without looking
+/// at it; the target drops it at matching (no protocol error anywhere).
+#[test]
+fn router_forwards_a_portal_beyond_the_table_and_the_target_drops_it() {
+    use colibri_lnet::wire::{Body, Header, WireHandle};
+
+    let mut sim = routed(12);
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    let routed_before = sim.node("router").stats().route_count;
+    let dropped_before = sim.node("server").stats().drop_count;
+    let h = Header {
+        dest_nid: nid("192.168.1.2@o2ib1"),
+        src_nid: nid("10.0.0.1@tcp"),
+        dest_pid: 12345,
+        src_pid: 12345,
+        payload_length: 4,
+        body: Body::Put {
+            ack_wmd: WireHandle::NONE,
+            match_bits: 0,
+            hdr_data: 0,
+            ptl_index: 70,
+            offset: 0,
+        },
+    };
+    let bytes = colibri_lnet::wire::encode_message(&h, b"data");
+    // As if the client's LND had handed it to the router.
+    sim.with_node("router", |n, now| {
+        n.handle_receive(now, nid("10.0.0.3@tcp"), nid("10.0.0.1@tcp"), &bytes)
+    })
+    .unwrap();
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    assert_eq!(sim.node("router").stats().route_count, routed_before + 1);
+    assert_eq!(sim.node("server").stats().drop_count, dropped_before + 1);
+    assert_eq!(sim.node("server").stats().protocol_errors, 0);
+    assert!(sim.receive_errors().is_empty());
+    assert!(sim.events("server").is_empty());
+}

@@ -483,6 +483,52 @@ fn misdirected_and_malformed_messages_are_protocol_errors() {
     assert_eq!(b.stats().protocol_errors, 2);
 }
 
+/// A PUT or GET naming a portal beyond the table (>= 64) is dropped at
+/// matching, as Lustre's `lnet_ptl_match_md` does: counted, not a protocol
+/// error that would close the connection.
+#[test]
+fn portal_beyond_the_table_is_dropped_at_matching() {
+    let mut sim = pair(14);
+    let now = sim.now();
+    let b = sim.node_mut("b");
+    let put = Header {
+        dest_nid: nid("10.0.0.2@tcp"),
+        src_nid: nid("10.0.0.1@tcp"),
+        dest_pid: 12345,
+        src_pid: 12345,
+        payload_length: 3,
+        body: Body::Put {
+            ack_wmd: WireHandle::NONE,
+            match_bits: 0,
+            hdr_data: 0,
+            ptl_index: 64,
+            offset: 0,
+        },
+    };
+    let get = Header {
+        payload_length: 0,
+        body: Body::Get {
+            return_wmd: WireHandle::NONE,
+            match_bits: 0,
+            ptl_index: u32::MAX,
+            src_offset: 0,
+            sink_length: 8,
+        },
+        ..put
+    };
+    for (h, payload) in [(put, &b"abc"[..]), (get, &[][..])] {
+        let bytes = colibri_lnet::wire::encode_message(&h, payload);
+        b.handle_receive(now, nid("10.0.0.2@tcp"), nid("10.0.0.1@tcp"), &bytes)
+            .unwrap();
+    }
+    let stats = b.stats();
+    assert_eq!((stats.drop_count, stats.protocol_errors), (2, 0));
+    assert_eq!(stats.recv_count, 2);
+    sim.run_until_idle().unwrap();
+    assert!(sim.trace().is_empty(), "nothing answered");
+    assert!(sim.events("b").is_empty());
+}
+
 #[test]
 fn same_seed_replays_same_run() {
     fn run(seed: u64) -> Vec<colibri_lnet::sim::TraceRecord> {
