@@ -68,11 +68,12 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
     )
     .unwrap();
     for (portal, opts) in [(3, MdOptions::OP_PUT), (4, MdOptions::OP_GET)] {
+        let mem_1 = sim.register_mem("s", vec![9; 32]);
         post_any(
             &mut sim,
             "s",
             portal,
-            MdSpec::new(vec![9; 32], opts | MdOptions::MANAGE_REMOTE),
+            MdSpec::new(mem_1, opts | MdOptions::MANAGE_REMOTE),
         );
     }
     let rule = |rate: Option<u32>, matcher: FaultMatch, health_mask: u32| {
@@ -124,10 +125,11 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
     for (i, o) in ops.iter().enumerate() {
         match *o {
             Op::Put { ack, len } => {
+                let mem_2 = sim.register_mem("c", vec![1; usize::from(len)]);
                 let md = sim
                     .with_node("c", |n, _| {
                         n.md_bind(
-                            MdSpec::new(vec![1; usize::from(len)], MdOptions::empty())
+                            MdSpec::new(mem_2, MdOptions::empty())
                                 .threshold(Threshold::Count(if ack { 2 } else { 1 }))
                                 .unlink(Unlink::Unlink),
                         )
@@ -138,10 +140,11 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
                     .unwrap();
             }
             Op::Get { len } => {
+                let mem_3 = sim.register_mem("c", vec![0; usize::from(len)]);
                 let md = sim
                     .with_node("c", |n, _| {
                         n.md_bind(
-                            MdSpec::new(vec![0; usize::from(len)], MdOptions::TRUNCATE)
+                            MdSpec::new(mem_3, MdOptions::TRUNCATE)
                                 .threshold(Threshold::Count(2))
                                 .unlink(Unlink::Unlink),
                         )
