@@ -3324,6 +3324,130 @@ mod tests {
         assert!(n.ping(Time::ZERO, Nid::ANY).is_err());
     }
 
+    /// A PUT header for `to` from 10.0.0.2@tcp on portal 3 with `len`
+    /// payload bytes and an ACK wanted.
+    fn put_header(to: &str, len: u32) -> [u8; HEADER_LEN] {
+        Header {
+            dest_nid: nid(to),
+            src_nid: nid("10.0.0.2@tcp"),
+            dest_pid: LNET_PID_LUSTRE,
+            src_pid: LNET_PID_LUSTRE,
+            payload_length: len,
+            body: Body::Put {
+                ack_wmd: WireHandle {
+                    interface_cookie: 1,
+                    object_cookie: 2,
+                },
+                match_bits: 7,
+                hdr_data: 0,
+                ptl_index: 3,
+                offset: 0,
+            },
+        }
+        .encode()
+    }
+
+    fn sink(n: &mut Node, mem: MemRef, opts: MdOptions) -> MdHandle {
+        let me = n
+            .me_attach(MeSpec {
+                portal: 3,
+                match_id: ProcessId::ANY,
+                match_bits: 7,
+                ignore_bits: 0,
+                unlink: Unlink::Retain,
+                pos: InsertPos::After,
+            })
+            .unwrap();
+        n.md_attach(Time::ZERO, me, MdSpec::new(mem, opts)).unwrap()
+    }
+
+    #[test]
+    fn md_memory_is_named_until_the_last_event_even_when_unlinked_busy() {
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        let mem = MemRef::new(MemKey(5), 4096, 16);
+        let md = sink(&mut n, mem, MdOptions::OP_PUT);
+        let (ni, from) = (nid("10.0.0.1@tcp"), nid("10.0.0.2@tcp"));
+        let a = n
+            .handle_header(Time::ZERO, ni, from, &put_header("10.0.0.1@tcp", 10))
+            .unwrap();
+        let RxAction::Deliver {
+            rx,
+            mem: range,
+            discard_after,
+        } = a
+        else {
+            panic!("{a:?}")
+        };
+        assert_eq!(
+            (range, discard_after),
+            (MemRef::new(MemKey(5), 4096, 10), 0)
+        );
+        // The user unlinks the MD while the driver writes into it: no event
+        // yet, the memory is still in use.
+        n.md_unlink(md).unwrap();
+        assert!(n.poll_event().is_none());
+        n.handle_payload(Time::ZERO, rx, PayloadOutcome::Received)
+            .unwrap();
+        let ev = n.poll_event().unwrap();
+        assert_eq!(
+            (ev.kind(), ev.unlinked, ev.mem),
+            (EventKind::Put, true, mem)
+        );
+        // An aborted MD's last operation reports TimedOut (DESIGN decision 9)
+        // and gets no ACK.
+        assert_eq!(ev.status(), Err(OpError::TimedOut));
+        assert!(n.poll_event().is_none());
+        assert_eq!(n.rx_pending(), 0);
+    }
+
+    #[test]
+    fn payload_outcomes_must_fit_their_action() {
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        let (ni, from) = (nid("10.0.0.1@tcp"), nid("10.0.0.2@tcp"));
+        let md = sink(&mut n, MemRef::new(MemKey(1), 0, 8), MdOptions::OP_PUT);
+        let RxAction::Deliver { rx, .. } = n
+            .handle_header(Time::ZERO, ni, from, &put_header("10.0.0.1@tcp", 4))
+            .unwrap()
+        else {
+            panic!()
+        };
+        // Inline bytes for a delivery into caller memory: refused, and the
+        // operation ends as failed, exactly once.
+        assert!(matches!(
+            n.handle_payload(Time::ZERO, rx, PayloadOutcome::Inline(vec![1; 4])),
+            Err(NodeError::Invalid(_))
+        ));
+        let ev = n.poll_event().unwrap();
+        assert_eq!((ev.md, ev.status()), (md, Err(OpError::NetworkError)));
+        assert_eq!(
+            n.handle_payload(Time::ZERO, rx, PayloadOutcome::Received),
+            Err(NodeError::NoSuchRx(rx))
+        );
+        assert!(n.poll_transmit().is_none(), "no ACK for a failed PUT");
+        // A parked message: its payload cannot be handed in before the node
+        // says where it goes; it stays parked.
+        n.set_lazy_portal(9, true).unwrap();
+        let mut lazy = Header::decode(&put_header("10.0.0.1@tcp", 4)).unwrap();
+        if let Body::Put { ptl_index, .. } = &mut lazy.body {
+            *ptl_index = 9;
+        }
+        let a = n
+            .handle_header(Time::ZERO, ni, from, &lazy.encode())
+            .unwrap();
+        let RxAction::Wait { rx } = a else {
+            panic!("{a:?}")
+        };
+        assert!(matches!(
+            n.handle_payload(Time::ZERO, rx, PayloadOutcome::Received),
+            Err(NodeError::Invalid(_))
+        ));
+        assert_eq!(n.rx_pending(), 1);
+        // Clearing laziness drops it: the driver is told to skip it.
+        n.set_lazy_portal(9, false).unwrap();
+        assert_eq!(n.poll_rx_action(), Some((rx, RxAction::Discard { len: 4 })));
+        assert_eq!(n.rx_pending(), 0);
+    }
+
     #[test]
     fn response_tracking_sets_a_timer() {
         let mut n = node(&["10.0.0.1@tcp"], false);

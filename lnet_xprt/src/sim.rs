@@ -653,6 +653,24 @@ impl Sim {
         );
     }
 
+    /// Breaks the connection from NI `from` into NI `to`: the message the
+    /// receiver parked in it, if any, is reported lost
+    /// ([`PayloadOutcome::Failed`]) and the messages queued behind it vanish
+    /// unread (their senders were already told they were sent). Returns how
+    /// many messages were lost.
+    pub fn break_link(&mut self, from: Nid, to: Nid) -> usize {
+        let Some(d) = self.owner(to) else { return 0 };
+        let Some(link) = self.links.remove(&(d, to, from)) else {
+            return 0;
+        };
+        let lost = usize::from(link.stalled.is_some()) + link.backlog.len();
+        if let Some((rx, _)) = link.stalled {
+            self.payload_result(d, to, rx, PayloadOutcome::Failed);
+        }
+        self.collect_outputs();
+        lost
+    }
+
     /// Registers `bytes` as application memory of node `name`; build MDs over
     /// the returned region.
     ///
@@ -1100,6 +1118,9 @@ impl Sim {
     ) -> Result<bool, SimError> {
         let end = self.now + limit;
         self.steps = 0;
+        // What the nodes were asked to do since the last run goes in flight
+        // first, or the next time would not see it.
+        self.settle_now()?;
         while !done(self) {
             match self.next_time() {
                 Some(t) if t <= end => {
