@@ -2056,9 +2056,10 @@ impl Node {
         if ev.unlinked {
             self.internal.remove(&ev.md);
         }
+        // Inline bytes received for this operation, whatever the event.
+        let data = self.inline_rx.remove(&ev.md).unwrap_or_default();
         match (kind, ev.kind()) {
             (InternalMd::PingSink { to, purpose }, EventKind::Reply) => {
-                let data = self.inline_rx.remove(&ev.md).unwrap_or_default();
                 let result = match ev.status() {
                     Err(e) => Err(PingError::Op(e)),
                     Ok(()) => {
@@ -2073,7 +2074,6 @@ impl Node {
                 self.ping_done(now, to, purpose, Err(PingError::Op(e)));
             }
             (InternalMd::PushTarget, EventKind::Put) => {
-                let data = self.inline_rx.remove(&ev.md).unwrap_or_default();
                 let n = (ev.info.mlength as usize).min(data.len());
                 match ev.status().map(|()| PingInfo::decode(&data[..n])) {
                     Ok(Ok(info)) => {
@@ -2358,9 +2358,10 @@ impl Node {
         rx: RxId,
         outcome: PayloadOutcome,
     ) -> Result<(), NodeError> {
-        let state = self.rx_states.remove(&rx).ok_or(NodeError::NoSuchRx(rx))?;
-        // An action announced but not yet polled is withdrawn.
+        // An action announced but not yet polled is withdrawn (also for a
+        // message already finished: the driver is done with it).
         self.rx_ready.retain(|(id, _)| *id != rx);
+        let state = self.rx_states.remove(&rx).ok_or(NodeError::NoSuchRx(rx))?;
         match state {
             RxState::Parked(parked) => {
                 if outcome != PayloadOutcome::Failed {
@@ -2593,8 +2594,9 @@ impl Node {
                         info.initiator = self.initiator_of(&h);
                         info.rlength = len;
                         info.mlength = m.mlength;
-                        let inline =
-                            matches!(self.internal.get(&m.md), Some(InternalMd::PingSink { .. }));
+                        // Any internal MD (normally a ping sink) takes its
+                        // bytes inline: its placeholder memory is never named.
+                        let inline = self.internal.contains_key(&m.md);
                         Disp::Act(self.start_rx(now, rx, Plan::Reply { m, inline, info }))
                     }
                     ResponseMatch::Drop => {
@@ -2684,7 +2686,8 @@ impl Node {
         if let Body::Put { hdr_data, .. } = h.body {
             info.hdr_data = hdr_data;
         }
-        let inline = self.internal.get(&m.md) == Some(&InternalMd::PushTarget);
+        // Internal MDs (the push target) take their bytes inline.
+        let inline = self.internal.contains_key(&m.md);
         self.start_rx(now, rx, Plan::Put { m, inline, info })
     }
 
@@ -3445,6 +3448,48 @@ mod tests {
         // Clearing laziness drops it: the driver is told to skip it.
         n.set_lazy_portal(9, false).unwrap();
         assert_eq!(n.poll_rx_action(), Some((rx, RxAction::Discard { len: 4 })));
+        assert_eq!(n.rx_pending(), 0);
+    }
+
+    #[test]
+    fn internal_memory_is_never_named_to_the_driver() {
+        // A REPLY aimed at the source MD of our push (a PUT's MD: no REPLY
+        // expected there) is taken inline, never delivered into the
+        // internal MD's placeholder memory, and leaves nothing behind.
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        n.push(Time::ZERO, nid("10.0.0.2@tcp")).unwrap();
+        let tx = n.poll_transmit().unwrap();
+        assert!(matches!(tx.payload, Payload::Inline(_)));
+        let Body::Put { ack_wmd, .. } = Header::decode(&tx.header).unwrap().body else {
+            panic!("not a PUT")
+        };
+        let reply = Header {
+            dest_nid: nid("10.0.0.1@tcp"),
+            src_nid: nid("10.0.0.2@tcp"),
+            dest_pid: LNET_PID_LUSTRE,
+            src_pid: LNET_PID_LUSTRE,
+            payload_length: 10,
+            body: Body::Reply { dst_wmd: ack_wmd },
+        };
+        let a = n
+            .handle_header(
+                Time::ZERO,
+                nid("10.0.0.1@tcp"),
+                nid("10.0.0.2@tcp"),
+                &reply.encode(),
+            )
+            .unwrap();
+        let RxAction::Inline { rx, len, .. } = a else {
+            panic!("{a:?}")
+        };
+        n.handle_payload(
+            Time::ZERO,
+            rx,
+            PayloadOutcome::Inline(vec![0; len as usize]),
+        )
+        .unwrap();
+        assert!(n.poll_event().is_none(), "LNet's own MD: no user event");
+        assert!(n.inline_rx.is_empty());
         assert_eq!(n.rx_pending(), 0);
     }
 
