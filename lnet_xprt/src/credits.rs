@@ -595,6 +595,34 @@ impl<T> RouterCredits<T> {
         Ok(ready)
     }
 
+    /// Withdraws the waiting messages `pred` selects (their connection failed
+    /// while they waited for a router credit or a buffer). A message waiting
+    /// for a buffer gives its router credit back, which may let the next
+    /// message of that peer go on to the pools. Returns the withdrawn
+    /// messages and those that now hold both a router credit and a buffer.
+    pub fn cancel(&mut self, mut pred: impl FnMut(&T) -> bool) -> (Vec<Fwd<T>>, Vec<Fwd<T>>) {
+        let mut removed = Vec::new();
+        for q in self.peer.values_mut() {
+            removed.extend(q.remove_queued(|f| pred(&f.item)));
+        }
+        let mut holding_credit = Vec::new();
+        for pool in &mut self.pools {
+            holding_credit.extend(pool.remove_queued(|f| pred(&f.item)));
+        }
+        let mut ready = Vec::new();
+        for f in &holding_credit {
+            let next = match self.peer.get_mut(&f.from) {
+                Some(q) => q.release().unwrap_or(None),
+                None => None,
+            };
+            if let Some(n) = next {
+                self.pool_stage(n, &mut ready);
+            }
+        }
+        removed.extend(holding_credit);
+        (removed, ready)
+    }
+
     /// A forwarded message that came from `from` through a `pool` buffer is
     /// done: the buffer and then the router credit come back; returns the
     /// messages that now hold both.
@@ -654,6 +682,46 @@ mod tests {
             CreditQueue::<u8>::new(0).unwrap_err(),
             CreditError::ZeroCredits
         );
+    }
+
+    #[test]
+    fn router_cancel_gives_credits_back_in_order() {
+        let mut rc: RouterCredits<u32> = RouterCredits::new(RouterBufferConfig {
+            tiny: 1,
+            small: 1,
+            large: 1,
+        })
+        .unwrap();
+        let t = NetTunables {
+            credits: 8,
+            peer_credits: 1,
+            peer_buffer_credits: 0,
+        };
+        rc.set_tunables(nid("10.0.0.1@tcp").net(), t).unwrap();
+        let (a, b) = (nid("10.0.0.1@tcp"), nid("10.0.0.2@tcp"));
+        // a1 holds a's credit and the small buffer; b1 holds b's credit and
+        // waits for the buffer; a2 and a3 wait for a's credit.
+        assert_eq!(rc.receive(a, 100, 1).unwrap().len(), 1);
+        assert!(rc.receive(b, 100, 2).unwrap().is_empty());
+        assert!(rc.receive(a, 100, 3).unwrap().is_empty());
+        assert!(rc.receive(a, 100, 4).unwrap().is_empty());
+        // a2 gives up: nobody moves.
+        let (gone, ready) = rc.cancel(|i| *i == 3);
+        assert_eq!(gone.iter().map(|f| f.item).collect::<Vec<_>>(), vec![3]);
+        assert!(ready.is_empty());
+        assert_eq!(rc.peer(a).unwrap().credits(), -1);
+        // b1 gives up while waiting for the buffer: its credit comes back.
+        let (gone, ready) = rc.cancel(|i| *i == 2);
+        assert_eq!(gone.len(), 1);
+        assert!(ready.is_empty());
+        assert_eq!(rc.peer(b).unwrap().credits(), 1);
+        assert_eq!(rc.pool(PoolKind::Small).credits(), 0);
+        // a1 done: the buffer and a's credit go to a3.
+        let ready = rc.forwarded(a, PoolKind::Small).unwrap();
+        assert_eq!(ready.iter().map(|f| f.item).collect::<Vec<_>>(), vec![4]);
+        rc.forwarded(a, PoolKind::Small).unwrap();
+        assert_eq!(rc.peer(a).unwrap().credits(), 1);
+        assert_eq!(rc.pool(PoolKind::Small).credits(), 1);
     }
 
     #[test]

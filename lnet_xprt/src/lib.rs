@@ -33,8 +33,10 @@
 //! ## Example
 //!
 //! Two nodes on a simulated `tcp` net; `a` PUTs five bytes into a buffer
-//! that `b` posted, asking for an ACK. Every message crosses the real wire
-//! encoders and decoders.
+//! that `b` posted, asking for an ACK. MD memory belongs to the application
+//! (here the simulator's arena); every message crosses the real wire
+//! encoders and decoders, and the payload goes from `a`'s memory to `b`'s
+//! without passing through either node.
 //!
 //! ```
 //! use std::time::Duration;
@@ -46,8 +48,9 @@
 //!     "seed 1\nnode a 10.0.0.1@tcp\nnode b 10.0.0.2@tcp\nlatency tcp 20us\n",
 //! )?)?;
 //!
-//! // b: a match entry on portal 4 with a 16-byte MD that accepts PUTs.
-//! let inbox = sim.with_node("b", |n, now| {
+//! // b: a match entry on portal 4 with an MD over 16 bytes of b's memory.
+//! let inbox = sim.register_mem("b", vec![0; 16]);
+//! sim.with_node("b", |n, now| {
 //!     let me = n.me_attach(MeSpec {
 //!         portal: 4,
 //!         match_id: ProcessId::ANY,
@@ -56,19 +59,20 @@
 //!         unlink: Unlink::Retain,
 //!         pos: InsertPos::After,
 //!     })?;
-//!     n.md_attach(now, me, MdSpec::new(vec![0; 16], MdOptions::OP_PUT))
+//!     n.md_attach(now, me, MdSpec::new(inbox, MdOptions::OP_PUT))
 //! })?;
 //!
 //! // a: a bound MD with the data (threshold 2: SEND and ACK), then PUT.
 //! let b: Nid = "10.0.0.2@tcp".parse()?;
+//! let data = sim.register_mem("a", b"hello".to_vec());
 //! sim.with_node("a", |n, now| {
-//!     let md = n.md_bind(MdSpec::new(b"hello".to_vec(), MdOptions::empty())
+//!     let md = n.md_bind(MdSpec::new(data, MdOptions::empty())
 //!         .threshold(Threshold::Count(2)))?;
 //!     n.put(now, md, true, ProcessId::lustre(b), 4, 0x42, 0, 0)
 //! })?;
 //! sim.run_for(Duration::from_secs(1))?;
 //!
-//! assert_eq!(&sim.node("b").md_buffer(inbox).unwrap()[..5], b"hello");
+//! assert_eq!(&sim.mem("b", inbox.key)[..5], b"hello");
 //! let kinds: Vec<EventKind> = sim.events("a").iter().map(|(_, e)| e.kind()).collect();
 //! assert!(kinds.contains(&EventKind::Send) && kinds.contains(&EventKind::Ack));
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -3,8 +3,16 @@
 //! This is LNet's `lib-ptl.c`/`lib-me.c`/`lib-md.c` as a plain data structure.
 //! A [`MatchTable`] owns 64 portals, the MEs attached to them and every MD
 //! (attached to an ME for incoming traffic, or free-floating "bound" MDs used
-//! as sources and sinks of outgoing PUTs and GETs). MDs own their memory; the
-//! buffer is handed back in the MD's last event (`unlinked == true`).
+//! as sources and sinks of outgoing PUTs and GETs).
+//!
+//! **MD memory belongs to the caller.** An MD names its memory with a
+//! [`MemRef`] (an opaque caller key, an offset and a length); the table only
+//! records it and computes byte ranges of it ([`Matched`] plus
+//! [`MatchTable::md_mem`]). It never reads or writes MD memory: the node hands
+//! those ranges to its driver, which moves payload bytes between the network
+//! and that memory. Every event carries the MD's [`MemRef`]; once the MD's
+//! last event (`unlinked == true`) has been delivered the core never names
+//! that memory again, so the caller may reuse it.
 //!
 //! The table does not send anything. The node asks it to
 //! [match](MatchTable::match_request) an incoming PUT/GET, to
@@ -125,11 +133,48 @@ pub enum InsertPos {
     After,
 }
 
+/// A caller's opaque key for a piece of memory (a registered buffer, a page
+/// list, …). The core never interprets it; the driver resolves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemKey(pub u64);
+
+/// A region of caller memory: `len` bytes at byte `offset` of the memory
+/// named by `key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemRef {
+    /// The caller's key.
+    pub key: MemKey,
+    /// Byte offset of the region in the memory named by `key`.
+    pub offset: u64,
+    /// Length of the region in bytes.
+    pub len: u32,
+}
+
+impl MemRef {
+    /// The region of `len` bytes at `offset` of the memory named by `key`.
+    #[must_use]
+    pub const fn new(key: MemKey, offset: u64, len: u32) -> Self {
+        Self { key, offset, len }
+    }
+
+    /// The sub-region `[off, off + len)` of this region, clamped to it
+    /// (offsets relative to the region's start).
+    #[must_use]
+    pub fn slice(self, off: u32, len: u32) -> Self {
+        let off = off.min(self.len);
+        Self {
+            key: self.key,
+            offset: self.offset.saturating_add(u64::from(off)),
+            len: len.min(self.len - off),
+        }
+    }
+}
+
 /// Everything needed to create an MD.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MdSpec {
-    /// The MD's memory; its length is the MD length.
-    pub buffer: Vec<u8>,
+    /// The MD's memory (the caller's); its length is the MD length.
+    pub mem: MemRef,
     /// Option bits.
     pub options: MdOptions,
     /// Operations accepted.
@@ -142,25 +187,13 @@ pub struct MdSpec {
     pub unlink: Unlink,
 }
 
-impl fmt::Debug for MdSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MdSpec")
-            .field("len", &self.buffer.len())
-            .field("options", &self.options)
-            .field("threshold", &self.threshold)
-            .field("max_size", &self.max_size)
-            .field("user_ptr", &self.user_ptr)
-            .field("unlink", &self.unlink)
-            .finish()
-    }
-}
-
 impl MdSpec {
-    /// An MD over `buffer` with the given options, infinite threshold, retained.
+    /// An MD over the caller's memory `mem` with the given options, infinite
+    /// threshold, retained.
     #[must_use]
-    pub fn new(buffer: Vec<u8>, options: MdOptions) -> Self {
+    pub fn new(mem: MemRef, options: MdOptions) -> Self {
         Self {
-            buffer,
+            mem,
             options,
             threshold: Threshold::Infinite,
             max_size: 0,
@@ -307,7 +340,7 @@ struct Me {
 
 #[derive(Debug)]
 struct Md {
-    buffer: Vec<u8>,
+    mem: MemRef,
     options: MdOptions,
     threshold: Threshold,
     max_size: u32,
@@ -326,7 +359,7 @@ struct Md {
 
 impl Md {
     fn len(&self) -> u32 {
-        u32::try_from(self.buffer.len()).unwrap_or(u32::MAX)
+        self.mem.len
     }
     fn exhausted(&self) -> bool {
         self.threshold.is_zero()
@@ -463,7 +496,7 @@ pub struct EventInfo {
 }
 
 /// An LNet event (`struct lnet_event`).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
     /// Message-side fields.
     pub info: EventInfo,
@@ -471,10 +504,12 @@ pub struct Event {
     pub md: MdHandle,
     /// The MD's user value.
     pub user_ptr: u64,
-    /// Whether this is the MD's last event.
+    /// Whether this is the MD's last event: afterwards the core never names
+    /// `mem` again.
     pub unlinked: bool,
-    /// The MD's memory, handed back with the last event.
-    pub buffer: Option<Vec<u8>>,
+    /// The MD's memory (`md_start`/`md_length`); `info.offset` is relative to
+    /// it.
+    pub mem: MemRef,
 }
 
 impl Event {
@@ -489,18 +524,6 @@ impl Event {
     /// The operation's failure.
     pub fn status(&self) -> Result<(), OpError> {
         self.info.status
-    }
-}
-
-impl fmt::Debug for Event {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Event")
-            .field("info", &self.info)
-            .field("md", &self.md)
-            .field("user_ptr", &self.user_ptr)
-            .field("unlinked", &self.unlinked)
-            .field("buffer_len", &self.buffer.as_ref().map(Vec::len))
-            .finish()
     }
 }
 
@@ -634,8 +657,8 @@ impl<T> MatchTable<T> {
     }
 
     fn check_md_spec(spec: &MdSpec) -> Result<(), MatchError> {
-        let len = u32::try_from(spec.buffer.len()).map_err(|_| MatchError::BadLength)?;
-        if len > LNET_MTU {
+        let len = spec.mem.len;
+        if len > LNET_MTU || spec.mem.offset.checked_add(u64::from(len)).is_none() {
             return Err(MatchError::BadLength);
         }
         if spec.options.contains(MdOptions::MAX_SIZE) && spec.max_size > len {
@@ -646,7 +669,7 @@ impl<T> MatchTable<T> {
 
     fn new_md(spec: MdSpec, me: Option<MeHandle>) -> Md {
         Md {
-            buffer: spec.buffer,
+            mem: spec.mem,
             options: spec.options,
             threshold: spec.threshold,
             max_size: spec.max_size,
@@ -715,12 +738,10 @@ impl<T> MatchTable<T> {
         Ok(MdHandle { idx, generation })
     }
 
-    /// The MD's memory, while the MD is alive.
+    /// The MD's memory (the caller's region), while the MD is alive.
     #[must_use]
-    pub fn md_buffer(&self, md: MdHandle) -> Option<&[u8]> {
-        self.mds
-            .get(md.idx, md.generation)
-            .map(|m| m.buffer.as_slice())
+    pub fn md_mem(&self, md: MdHandle) -> Option<MemRef> {
+        self.mds.get(md.idx, md.generation).map(|m| m.mem)
     }
 
     /// The MD's options and user value, while alive.
@@ -775,16 +796,15 @@ impl<T> MatchTable<T> {
         }
     }
 
-    /// Makes an MD a zombie: no new operations; an idle MD is freed at once
-    /// and its buffer returned.
-    fn unlink_md(&mut self, md: MdHandle) -> Option<Vec<u8>> {
+    /// Makes an MD a zombie: no new operations; an idle MD is freed at once.
+    fn unlink_md(&mut self, md: MdHandle) {
         self.detach_from_me(md);
-        let m = self.mds.get_mut(md.idx, md.generation)?;
+        let Some(m) = self.mds.get_mut(md.idx, md.generation) else {
+            return;
+        };
         m.zombie = true;
         if m.refcount == 0 {
-            self.mds.remove(md.idx, md.generation).map(|m| m.buffer)
-        } else {
-            None
+            self.mds.remove(md.idx, md.generation);
         }
     }
 
@@ -803,12 +823,13 @@ impl<T> MatchTable<T> {
             return Err(MatchError::NoSuchHandle);
         }
         let user_ptr = m.user_ptr;
+        let mem = m.mem;
         if m.refcount > 0 {
             m.aborted = true;
             self.unlink_md(md);
             return Ok(None);
         }
-        let buffer = self.unlink_md(md);
+        self.unlink_md(md);
         Ok(Some(Event {
             info: EventInfo {
                 kind: EventKind::Unlink,
@@ -828,7 +849,7 @@ impl<T> MatchTable<T> {
             md,
             user_ptr,
             unlinked: true,
-            buffer,
+            mem,
         }))
     }
 
@@ -862,6 +883,24 @@ impl<T> MatchTable<T> {
         } else {
             Ok(p.delayed.drain(..).map(|(_, m)| m).collect())
         }
+    }
+
+    /// Removes the messages delayed on lazy portals that `pred` selects
+    /// (their connection failed before they matched), in arrival order.
+    pub fn remove_delayed(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
+        let mut removed = Vec::new();
+        for p in &mut self.portals {
+            let mut kept = VecDeque::with_capacity(p.delayed.len());
+            for (info, msg) in p.delayed.drain(..) {
+                if pred(&msg) {
+                    removed.push(msg);
+                } else {
+                    kept.push_back((info, msg));
+                }
+            }
+            p.delayed = kept;
+        }
+        removed
     }
 
     /// Number of messages delayed on a lazy portal.
@@ -1041,38 +1080,18 @@ impl<T> MatchTable<T> {
         })
     }
 
-    /// Copies `data` into the MD at `offset` (as much as fits).
-    pub fn write_md(&mut self, md: MdHandle, offset: u32, data: &[u8]) {
-        if let Some(m) = self.mds.get_mut(md.idx, md.generation) {
-            let start = (offset as usize).min(m.buffer.len());
-            let n = data.len().min(m.buffer.len() - start);
-            m.buffer[start..start + n].copy_from_slice(&data[..n]);
-        }
-    }
-
-    /// `len` bytes of the MD from `offset` (clamped to the buffer).
-    #[must_use]
-    pub fn read_md(&self, md: MdHandle, offset: u32, len: u32) -> Vec<u8> {
-        self.mds
-            .get(md.idx, md.generation)
-            .map_or_else(Vec::new, |m| {
-                let start = (offset as usize).min(m.buffer.len());
-                let end = start.saturating_add(len as usize).min(m.buffer.len());
-                m.buffer[start..end].to_vec()
-            })
-    }
-
     /// Ends one operation on an MD and builds its event
     /// (`lnet_msg_detach_md` + `lnet_build_msg_event`). When this was the last
     /// operation of an exhausted auto-unlink MD, or of an explicitly unlinked
-    /// MD, the event has `unlinked` set and returns the buffer; an operation
-    /// that succeeded on an aborted MD reports [`OpError::TimedOut`].
+    /// MD, the event has `unlinked` set (the caller's memory is released); an
+    /// operation that succeeded on an aborted MD reports [`OpError::TimedOut`].
     ///
     /// Returns `None` for an unknown MD handle.
     pub fn finish(&mut self, md: MdHandle, mut info: EventInfo) -> Option<Event> {
         let m = self.mds.get_mut(md.idx, md.generation)?;
         m.refcount = m.refcount.saturating_sub(1);
         let user_ptr = m.user_ptr;
+        let mem = m.mem;
         if m.refcount == 0 && !m.zombie && m.auto_unlink && m.exhausted() {
             m.zombie = true;
         }
@@ -1080,18 +1099,16 @@ impl<T> MatchTable<T> {
         if unlinked && m.aborted && info.status.is_ok() {
             info.status = Err(OpError::TimedOut);
         }
-        let buffer = if unlinked {
+        if unlinked {
             self.detach_from_me(md);
-            self.mds.remove(md.idx, md.generation).map(|m| m.buffer)
-        } else {
-            None
-        };
+            self.mds.remove(md.idx, md.generation);
+        }
         Some(Event {
             info,
             md,
             user_ptr,
             unlinked,
-            buffer,
+            mem,
         })
     }
 }
@@ -1127,6 +1144,11 @@ mod tests {
             roffset: 0,
             match_bits: bits,
         }
+    }
+
+    /// A caller region of `len` bytes (the table never looks inside).
+    fn mem(len: u32) -> MemRef {
+        MemRef::new(MemKey(u64::from(len) + 1000), 64, len)
     }
 
     fn no_peer(_: Nid, _: Nid) -> bool {
@@ -1167,21 +1189,13 @@ mod tests {
     #[test]
     fn first_match_wins() {
         let mut t = Table::new(1);
-        let (_, a) = attach(
-            &mut t,
-            me(5, 7, 0),
-            MdSpec::new(vec![0; 8], MdOptions::OP_PUT),
-        );
-        let (_, b) = attach(
-            &mut t,
-            me(5, 7, 0),
-            MdSpec::new(vec![0; 8], MdOptions::OP_PUT),
-        );
+        let (_, a) = attach(&mut t, me(5, 7, 0), MdSpec::new(mem(8), MdOptions::OP_PUT));
+        let (_, b) = attach(&mut t, me(5, 7, 0), MdSpec::new(mem(8), MdOptions::OP_PUT));
         assert_eq!(matched(&mut t, put(5, 7, 4)).md, a);
         // Before-insertion puts a new ME at the head.
         let mut head = me(5, 7, 0);
         head.pos = InsertPos::Before;
-        let (_, c) = attach(&mut t, head, MdSpec::new(vec![0; 8], MdOptions::OP_PUT));
+        let (_, c) = attach(&mut t, head, MdSpec::new(mem(8), MdOptions::OP_PUT));
         assert_eq!(matched(&mut t, put(5, 7, 4)).md, c);
         assert_ne!(b, c);
         // Other bits do not match; other portals do not match.
@@ -1201,12 +1215,12 @@ mod tests {
         let (_, exact) = attach(
             &mut t,
             me(1, 0x10, 0),
-            MdSpec::new(vec![0; 8], MdOptions::OP_PUT),
+            MdSpec::new(mem(8), MdOptions::OP_PUT),
         );
         let (_, wild) = attach(
             &mut t,
             me(1, 0x1000, 0xff),
-            MdSpec::new(vec![0; 8], MdOptions::OP_PUT),
+            MdSpec::new(mem(8), MdOptions::OP_PUT),
         );
         assert_eq!(matched(&mut t, put(1, 0x10ab, 1)).md, wild);
         assert_eq!(
@@ -1219,7 +1233,7 @@ mod tests {
         let (_, wild2) = attach(
             &mut t,
             me(1, 0x0, !0),
-            MdSpec::new(vec![0; 8], MdOptions::OP_PUT),
+            MdSpec::new(mem(8), MdOptions::OP_PUT),
         );
         assert_eq!(matched(&mut t, put(1, 0x10, 1)).md, wild2);
     }
@@ -1229,7 +1243,7 @@ mod tests {
         let mut t = Table::new(1);
         let mut spec = me(2, 1, 0);
         spec.match_id = ProcessId::new(nid("10.0.0.9@tcp"), LNET_PID_ANY);
-        let (_, md) = attach(&mut t, spec, MdSpec::new(vec![0; 8], MdOptions::OP_GET));
+        let (_, md) = attach(&mut t, spec, MdSpec::new(mem(8), MdOptions::OP_GET));
         let mut g = put(2, 1, 4);
         g.op = Op::Get;
         // Wrong initiator NID.
@@ -1250,7 +1264,7 @@ mod tests {
         // pid mismatch.
         let mut spec = me(3, 1, 0);
         spec.match_id = ProcessId::new(Nid::ANY, 99);
-        attach(&mut t, spec, MdSpec::new(vec![0; 8], MdOptions::OP_PUT));
+        attach(&mut t, spec, MdSpec::new(mem(8), MdOptions::OP_PUT));
         assert_eq!(
             t.match_request(put(3, 1, 1), 0, &no_peer).unwrap().0,
             MatchOutcome::Drop
@@ -1260,16 +1274,8 @@ mod tests {
     #[test]
     fn truncation_and_too_large_drop_stops_search() {
         let mut t = Table::new(1);
-        let (_, small) = attach(
-            &mut t,
-            me(4, 1, 0),
-            MdSpec::new(vec![0; 4], MdOptions::OP_PUT),
-        );
-        let (_, big) = attach(
-            &mut t,
-            me(4, 1, 0),
-            MdSpec::new(vec![0; 64], MdOptions::OP_PUT),
-        );
+        let (_, small) = attach(&mut t, me(4, 1, 0), MdSpec::new(mem(4), MdOptions::OP_PUT));
+        let (_, big) = attach(&mut t, me(4, 1, 0), MdSpec::new(mem(64), MdOptions::OP_PUT));
         // Too large for the first MD without TRUNCATE: dropped, the second is not tried.
         assert_eq!(
             t.match_request(put(4, 1, 10), 0, &no_peer).unwrap().0,
@@ -1279,7 +1285,7 @@ mod tests {
         let (_, tr) = attach(
             &mut t,
             me(9, 1, 0),
-            MdSpec::new(vec![0; 4], MdOptions::OP_PUT | MdOptions::TRUNCATE),
+            MdSpec::new(mem(4), MdOptions::OP_PUT | MdOptions::TRUNCATE),
         );
         let m = matched(&mut t, put(9, 1, 10));
         assert_eq!((m.md, m.offset, m.mlength), (tr, 0, 4));
@@ -1290,11 +1296,7 @@ mod tests {
     #[test]
     fn local_offset_advances_and_manage_remote_uses_request_offset() {
         let mut t = Table::new(1);
-        attach(
-            &mut t,
-            me(7, 1, 0),
-            MdSpec::new(vec![0; 10], MdOptions::OP_PUT),
-        );
+        attach(&mut t, me(7, 1, 0), MdSpec::new(mem(10), MdOptions::OP_PUT));
         assert_eq!(matched(&mut t, put(7, 1, 4)).offset, 0);
         assert_eq!(matched(&mut t, put(7, 1, 4)).offset, 4);
         assert_eq!(
@@ -1306,7 +1308,7 @@ mod tests {
         attach(
             &mut t,
             me(7, 1, 0),
-            MdSpec::new(vec![0; 10], MdOptions::OP_PUT | MdOptions::MANAGE_REMOTE),
+            MdSpec::new(mem(10), MdOptions::OP_PUT | MdOptions::MANAGE_REMOTE),
         );
         let mut p = put(7, 1, 4);
         p.roffset = 6;
@@ -1331,7 +1333,7 @@ mod tests {
         attach(
             &mut t,
             me(8, 1, 0),
-            MdSpec::new(vec![0; 10], MdOptions::OP_PUT | MdOptions::TRUNCATE).max_size(4),
+            MdSpec::new(mem(10), MdOptions::OP_PUT | MdOptions::TRUNCATE).max_size(4),
         );
         assert_eq!(matched(&mut t, put(8, 1, 9)).mlength, 4);
         assert_eq!(matched(&mut t, put(8, 1, 2)).offset, 4);
@@ -1342,7 +1344,7 @@ mod tests {
             MatchOutcome::Drop
         );
         assert_eq!(
-            t.md_bind(MdSpec::new(vec![0; 2], MdOptions::empty()).max_size(3)),
+            t.md_bind(MdSpec::new(mem(2), MdOptions::empty()).max_size(3)),
             Err(MatchError::BadLength)
         );
     }
@@ -1355,19 +1357,27 @@ mod tests {
         let (me_h, md) = attach(
             &mut t,
             spec,
-            MdSpec::new(vec![0; 8], MdOptions::OP_PUT)
+            MdSpec::new(mem(8), MdOptions::OP_PUT)
                 .threshold(Threshold::Count(2))
                 .unlink(Unlink::Unlink)
                 .user_ptr(77),
         );
         let m1 = matched(&mut t, put(10, 1, 2));
-        t.write_md(m1.md, m1.offset, b"ab");
+        // The data of an operation goes to a range of the caller's memory.
+        let region = t.md_mem(md).unwrap();
+        assert_eq!(region, mem(8));
+        assert_eq!(
+            region.slice(m1.offset, m1.mlength),
+            MemRef::new(region.key, 64, 2)
+        );
         let e1 = t.finish(md, info(EventKind::Put)).unwrap();
         assert!(!e1.unlinked);
-        assert_eq!(e1.user_ptr, 77);
-        assert_eq!(t.md_buffer(md).unwrap()[..2], *b"ab");
+        assert_eq!((e1.user_ptr, e1.mem), (77, mem(8)));
         let m2 = matched(&mut t, put(10, 1, 2));
-        t.write_md(m2.md, m2.offset, b"cd");
+        assert_eq!(
+            region.slice(m2.offset, m2.mlength),
+            MemRef::new(region.key, 66, 2)
+        );
         // Exhausted: unlinked from the portal at once (ME too).
         assert_eq!(
             t.match_request(put(10, 1, 1), 0, &no_peer).unwrap().0,
@@ -1376,8 +1386,9 @@ mod tests {
         assert_eq!(t.me_count(), 0);
         let e2 = t.finish(md, info(EventKind::Put)).unwrap();
         assert!(e2.unlinked);
-        assert_eq!(e2.buffer.as_deref().unwrap()[..4], *b"abcd");
+        assert_eq!(e2.mem, mem(8));
         assert_eq!(t.md_count(), 0);
+        assert_eq!(t.md_mem(md), None, "the memory is no longer referenced");
         // Auto-unlink never produces an UNLINK event; the handle is now stale.
         assert_eq!(t.md_unlink(md), Err(MatchError::NoSuchHandle));
         assert_eq!(t.me_unlink(me_h), Err(MatchError::NoSuchHandle));
@@ -1389,7 +1400,7 @@ mod tests {
         let (_, md) = attach(
             &mut t,
             me(11, 1, 0),
-            MdSpec::new(vec![0; 8], MdOptions::OP_PUT).threshold(Threshold::Count(1)),
+            MdSpec::new(mem(8), MdOptions::OP_PUT).threshold(Threshold::Count(1)),
         );
         matched(&mut t, put(11, 1, 1));
         let e = t.finish(md, info(EventKind::Put)).unwrap();
@@ -1401,7 +1412,7 @@ mod tests {
         let ev = t.md_unlink(md).unwrap().unwrap();
         assert_eq!(ev.kind(), EventKind::Unlink);
         assert!(ev.unlinked);
-        assert_eq!(ev.buffer.unwrap().len(), 8);
+        assert_eq!(ev.mem, mem(8));
         // The retained ME survives without an MD.
         assert_eq!(t.me_count(), 1);
     }
@@ -1410,7 +1421,7 @@ mod tests {
     fn explicit_unlink_of_busy_md_times_out_last_event() {
         let mut t = Table::new(1);
         let md = t
-            .md_bind(MdSpec::new(vec![1; 8], MdOptions::empty()).threshold(Threshold::Count(2)))
+            .md_bind(MdSpec::new(mem(8), MdOptions::empty()).threshold(Threshold::Count(2)))
             .unwrap();
         t.commit_bound(md).unwrap();
         assert!(t.md_unlink(md).unwrap().is_none());
@@ -1420,7 +1431,7 @@ mod tests {
         let e = t.finish(md, info(EventKind::Send)).unwrap();
         assert!(e.unlinked);
         assert_eq!(e.status(), Err(OpError::TimedOut));
-        assert_eq!(e.buffer.unwrap(), vec![1; 8]);
+        assert_eq!(e.mem, mem(8));
     }
 
     #[test]
@@ -1449,7 +1460,7 @@ mod tests {
         assert_eq!(t.delayed_count(0), 3);
         let me_h = t.me_attach(me(0, 1, 0)).unwrap();
         let (md, out) = t
-            .md_attach(me_h, MdSpec::new(vec![0; 16], MdOptions::OP_PUT))
+            .md_attach(me_h, MdSpec::new(mem(16), MdOptions::OP_PUT))
             .unwrap();
         assert_eq!(
             out,
@@ -1471,10 +1482,56 @@ mod tests {
     }
 
     #[test]
+    fn memory_regions_are_validated_and_sliced() {
+        let mut t = Table::new(1);
+        // A region whose end overflows u64 is refused, as is one above LNET_MTU.
+        let wrap = MemRef::new(MemKey(1), u64::MAX - 3, 8);
+        assert_eq!(
+            t.md_bind(MdSpec::new(wrap, MdOptions::empty())),
+            Err(MatchError::BadLength)
+        );
+        let big = MemRef::new(MemKey(1), 0, LNET_MTU + 1);
+        assert_eq!(
+            t.md_bind(MdSpec::new(big, MdOptions::empty())),
+            Err(MatchError::BadLength)
+        );
+        // Slices are clamped to the region.
+        let r = MemRef::new(MemKey(7), 100, 10);
+        assert_eq!(r.slice(2, 3), MemRef::new(MemKey(7), 102, 3));
+        assert_eq!(r.slice(8, 5), MemRef::new(MemKey(7), 108, 2));
+        assert_eq!(r.slice(50, 5), MemRef::new(MemKey(7), 110, 0));
+        let edge = MemRef::new(MemKey(7), u64::MAX - 1, 1);
+        assert_eq!(edge.slice(1, 1).offset, u64::MAX);
+        let md = t.md_bind(MdSpec::new(r, MdOptions::empty())).unwrap();
+        assert_eq!(t.md_mem(md), Some(r));
+    }
+
+    #[test]
+    fn delayed_messages_can_be_withdrawn() {
+        let mut t = Table::new(1);
+        t.set_lazy(2, true).unwrap();
+        t.set_lazy(3, true).unwrap();
+        for (portal, msg) in [(2, 10), (3, 11), (2, 12)] {
+            assert_eq!(
+                t.match_request(put(portal, 1, 4), msg, &no_peer).unwrap().0,
+                MatchOutcome::Delayed
+            );
+        }
+        assert_eq!(t.remove_delayed(|m| *m != 11), vec![10, 12]);
+        assert_eq!((t.delayed_count(2), t.delayed_count(3)), (0, 1));
+        // What is left still matches a new MD.
+        let me_h = t.me_attach(me(3, 1, 0)).unwrap();
+        let (_, out) = t
+            .md_attach(me_h, MdSpec::new(mem(8), MdOptions::OP_PUT))
+            .unwrap();
+        assert!(matches!(out[..], [DelayedOutcome::Matched(11, _)]));
+    }
+
+    #[test]
     fn response_matching() {
         let mut t = Table::new(42);
         let md = t
-            .md_bind(MdSpec::new(vec![0; 4], MdOptions::empty()).threshold(Threshold::Count(2)))
+            .md_bind(MdSpec::new(mem(4), MdOptions::empty()).threshold(Threshold::Count(2)))
             .unwrap();
         t.commit_bound(md).unwrap();
         let w = t.wire_handle(md);
@@ -1501,7 +1558,7 @@ mod tests {
         // A REPLY for an attached MD is dropped.
         let me_h = t.me_attach(me(3, 0, 0)).unwrap();
         let (amd, _) = t
-            .md_attach(me_h, MdSpec::new(vec![0; 4], MdOptions::OP_GET))
+            .md_attach(me_h, MdSpec::new(mem(4), MdOptions::OP_GET))
             .unwrap();
         assert_eq!(
             t.match_response(t.wire_handle(amd), MsgType::Reply, 1),
@@ -1515,25 +1572,22 @@ mod tests {
         assert_eq!(t.me_attach(me(64, 0, 0)), Err(MatchError::BadPortal(64)));
         let me_h = t.me_attach(me(1, 0, 0)).unwrap();
         assert_eq!(
-            t.md_attach(me_h, MdSpec::new(vec![], MdOptions::empty()))
+            t.md_attach(me_h, MdSpec::new(mem(0), MdOptions::empty()))
                 .unwrap_err(),
             MatchError::BadOptions
         );
         assert_eq!(
-            t.md_bind(MdSpec::new(vec![], MdOptions::OP_PUT)),
+            t.md_bind(MdSpec::new(mem(0), MdOptions::OP_PUT)),
             Err(MatchError::BadOptions)
         );
         assert_eq!(
-            t.md_bind(MdSpec::new(
-                vec![0; LNET_MTU as usize + 1],
-                MdOptions::empty()
-            )),
+            t.md_bind(MdSpec::new(mem(LNET_MTU + 1), MdOptions::empty())),
             Err(MatchError::BadLength)
         );
-        t.md_attach(me_h, MdSpec::new(vec![], MdOptions::OP_PUT))
+        t.md_attach(me_h, MdSpec::new(mem(0), MdOptions::OP_PUT))
             .unwrap();
         assert_eq!(
-            t.md_attach(me_h, MdSpec::new(vec![], MdOptions::OP_PUT))
+            t.md_attach(me_h, MdSpec::new(mem(0), MdOptions::OP_PUT))
                 .unwrap_err(),
             MatchError::MeBusy
         );
@@ -1579,7 +1633,7 @@ mod tests {
                         if len % 3 == 0 { opts = opts | MdOptions::TRUNCATE; }
                         if len % 5 == 0 { opts = opts | MdOptions::MANAGE_REMOTE; }
                         let th = if len % 4 == 0 { Threshold::Infinite } else { Threshold::Count(len % 4) };
-                        let (md, out) = t.md_attach(me_h, MdSpec::new(vec![0; len as usize], opts)
+                        let (md, out) = t.md_attach(me_h, MdSpec::new(mem(len), opts)
                             .threshold(th).unlink(if len % 2 == 0 { Unlink::Unlink } else { Unlink::Retain })).unwrap();
                         created += 1;
                         live.push(md);
@@ -1593,16 +1647,19 @@ mod tests {
                         if op == 2 { i.op = Op::Get; }
                         if let (MatchOutcome::Matched(m), _) = t.match_request(i, 0, &no_peer).unwrap() {
                             prop_assert!(m.mlength <= len);
-                            let buf_len = t.md_buffer(m.md).map_or(0, <[u8]>::len);
-                            prop_assert!(m.offset as usize + m.mlength as usize <= buf_len);
-                            t.write_md(m.md, m.offset, &vec![1; m.mlength as usize]);
+                            let region = t.md_mem(m.md).unwrap();
+                            prop_assert!(m.offset as usize + m.mlength as usize <= region.len as usize);
+                            let r = region.slice(m.offset, m.mlength);
+                            prop_assert_eq!(r.len, m.mlength);
+                            prop_assert!(r.offset >= region.offset);
+                            prop_assert!(r.offset + u64::from(r.len) <= region.offset + u64::from(region.len));
                             pending.push(m.md);
                         }
                     }
                     3 => {
                         if let Some(md) = pending.pop() {
                             let e = t.finish(md, info(EventKind::Put)).unwrap();
-                            if e.unlinked { unlinked += 1; prop_assert!(e.buffer.is_some()); }
+                            if e.unlinked { unlinked += 1; prop_assert_eq!(t.md_mem(md), None); }
                         }
                     }
                     4 => {
@@ -1613,7 +1670,7 @@ mod tests {
                             }
                     }
                     _ => {
-                        let md = t.md_bind(MdSpec::new(vec![0; len as usize], MdOptions::empty())).unwrap();
+                        let md = t.md_bind(MdSpec::new(mem(len), MdOptions::empty())).unwrap();
                         created += 1;
                         live.push(md);
                         if t.commit_bound(md).is_ok() { pending.push(md); }

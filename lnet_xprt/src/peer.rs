@@ -1212,7 +1212,7 @@ mod tests {
         // with two tcp NIDs, then `peer add --non_mr` of its primary.
         let mut t = PeerTable::new();
         let id = t.create_peer(nid("10.0.0.0@tcp")).unwrap();
-        t.set_discovered_flags(id, true, false);
+        t.set_discovered_flags(id, true, false).unwrap();
         t.attach(id, nid("10.0.0.2@tcp")).unwrap();
         let before = t.peers.clone();
         assert!(matches!(

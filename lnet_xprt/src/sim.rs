@@ -1,13 +1,33 @@
 //! A deterministic fabric simulator for [`Node`]s.
 //!
 //! The simulator owns several nodes with NIs on several nets, a virtual clock
-//! and a seeded scheduler. It plays the LNDs: every [`Transmit`](crate::node::Transmit) a node emits
-//! is carried, **as encoded bytes**, to the node owning the next-hop NID
-//! (which must be on the same net as the sending NI), after the net's latency
-//! plus a seeded jitter, and is fed to that node's [`Node::handle_receive`],
-//! so every message crosses the real encoders and decoders. The sender gets
-//! [`Node::handle_tx_done`] when the message is delivered (LNDs are
-//! connection-oriented), or a health error when it cannot be:
+//! and a seeded scheduler. It plays the LNDs, exactly as a real driver would:
+//!
+//! * **Memory.** Each node has a memory arena (key → bytes) standing for the
+//!   application's memory: tests [register](Sim::register_mem) buffers, build
+//!   MDs over the returned [`MemRef`]s and [read](Sim::mem) them back.
+//! * **Send.** Every [`Transmit`] a node emits is carried as bytes — its
+//!   encoded header followed by the payload the driver gathers from the
+//!   arena, a router buffer or the inline bytes (the "vectored socket write")
+//!   — to the node owning the next-hop NID (which must be on the same net as
+//!   the sending NI), after the net's latency plus a seeded jitter.
+//! * **Receive, in two steps.** The receiver's driver hands the 72-byte
+//!   header to [`Node::handle_header`] and does what the [`RxAction`] says:
+//!   copies the payload into the arena at the given place (the "socket
+//!   read"), into a router buffer, or into an inline vector, or skips it,
+//!   then calls [`Node::handle_payload`]. A parked message
+//!   ([`RxAction::Wait`]) stalls its connection (a directed NI pair): later
+//!   messages on it queue behind it until [`Node::poll_rx_action`] says where
+//!   its payload goes. Router buffers are freed when
+//!   [`Node::poll_rx_release`] names them.
+//! * **Loopback.** Transmits from and to `0@lo` are fed back to the sending
+//!   node at once (the loopback LND), one memory-to-memory copy.
+//!
+//! Every message crosses the real encoders and decoders, and [`CopyStats`]
+//! counts the payload bytes each driver moves. The sender gets
+//! [`Node::handle_tx_done`] when the message reaches the receiver's
+//! connection (LNDs are connection-oriented), or a health error when it
+//! cannot be:
 //!
 //! | situation | sender sees |
 //! |---|---|
@@ -15,6 +35,11 @@
 //! | sending NI marked down ([`Sim::set_ni_down`]) | `LocalDropped` |
 //! | next-hop NI marked down | `RemoteDropped` |
 //! | no node owns the next-hop NID, or it is on another net | `RemoteError` |
+//! | the payload's memory is not in the sender's arena | `LocalError` |
+//!
+//! [`Sim::set_payload_faults`] makes payload reads on an NI fail at a seeded
+//! rate (a connection breaking mid-payload, or while its message is parked):
+//! the receiver gets [`PayloadOutcome::Failed`]. Only that message is lost.
 //!
 //! Fault rules live in the nodes ([`Node::add_drop_rule`]), as in LNet.
 //!
@@ -40,15 +65,18 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use crate::fault::HealthError;
 use crate::ids::{IdError, Net, Nid};
-use crate::matching::Event;
-use crate::node::{NiConfig, Node, NodeConfig, NodeError, TxId};
+use crate::matching::{Event, MemKey, MemRef};
+use crate::node::{
+    NiConfig, Node, NodeConfig, NodeError, Payload, PayloadOutcome, RxAction, RxId, Transmit, TxId,
+};
 use crate::rng::Rng;
 use crate::time::Time;
+use crate::wire::HEADER_LEN;
 
 /// Errors building or running a simulation.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -336,16 +364,74 @@ pub struct TraceRecord {
     pub outcome: Result<u32, HealthError>,
 }
 
+/// Payload bytes one node's simulated driver moved. Header bytes are not
+/// counted. At an end node a PUT's payload is written once from the
+/// sender's memory and read once into the target's memory; a router reads it
+/// once into a router buffer and writes it once from there. Nothing else
+/// copies payload bytes (the node's own copies of LNet's ping and push data
+/// are in [`NodeStats::payload_bytes_copied`](crate::node::NodeStats)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct CopyStats {
+    /// Payload bytes written to the wire from memory (caller memory, router
+    /// buffers, inline payloads): the socket writes.
+    pub socket_write_bytes: u64,
+    /// Payload bytes read from the wire into memory (caller memory, router
+    /// buffers, inline vectors): the socket reads.
+    pub socket_read_bytes: u64,
+    /// Payload bytes skipped on the wire ([`RxAction::Discard`], the
+    /// truncated part of a delivery).
+    pub discarded_bytes: u64,
+    /// Payload bytes the loopback LND copied from memory to memory.
+    pub loopback_copy_bytes: u64,
+    /// Of `socket_write_bytes`: [`Payload::Inline`] bytes (LNet's own ping
+    /// and push data, made by the node).
+    pub inline_write_bytes: u64,
+    /// Of `socket_read_bytes`: [`RxAction::Inline`] bytes (LNet's own ping
+    /// and push data, handed to the node).
+    pub inline_read_bytes: u64,
+}
+
+/// A message on the wire: header, then payload.
+#[derive(Clone, Debug)]
+struct Wire {
+    header: [u8; HEADER_LEN],
+    payload: Vec<u8>,
+}
+
 #[derive(Clone, Debug)]
 struct InFlight {
     src: usize,
-    tx: TxId,
+    /// `None` for an injected message (no sender to complete).
+    tx: Option<TxId>,
     from: Nid,
     to: Nid,
-    bytes: Vec<u8>,
+    wire: Wire,
     /// `Some` = fails at delivery time with this error.
     fail: Option<HealthError>,
 }
+
+/// One node's driver: its application memory, router buffers and counters.
+#[derive(Clone, Debug, Default)]
+struct Driver {
+    mem: BTreeMap<MemKey, Vec<u8>>,
+    next_key: u64,
+    rx_bufs: BTreeMap<RxId, Vec<u8>>,
+    copies: CopyStats,
+    /// Messages the node parked with their payload in the connection.
+    stalls: u64,
+}
+
+/// A directed connection into a node: a message whose payload is still in
+/// it because the node parked the message, and the messages behind it.
+#[derive(Clone, Debug, Default)]
+struct Link {
+    stalled: Option<(RxId, Vec<u8>)>,
+    backlog: VecDeque<Wire>,
+}
+
+/// Identifies a connection: (receiving node, receiving NI, sending NI).
+type LinkKey = (usize, Nid, Nid);
 
 /// The simulator. See the [module docs](self).
 #[derive(Debug)]
@@ -354,6 +440,9 @@ pub struct Sim {
     rng: Rng,
     names: Vec<String>,
     nodes: Vec<Node>,
+    drivers: Vec<Driver>,
+    links: BTreeMap<LinkKey, Link>,
+    payload_faults: BTreeMap<Nid, u32>,
     events: Vec<Vec<(Time, Event)>>,
     latency: BTreeMap<Net, Duration>,
     default_latency: Duration,
@@ -412,6 +501,9 @@ impl Sim {
             rng,
             names,
             nodes,
+            drivers: vec![Driver::default(); n],
+            links: BTreeMap::new(),
+            payload_faults: BTreeMap::new(),
             events: vec![Vec::new(); n],
             latency: topo.latency,
             default_latency: topo.default_latency,
@@ -524,6 +616,132 @@ impl Sim {
         }
     }
 
+    /// Makes payload reads of messages received on NI `nid` fail, one in
+    /// `one_in` on average (seeded), as if the connection broke mid-payload
+    /// or while the message was parked; `None` stops it.
+    pub fn set_payload_faults(&mut self, nid: Nid, one_in: Option<u32>) {
+        match one_in {
+            Some(n) => {
+                self.payload_faults.insert(nid, n.max(1));
+            }
+            None => {
+                self.payload_faults.remove(&nid);
+            }
+        }
+    }
+
+    /// Puts raw bytes on the wire from NI `from` to NI `to`, as if `from`'s
+    /// LND had sent them (a crafted or foreign message; nobody is told of
+    /// its completion). It arrives after `to`'s net latency.
+    ///
+    /// # Panics
+    /// If no node owns `to`.
+    pub fn inject(&mut self, from: Nid, to: Nid, header: [u8; HEADER_LEN], payload: Vec<u8>) {
+        let dst = self.owner(to).expect("no node owns the NID");
+        self.seq += 1;
+        let at = self.now + self.latency_of(to.net());
+        self.in_flight.insert(
+            (at, self.seq),
+            InFlight {
+                src: dst,
+                tx: None,
+                from,
+                to,
+                wire: Wire { header, payload },
+                fail: None,
+            },
+        );
+    }
+
+    /// Breaks the connection from NI `from` into NI `to`: the message the
+    /// receiver parked in it, if any, is reported lost
+    /// ([`PayloadOutcome::Failed`]) and the messages queued behind it vanish
+    /// unread (their senders were already told they were sent). Returns how
+    /// many messages were lost.
+    pub fn break_link(&mut self, from: Nid, to: Nid) -> usize {
+        let Some(d) = self.owner(to) else { return 0 };
+        let Some(link) = self.links.remove(&(d, to, from)) else {
+            return 0;
+        };
+        let lost = usize::from(link.stalled.is_some()) + link.backlog.len();
+        if let Some((rx, _)) = link.stalled {
+            self.payload_result(d, to, rx, PayloadOutcome::Failed);
+        }
+        self.collect_outputs();
+        lost
+    }
+
+    /// Registers `bytes` as application memory of node `name`; build MDs over
+    /// the returned region.
+    ///
+    /// # Panics
+    /// If no node has that name, or `bytes` is longer than `u32::MAX`.
+    pub fn register_mem(&mut self, name: &str, bytes: Vec<u8>) -> MemRef {
+        let i = self.index(name);
+        let d = &mut self.drivers[i];
+        d.next_key += 1;
+        let key = MemKey(d.next_key);
+        let len = u32::try_from(bytes.len()).expect("memory region too large");
+        d.mem.insert(key, bytes);
+        MemRef::new(key, 0, len)
+    }
+
+    /// The application memory `key` of node `name`.
+    ///
+    /// # Panics
+    /// If no node has that name or it has no such memory.
+    #[must_use]
+    pub fn mem(&self, name: &str, key: MemKey) -> &[u8] {
+        self.drivers[self.index(name)]
+            .mem
+            .get(&key)
+            .unwrap_or_else(|| panic!("node {name:?} has no memory {key:?}"))
+    }
+
+    /// Payload bytes node `name`'s driver moved.
+    ///
+    /// # Panics
+    /// If no node has that name.
+    #[must_use]
+    pub fn copies(&self, name: &str) -> CopyStats {
+        self.drivers[self.index(name)].copies
+    }
+
+    /// Router buffers node `name`'s driver holds (filled for forwards and not
+    /// yet released by the node).
+    ///
+    /// # Panics
+    /// If no node has that name.
+    #[must_use]
+    pub fn rx_buffers(&self, name: &str) -> usize {
+        self.drivers[self.index(name)].rx_bufs.len()
+    }
+
+    /// How many times node `name` parked a message with its payload still in
+    /// the connection ([`RxAction::Wait`]).
+    ///
+    /// # Panics
+    /// If no node has that name.
+    #[must_use]
+    pub fn stall_count(&self, name: &str) -> u64 {
+        self.drivers[self.index(name)].stalls
+    }
+
+    /// Messages stuck in node `name`'s connections: parked by the node with
+    /// their payload unread, or queued behind one.
+    ///
+    /// # Panics
+    /// If no node has that name.
+    #[must_use]
+    pub fn stalled(&self, name: &str) -> usize {
+        let i = self.index(name);
+        self.links
+            .iter()
+            .filter(|(k, _)| k.0 == i)
+            .map(|(_, l)| usize::from(l.stalled.is_some()) + l.backlog.len())
+            .sum()
+    }
+
     fn owner(&self, nid: Nid) -> Option<usize> {
         self.nodes.iter().position(|n| n.nids().contains(&nid))
     }
@@ -535,39 +753,100 @@ impl Sim {
             .unwrap_or(self.default_latency)
     }
 
-    /// Takes every node's outputs: transmits go into flight, events into the log.
+    /// Takes every node's outputs until none is left: actions for parked
+    /// messages are carried out, released router buffers freed, transmits
+    /// put in flight, events logged.
     fn collect_outputs(&mut self) {
-        for i in 0..self.nodes.len() {
-            while let Some(ev) = self.nodes[i].poll_event() {
-                self.events[i].push((self.now, ev));
+        loop {
+            let mut progressed = false;
+            for i in 0..self.nodes.len() {
+                while let Some((rx, action)) = self.nodes[i].poll_rx_action() {
+                    progressed = true;
+                    self.resume(i, rx, action);
+                }
+                while let Some(rx) = self.nodes[i].poll_rx_release() {
+                    progressed = true;
+                    if self.drivers[i].rx_bufs.remove(&rx).is_none() {
+                        tracing::warn!(target: "colibri_lnet::sim", ?rx, "release of an unknown router buffer");
+                    }
+                }
+                while let Some(ev) = self.nodes[i].poll_event() {
+                    self.events[i].push((self.now, ev));
+                }
+                while let Some(tx) = self.nodes[i].poll_transmit() {
+                    progressed = true;
+                    self.send(i, tx);
+                }
             }
-            while let Some(tx) = self.nodes[i].poll_transmit() {
-                let fail = if self.down.contains(&tx.from) {
-                    Some(HealthError::LocalDropped)
-                } else if tx.from.net() != tx.to.net() || self.owner(tx.to).is_none() {
-                    Some(HealthError::RemoteError)
-                } else if self.down.contains(&tx.to) {
-                    Some(HealthError::RemoteDropped)
-                } else {
-                    None
-                };
-                let jitter_ns = u64::try_from(self.jitter.as_nanos()).unwrap_or(u64::MAX);
-                let delay = self.latency_of(tx.from.net())
-                    + Duration::from_nanos(self.rng.below(jitter_ns + 1));
-                self.seq += 1;
-                self.in_flight.insert(
-                    (self.now + delay, self.seq),
-                    InFlight {
-                        src: i,
-                        tx: tx.id,
-                        from: tx.from,
-                        to: tx.to,
-                        bytes: tx.bytes,
-                        fail,
-                    },
-                );
+            if !progressed {
+                break;
             }
         }
+    }
+
+    /// The bytes of a transmit's payload, gathered from node `i`'s memory.
+    fn gather(&self, i: usize, p: &Payload) -> Option<Vec<u8>> {
+        let d = &self.drivers[i];
+        match p {
+            Payload::None => Some(Vec::new()),
+            Payload::Mem(r) => {
+                let buf = d.mem.get(&r.key)?;
+                let start = usize::try_from(r.offset).ok()?;
+                let end = start.checked_add(r.len as usize)?;
+                buf.get(start..end).map(<[u8]>::to_vec)
+            }
+            Payload::Rx { rx, len } => d.rx_bufs.get(rx)?.get(..*len as usize).map(<[u8]>::to_vec),
+            Payload::Inline(v) => Some(v.clone()),
+        }
+    }
+
+    /// Puts a transmit of node `i` in flight.
+    fn send(&mut self, i: usize, tx: Transmit) {
+        let lo = tx.from == Nid::LO_0 || tx.to == Nid::LO_0;
+        let gathered = self.gather(i, &tx.payload);
+        let fail = if gathered.is_none() {
+            tracing::warn!(target: "colibri_lnet::sim", payload = ?tx.payload, "payload memory not found");
+            Some(HealthError::LocalError)
+        } else if lo {
+            None
+        } else if self.down.contains(&tx.from) {
+            Some(HealthError::LocalDropped)
+        } else if tx.from.net() != tx.to.net() || self.owner(tx.to).is_none() {
+            Some(HealthError::RemoteError)
+        } else if self.down.contains(&tx.to) {
+            Some(HealthError::RemoteDropped)
+        } else {
+            None
+        };
+        let payload = gathered.unwrap_or_default();
+        if !lo {
+            let c = &mut self.drivers[i].copies;
+            c.socket_write_bytes += payload.len() as u64;
+            if matches!(tx.payload, Payload::Inline(_)) {
+                c.inline_write_bytes += payload.len() as u64;
+            }
+        }
+        let delay = if lo {
+            Duration::ZERO
+        } else {
+            let jitter_ns = u64::try_from(self.jitter.as_nanos()).unwrap_or(u64::MAX);
+            self.latency_of(tx.from.net()) + Duration::from_nanos(self.rng.below(jitter_ns + 1))
+        };
+        self.seq += 1;
+        self.in_flight.insert(
+            (self.now + delay, self.seq),
+            InFlight {
+                src: i,
+                tx: Some(tx.id),
+                from: tx.from,
+                to: tx.to,
+                wire: Wire {
+                    header: tx.header,
+                    payload,
+                },
+                fail,
+            },
+        );
     }
 
     /// The next time something happens: a delivery or a node timer.
@@ -579,34 +858,197 @@ impl Sim {
     }
 
     fn deliver(&mut self, f: InFlight) {
+        let ty = u32::from(f.wire.header[24]);
+        let len = HEADER_LEN + f.wire.payload.len();
         let outcome = match f.fail {
             Some(h) => Err(h),
             None => {
-                let dst = self.owner(f.to);
+                let dst = if f.to == Nid::LO_0 {
+                    Some(f.src)
+                } else {
+                    self.owner(f.to)
+                };
                 match dst {
                     Some(d) => {
-                        if let Err(e) =
-                            self.nodes[d].handle_receive(self.now, f.to, f.from, &f.bytes)
-                        {
-                            tracing::debug!(target: "colibri_lnet::sim", to = %f.to, error = %e, "receiver rejected message");
-                            self.receive_errors.push((self.now, f.to, e));
-                        }
+                        self.arrive((d, f.to, f.from), f.wire);
                         Ok(())
                     }
                     None => Err(HealthError::RemoteError),
                 }
             }
         };
-        let ty = f.bytes.get(24).copied().map_or(u32::MAX, u32::from);
         self.trace.push(TraceRecord {
             time: self.now,
             from: f.from,
             to: f.to,
-            len: f.bytes.len(),
+            len,
             outcome: outcome.map(|()| ty),
         });
-        if let Err(e) = self.nodes[f.src].handle_tx_done(self.now, f.tx, outcome) {
+        if let Some(tx) = f.tx
+            && let Err(e) = self.nodes[f.src].handle_tx_done(self.now, tx, outcome)
+        {
             tracing::warn!(target: "colibri_lnet::sim", error = %e, "tx completion rejected");
+        }
+    }
+
+    /// A message reached a connection: read at once, or queued behind a
+    /// parked message.
+    fn arrive(&mut self, key: LinkKey, wire: Wire) {
+        let link = self.links.entry(key).or_default();
+        if link.stalled.is_some() || !link.backlog.is_empty() {
+            link.backlog.push_back(wire);
+            return;
+        }
+        self.read_message(key, wire);
+    }
+
+    /// Whether the next payload read on NI `to` fails (seeded).
+    fn payload_fails(&mut self, to: Nid) -> bool {
+        match self.payload_faults.get(&to).copied() {
+            Some(n) => self.rng.below(u64::from(n)) == 0,
+            None => false,
+        }
+    }
+
+    /// The driver reads a header, then does what the node says with the payload.
+    fn read_message(&mut self, key: LinkKey, wire: Wire) {
+        let (d, to, from) = key;
+        match self.nodes[d].handle_header(self.now, to, from, &wire.header) {
+            Err(e) => {
+                tracing::debug!(target: "colibri_lnet::sim", %to, error = %e, "receiver rejected message");
+                self.receive_errors.push((self.now, to, e));
+            }
+            Ok(RxAction::Wait { rx }) => {
+                if self.payload_fails(to) {
+                    // The connection breaks while the message is parked.
+                    self.payload_result(d, to, rx, PayloadOutcome::Failed);
+                } else {
+                    self.drivers[d].stalls += 1;
+                    self.links.entry(key).or_default().stalled = Some((rx, wire.payload));
+                }
+            }
+            Ok(action) => self.read_payload(key, action, &wire.payload),
+        }
+    }
+
+    /// A parked message's payload can now be read; then the connection
+    /// resumes.
+    fn resume(&mut self, d: usize, rx: RxId, action: RxAction) {
+        let key = self
+            .links
+            .iter()
+            .find(|(k, l)| k.0 == d && l.stalled.as_ref().is_some_and(|(r, _)| *r == rx))
+            .map(|(k, _)| *k);
+        let Some(key) = key else {
+            tracing::warn!(target: "colibri_lnet::sim", ?rx, "action for a message no connection holds");
+            return;
+        };
+        let payload = self
+            .links
+            .get_mut(&key)
+            .and_then(|l| l.stalled.take())
+            .map(|(_, p)| p)
+            .unwrap_or_default();
+        self.read_payload(key, action, &payload);
+        loop {
+            let next = match self.links.get_mut(&key) {
+                Some(l) if l.stalled.is_none() => l.backlog.pop_front(),
+                _ => None,
+            };
+            let Some(wire) = next else { break };
+            self.read_message(key, wire);
+        }
+    }
+
+    fn payload_result(&mut self, d: usize, to: Nid, rx: RxId, outcome: PayloadOutcome) {
+        if let Err(e) = self.nodes[d].handle_payload(self.now, rx, outcome) {
+            tracing::warn!(target: "colibri_lnet::sim", ?rx, error = %e, "payload completion rejected");
+            self.receive_errors.push((self.now, to, e));
+        }
+    }
+
+    /// Carries out a receive action with the payload bytes on the wire.
+    fn read_payload(&mut self, key: LinkKey, action: RxAction, payload: &[u8]) {
+        let (d, to, _) = key;
+        let lo = to == Nid::LO_0;
+        let (rx, got) = match action {
+            RxAction::None | RxAction::Wait { .. } => return,
+            RxAction::Discard { len } => {
+                self.drivers[d].copies.discarded_bytes += u64::from(len);
+                return;
+            }
+            RxAction::Deliver {
+                rx,
+                mem,
+                discard_after,
+            } => {
+                if self.payload_fails(to) {
+                    (rx, PayloadOutcome::Failed)
+                } else if Self::write_mem(&mut self.drivers[d], mem, payload) {
+                    let c = &mut self.drivers[d].copies;
+                    c.discarded_bytes += u64::from(discard_after);
+                    if lo {
+                        c.loopback_copy_bytes += u64::from(mem.len);
+                    } else {
+                        c.socket_read_bytes += u64::from(mem.len);
+                    }
+                    (rx, PayloadOutcome::Received)
+                } else {
+                    tracing::warn!(target: "colibri_lnet::sim", ?mem, "delivery outside the node's memory");
+                    (rx, PayloadOutcome::Failed)
+                }
+            }
+            RxAction::Forward { rx, len, .. } => match payload.get(..len as usize) {
+                Some(bytes) if !self.payload_fails(to) => {
+                    let drv = &mut self.drivers[d];
+                    drv.rx_bufs.insert(rx, bytes.to_vec());
+                    drv.copies.socket_read_bytes += u64::from(len);
+                    (rx, PayloadOutcome::Received)
+                }
+                _ => (rx, PayloadOutcome::Failed),
+            },
+            RxAction::Inline {
+                rx,
+                len,
+                discard_after,
+            } => match payload.get(..len as usize) {
+                Some(bytes) if !self.payload_fails(to) => {
+                    let c = &mut self.drivers[d].copies;
+                    c.discarded_bytes += u64::from(discard_after);
+                    if lo {
+                        c.loopback_copy_bytes += u64::from(len);
+                    } else {
+                        c.socket_read_bytes += u64::from(len);
+                        c.inline_read_bytes += u64::from(len);
+                    }
+                    (rx, PayloadOutcome::Inline(bytes.to_vec()))
+                }
+                _ => (rx, PayloadOutcome::Failed),
+            },
+        };
+        self.payload_result(d, to, rx, got);
+    }
+
+    /// Copies the first `mem.len` payload bytes into node memory.
+    fn write_mem(d: &mut Driver, mem: MemRef, payload: &[u8]) -> bool {
+        let Some(src) = payload.get(..mem.len as usize) else {
+            return false;
+        };
+        let Some(buf) = d.mem.get_mut(&mem.key) else {
+            return false;
+        };
+        let Ok(start) = usize::try_from(mem.offset) else {
+            return false;
+        };
+        match start
+            .checked_add(src.len())
+            .and_then(|end| buf.get_mut(start..end))
+        {
+            Some(dst) => {
+                dst.copy_from_slice(src);
+                true
+            }
+            None => false,
         }
     }
 
@@ -676,6 +1118,9 @@ impl Sim {
     ) -> Result<bool, SimError> {
         let end = self.now + limit;
         self.steps = 0;
+        // What the nodes were asked to do since the last run goes in flight
+        // first, or the next time would not see it.
+        self.settle_now()?;
         while !done(self) {
             match self.next_time() {
                 Some(t) if t <= end => {

@@ -1,6 +1,8 @@
-//! Property test over random simulated workloads with random fault rules:
-//! every MD ends with exactly one `unlinked` event, no operation is left
-//! hanging, credits all come back, and the run replays from its seed.
+//! Property test over random simulated workloads with random fault rules and
+//! payload reads failing at random (connections breaking mid-payload or
+//! while their message is parked): every MD ends with exactly one
+//! `unlinked` event, no operation is left hanging, no message stays parked,
+//! credits all come back, and the run replays from its seed.
 
 mod common;
 use common::{nid, post_any};
@@ -28,6 +30,7 @@ struct Faults {
     drop_ack_rate: Option<u32>,
     send_fail_rate: Option<u32>,
     delay_rate: Option<u32>,
+    payload_fail_rate: Option<u32>,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -44,12 +47,14 @@ fn faults() -> impl Strategy<Value = Faults> {
         proptest::option::of(1u32..5),
         proptest::option::of(1u32..5),
         proptest::option::of(1u32..5),
+        proptest::option::of(1u32..6),
     )
-        .prop_map(|(a, b, c, d)| Faults {
+        .prop_map(|(a, b, c, d, e)| Faults {
             drop_put_rate: a,
             drop_ack_rate: b,
             send_fail_rate: c,
             delay_rate: d,
+            payload_fail_rate: e,
         })
 }
 
@@ -68,11 +73,12 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
     )
     .unwrap();
     for (portal, opts) in [(3, MdOptions::OP_PUT), (4, MdOptions::OP_GET)] {
+        let mem_1 = sim.register_mem("s", vec![9; 32]);
         post_any(
             &mut sim,
             "s",
             portal,
-            MdSpec::new(vec![9; 32], opts | MdOptions::MANAGE_REMOTE),
+            MdSpec::new(mem_1, opts | MdOptions::MANAGE_REMOTE),
         );
     }
     let rule = |rate: Option<u32>, matcher: FaultMatch, health_mask: u32| {
@@ -119,15 +125,24 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
         })
         .unwrap();
     }
+    for n in [
+        "10.0.0.1@tcp",
+        "192.168.0.1@o2ib",
+        "10.0.0.2@tcp",
+        "192.168.0.2@o2ib",
+    ] {
+        sim.set_payload_faults(nid(n), f.payload_fail_rate);
+    }
     let target = ProcessId::lustre(nid("10.0.0.2@tcp"));
     let mut created = Vec::new();
     for (i, o) in ops.iter().enumerate() {
         match *o {
             Op::Put { ack, len } => {
+                let mem_2 = sim.register_mem("c", vec![1; usize::from(len)]);
                 let md = sim
                     .with_node("c", |n, _| {
                         n.md_bind(
-                            MdSpec::new(vec![1; usize::from(len)], MdOptions::empty())
+                            MdSpec::new(mem_2, MdOptions::empty())
                                 .threshold(Threshold::Count(if ack { 2 } else { 1 }))
                                 .unlink(Unlink::Unlink),
                         )
@@ -138,10 +153,11 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
                     .unwrap();
             }
             Op::Get { len } => {
+                let mem_3 = sim.register_mem("c", vec![0; usize::from(len)]);
                 let md = sim
                     .with_node("c", |n, _| {
                         n.md_bind(
-                            MdSpec::new(vec![0; usize::from(len)], MdOptions::TRUNCATE)
+                            MdSpec::new(mem_3, MdOptions::TRUNCATE)
                                 .threshold(Threshold::Count(2))
                                 .unlink(Unlink::Unlink),
                         )
@@ -176,6 +192,11 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
         if e.unlinked {
             *unlinked.entry(e.md).or_default() += 1;
         }
+    }
+    // Nothing is parked or half-read anywhere.
+    for n in ["c", "s"] {
+        assert_eq!(sim.node(n).rx_pending(), 0, "{n}: messages pending");
+        assert_eq!(sim.stalled(n), 0, "{n}: stalled connections");
     }
     // Every credit is back.
     for to in ["10.0.0.2@tcp", "192.168.0.2@o2ib"] {

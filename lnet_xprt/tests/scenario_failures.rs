@@ -44,14 +44,12 @@ fn warmed_up(seed: u64) -> Sim {
     )
     .unwrap();
     for (portal, op) in [(PORTAL, MdOptions::OP_PUT), (PORTAL + 1, MdOptions::OP_GET)] {
+        let mem_1 = sim.register_mem("server", vec![5; 64]);
         post_any(
             &mut sim,
             "server",
             portal,
-            MdSpec::new(
-                vec![5; 64],
-                op | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE,
-            ),
+            MdSpec::new(mem_1, op | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE),
         );
     }
     put(&mut sim, true, 999);
@@ -71,10 +69,11 @@ fn warmed_up(seed: u64) -> Sim {
 }
 
 fn put(sim: &mut Sim, ack: bool, bits: u64) {
+    let mem_2 = sim.register_mem("client", vec![1; 8]);
     let md = sim
         .with_node("client", |n, _| {
             n.md_bind(
-                MdSpec::new(vec![1; 8], MdOptions::empty())
+                MdSpec::new(mem_2, MdOptions::empty())
                     .threshold(Threshold::Count(if ack { 2 } else { 1 }))
                     .unlink(Unlink::Unlink),
             )
@@ -88,10 +87,11 @@ fn put(sim: &mut Sim, ack: bool, bits: u64) {
 }
 
 fn get(sim: &mut Sim, bits: u64) {
+    let mem_3 = sim.register_mem("client", vec![0; 8]);
     let md = sim
         .with_node("client", |n, _| {
             n.md_bind(
-                MdSpec::new(vec![0; 8], MdOptions::empty())
+                MdSpec::new(mem_3, MdOptions::empty())
                     .threshold(Threshold::Count(2))
                     .unlink(Unlink::Unlink),
             )

@@ -40,12 +40,13 @@ fn two_rails(seed: u64) -> Sim {
 
 /// A PUT sink on `PORTAL` that accepts everything.
 fn post_sink(sim: &mut Sim, name: &str) -> MdHandle {
+    let mem_1 = sim.register_mem(name, vec![0; 64]);
     post_any(
         sim,
         name,
         PORTAL,
         MdSpec::new(
-            vec![0; 64],
+            mem_1,
             MdOptions::OP_PUT | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE,
         ),
     )
@@ -55,10 +56,11 @@ fn post_sink(sim: &mut Sim, name: &str) -> MdHandle {
 fn put_n(sim: &mut Sim, to: &str, n: usize, gap: Duration) {
     let target = ProcessId::lustre(nid(to));
     for i in 0..n {
+        let mem_2 = sim.register_mem("client", vec![i as u8; 8]);
         let md = sim
             .with_node("client", |node, _| {
                 node.md_bind(
-                    MdSpec::new(vec![i as u8; 8], MdOptions::empty())
+                    MdSpec::new(mem_2, MdOptions::empty())
                         .threshold(Threshold::Count(2))
                         .unlink(Unlink::Unlink),
                 )
@@ -237,11 +239,10 @@ fn two_peers_of_one_node_are_merged() {
     let ta = ProcessId::lustre(nid(S_TCP));
     let tb = ProcessId::lustre(nid(S_IB));
     for (i, t) in [ta, tb].into_iter().enumerate() {
+        let mem_3 = sim.register_mem("client", vec![7; 8]);
         let md = sim
             .with_node("client", |n, _| {
-                n.md_bind(
-                    MdSpec::new(vec![7; 8], MdOptions::empty()).threshold(Threshold::Count(2)),
-                )
+                n.md_bind(MdSpec::new(mem_3, MdOptions::empty()).threshold(Threshold::Count(2)))
             })
             .unwrap();
         sim.with_node("client", |n, now| {

@@ -53,41 +53,43 @@ fn post(sim: &mut Sim, name: &str, portal: u32, spec: MdSpec) -> MdHandle {
 fn put_and_get_cross_a_router() {
     let mut sim = routed(1);
     sim.run_for(Duration::from_secs(1)).unwrap();
+    let inbox_mem = sim.register_mem("server", vec![0; 32]);
     let inbox = post(
         &mut sim,
         "server",
         4,
-        MdSpec::new(vec![0; 32], MdOptions::OP_PUT),
+        MdSpec::new(inbox_mem, MdOptions::OP_PUT),
     );
+    let served = sim.register_mem("server", b"server data".to_vec());
     post(
         &mut sim,
         "server",
         5,
-        MdSpec::new(b"server data".to_vec(), MdOptions::OP_GET),
+        MdSpec::new(served, MdOptions::OP_GET),
     );
     let server = ProcessId::lustre(nid("192.168.1.2@o2ib1"));
+    let data = sim.register_mem("client", b"ping!".to_vec());
     let src = sim
         .with_node("client", |n, _| {
-            n.md_bind(
-                MdSpec::new(b"ping!".to_vec(), MdOptions::empty()).threshold(Threshold::Count(2)),
-            )
+            n.md_bind(MdSpec::new(data, MdOptions::empty()).threshold(Threshold::Count(2)))
         })
         .unwrap();
     sim.with_node("client", |n, now| n.put(now, src, true, server, 4, 0, 0, 0))
         .unwrap();
+    let sink_mem = sim.register_mem("client", vec![0; 11]);
     let sink = sim
         .with_node("client", |n, _| {
-            n.md_bind(MdSpec::new(vec![0; 11], MdOptions::empty()).threshold(Threshold::Count(2)))
+            n.md_bind(MdSpec::new(sink_mem, MdOptions::empty()).threshold(Threshold::Count(2)))
         })
         .unwrap();
     sim.with_node("client", |n, now| n.get(now, sink, server, 5, 0, 0))
         .unwrap();
     sim.run_for(Duration::from_secs(5)).unwrap();
-    assert_eq!(&sim.node("server").md_buffer(inbox).unwrap()[..5], b"ping!");
+    assert_eq!(&sim.mem("server", inbox_mem.key)[..5], b"ping!");
     let kinds: Vec<EventKind> = sim.events("client").iter().map(|(_, e)| e.kind()).collect();
     assert!(kinds.contains(&EventKind::Ack), "{kinds:?}");
     assert!(kinds.contains(&EventKind::Reply), "{kinds:?}");
-    assert_eq!(sim.node("client").md_buffer(sink).unwrap(), b"server data");
+    assert_eq!(sim.mem("client", sink_mem.key), b"server data");
     assert!(sim.node("router").stats().route_count >= 4);
     // The server saw the client's NID as the source, not the router's.
     let put = sim
@@ -95,6 +97,7 @@ fn put_and_get_cross_a_router() {
         .iter()
         .find(|(_, e)| e.kind() == EventKind::Put)
         .unwrap();
+    assert_eq!(put.1.md, inbox);
     assert_eq!(put.1.info.initiator.nid, nid("10.0.0.1@tcp"));
     assert_eq!(put.1.info.sender, nid("192.168.1.3@o2ib1"));
 }
@@ -138,26 +141,29 @@ fn router_credits_exhausted_messages_queue_in_order_and_are_delivered() {
     .unwrap();
     sim.run_for(Duration::from_secs(1)).unwrap();
     // The server accepts PUTs on portal 4 (any bits) and serves GETs on 5.
+    let inbox_mem = sim.register_mem("server", vec![0; 4096]);
     post_any(
         &mut sim,
         "server",
         4,
         MdSpec::new(
-            vec![0; 4096],
+            inbox_mem,
             MdOptions::OP_PUT | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE,
         ),
     );
+    let served = sim.register_mem("server", vec![0xab; 64]);
     post_any(
         &mut sim,
         "server",
         5,
-        MdSpec::new(vec![0xab; 64], MdOptions::OP_GET | MdOptions::MANAGE_REMOTE),
+        MdSpec::new(served, MdOptions::OP_GET | MdOptions::MANAGE_REMOTE),
     );
     let server = ProcessId::lustre(nid("192.168.1.2@o2ib1"));
     // Discover the server first (one PUT), then the burst at a single instant.
+    let data = sim.register_mem("client", vec![0; 100]);
     let md = sim
         .with_node("client", |n, _| {
-            n.md_bind(MdSpec::new(vec![0; 100], MdOptions::empty()).threshold(Threshold::Count(2)))
+            n.md_bind(MdSpec::new(data, MdOptions::empty()).threshold(Threshold::Count(2)))
         })
         .unwrap();
     sim.with_node("client", |n, now| {
@@ -167,26 +173,23 @@ fn router_credits_exhausted_messages_queue_in_order_and_are_delivered() {
     sim.run_for(Duration::from_secs(1)).unwrap();
     let mut sinks = Vec::new();
     for i in 0..10u64 {
+        let data = sim.register_mem("client", vec![i as u8; 100]);
         let md = sim
             .with_node("client", |n, _| {
-                n.md_bind(
-                    MdSpec::new(vec![i as u8; 100], MdOptions::empty())
-                        .threshold(Threshold::Count(2)),
-                )
+                n.md_bind(MdSpec::new(data, MdOptions::empty()).threshold(Threshold::Count(2)))
             })
             .unwrap();
         sim.with_node("client", |n, now| n.put(now, md, true, server, 4, i, 0, 0))
             .unwrap();
+        let sink_mem = sim.register_mem("client", vec![0; 8]);
         let sink = sim
             .with_node("client", |n, _| {
-                n.md_bind(
-                    MdSpec::new(vec![0; 8], MdOptions::empty()).threshold(Threshold::Count(2)),
-                )
+                n.md_bind(MdSpec::new(sink_mem, MdOptions::empty()).threshold(Threshold::Count(2)))
             })
             .unwrap();
         sim.with_node("client", |n, now| n.get(now, sink, server, 5, i, 0))
             .unwrap();
-        sinks.push(sink);
+        sinks.push(sink_mem);
     }
     sim.run_for(Duration::from_secs(5)).unwrap();
 
@@ -221,8 +224,31 @@ fn router_credits_exhausted_messages_queue_in_order_and_are_delivered() {
         10
     );
     for sink in sinks {
-        assert_eq!(sim.node("client").md_buffer(sink).unwrap(), &[0xab; 8]);
+        assert_eq!(sim.mem("client", sink.key), &[0xab; 8]);
     }
+
+    // Messages that found no router credit or buffer were parked with their
+    // payload left in the client's connection (no copy), and everything was
+    // let go: no connection stalled, no router buffer held, nothing pending.
+    assert!(sim.stall_count("router") > 0);
+    assert_eq!(sim.stalled("router"), 0);
+    assert_eq!(sim.rx_buffers("router"), 0);
+    assert_eq!(sim.node("router").rx_pending(), 0);
+    // Forwarded payloads (11 PUTs of 100 bytes, 10 REPLYs of 8, and the
+    // discovery traffic between client and server) crossed the router once
+    // each way, as a socket read into a router buffer and a socket write
+    // from it. The only bytes the router node itself touched are those of
+    // its own pings (inline), exactly what its driver counted as inline.
+    let rc = sim.copies("router");
+    let forwarded_in = rc.socket_read_bytes - rc.inline_read_bytes;
+    let forwarded_out = rc.socket_write_bytes - rc.inline_write_bytes;
+    assert_eq!(forwarded_in, forwarded_out);
+    assert!(forwarded_in >= 11 * 100 + 10 * 8, "{rc:?}");
+    assert_eq!(
+        sim.node("router").stats().payload_bytes_copied,
+        rc.inline_read_bytes + rc.inline_write_bytes
+    );
+    assert_eq!(rc.loopback_copy_bytes, 0);
 
     // The queues were used: negative minimum credits, and all returned.
     let router = sim.node("router");
@@ -253,17 +279,19 @@ fn routed_bare_put_lost_beyond_the_router_is_invisible() {
 
     let mut sim = routed(11);
     sim.run_for(Duration::from_secs(1)).unwrap();
+    let inbox_mem = sim.register_mem("server", vec![0; 32]);
     post(
         &mut sim,
         "server",
         4,
-        MdSpec::new(vec![0; 32], MdOptions::OP_PUT),
+        MdSpec::new(inbox_mem, MdOptions::OP_PUT),
     );
     let server = ProcessId::lustre(nid("192.168.1.2@o2ib1"));
     // Discover the server first.
+    let data = sim.register_mem("client", vec![1; 4]);
     let md = sim
         .with_node("client", |n, _| {
-            n.md_bind(MdSpec::new(vec![1; 4], MdOptions::empty()))
+            n.md_bind(MdSpec::new(data, MdOptions::empty()))
         })
         .unwrap();
     sim.with_node("client", |n, now| n.put(now, md, false, server, 4, 0, 0, 0))
@@ -298,4 +326,65 @@ fn routed_bare_put_lost_beyond_the_router_is_invisible() {
         "the second PUT never arrived"
     );
     assert_eq!(sim.node("router").stats().send_failures, 1);
+}
+
+/// A router forwards a PUT naming a portal beyond the table without looking
+/// at it; the target drops it at matching (no protocol error anywhere).
+#[test]
+fn router_forwards_a_portal_beyond_the_table_and_the_target_drops_it() {
+    use colibri_lnet::wire::{Body, Header, WireHandle};
+
+    let mut sim = routed(12);
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    let routed_before = sim.node("router").stats().route_count;
+    let dropped_before = sim.node("server").stats().drop_count;
+    let (router_before, server_before) = (sim.copies("router"), sim.copies("server"));
+    let router_core_before = sim.node("router").stats().payload_bytes_copied;
+    let h = Header {
+        dest_nid: nid("192.168.1.2@o2ib1"),
+        src_nid: nid("10.0.0.1@tcp"),
+        dest_pid: 12345,
+        src_pid: 12345,
+        payload_length: 4,
+        body: Body::Put {
+            ack_wmd: WireHandle::NONE,
+            match_bits: 0,
+            hdr_data: 0,
+            ptl_index: 70,
+            offset: 0,
+        },
+    };
+    // As if the client's LND had sent it to the router (the client's own
+    // API refuses such a portal).
+    sim.inject(
+        nid("10.0.0.1@tcp"),
+        nid("10.0.0.3@tcp"),
+        h.encode(),
+        b"data".to_vec(),
+    );
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    assert_eq!(sim.node("router").stats().route_count, routed_before + 1);
+    assert_eq!(sim.node("server").stats().drop_count, dropped_before + 1);
+    assert_eq!(sim.node("server").stats().protocol_errors, 0);
+    assert!(sim.receive_errors().is_empty());
+    assert!(sim.events("server").is_empty());
+    // The router read the payload into a buffer and sent it from there; the
+    // server skipped it.
+    let rc = sim.copies("router");
+    assert_eq!(
+        (
+            rc.socket_read_bytes - router_before.socket_read_bytes,
+            rc.socket_write_bytes - router_before.socket_write_bytes
+        ),
+        (4, 4)
+    );
+    assert_eq!(
+        sim.node("router").stats().payload_bytes_copied,
+        router_core_before
+    );
+    assert_eq!(
+        sim.copies("server").discarded_bytes - server_before.discarded_bytes,
+        4
+    );
+    assert_eq!(sim.rx_buffers("router"), 0);
 }

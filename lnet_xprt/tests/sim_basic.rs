@@ -11,10 +11,10 @@ use colibri_lnet::ids::ProcessId;
 use colibri_lnet::matching::{
     EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, OpError, Threshold, Unlink,
 };
-use colibri_lnet::node::NodeError;
+use colibri_lnet::node::{NodeError, RxAction};
 use colibri_lnet::sim::{Sim, SimError, Topology};
 use colibri_lnet::time::Time;
-use colibri_lnet::wire::{Body, Header, MsgType, WireError, WireHandle};
+use colibri_lnet::wire::{Body, HEADER_LEN, Header, LNET_MTU, MsgType, WireError, WireHandle};
 
 /// Two single-NI nodes with discovery off (so the wire carries only what
 /// the test sends; discovery has its own scenarios).
@@ -54,17 +54,19 @@ fn kinds(sim: &Sim, name: &str) -> Vec<EventKind> {
 #[test]
 fn put_with_ack_delivers_data_and_events() {
     let mut sim = pair(1);
+    let inbox = sim.register_mem("b", vec![0; 16]);
     let target = post(
         &mut sim,
         "b",
         5,
         0x77,
-        MdSpec::new(vec![0; 16], MdOptions::OP_PUT),
+        MdSpec::new(inbox, MdOptions::OP_PUT),
     );
+    let hello = sim.register_mem("a", b"hello".to_vec());
     let src = sim
         .with_node("a", |n, _| {
             n.md_bind(
-                MdSpec::new(b"hello".to_vec(), MdOptions::empty())
+                MdSpec::new(hello, MdOptions::empty())
                     .threshold(Threshold::Count(2))
                     .unlink(Unlink::Unlink)
                     .user_ptr(9),
@@ -83,7 +85,8 @@ fn put_with_ack_delivers_data_and_events() {
     assert_eq!(ev.info.hdr_data, 0xabc);
     assert_eq!((ev.info.rlength, ev.info.mlength), (5, 5));
     assert_eq!(ev.info.initiator.nid, nid("10.0.0.1@tcp"));
-    assert_eq!(&sim.node("b").md_buffer(target).unwrap()[..5], b"hello");
+    assert_eq!(&sim.mem("b", inbox.key)[..5], b"hello");
+    assert_eq!(ev.mem, inbox);
 
     // Initiator: SEND and ACK in either order; the last one unlinks the MD.
     let mut k = kinds(&sim, "a");
@@ -109,17 +112,13 @@ fn put_with_ack_delivers_data_and_events() {
 #[test]
 fn put_without_ack_has_only_send() {
     let mut sim = pair(2);
-    post(
-        &mut sim,
-        "b",
-        5,
-        1,
-        MdSpec::new(vec![0; 16], MdOptions::OP_PUT),
-    );
+    let inbox = sim.register_mem("b", vec![0; 16]);
+    post(&mut sim, "b", 5, 1, MdSpec::new(inbox, MdOptions::OP_PUT));
+    let data = sim.register_mem("a", vec![1; 3]);
     let src = sim
         .with_node("a", |n, _| {
             n.md_bind(
-                MdSpec::new(vec![1; 3], MdOptions::empty())
+                MdSpec::new(data, MdOptions::empty())
                     .threshold(Threshold::Count(1))
                     .unlink(Unlink::Unlink),
             )
@@ -138,20 +137,19 @@ fn put_without_ack_has_only_send() {
 #[test]
 fn get_with_reply() {
     let mut sim = pair(3);
+    let served_mem = sim.register_mem("b", b"0123456789".to_vec());
     let served = post(
         &mut sim,
         "b",
         7,
         42,
-        MdSpec::new(
-            b"0123456789".to_vec(),
-            MdOptions::OP_GET | MdOptions::MANAGE_REMOTE,
-        ),
+        MdSpec::new(served_mem, MdOptions::OP_GET | MdOptions::MANAGE_REMOTE),
     );
+    let sink_mem = sim.register_mem("a", vec![0; 4]);
     let sink = sim
         .with_node("a", |n, _| {
             n.md_bind(
-                MdSpec::new(vec![0; 4], MdOptions::empty())
+                MdSpec::new(sink_mem, MdOptions::empty())
                     .threshold(Threshold::Count(2))
                     .unlink(Unlink::Unlink),
             )
@@ -177,16 +175,18 @@ fn get_with_reply() {
     assert_eq!(reply.1.info.mlength, 4);
     let last = &evs.last().unwrap().1;
     assert!(last.unlinked);
-    assert_eq!(last.buffer.as_deref(), Some(&b"3456"[..]));
+    assert_eq!(last.mem, sink_mem);
+    assert_eq!(sim.mem("a", sink_mem.key), b"3456");
 }
 
 #[test]
 fn get_without_match_times_out() {
     let mut sim = pair(4);
+    let sink_mem = sim.register_mem("a", vec![0; 4]);
     let sink = sim
         .with_node("a", |n, _| {
             n.md_bind(
-                MdSpec::new(vec![0; 4], MdOptions::empty())
+                MdSpec::new(sink_mem, MdOptions::empty())
                     .threshold(Threshold::Count(2))
                     .unlink(Unlink::Unlink),
             )
@@ -214,11 +214,10 @@ fn lazy_portal_holds_put_until_md_attached() {
     let mut sim = pair(5);
     sim.with_node("b", |n, _| n.set_lazy_portal(9, true))
         .unwrap();
+    let late = sim.register_mem("a", b"late".to_vec());
     let src = sim
         .with_node("a", |n, _| {
-            n.md_bind(
-                MdSpec::new(b"late".to_vec(), MdOptions::empty()).threshold(Threshold::Count(2)),
-            )
+            n.md_bind(MdSpec::new(late, MdOptions::empty()).threshold(Threshold::Count(2)))
         })
         .unwrap();
     let b = ProcessId::lustre(nid("10.0.0.2@tcp"));
@@ -227,32 +226,29 @@ fn lazy_portal_holds_put_until_md_attached() {
     sim.run_for(Duration::from_secs(1)).unwrap();
     assert!(sim.events("b").is_empty());
     assert!(!kinds(&sim, "a").contains(&EventKind::Ack));
-    let md = post(
-        &mut sim,
-        "b",
-        9,
-        3,
-        MdSpec::new(vec![0; 8], MdOptions::OP_PUT),
-    );
+    let inbox = sim.register_mem("b", vec![0; 8]);
+    post(&mut sim, "b", 9, 3, MdSpec::new(inbox, MdOptions::OP_PUT));
     sim.run_until_idle().unwrap();
     assert_eq!(kinds(&sim, "b"), vec![EventKind::Put]);
-    assert_eq!(&sim.node("b").md_buffer(md).unwrap()[..4], b"late");
+    assert_eq!(&sim.mem("b", inbox.key)[..4], b"late");
     assert!(kinds(&sim, "a").contains(&EventKind::Ack));
 }
 
 #[test]
 fn ack_disable_suppresses_ack() {
     let mut sim = pair(6);
+    let inbox = sim.register_mem("b", vec![0; 8]);
     post(
         &mut sim,
         "b",
         5,
         1,
-        MdSpec::new(vec![0; 8], MdOptions::OP_PUT | MdOptions::ACK_DISABLE),
+        MdSpec::new(inbox, MdOptions::OP_PUT | MdOptions::ACK_DISABLE),
     );
+    let data = sim.register_mem("a", vec![1; 3]);
     let src = sim
         .with_node("a", |n, _| {
-            n.md_bind(MdSpec::new(vec![1; 3], MdOptions::empty()).threshold(Threshold::Count(2)))
+            n.md_bind(MdSpec::new(data, MdOptions::empty()).threshold(Threshold::Count(2)))
         })
         .unwrap();
     let b = ProcessId::lustre(nid("10.0.0.2@tcp"));
@@ -295,6 +291,28 @@ fn ping_and_push_use_the_reserved_portal() {
     assert_eq!(sim.node("b").stats().push_received, 2);
 }
 
+/// The ping target is rebuilt while a REPLY from it is in flight: the old
+/// target stays LNet's own until its last event, which the user never sees.
+#[test]
+fn ping_target_rebuilt_while_serving_stays_internal() {
+    let mut sim = pair(15);
+    let b = nid("10.0.0.2@tcp");
+    sim.with_node("a", |n, now| n.ping(now, b)).unwrap();
+    // The GET reached b (50 us + jitter); its REPLY is on the wire.
+    sim.run_for(Duration::from_micros(60)).unwrap();
+    assert_eq!(sim.node("b").stats().ping_served, 1);
+    sim.with_node("b", |n, now| {
+        n.add_ni(
+            now,
+            colibri_lnet::node::NiConfig::new(nid("192.168.0.2@o2ib")),
+        )
+    })
+    .unwrap();
+    sim.run_until_idle().unwrap();
+    assert!(sim.node_mut("a").poll_ping_result().unwrap().result.is_ok());
+    assert!(sim.events("b").is_empty(), "{:?}", sim.events("b"));
+}
+
 #[test]
 fn ping_of_unknown_nid_fails() {
     let mut sim = pair(8);
@@ -333,13 +351,8 @@ fn local_ni_added_bumps_ping_seq() {
 #[test]
 fn receive_side_drop_rule_loses_put_silently() {
     let mut sim = pair(10);
-    post(
-        &mut sim,
-        "b",
-        5,
-        1,
-        MdSpec::new(vec![0; 8], MdOptions::OP_PUT),
-    );
+    let inbox = sim.register_mem("b", vec![0; 8]);
+    post(&mut sim, "b", 5, 1, MdSpec::new(inbox, MdOptions::OP_PUT));
     sim.with_node("b", |n, now| {
         n.add_drop_rule(
             now,
@@ -351,9 +364,10 @@ fn receive_side_drop_rule_loses_put_silently() {
         )
     })
     .unwrap();
+    let data = sim.register_mem("a", vec![1; 3]);
     let src = sim
         .with_node("a", |n, _| {
-            n.md_bind(MdSpec::new(vec![1; 3], MdOptions::empty()).threshold(Threshold::Count(1)))
+            n.md_bind(MdSpec::new(data, MdOptions::empty()).threshold(Threshold::Count(1)))
         })
         .unwrap();
     let b = ProcessId::lustre(nid("10.0.0.2@tcp"));
@@ -370,13 +384,8 @@ fn receive_side_drop_rule_loses_put_silently() {
 #[test]
 fn send_side_health_rule_fails_single_rail_send_without_resend() {
     let mut sim = pair(11);
-    post(
-        &mut sim,
-        "b",
-        5,
-        1,
-        MdSpec::new(vec![0; 8], MdOptions::OP_PUT),
-    );
+    let inbox = sim.register_mem("b", vec![0; 8]);
+    post(&mut sim, "b", 5, 1, MdSpec::new(inbox, MdOptions::OP_PUT));
     sim.with_node("a", |n, now| {
         n.add_drop_rule(
             now,
@@ -388,9 +397,10 @@ fn send_side_health_rule_fails_single_rail_send_without_resend() {
         )
     })
     .unwrap();
+    let data = sim.register_mem("a", vec![1; 3]);
     let src = sim
         .with_node("a", |n, _| {
-            n.md_bind(MdSpec::new(vec![1; 3], MdOptions::empty()).threshold(Threshold::Count(1)))
+            n.md_bind(MdSpec::new(data, MdOptions::empty()).threshold(Threshold::Count(1)))
         })
         .unwrap();
     let b = ProcessId::lustre(nid("10.0.0.2@tcp"));
@@ -409,13 +419,8 @@ fn send_side_health_rule_fails_single_rail_send_without_resend() {
 #[test]
 fn delay_rule_holds_messages() {
     let mut sim = pair(12);
-    post(
-        &mut sim,
-        "b",
-        5,
-        1,
-        MdSpec::new(vec![0; 8], MdOptions::OP_PUT),
-    );
+    let inbox = sim.register_mem("b", vec![0; 8]);
+    post(&mut sim, "b", 5, 1, MdSpec::new(inbox, MdOptions::OP_PUT));
     sim.with_node("b", |n, now| {
         n.add_delay_rule(
             now,
@@ -427,9 +432,10 @@ fn delay_rule_holds_messages() {
         )
     })
     .unwrap();
+    let data = sim.register_mem("a", vec![1; 3]);
     let src = sim
         .with_node("a", |n, _| {
-            n.md_bind(MdSpec::new(vec![1; 3], MdOptions::empty()).threshold(Threshold::Count(1)))
+            n.md_bind(MdSpec::new(data, MdOptions::empty()).threshold(Threshold::Count(1)))
         })
         .unwrap();
     let b = ProcessId::lustre(nid("10.0.0.2@tcp"));
@@ -446,12 +452,12 @@ fn misdirected_and_malformed_messages_are_protocol_errors() {
     let mut sim = pair(13);
     let now = sim.now();
     let b = sim.node_mut("b");
+    let (ni, from) = (nid("10.0.0.2@tcp"), nid("10.0.0.1@tcp"));
     // Garbage.
     assert!(matches!(
-        b.handle_receive(now, nid("10.0.0.2@tcp"), nid("10.0.0.1@tcp"), &[1, 2, 3]),
-        Err(NodeError::Wire(WireError::TooShort { .. }))
+        b.handle_header(now, ni, from, &[1; HEADER_LEN]),
+        Err(NodeError::Wire(WireError::UnknownType(0x0101_0101)))
     ));
-    // A PUT for another NID on the receiving net "should have gone direct".
     let h = Header {
         dest_nid: nid("10.0.0.7@tcp"),
         src_nid: nid("10.0.0.1@tcp"),
@@ -466,21 +472,93 @@ fn misdirected_and_malformed_messages_are_protocol_errors() {
             offset: 0,
         },
     };
-    let bytes = colibri_lnet::wire::encode_message(&h, &[]);
+    // Headers that lie about lengths: a PUT beyond LNET_MTU, a GET with a
+    // payload. Clean errors; the payload is never read.
+    let mut lie = h;
+    lie.dest_nid = ni;
+    lie.payload_length = LNET_MTU + 1;
+    assert_eq!(
+        b.handle_header(now, ni, from, &lie.encode()),
+        Err(NodeError::Wire(WireError::PayloadTooLarge(LNET_MTU + 1)))
+    );
+    let mut get_bytes = lie.encode();
+    get_bytes[24..28].copy_from_slice(&MsgType::Get.to_u32().to_le_bytes());
+    get_bytes[28..32].copy_from_slice(&8u32.to_le_bytes());
     assert!(matches!(
-        b.handle_receive(now, nid("10.0.0.2@tcp"), nid("10.0.0.1@tcp"), &bytes),
+        b.handle_header(now, ni, from, &get_bytes),
+        Err(NodeError::Wire(WireError::PayloadNotAllowed {
+            ty: MsgType::Get,
+            len: 8
+        }))
+    ));
+    // A PUT for another NID on the receiving net "should have gone direct".
+    assert!(matches!(
+        b.handle_header(now, ni, from, &h.encode()),
         Err(NodeError::Protocol(_))
     ));
-    // A PUT for a remote net on a non-router is dropped, not an error.
+    // A PUT for a remote net on a non-router is dropped, not an error: its
+    // payload is skipped.
     let mut h2 = h;
     h2.dest_nid = nid("192.168.0.7@o2ib");
-    let bytes = colibri_lnet::wire::encode_message(&h2, &[]);
-    assert!(
-        b.handle_receive(now, nid("10.0.0.2@tcp"), nid("10.0.0.1@tcp"), &bytes)
-            .is_ok()
+    h2.payload_length = 9;
+    assert_eq!(
+        b.handle_header(now, ni, from, &h2.encode()),
+        Ok(RxAction::Discard { len: 9 })
     );
     assert_eq!(b.stats().drop_count, 1);
-    assert_eq!(b.stats().protocol_errors, 2);
+    assert_eq!(b.stats().protocol_errors, 4);
+    assert_eq!(b.rx_pending(), 0);
+}
+
+/// A PUT or GET naming a portal beyond the table (>= 64) is dropped at
+/// matching, as Lustre's `lnet_ptl_match_md` does: counted, not a protocol
+/// error that would close the connection.
+#[test]
+fn portal_beyond_the_table_is_dropped_at_matching() {
+    let mut sim = pair(14);
+    let now = sim.now();
+    let b = sim.node_mut("b");
+    let put = Header {
+        dest_nid: nid("10.0.0.2@tcp"),
+        src_nid: nid("10.0.0.1@tcp"),
+        dest_pid: 12345,
+        src_pid: 12345,
+        payload_length: 3,
+        body: Body::Put {
+            ack_wmd: WireHandle::NONE,
+            match_bits: 0,
+            hdr_data: 0,
+            ptl_index: 64,
+            offset: 0,
+        },
+    };
+    let get = Header {
+        payload_length: 0,
+        body: Body::Get {
+            return_wmd: WireHandle::NONE,
+            match_bits: 0,
+            ptl_index: u32::MAX,
+            src_offset: 0,
+            sink_length: 8,
+        },
+        ..put
+    };
+    let (ni, from) = (nid("10.0.0.2@tcp"), nid("10.0.0.1@tcp"));
+    // The PUT's payload is skipped; the GET has none.
+    assert_eq!(
+        b.handle_header(now, ni, from, &put.encode()),
+        Ok(RxAction::Discard { len: 3 })
+    );
+    assert_eq!(
+        b.handle_header(now, ni, from, &get.encode()),
+        Ok(RxAction::None)
+    );
+    let stats = b.stats();
+    assert_eq!((stats.drop_count, stats.protocol_errors), (2, 0));
+    assert_eq!(stats.recv_count, 2);
+    sim.run_until_idle().unwrap();
+    assert!(sim.trace().is_empty(), "nothing answered");
+    assert!(sim.events("b").is_empty());
 }
 
 #[test]
@@ -496,21 +574,22 @@ fn same_seed_replays_same_run() {
         )
         .unwrap();
         for (to, portal) in [("b", 3), ("c", 4)] {
+            let inbox = sim.register_mem(to, vec![0; 64]);
             post(
                 &mut sim,
                 to,
                 portal,
                 0,
-                MdSpec::new(vec![0; 64], MdOptions::OP_PUT | MdOptions::TRUNCATE),
+                MdSpec::new(inbox, MdOptions::OP_PUT | MdOptions::TRUNCATE),
             );
         }
         for i in 0..10u32 {
             for (to, portal) in [("10.0.0.2@tcp", 3), ("10.0.0.3@tcp", 4)] {
+                let data = sim.register_mem("a", vec![i as u8; 4]);
                 let src = sim
                     .with_node("a", |n, _| {
                         n.md_bind(
-                            MdSpec::new(vec![i as u8; 4], MdOptions::empty())
-                                .threshold(Threshold::Count(2)),
+                            MdSpec::new(data, MdOptions::empty()).threshold(Threshold::Count(2)),
                         )
                     })
                     .unwrap();
