@@ -416,7 +416,25 @@ impl ProvShared {
 ///
 /// Dropping it (or [`RecvProvisioner::detach`]) stops the topping up;
 /// buffers already queued stay queued, and still return to the pool after
-/// their final event (a stop with abort cancels them).
+/// their final event (a stop with abort cancels them). Forgetting to keep
+/// it is a warning (an error where warnings are):
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// use colibri_bulk_mem::MemTransport;
+/// use colibri_net::pool::{BufferPool, PoolConfig, RecvProvisioner};
+/// use colibri_net::{Domain, RecvParams, ignore_tm_events};
+///
+/// fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     let xprt = MemTransport::default();
+///     let dom = Domain::new(&xprt)?;
+///     let tm = dom.tm_init(ignore_tm_events())?;
+///     let pool = BufferPool::new(&dom, PoolConfig::new(4096).initial(8))?;
+///     // Dropped at once: the server would stop serving after 8 messages.
+///     RecvProvisioner::attach(&tm, &pool, RecvParams::default(), 8, |_tm, _ev| {})?;
+///     Ok(())
+/// }
+/// ```
 #[must_use = "dropping a RecvProvisioner stops topping the receive queue up: keep it"]
 pub struct RecvProvisioner {
     sh: Arc<ProvShared>,

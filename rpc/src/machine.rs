@@ -1703,7 +1703,20 @@ impl RpcHandle {
 /// receive buffers, send buffers, sessions and handlers of the RPC layer.
 ///
 /// Dereferences to [`RpcHandle`] for every operation; adds
-/// [`shutdown`](RpcMachine::shutdown). Dropping a machine shuts it down.
+/// [`shutdown`](RpcMachine::shutdown). Dropping a machine shuts it down,
+/// so not keeping one is a warning (an error where warnings are):
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// use colibri_bulk_mem::MemTransport;
+/// use colibri_rpc::{RpcConfig, RpcMachine};
+///
+/// fn main() -> Result<(), colibri_rpc::RpcError> {
+///     let xprt = MemTransport::default();
+///     RpcMachine::start_on(&xprt, "127.0.0.1:0:1", RpcConfig::default())?;
+///     Ok(())
+/// }
+/// ```
 #[must_use = "dropping an RpcMachine shuts it down"]
 pub struct RpcMachine {
     h: RpcHandle,
