@@ -457,10 +457,8 @@ impl Loop {
         if c.proto.has_later() {
             self.later.push(t);
         }
-        if let Some(learned) = c.proto.take_new_routes() {
-            for &a in learned {
-                self.routes.insert(a, t);
-            }
+        for a in c.proto.take_new_routes() {
+            self.routes.insert(a, t);
         }
         self.eng.stats.rx_bytes.load(Ordering::Relaxed) != before
     }
@@ -585,10 +583,8 @@ impl Loop {
         if c.proto.has_later() {
             self.later.push(t);
         }
-        if let Some(learned) = c.proto.take_new_routes() {
-            for &a in learned {
-                self.routes.insert(a, t);
-            }
+        for a in c.proto.take_new_routes() {
+            self.routes.insert(a, t);
         }
     }
 

@@ -37,9 +37,9 @@
 //! transfer machine of this process an address names), so that the tests
 //! run the protocol on real transfer machines of a fake transport.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 
-use colibri_net::fasthash::FastMap;
+use colibri_net::fasthash::{FastMap, FastState};
 use std::io::IoSlice;
 use std::net::SocketAddrV4;
 use std::sync::Arc;
@@ -61,8 +61,12 @@ mod tests;
 pub(crate) const RBUF: usize = 64 * 1024;
 /// Bodies with at least this much left are read straight into the buffer.
 pub(crate) const DIRECT_MIN: usize = 2048;
-/// Most peer listening addresses learned on one connection.
-const MAX_ROUTES: usize = 64;
+/// Most peer listening addresses learned on one connection: every
+/// transfer machine behind a client's connection is answered over it
+/// (a thousand client machines in one domain share one connection), and
+/// the bound only stops a peer from growing our memory without limit by
+/// naming ever new senders (past it, answers open their own connection).
+const MAX_ROUTES: usize = 1 << 16;
 
 /// A transfer machine, as the protocol sees it.
 pub(crate) trait Machine {
@@ -463,8 +467,13 @@ pub(crate) struct Proto<M> {
     ops: FastMap<u64, Op<M>>,
     next_xid: u64,
     pas: FastMap<u64, Pxfer<M>>,
-    learned: Vec<SocketAddrV4>,
-    new_routes: bool,
+    /// Peers' listening addresses learned from requests on this incoming
+    /// connection ([`Proto::learned`]).
+    learned: HashSet<SocketAddrV4, FastState>,
+    /// Learned since the engine last took them.
+    fresh: Vec<SocketAddrV4>,
+    /// The sender of the last request: a busy peer costs no hash lookup.
+    last_learned: Option<SocketAddrV4>,
     /// The last sender address seen and its printed form: a busy peer's
     /// address is formatted once, not per message.
     sender_name: Option<(TcpAddr, String)>,
@@ -508,8 +517,9 @@ impl<M: Machine> Proto<M> {
             ops: FastMap::default(),
             next_xid: 1,
             pas: FastMap::default(),
-            learned: Vec::new(),
-            new_routes: false,
+            learned: HashSet::default(),
+            fresh: Vec::new(),
+            last_learned: None,
             sender_name: None,
             later: Vec::new(),
         }
@@ -593,13 +603,13 @@ impl<M: Machine> Proto<M> {
     /// requests on this (accepted) connection: our requests to them may
     /// travel over it too, so that a request and the answer to the peer's
     /// share a segment.
-    pub(crate) fn learned(&self) -> &[SocketAddrV4] {
-        &self.learned
+    pub(crate) fn learned(&self) -> impl Iterator<Item = &SocketAddrV4> {
+        self.learned.iter()
     }
 
-    /// The learned addresses, if they grew since the last call.
-    pub(crate) fn take_new_routes(&mut self) -> Option<&[SocketAddrV4]> {
-        std::mem::take(&mut self.new_routes).then_some(&self.learned[..])
+    /// The addresses learned since the last call.
+    pub(crate) fn take_new_routes(&mut self) -> std::vec::Drain<'_, SocketAddrV4> {
+        self.fresh.drain(..)
     }
 
     // ----- time --------------------------------------------------------------
@@ -1215,9 +1225,11 @@ impl<M: Machine> Proto<M> {
                 )));
             }
             let a = h.sender.sock();
-            if !self.learned.contains(&a) && self.learned.len() < MAX_ROUTES {
-                self.learned.push(a);
-                self.new_routes = true;
+            if self.last_learned != Some(a) {
+                self.last_learned = Some(a);
+                if self.learned.len() < MAX_ROUTES && self.learned.insert(a) {
+                    self.fresh.push(a);
+                }
             }
         }
         Ok(dir.machine(&h.receiver))

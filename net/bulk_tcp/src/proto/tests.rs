@@ -1025,3 +1025,30 @@ fn an_idle_connection_gives_its_read_buffer_back() {
     assert_eq!(event(&ev).message().unwrap(), data);
     assert!(p.ba.take_idle_rbuf().is_some());
 }
+
+#[test]
+fn every_sender_behind_a_connection_is_a_route_back() {
+    // A thousand client transfer machines in one domain share one
+    // connection: each one's listening address is learned from its
+    // requests (not just the first 64), and reported to the engine once.
+    let p = Pair::new(1 << 20);
+    let b = p.b.addr;
+    let mut end = testkit::accepted(testkit::config(1 << 20), b, p.now());
+    let mut bytes = Vec::new();
+    for i in 0..1000u16 {
+        let from = TcpAddr::parse(&format!("127.0.0.9:{}:1", 2000 + i)).unwrap();
+        // Two requests each: the second is not learned again.
+        for x in 0..2 {
+            let mut h = header(Opcode::Msg, u64::from(i) * 2 + x, from, b);
+            h.total = 1;
+            h.body_len = 1;
+            bytes.extend_from_slice(&h.encode());
+            bytes.push(b'x');
+        }
+    }
+    end.feed(&bytes, p.now(), &p.dir).unwrap();
+    assert_eq!(end.learned().count(), 1000);
+    assert_eq!(end.take_new_routes().count(), 1000);
+    assert_eq!(end.take_new_routes().count(), 0);
+    end.fail_all(&NetError::Cancelled);
+}
