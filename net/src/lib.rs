@@ -88,6 +88,7 @@ pub mod domain;
 pub mod ep;
 pub mod error;
 pub mod fasthash;
+pub mod fault;
 pub mod pool;
 pub mod queue;
 pub mod registry;

@@ -359,6 +359,18 @@ impl TmSink {
             })
     }
 
+    /// Hands back to the transport a buffer it set aside in
+    /// [`XprtTm::buf_add`](crate::xprt::XprtTm::buf_add) without working on
+    /// it (a wrapper that delays operations): under the transfer machine's
+    /// lock, if the buffer is still queued, not in use, not cancelled and
+    /// the transfer machine is started, `buf_add` is called again; a
+    /// refusal completes the buffer with the error. False when nothing was
+    /// handed back (the buffer is gone, cancelled or busy: the core
+    /// completes it otherwise).
+    pub fn resubmit(&self, buf: &QueuedBuf) -> bool {
+        self.with(|tm| tm.resubmit(buf)).unwrap_or(false)
+    }
+
     /// The queued buffer with this token, if it is still queued on this
     /// transfer machine.
     pub fn lookup(&self, token: BufToken) -> Option<QueuedBuf> {

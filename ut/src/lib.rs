@@ -108,6 +108,7 @@ macro_rules! conformance_tests {
             del_ends_a_stalled_passive_transfer,
             pool_tops_up_before_the_callback,
             blocking_waits_fail_on_delivery_threads,
+            stress_with_faults,
             add_needs_started,
             stop_abort_cancels_everything,
             stop_without_abort,

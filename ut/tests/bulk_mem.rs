@@ -44,3 +44,41 @@ mod pool_blocking {
         ..MemConfig::blocking()
     }));
 }
+
+/// The in-memory transport behind a fault injector with a plan that
+/// delays every fourth operation by up to 2 ms and injects nothing else:
+/// the whole suite passes through the wrapper (delays reorder operations,
+/// which no case may depend on, and the wrapper's set-aside buffers must
+/// be cancellable, time out and stop like any other).
+struct Delayed;
+
+impl Factory for Delayed {
+    fn name(&self) -> &'static str {
+        "mem+delays"
+    }
+    fn transport(&self) -> Arc<dyn Transport> {
+        use colibri_net::fault::{FaultAction, FaultPlan, FaultRule, FaultTransport, Pick};
+        let plan = FaultPlan::new(7).rule(FaultRule::new(
+            FaultAction::Delay {
+                min: std::time::Duration::ZERO,
+                max: std::time::Duration::from_millis(2),
+            },
+            Pick::Every(4),
+        ));
+        Arc::new(FaultTransport::new(
+            Arc::new(MemTransport::new(MemConfig::default())),
+            plan,
+        ))
+    }
+    fn addr(&self) -> String {
+        Mem(MemConfig::default()).addr()
+    }
+    fn unreachable_addr(&self) -> String {
+        Mem(MemConfig::default()).unreachable_addr()
+    }
+}
+
+mod through_a_fault_injector {
+    use super::*;
+    colibri_ut::conformance_tests!(Delayed);
+}

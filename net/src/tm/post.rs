@@ -77,6 +77,22 @@ impl TmInner {
         }
     }
 
+    pub(crate) fn resubmit(self: &Arc<Self>, q: &QueuedBuf) -> bool {
+        let core = self.core.lock();
+        let idle = Self::live(&core, q).is_some_and(|s| !s.flag(F_CANCEL) && !s.flag(F_IN_USE));
+        if !idle || core.state != TmState::Started {
+            return false;
+        }
+        match self.xprt.buf_add(q) {
+            Ok(()) => true,
+            Err(e) => {
+                drop(core);
+                self.post_buffer(q, Post::Complete(Err(e))).run();
+                true
+            }
+        }
+    }
+
     pub(crate) fn release_claim(self: &Arc<Self>, q: &QueuedBuf) {
         let mut core = self.core.lock();
         let Some(s) = Self::live(&core, q).cloned() else {
