@@ -343,3 +343,36 @@ fn banner(child: &mut std::process::Child) -> (String, String) {
         .unwrap_or_else(|| panic!("unexpected banner {first:?}"));
     (addr, first)
 }
+
+#[test]
+fn soak_checks_every_add_on_both_transports() {
+    for xprt in ["mem", "tcp"] {
+        let out = colibri(&[
+            "soak",
+            "--xprt",
+            xprt,
+            "--ops",
+            "20000",
+            "--duration",
+            "20",
+            "--epoch-ops",
+            "5000",
+            "--json",
+            "-q",
+        ]);
+        assert!(
+            out.status.success(),
+            "{xprt}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["adds"], v["finals"], "{v}");
+        assert!(v["ops"].as_u64().unwrap() >= 20_000, "{v}");
+        assert!(v["epochs"].as_u64().unwrap() >= 4, "{v}");
+        assert!(v["lost"].as_u64().unwrap() > 0, "{v}");
+    }
+    // Arguments are checked.
+    let out = colibri(&["soak", "--duration=-1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--duration"));
+}

@@ -32,6 +32,7 @@ use colibri_net::Transport;
 
 pub mod cases;
 pub mod harness;
+pub mod soak;
 
 pub use harness::{Node, Rng, pattern};
 

@@ -1,0 +1,169 @@
+//! `colibri soak`: the soak runner of `colibri_ut::soak` from the command
+//! line, bounded by a count of operations and a time.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use colibri_ut::soak::{SoakConfig, SoakReport, rss_bytes, soak};
+use serde::Serialize;
+
+use crate::xprt::Xprt;
+
+/// Options of `colibri soak`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SoakArgs {
+    /// Transport to soak.
+    #[arg(long, value_enum, default_value = "mem")]
+    xprt: Xprt,
+    /// Stop after this many operations (adds and deletions).
+    #[arg(long, default_value_t = 1_000_000)]
+    ops: u64,
+    /// Stop after this many seconds.
+    #[arg(long, default_value_t = 600.0)]
+    duration: f64,
+    /// Seed of every random choice (a failing run replays with it).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Operations between two restarts of the transfer machines.
+    #[arg(long, default_value_t = 20_000)]
+    epoch_ops: u64,
+    /// Seconds between two samples of resident memory.
+    #[arg(long, default_value_t = 10.0)]
+    sample: f64,
+    /// Inject no faults.
+    #[arg(long)]
+    no_faults: bool,
+    /// Print machine-readable JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// No progress lines on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Out {
+    transport: &'static str,
+    seed: u64,
+    faults: bool,
+    ops: u64,
+    adds: u64,
+    dels: u64,
+    finals: u64,
+    payloads_checked: u64,
+    epochs: u64,
+    lost: u64,
+    failed: u64,
+    delayed: u64,
+    seconds: f64,
+    /// (seconds since start, resident MiB).
+    rss_mib: Vec<(f64, f64)>,
+}
+
+fn secs(s: f64, what: &str) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(s).map_err(|_| format!("--{what} {s}: not a number of seconds"))
+}
+
+/// Runs the soak; an error names the broken invariant and the seed.
+pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
+    let cfg = SoakConfig {
+        seed: a.seed,
+        max_ops: a.ops,
+        max_time: secs(a.duration, "duration")?,
+        faults: !a.no_faults,
+        epoch_ops: a.epoch_ops.max(1),
+        sample_every: secs(a.sample, "sample")?,
+    };
+    static SVC: AtomicU32 = AtomicU32::new(1);
+    let xprt = a.xprt;
+    let addr = move || match xprt {
+        // bulk_mem: a fresh service each time, any port.
+        Xprt::Mem => format!("127.0.0.1:0:{}", SVC.fetch_add(1, Ordering::Relaxed)),
+        Xprt::Tcp => "127.0.0.1:0:1".to_string(),
+    };
+    if !a.quiet {
+        eprintln!(
+            "soak: {} transport, seed {}, faults {}, up to {} operations or {:.0} s; resident {:.1} MiB",
+            xprt.name(),
+            a.seed,
+            if cfg.faults { "on" } else { "off" },
+            a.ops,
+            a.duration,
+            rss_bytes() as f64 / 1048576.0
+        );
+    }
+    let started = Instant::now();
+    let quiet = a.quiet;
+    let mut progress = |r: &SoakReport| {
+        if !quiet {
+            eprintln!(
+                "[{:>7.1}s] {} ops, {} adds, {} final events, {} epochs, lost/failed/delayed {}/{}/{}, resident {:.1} MiB",
+                started.elapsed().as_secs_f64(),
+                r.ops,
+                r.adds,
+                r.finals,
+                r.epochs,
+                r.faults.lost,
+                r.faults.failed,
+                r.faults.delayed,
+                rss_bytes() as f64 / 1048576.0
+            );
+        }
+    };
+    let rep = soak(xprt.transport(false, 1), &addr, &cfg, &mut progress)
+        .map_err(|e| format!("soak failed: {e}"))?;
+    let out = Out {
+        transport: xprt.name(),
+        seed: a.seed,
+        faults: cfg.faults,
+        ops: rep.ops,
+        adds: rep.adds,
+        dels: rep.dels,
+        finals: rep.finals,
+        payloads_checked: rep.payloads_checked,
+        epochs: rep.epochs,
+        lost: rep.faults.lost,
+        failed: rep.faults.failed,
+        delayed: rep.faults.delayed,
+        seconds: crate::round_sig(rep.elapsed.as_secs_f64()),
+        rss_mib: rep
+            .rss
+            .iter()
+            .map(|(t, b)| {
+                (
+                    crate::round_sig(t.as_secs_f64()),
+                    crate::round_sig(*b as f64 / 1048576.0),
+                )
+            })
+            .collect(),
+    };
+    let mut stdout = std::io::stdout().lock();
+    if a.json {
+        return crate::write_json(&mut stdout, &out);
+    }
+    use std::io::Write;
+    let samples: Vec<String> = out
+        .rss_mib
+        .iter()
+        .map(|(t, m)| format!("{t:.0}s {m:.1}"))
+        .collect();
+    writeln!(
+        stdout,
+        "soak passed: {} transport, seed {}, {} ops ({} adds, {} deletions) in {:.1} s, {} epochs, \
+         every add one final event, {} payloads checked intact, faults lost/failed/delayed {}/{}/{}\n\
+         resident MiB: {}",
+        out.transport,
+        out.seed,
+        out.ops,
+        out.adds,
+        out.dels,
+        out.seconds,
+        out.epochs,
+        out.payloads_checked,
+        out.lost,
+        out.failed,
+        out.delayed,
+        samples.join(", ")
+    )
+    .map_err(|e| e.to_string())
+}
