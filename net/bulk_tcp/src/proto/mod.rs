@@ -938,6 +938,27 @@ impl<M: Machine> Proto<M> {
         }
         if self.wq.is_empty() {
             self.last_use = now;
+            self.trim();
+        }
+    }
+
+    /// Gives back the memory a burst left in the connection's queues and
+    /// tables once they are empty: a connection that once queued thousands
+    /// of frames keeps a few hundred bytes, not their capacity, while it
+    /// lingers until it is reaped.
+    fn trim(&mut self) {
+        const KEEP: usize = 16;
+        if self.wq.is_empty() && self.wq.capacity() > 4 * KEEP {
+            self.wq.shrink_to(KEEP);
+        }
+        if self.ops.is_empty() && self.ops.capacity() > 4 * KEEP {
+            self.ops.shrink_to(KEEP);
+        }
+        if self.pas.is_empty() && self.pas.capacity() > 4 * KEEP {
+            self.pas.shrink_to(KEEP);
+        }
+        if self.later.is_empty() && self.later.capacity() > 4 * KEEP {
+            self.later.shrink_to(KEEP);
         }
     }
 
@@ -1013,6 +1034,7 @@ impl<M: Machine> Proto<M> {
         }
         self.rpos = 0;
         self.rlen = 0;
+        self.trim();
         Some(std::mem::take(&mut self.rbuf))
     }
 

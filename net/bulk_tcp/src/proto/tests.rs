@@ -1052,3 +1052,19 @@ fn every_sender_behind_a_connection_is_a_route_back() {
     assert_eq!(end.take_new_routes().count(), 0);
     end.fail_all(&NetError::Cancelled);
 }
+
+#[test]
+fn a_drained_burst_gives_its_queue_memory_back() {
+    let mut p = Pair::new(1 << 20);
+    let (cbs, _ev) = event_channel(4096);
+    for i in 0..1000u32 {
+        p.send(&i.to_le_bytes(), &cbs);
+    }
+    assert!(p.ab.wq.capacity() >= 1000);
+    let now = p.now();
+    let bytes = take_output(&mut p.ab, usize::MAX, now).unwrap();
+    assert!(!bytes.is_empty());
+    assert!(p.ab.wq.is_empty());
+    assert!(p.ab.wq.capacity() <= 64, "{}", p.ab.wq.capacity());
+    p.ab.fail_all(&NetError::Cancelled);
+}
