@@ -123,6 +123,8 @@ macro_rules! bit_set {
 pub mod credits;
 pub mod discovery;
 pub mod fault;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod health;
 pub mod ids;
 pub mod matching;

@@ -2651,6 +2651,14 @@ impl Node {
     fn match_put(&mut self, now: Time, info: MatchInfo, rx: RxMsg) -> Disp {
         let peers = self.disc.peers();
         let len = rx.header.payload_length;
+        if info.portal == RESERVED_PORTAL && info.match_bits != PING_MATCHBITS {
+            // Only pushes go to LNet's own portal, and no MD there can
+            // ever match other bits: held on the lazy portal, such a PUT
+            // would stall its connection for good (Lustre holds it).
+            self.stats.drop_count += 1;
+            tracing::debug!(target: "colibri_lnet::node", bits = info.match_bits, "PUT to the reserved portal with foreign match bits dropped");
+            return Disp::Act(discard(len));
+        }
         match self
             .table
             .match_request(info, rx, &|a, b| same_peer(peers, a, b))
@@ -3400,6 +3408,25 @@ mod tests {
         // and gets no ACK.
         assert_eq!(ev.status(), Err(OpError::TimedOut));
         assert!(n.poll_event().is_none());
+        assert_eq!(n.rx_pending(), 0);
+    }
+
+    #[test]
+    fn foreign_puts_to_the_reserved_portal_are_dropped_not_held() {
+        // Found by the receive-path fuzzing entry: LNet's own portal is
+        // lazy (pushes wait for the push target to be posted again), but
+        // no MD there takes anything but the push match bits, so a PUT
+        // with other bits would have stalled its connection for good.
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        let (ni, from) = (nid("10.0.0.1@tcp"), nid("10.0.0.2@tcp"));
+        let mut h = Header::decode(&put_header("10.0.0.1@tcp", 40)).unwrap();
+        if let Body::Put { ptl_index, .. } = &mut h.body {
+            *ptl_index = RESERVED_PORTAL;
+        }
+        let drops = n.stats().drop_count;
+        let a = n.handle_header(Time::ZERO, ni, from, &h.encode()).unwrap();
+        assert_eq!(a, RxAction::Discard { len: 40 });
+        assert_eq!(n.stats().drop_count, drops + 1);
         assert_eq!(n.rx_pending(), 0);
     }
 
