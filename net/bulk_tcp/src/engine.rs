@@ -43,6 +43,7 @@ pub struct Stats {
     reaped: AtomicU64,
     broken: AtomicU64,
     rx_bytes: AtomicU64,
+    listeners: AtomicU64,
 }
 
 /// A snapshot of [`Stats`].
@@ -59,6 +60,8 @@ pub struct StatsSnapshot {
     pub broken: u64,
     /// Bytes read from sockets.
     pub rx_bytes: u64,
+    /// Listening sockets the I/O threads watch now.
+    pub listeners: u64,
 }
 
 impl Stats {
@@ -74,6 +77,7 @@ impl Stats {
             reaped: self.reaped.load(Ordering::Relaxed),
             broken: self.broken.load(Ordering::Relaxed),
             rx_bytes: self.rx_bytes.load(Ordering::Relaxed),
+            listeners: self.listeners.load(Ordering::Relaxed),
         }
     }
 }
@@ -82,6 +86,8 @@ impl Stats {
 pub(crate) enum Cmd {
     Started(Arc<TmShared>),
     Listen(Arc<Listener>),
+    /// The listener was closed: forget it.
+    Unlisten(Arc<Listener>),
     Send(Arc<TmShared>, QueuedBuf),
     Active(Arc<TmShared>, QueuedBuf),
     Del(QueuedBuf, DelReason),
@@ -194,6 +200,9 @@ pub(crate) fn release_addr(l: &Arc<Listener>, service: u32, tm: &TmShared) {
     drop(reg);
     if l.sock.lock().take().is_some() {
         debug!(addr = %l.addr, "listener closed");
+        // A closed socket raises no event: the I/O thread would never
+        // notice and would keep the listener for good.
+        l.engine.push(Cmd::Unlisten(Arc::clone(l)));
         l.engine.release_user();
     }
 }
@@ -407,6 +416,16 @@ impl Loop {
             self.step(&events, true);
         }
         self.close_all();
+        let left = self.listeners.len() as u64;
+        self.eng.stats.listeners.fetch_sub(left, Ordering::Relaxed);
+    }
+
+    /// Drops a closed listener from the watched set.
+    fn forget_listener(&mut self, l: &Arc<Listener>) {
+        let before = self.listeners.len();
+        self.listeners.retain(|_, x| !Arc::ptr_eq(x, l));
+        let gone = (before - self.listeners.len()) as u64;
+        self.eng.stats.listeners.fetch_sub(gone, Ordering::Relaxed);
     }
 
     /// While spinning, reads the connection that last received data
@@ -595,7 +614,7 @@ impl Loop {
                 match g.as_ref() {
                     None => {
                         drop(g);
-                        self.listeners.retain(|_, x| !Arc::ptr_eq(x, l));
+                        self.forget_listener(l);
                         return;
                     }
                     Some(s) => s.accept(),
@@ -745,9 +764,11 @@ impl Loop {
                     }
                     drop(g);
                     self.listeners.insert(t, Arc::clone(&l));
+                    self.eng.stats.listeners.fetch_add(1, Ordering::Relaxed);
                     self.accept(&l);
                 }
             }
+            Cmd::Unlisten(l) => self.forget_listener(&l),
             Cmd::Send(tm, q) | Cmd::Active(tm, q) => self.start_op(tm, q),
             Cmd::Del(q, reason) => self.del(&q, reason),
             Cmd::Deliver(d) => d.run(),

@@ -114,3 +114,38 @@ fn idle_connections_hold_no_read_buffer() {
     tm.stop(true).unwrap();
     tm.wait_stopped(Duration::from_secs(10)).unwrap();
 }
+
+#[test]
+fn closed_listeners_are_forgotten() {
+    // A transfer machine started at port 0 and stopped, 50 times, in a
+    // domain kept alive by another: the I/O thread watches one listener
+    // at the end, not 51 (a closed socket raises no event, so it used to
+    // keep every one it had been given).
+    let xprt = TcpTransport::new(TcpConfig::default());
+    let dom = Domain::new(&xprt).unwrap();
+    let keeper = dom.tm_init(colibri_net::ignore_tm_events()).unwrap();
+    keeper.start("127.0.0.1:0:1").unwrap();
+    keeper
+        .wait_for_state(TmState::Started, Duration::from_secs(10))
+        .unwrap();
+    for _ in 0..50 {
+        let tm = dom.tm_init(colibri_net::ignore_tm_events()).unwrap();
+        tm.start("127.0.0.1:0:2").unwrap();
+        tm.wait_for_state(TmState::Started, Duration::from_secs(10))
+            .unwrap();
+        tm.stop(true).unwrap();
+        tm.wait_stopped(Duration::from_secs(10)).unwrap();
+        tm.fini().unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while xprt.stats().listeners != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "{} listeners watched",
+            xprt.stats().listeners
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    keeper.stop(true).unwrap();
+    keeper.wait_stopped(Duration::from_secs(10)).unwrap();
+}
