@@ -30,13 +30,13 @@ const TARGET: &str = "colibri_lnet_rt";
 /// An LND driven by the runtime (the socket LND; loopback is built in).
 pub(crate) trait Lnd: Send + Sync {
     /// Takes a transmit; `Err` completes it at once with that status.
-    fn send(&self, tx: Transmit) -> Result<(), HealthStatus>;
+    fn send(&self, s: &Shared, tx: Transmit) -> Result<(), HealthStatus>;
     /// The action for a parked message; `false` if no connection holds it.
-    fn resume(&self, rx: RxId, action: RxAction) -> bool;
+    fn resume(&self, s: &Shared, rx: RxId, action: RxAction) -> bool;
     /// Periodic work: keepalives, timeouts, reconnections.
-    fn tick(&self, now: Time);
+    fn tick(&self, s: &Shared, now: Time);
     /// Stops threads and closes connections (failing what they held).
-    fn shutdown(&self);
+    fn shutdown(&self, s: &Shared);
 }
 
 /// A node input that the runtime batches.
@@ -84,7 +84,7 @@ pub(crate) struct Shared {
     events_tx: Sender<Event>,
     /// Loopback messages parked by the node, with their transmit.
     lo_parked: Mutex<HashMap<RxId, Transmit>>,
-    pub(crate) lnd: OnceLock<Arc<dyn Lnd>>,
+    pub(crate) lnd: OnceLock<Arc<crate::sock::SockLnd>>,
     pub(crate) shutdown: AtomicBool,
     /// The runtime thread's current wake-up time (ns on the runtime's clock).
     deadline: AtomicU64,
@@ -249,7 +249,7 @@ impl Shared {
             }
             let id = tx.id;
             let r = match self.lnd.get() {
-                Some(lnd) if !self.shutdown.load(Ordering::Acquire) => lnd.send(tx),
+                Some(lnd) if !self.shutdown.load(Ordering::Acquire) => lnd.send(self, tx),
                 _ => {
                     tracing::debug!(target: TARGET, to = %tx.to, "no LND for this transmit");
                     Err(HealthStatus::LocalDropped)
@@ -264,7 +264,7 @@ impl Shared {
                 let _ = self.rt_tx.send(RtMsg::LoResume(rx, action));
                 continue;
             }
-            let resumed = self.lnd.get().is_some_and(|l| l.resume(rx, action));
+            let resumed = self.lnd.get().is_some_and(|l| l.resume(self, rx, action));
             if !resumed {
                 // The connection is gone; it reported the message failed.
                 tracing::debug!(target: TARGET, ?rx, "action for a message no connection holds");
@@ -453,7 +453,7 @@ impl Shared {
             if now >= next_tick {
                 next_tick = now.saturating_add(tick);
                 if let Some(lnd) = self.lnd.get() {
-                    lnd.tick(now);
+                    lnd.tick(&self, now);
                 }
             }
         }

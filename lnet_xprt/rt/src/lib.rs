@@ -75,6 +75,7 @@ mod config;
 mod core;
 mod error;
 mod mem;
+mod sock;
 mod stats;
 
 use std::net::SocketAddr;
@@ -93,9 +94,10 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 pub use crate::config::LnetConfig;
-use crate::core::{RtMsg, Shared};
+use crate::core::{Lnd, RtMsg, Shared};
 pub use crate::error::LnetError;
 pub use crate::mem::MemRegion;
+use crate::sock::{SockCfg, SockLnd};
 pub use crate::stats::RuntimeStats;
 
 const TARGET: &str = "colibri_lnet_rt";
@@ -136,7 +138,7 @@ fn stop(h: &Handle) {
     }
     tracing::debug!(target: TARGET, "LNet runtime shutting down");
     if let Some(lnd) = shared.lnd.get() {
-        lnd.shutdown();
+        lnd.shutdown(shared);
     }
     let _ = shared.rt_tx.send(RtMsg::Stop);
     let current = std::thread::current().id();
@@ -199,9 +201,7 @@ impl Lnet {
         cfg.tcp
             .validate()
             .map_err(|e| LnetError::Config(e.to_string()))?;
-        let salt = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(1));
+        let salt = wall_nanos();
         if cfg.node.seed == 0 {
             cfg.node.seed = salt;
         }
@@ -229,12 +229,41 @@ impl Lnet {
         };
         let lnet = Self {
             h: Arc::new(Handle {
-                shared,
+                shared: shared.clone(),
                 events,
                 threads: Mutex::new(threads),
                 handler: Mutex::new(handler),
             }),
         };
+        // The socket LND, for the tcp NIs (and any added later).
+        let nscheds = if cfg.tcp.nscheds > 0 {
+            cfg.tcp.nscheds as usize
+        } else {
+            cfg.nscheds
+        };
+        let nconnds = if cfg.nconnds > 0 {
+            cfg.nconnds
+        } else {
+            cfg.tcp.nconnds as usize
+        };
+        let sock_cfg = SockCfg {
+            tun: cfg.tcp.clone(),
+            accept: cfg.accept,
+            accept_port: cfg.accept_port,
+            accept_timeout: cfg.accept_timeout,
+            reserved_ports: cfg.reserved_ports,
+            pid: cfg.node.pid,
+            sock_timeout: cfg.tcp.timeout(LND_TIMEOUT),
+            keepalive: cfg.tcp.keepalive_after(),
+            conns_per_peer: cfg.tcp.conns_per_peer_for_speed(None),
+        };
+        let lnd = SockLnd::start(&shared, sock_cfg, cfg.peers.clone(), nscheds, nconnds)?;
+        let _ = shared.lnd.set(lnd.clone());
+        for ni in &cfg.node.nis {
+            if is_tcp(ni.nid) {
+                lnd.add_ni(ni.nid, cfg.listen.get(&ni.nid).copied(), salt)?;
+            }
+        }
         tracing::info!(target: TARGET, nids = ?lnet.nids(), "LNet runtime started");
         Ok(lnet)
     }
@@ -455,7 +484,21 @@ impl Lnet {
     pub fn add_ni(&self, ni: NiConfig) -> Result<(), LnetError> {
         let s = self.live()?;
         check_lnd(ni.nid)?;
-        s.run(Vec::new(), |c, now| c.node.add_ni(now, ni))?;
+        if is_tcp(ni.nid)
+            && let Some(l) = s.lnd.get()
+        {
+            if l.ni(ni.nid).is_some() {
+                return Err(colibri_lnet::node::NodeError::DuplicateNi(ni.nid).into());
+            }
+            let inc = wall_nanos();
+            l.add_ni(ni.nid, None, inc)?;
+        }
+        if let Err(e) = s.run(Vec::new(), |c, now| c.node.add_ni(now, ni)) {
+            if let Some(l) = s.lnd.get() {
+                l.del_ni(ni.nid);
+            }
+            return Err(e.into());
+        }
         Ok(())
     }
 
@@ -466,6 +509,9 @@ impl Lnet {
     pub fn del_ni(&self, nid: Nid) -> Result<(), LnetError> {
         let s = self.live()?;
         s.run(Vec::new(), |c, now| c.node.del_ni(now, nid))?;
+        if let Some(l) = s.lnd.get() {
+            l.del_ni(nid);
+        }
         Ok(())
     }
 
@@ -601,9 +647,41 @@ impl Lnet {
     /// The address NI `nid` listens on (its port when `accept_port` was 0).
     #[must_use]
     pub fn listen_addr(&self, nid: Nid) -> Option<SocketAddr> {
-        let _ = nid;
-        None
+        self.shared().lnd.get().and_then(|l| l.listen_addr(nid))
     }
+
+    /// Where peer NID `nid` is connected to (overriding `ip:accept_port`).
+    pub fn set_peer_addr(&self, nid: Nid, addr: SocketAddr) {
+        if let Some(l) = self.shared().lnd.get() {
+            l.set_peer_addr(nid, addr);
+        }
+    }
+
+    /// Why the latest connections (and refused connection attempts) were
+    /// closed, oldest first (at most 64).
+    #[must_use]
+    pub fn close_reasons(&self) -> Vec<String> {
+        self.shared()
+            .lnd
+            .get()
+            .map(|l| l.close_reasons())
+            .unwrap_or_default()
+    }
+}
+
+/// `lnd_timeout` when `sock_timeout` is 0 (Lustre: 150 s / 3 retries).
+const LND_TIMEOUT: Duration = Duration::from_secs(50);
+
+/// Wall-clock nanoseconds: NI incarnations (Lustre uses the NI's start
+/// time) and seeds.
+fn wall_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(1))
+}
+
+fn is_tcp(nid: Nid) -> bool {
+    nid.net().lnd().name() == Some("tcp")
 }
 
 /// Only `lo` and `tcp` NIs have an LND here.
