@@ -319,3 +319,150 @@ fn hostile_input_to_the_acceptor() {
     a.shutdown();
     b.shutdown();
 }
+
+#[test]
+fn parked_connection_resumes_when_an_md_comes() {
+    let (a, b) = pair("127.0.2.10@tcp", "127.0.2.11@tcp");
+    let nb = nid("127.0.2.11@tcp");
+    b.set_lazy_portal(8, true).unwrap();
+    let data = pattern(300_000, 4);
+    let src = MemRegion::from_vec(data.clone());
+    let md = bind(&a, &src);
+    a.put(md, true, ProcessId::lustre(nb), 8, 2, 0, 0).unwrap();
+    let t0 = Instant::now();
+    while b.with_node(|n| n.rx_pending()) == 0 {
+        assert!(t0.elapsed() < LIMIT, "the PUT never reached b");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Parked: its payload waits in the connection. A small PUT on the same
+    // connection queues behind it.
+    let inbox = MemRegion::zeroed(300_000);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(b.with_node(|n| n.rx_pending()), 1);
+    let target = post(&b, &inbox, 8, 2, MdOptions::OP_PUT);
+    let evs = until_final(&a, md);
+    assert!(
+        evs.iter()
+            .filter(|e| e.md == md)
+            .all(|e| e.status().is_ok()),
+        "{evs:#?}"
+    );
+    let bev = events_until(&b, |e| e.iter().any(|e| e.md == target));
+    assert!(
+        bev.iter()
+            .any(|e| e.md == target && e.kind() == EventKind::Put)
+    );
+    assert!(inbox.to_vec() == data);
+    assert_eq!(b.runtime_stats().user_copy_bytes, 0);
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn keepalives_on_a_quiet_connection() {
+    let (na, nb) = (nid("127.0.2.12@tcp"), nid("127.0.2.13@tcp"));
+    let quick = |c: &mut LnetConfig| {
+        c.tcp.keepalive = 1;
+    };
+    let a = start_with("127.0.2.12@tcp", AcceptPolicy::Secure, quick);
+    let b = start_with("127.0.2.13@tcp", AcceptPolicy::Secure, quick);
+    a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
+    b.set_peer_addr(na, a.listen_addr(na).unwrap());
+    a.ping(nb, LIMIT).unwrap();
+    let before = b.runtime_stats().frames_received;
+    let t0 = Instant::now();
+    while a.runtime_stats().keepalives_sent == 0 {
+        assert!(t0.elapsed() < LIMIT, "no keepalive sent");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // b received NOOPs and kept the connections.
+    let t0 = Instant::now();
+    while b.runtime_stats().frames_received <= before {
+        assert!(t0.elapsed() < LIMIT);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        b.runtime_stats().conns_closed,
+        0,
+        "{:#?}",
+        b.close_reasons()
+    );
+    a.shutdown();
+    b.shutdown();
+}
+
+/// A raw peer that completes the handshake for `ctype` with `incarnation`.
+fn raw_peer(
+    addr: SocketAddr,
+    server: Nid,
+    me: Nid,
+    ctype: ConnType,
+    incarnation: u64,
+) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&ConnReq::new(server).encode()).unwrap();
+    let h = Hello {
+        src_nid: me,
+        dst_nid: server,
+        src_pid: 12345,
+        dst_pid: 0,
+        src_incarnation: incarnation,
+        dst_incarnation: 0,
+        conn_type: Some(ctype),
+    };
+    s.write_all(&h.encode()).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut answer = [0u8; 56];
+    s.read_exact(&mut answer).unwrap();
+    s
+}
+
+#[test]
+fn stalled_peer_is_closed_after_sock_timeout() {
+    let server = nid("127.0.2.14@tcp");
+    let b = start_with("127.0.2.14@tcp", AcceptPolicy::All, |c| {
+        c.tcp.sock_timeout = 1
+    });
+    let addr = b.listen_addr(server).unwrap();
+    let mut s = raw_peer(addr, server, nid("127.0.2.15@tcp"), ConnType::Control, 5);
+    // Half a ksock_msg header, then nothing.
+    s.write_all(&[0xc1, 0, 0, 0, 0, 0]).unwrap();
+    let t0 = Instant::now();
+    closed_by_node(s);
+    assert!(t0.elapsed() >= Duration::from_millis(900));
+    wait_reason(&b, "timed out receiving");
+    b.shutdown();
+}
+
+#[test]
+fn a_new_incarnation_closes_the_old_connections() {
+    let server = nid("127.0.2.16@tcp");
+    let b = start("127.0.2.16@tcp", AcceptPolicy::All);
+    let addr = b.listen_addr(server).unwrap();
+    let me = nid("127.0.2.17@tcp");
+    let old = raw_peer(addr, server, me, ConnType::Control, 1);
+    // The peer "reboots": a connection with a new incarnation.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&ConnReq::new(server).encode()).unwrap();
+    let h = Hello {
+        src_nid: me,
+        dst_nid: server,
+        src_pid: 12345,
+        dst_pid: 0,
+        src_incarnation: 2,
+        dst_incarnation: 0,
+        conn_type: Some(ConnType::BulkOut),
+    };
+    s.write_all(&h.encode()).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut answer = [0u8; 56];
+    s.read_exact(&mut answer).unwrap();
+    // Refused with NONE (retry), and the old connection is closed.
+    assert_eq!(Hello::decode(&answer).unwrap().hello.conn_type, None);
+    closed_by_node(old);
+    wait_reason(&b, "rebooted");
+    // The retry is accepted.
+    let again = raw_peer(addr, server, me, ConnType::Control, 2);
+    drop(again);
+    b.shutdown();
+}
