@@ -85,7 +85,7 @@ fn put_ack_and_get_reply_of_1mib_with_zero_copies() {
     // GET with REPLY.
     let served_data = pattern(MIB, 9);
     let served = MemRegion::from_vec(served_data.clone());
-    post(&b, &served, 13, 1, MdOptions::OP_GET);
+    let served_md = post(&b, &served, 13, 1, MdOptions::OP_GET);
     let sink = MemRegion::zeroed(MIB);
     let md = bind(&a, &sink);
     a.get(md, ProcessId::lustre(nb), 13, 1, 0).unwrap();
@@ -97,6 +97,11 @@ fn put_ack_and_get_reply_of_1mib_with_zero_copies() {
     assert!(reply.status().is_ok());
     assert_eq!(reply.info.mlength as usize, MIB);
     assert!(sink.to_vec() == served_data, "GET payload differs");
+    // b's GET event comes once its REPLY is written (and counted).
+    events_until(&b, |e| {
+        e.iter()
+            .any(|e| e.md == served_md && e.kind() == EventKind::Get)
+    });
     let (a2, b2) = (a.runtime_stats(), b.runtime_stats());
     assert_eq!(
         (b2.socket_write_bytes - b2.inline_write_bytes)

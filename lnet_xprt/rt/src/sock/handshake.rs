@@ -44,10 +44,11 @@ pub(super) fn listener(addr: SocketAddr) -> Result<std::net::TcpListener, LnetEr
 /// The acceptor of one NI: takes connections and hands them to the connds.
 pub(super) fn acceptor(
     lnd: &Arc<SockLnd>,
-    nid: Nid,
+    ni: &SockNi,
     mut poll: mio::Poll,
     l: std::net::TcpListener,
 ) {
+    let nid = ni.nid;
     let mut l = mio::net::TcpListener::from_std(l);
     if let Err(e) = poll
         .registry()
@@ -57,7 +58,7 @@ pub(super) fn acceptor(
         return;
     }
     let mut events = mio::Events::with_capacity(16);
-    while !lnd.stopping.load(Ordering::Acquire) {
+    while !lnd.stopping.load(Ordering::Acquire) && !ni.deleted.load(Ordering::Acquire) {
         if let Err(e) = poll.poll(&mut events, Some(Duration::from_secs(1)))
             && e.kind() != io::ErrorKind::Interrupted
         {
@@ -210,8 +211,9 @@ fn passive(s: &Arc<Shared>, lnd: &Arc<SockLnd>, mut stream: TcpStream, from: Soc
                 .encode();
             if let Err(e) = stream.write_all(&reply) {
                 refuse(format!("writing HELLO: {e}"));
-                // Registered already: its scheduler closes it (failing
-                // whatever was queued meanwhile).
+                // Registered already: its scheduler closes it at once
+                // (failing whatever was queued on it meanwhile).
+                conn.closing.store(true, Ordering::Release);
             }
             let mut fr = FrameReceiver::new(hello.byte_order);
             if seen.peer.pid & LNET_PID_USERFLAG != 0 {

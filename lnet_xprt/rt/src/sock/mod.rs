@@ -160,6 +160,10 @@ pub(crate) struct SockNi {
     pub(crate) local: LocalEnd,
     pub(crate) listen: Option<SocketAddr>,
     peers: Mutex<HashMap<Nid, Peer>>,
+    /// Wakes the NI's acceptor.
+    waker: Option<Arc<mio::Waker>>,
+    /// The NI was deleted: its acceptor stops.
+    pub(crate) deleted: AtomicBool,
 }
 
 impl SockNi {
@@ -309,17 +313,7 @@ impl SockLnd {
         } else {
             (None, addr)
         };
-        let ni = Arc::new(SockNi {
-            nid,
-            local: LocalEnd {
-                nid,
-                pid: self.cfg.pid,
-                incarnation,
-            },
-            listen: listener.as_ref().map(|_| bound),
-            peers: Mutex::new(HashMap::new()),
-        });
-        self.nis.write().insert(nid, ni);
+        let mut acceptor = None;
         if let Some(l) = listener {
             let poll = mio::Poll::new().map_err(|source| LnetError::Io {
                 what: "creating a poll instance".into(),
@@ -333,10 +327,26 @@ impl SockLnd {
                     }
                 })?,
             );
+            acceptor = Some((poll, l, waker));
+        }
+        let ni = Arc::new(SockNi {
+            nid,
+            local: LocalEnd {
+                nid,
+                pid: self.cfg.pid,
+                incarnation,
+            },
+            listen: acceptor.as_ref().map(|_| bound),
+            peers: Mutex::new(HashMap::new()),
+            waker: acceptor.as_ref().map(|a| a.2.clone()),
+            deleted: AtomicBool::new(false),
+        });
+        self.nis.write().insert(nid, ni.clone());
+        if let Some((poll, l, waker)) = acceptor {
             self.acceptor_wakers.lock().push(waker);
             let me = self.clone();
-            let t = spawn(&format!("acceptor_{}", ip), move || {
-                handshake::acceptor(&me, nid, poll, l);
+            let t = spawn(&format!("acceptor_{ip}"), move || {
+                handshake::acceptor(&me, &ni, poll, l);
             })?;
             self.threads.lock().push(t);
             tracing::info!(target: TARGET, %nid, %bound, "socket LND listening");
@@ -349,6 +359,10 @@ impl SockLnd {
         let Some(ni) = self.nis.write().remove(&nid) else {
             return;
         };
+        ni.deleted.store(true, Ordering::Release);
+        if let Some(w) = &ni.waker {
+            let _ = w.wake();
+        }
         let conns: Vec<Arc<Conn>> = ni
             .peers
             .lock()
