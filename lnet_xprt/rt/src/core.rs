@@ -242,8 +242,11 @@ impl Shared {
         }
         for tx in out.transmits {
             if tx.to.is_lo() || tx.from.is_lo() {
-                if self.rt_tx.send(RtMsg::Lo(Box::new(tx))).is_err() {
+                if let Err(crossbeam_channel::SendError(RtMsg::Lo(tx))) =
+                    self.rt_tx.send(RtMsg::Lo(Box::new(tx)))
+                {
                     tracing::debug!(target: TARGET, "loopback transmit after shutdown");
+                    inputs.push(Input::TxDone(tx.id, Err(HealthError::LocalDropped)));
                 }
                 continue;
             }

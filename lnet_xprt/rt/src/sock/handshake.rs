@@ -111,22 +111,35 @@ pub(super) fn connd(s: &Arc<Shared>, lnd: &Arc<SockLnd>, rx: &Receiver<ConndJob>
     }
 }
 
-fn read_hello(stream: &mut TcpStream) -> Result<ReceivedHello, String> {
+/// Why a HELLO could not be read.
+enum HelloRead {
+    /// The socket failed (or timed out, or closed).
+    Io(io::Error),
+    /// The bytes are not a HELLO we accept.
+    Bad(HelloError),
+}
+
+impl std::fmt::Display for HelloRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Io(e) => write!(f, "reading HELLO: {e}"),
+            Self::Bad(e) => e.fmt(f),
+        }
+    }
+}
+
+fn read_hello(stream: &mut TcpStream) -> Result<ReceivedHello, HelloRead> {
     let mut buf = vec![0u8; HELLO_LEN];
-    stream
-        .read_exact(&mut buf)
-        .map_err(|e| format!("reading HELLO: {e}"))?;
+    stream.read_exact(&mut buf).map_err(HelloRead::Io)?;
     loop {
         match Hello::decode(&buf) {
             Ok(h) => return Ok(h),
             Err(HelloError::Short { needed, .. }) if needed > buf.len() && needed <= 4096 => {
                 let have = buf.len();
                 buf.resize(needed, 0);
-                stream
-                    .read_exact(&mut buf[have..])
-                    .map_err(|e| format!("reading HELLO: {e}"))?;
+                stream.read_exact(&mut buf[have..]).map_err(HelloRead::Io)?;
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(HelloRead::Bad(e)),
         }
     }
 }
@@ -182,7 +195,8 @@ fn passive(s: &Arc<Shared>, lnd: &Arc<SockLnd>, mut stream: TcpStream, from: Soc
     let hello = match read_hello(&mut stream) {
         Ok(h) => h,
         Err(e) => {
-            if e.contains("version") {
+            if matches!(e, HelloRead::Bad(HelloError::UnsupportedVersion(_))) {
+                // Our V3 HELLO with type NONE, so the peer can retry in V3.
                 let _ = stream.write_all(&ni.local.version_reply().encode());
             }
             return refuse(format!("bad HELLO: {e}"));
@@ -412,10 +426,16 @@ fn connect_one(
         .map_err(|e| io_fail(e, "sending the connection request and HELLO"))?;
     let reply = match read_hello(&mut stream) {
         Ok(r) => r,
-        Err(e) if e.starts_with("reading") => {
-            return Err(Fail::Sock(SocketError::ConnReset, e));
+        Err(HelloRead::Io(e)) => {
+            let err = match SocketError::from_io_error(&e) {
+                SocketError::Eof => SocketError::ConnReset,
+                other => other,
+            };
+            return Err(Fail::Sock(err, format!("reading HELLO: {e}")));
         }
-        Err(e) => return Err(Fail::Proto(format!("bad HELLO answer: {e}"))),
+        Err(e @ HelloRead::Bad(_)) => {
+            return Err(Fail::Proto(format!("bad HELLO answer: {e}")));
+        }
     };
     let expected = ProcessId::new(peer, lnd.cfg.pid);
     match check_active_reply(&ni.local, expected, ctype, &reply.hello) {
