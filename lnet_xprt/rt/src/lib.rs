@@ -579,6 +579,26 @@ impl Lnet {
         Ok(s.run(Vec::new(), |c, now| c.node.set_discovery(now, on))?)
     }
 
+    /// `lnetctl set health_sensitivity|retry_count|transaction_timeout`:
+    /// values for messages sent from now on.
+    ///
+    /// # Errors
+    /// Values breaking Lustre's rules (a retry count not below the
+    /// transaction timeout in seconds, retries without health): `EINVAL`,
+    /// nothing changes.
+    pub fn set_health(
+        &self,
+        sensitivity: u32,
+        retry_count: u32,
+        transaction_timeout: Duration,
+    ) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| {
+            c.node
+                .set_health_params(sensitivity, retry_count, transaction_timeout)
+        })?)
+    }
+
     /// `lnetctl fault add` / `lctl net_drop_add`.
     ///
     /// # Errors

@@ -53,6 +53,14 @@ fn nis_routes_peers_and_switches() {
         .unwrap();
     l.del_peer(nid("127.0.7.20@tcp"), &[nid("127.0.7.21@tcp")])
         .unwrap();
+    l.set_health(50, 1, Duration::from_secs(20)).unwrap();
+    assert_eq!(l.with_node(|n| n.health().config().retry_count), 1);
+    assert_eq!(
+        l.set_health(50, 30, Duration::from_secs(20))
+            .unwrap_err()
+            .errno(),
+        22
+    );
     l.set_routing(true).unwrap();
     l.set_discovery(false).unwrap();
     assert!(l.with_node(|n| n.config().routing && !n.config().discovery));
