@@ -471,3 +471,37 @@ fn a_new_incarnation_closes_the_old_connections() {
     drop(again);
     b.shutdown();
 }
+
+#[test]
+fn put_to_a_peer_nobody_serves_fails_once() {
+    let a = start("127.0.2.18@tcp", AcceptPolicy::Secure);
+    let ghost = nid("127.0.2.19@tcp");
+    // A port where nothing listens.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.2.19:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    a.set_peer_addr(ghost, SocketAddr::from(([127, 0, 2, 19], port)));
+    a.set_discovery(false).unwrap();
+    let src = MemRegion::from_vec(vec![7; 5000]);
+    let md = bind(&a, &src);
+    let t0 = Instant::now();
+    a.put(md, true, ProcessId::lustre(ghost), 4, 0, 0, 0)
+        .unwrap();
+    let evs = events_until(&a, |e| e.iter().any(|e| e.md == md));
+    let ev = evs.iter().find(|e| e.md == md).unwrap();
+    assert_eq!(ev.kind(), EventKind::Send);
+    assert!(ev.status().is_err(), "{ev:#?}");
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    while let Ok(e) = a.next_event(Duration::from_millis(50)) {
+        assert_ne!(e.md, md, "second event {e:#?}");
+    }
+    assert!(
+        a.close_reasons().iter().any(|r| r.contains("refused")),
+        "{:#?}",
+        a.close_reasons()
+    );
+    assert_eq!(a.stats().send_failures, 1, "{:?}", a.stats());
+    a.shutdown();
+}
