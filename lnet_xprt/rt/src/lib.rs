@@ -69,6 +69,49 @@
 //! lnet.shutdown();
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! Two nodes over the socket LND (listening on free ports, so each is told
+//! where the other is); `b` serves a GET from its memory:
+//!
+//! ```
+//! use std::time::Duration;
+//! use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
+//! use colibri_lnet_rt::colibri_lnet::ids::{Nid, ProcessId};
+//! use colibri_lnet_rt::colibri_lnet::matching::{
+//!     EventKind, InsertPos, MdOptions, MdSpec, MeSpec, MemRef, Threshold, Unlink,
+//! };
+//!
+//! let (na, nb): (Nid, Nid) = ("127.0.10.1@tcp".parse()?, "127.0.10.2@tcp".parse()?);
+//! let start = |nid| {
+//!     let mut cfg = LnetConfig::new(&[nid]);
+//!     cfg.accept_port = 0;
+//!     Lnet::start(cfg)
+//! };
+//! let (a, b) = (start(na)?, start(nb)?);
+//! a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
+//! b.set_peer_addr(na, a.listen_addr(na).unwrap());
+//!
+//! let served = MemRegion::from_vec(b"served from b's memory".to_vec());
+//! let skey = b.register(&served);
+//! let me = b.me_attach(MeSpec {
+//!     portal: 6,
+//!     match_id: ProcessId::ANY,
+//!     match_bits: 1,
+//!     ignore_bits: 0,
+//!     unlink: Unlink::Retain,
+//!     pos: InsertPos::After,
+//! })?;
+//! b.md_attach(me, MdSpec::new(MemRef::new(skey, 0, 22), MdOptions::OP_GET))?;
+//!
+//! let sink = MemRegion::zeroed(22);
+//! let key = a.register(&sink);
+//! let md = a.md_bind(MdSpec::new(MemRef::new(key, 0, 22), MdOptions::empty())
+//!     .threshold(Threshold::Count(2)))?;
+//! a.get(md, ProcessId::lustre(nb), 6, 1, 0)?;
+//! while a.next_event(Duration::from_secs(10))?.kind() != EventKind::Reply {}
+//! assert_eq!(sink.to_vec(), b"served from b's memory");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
 
 mod config;
