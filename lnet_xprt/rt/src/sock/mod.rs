@@ -800,6 +800,16 @@ impl Lnd for SockLnd {
                         self.start_connect(&ni, *peer_nid, p, now);
                     }
                 }
+                // Peers with nothing left (no connection, nothing waiting,
+                // no back-off running) are forgotten, as Lustre frees an
+                // idle peer_ni: a stream of handshakes from made-up NIDs
+                // does not grow the table.
+                peers.retain(|_, p| {
+                    !(p.refs.is_empty()
+                        && p.pending.is_empty()
+                        && !p.connecting
+                        && p.reconnect.may_connect(now))
+                });
             }
             for (c, tx) in close {
                 let what = if tx { "sending" } else { "receiving" };
