@@ -11,6 +11,7 @@ use colibri_lnet_rt::colibri_lnet::fault::{DelayRuleSpec, FaultMatch, Trigger};
 use colibri_lnet_rt::colibri_lnet::ids::{Net, ProcessId};
 use colibri_lnet_rt::colibri_lnet::matching::{EventKind, MdOptions};
 use colibri_lnet_rt::colibri_lnet::node::NiConfig;
+use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
 use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
 use common::*;
 
@@ -18,6 +19,8 @@ fn node(s: &str) -> Lnet {
     init_tracing();
     let mut cfg = LnetConfig::new(&[nid(s)]);
     cfg.accept_port = 0;
+    // Any source port (tests pass without privilege; see tcp.rs).
+    cfg.accept = AcceptPolicy::All;
     cfg.tick = Duration::from_millis(100);
     Lnet::start(cfg).unwrap()
 }

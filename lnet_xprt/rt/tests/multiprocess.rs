@@ -107,7 +107,7 @@ fn routed_put_of_1mib_across_three_processes() {
     let mut server = Node::spawn(
         "server",
         &args(&format!(
-            "--nid 127.0.4.4@tcp1 --accept-port {port} --route tcp:127.0.4.3@tcp1 \
+            "--nid 127.0.4.4@tcp1 --accept-port {port} --accept all --route tcp:127.0.4.3@tcp1 \
              --sink 12:0x77:1048576"
         )),
     );
@@ -116,14 +116,14 @@ fn routed_put_of_1mib_across_three_processes() {
     let mut router = Node::spawn(
         "router",
         &args(&format!(
-            "--nid 127.0.3.3@tcp --nid 127.0.4.3@tcp1 --accept-port {port} --routing"
+            "--nid 127.0.3.3@tcp --nid 127.0.4.3@tcp1 --accept-port {port} --accept all --routing"
         )),
     );
     router.expect("READY", deadline);
     let mut client = Node::spawn(
         "client",
         &args(&format!(
-            "--nid 127.0.3.2@tcp --accept-port {port} --route tcp1:127.0.3.3@tcp \
+            "--nid 127.0.3.2@tcp --accept-port {port} --accept all --route tcp1:127.0.3.3@tcp \
              --put 127.0.4.4@tcp1:12:0x77:1048576 --seed 5 --timeout 40"
         )),
     );

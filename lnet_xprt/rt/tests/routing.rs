@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use colibri_lnet_rt::colibri_lnet::ids::{Net, ProcessId};
 use colibri_lnet_rt::colibri_lnet::matching::{EventKind, MdOptions};
+use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
 use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
 use common::*;
 
@@ -18,6 +19,8 @@ fn node(nids: &[&str], routing: bool) -> Lnet {
     let nids: Vec<_> = nids.iter().map(|s| nid(s)).collect();
     let mut cfg = LnetConfig::new(&nids);
     cfg.accept_port = 0;
+    // Any source port (tests pass without privilege; see tcp.rs).
+    cfg.accept = AcceptPolicy::All;
     cfg.node.routing = routing;
     cfg.tick = Duration::from_millis(200);
     Lnet::start(cfg).unwrap()

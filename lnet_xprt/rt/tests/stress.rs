@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
 use colibri_lnet_rt::colibri_lnet::matching::{Event, EventKind, MdOptions};
+use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
 use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
 use common::*;
 
@@ -33,6 +34,7 @@ fn concurrent_puts_and_gets() {
     let start = |n| {
         let mut cfg = LnetConfig::new(&[n]);
         cfg.accept_port = 0;
+        cfg.accept = AcceptPolicy::All;
         Lnet::start(cfg).unwrap()
     };
     let a = start(na);

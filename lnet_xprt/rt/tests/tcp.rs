@@ -32,11 +32,14 @@ fn start_with(nid_s: &str, accept: AcceptPolicy, f: impl FnOnce(&mut LnetConfig)
     Lnet::start(cfg).unwrap()
 }
 
-/// Two nodes that know each other's ports.
+/// Two nodes that know each other's ports. (`accept=all`: without the
+/// privilege to bind ports below 1024 the nodes connect as userspace
+/// peers, so the tests pass as any user; as root they use privileged
+/// ports as Lustre does.)
 fn pair(a: &str, b: &str) -> (Lnet, Lnet) {
     let (na, nb) = (nid(a), nid(b));
-    let la = start(a, AcceptPolicy::Secure);
-    let lb = start(b, AcceptPolicy::Secure);
+    let la = start(a, AcceptPolicy::All);
+    let lb = start(b, AcceptPolicy::All);
     la.set_peer_addr(nb, lb.listen_addr(nb).unwrap());
     lb.set_peer_addr(na, la.listen_addr(na).unwrap());
     (la, lb)
@@ -144,8 +147,8 @@ fn peer_dying_mid_transfer_gives_one_error_event() {
         c.tcp.rx_buffer_size = 64 * 1024;
         c.node.transaction_timeout = Duration::from_secs(5);
     };
-    let a = start_with("127.0.2.6@tcp", AcceptPolicy::Secure, small_bufs);
-    let b = start_with("127.0.2.7@tcp", AcceptPolicy::Secure, small_bufs);
+    let a = start_with("127.0.2.6@tcp", AcceptPolicy::All, small_bufs);
+    let b = start_with("127.0.2.7@tcp", AcceptPolicy::All, small_bufs);
     a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
     b.set_peer_addr(na, a.listen_addr(na).unwrap());
     // Warm up the connections with a small PUT.
@@ -305,7 +308,7 @@ fn hostile_input_to_the_acceptor() {
     wait_reason(&b, "protocol error");
 
     // The node still serves: a real peer PUTs to it.
-    let a = start("127.0.2.8@tcp", AcceptPolicy::Secure);
+    let a = start("127.0.2.8@tcp", AcceptPolicy::All);
     a.set_peer_addr(server, addr);
     let inbox = MemRegion::zeroed(1000);
     post(&b, &inbox, 7, 0, MdOptions::OP_PUT);
@@ -369,8 +372,8 @@ fn keepalives_on_a_quiet_connection() {
     let quick = |c: &mut LnetConfig| {
         c.tcp.keepalive = 1;
     };
-    let a = start_with("127.0.2.12@tcp", AcceptPolicy::Secure, quick);
-    let b = start_with("127.0.2.13@tcp", AcceptPolicy::Secure, quick);
+    let a = start_with("127.0.2.12@tcp", AcceptPolicy::All, quick);
+    let b = start_with("127.0.2.13@tcp", AcceptPolicy::All, quick);
     a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
     b.set_peer_addr(na, a.listen_addr(na).unwrap());
     a.ping(nb, LIMIT).unwrap();
@@ -474,7 +477,7 @@ fn a_new_incarnation_closes_the_old_connections() {
 
 #[test]
 fn put_to_a_peer_nobody_serves_fails_once() {
-    let a = start("127.0.2.18@tcp", AcceptPolicy::Secure);
+    let a = start("127.0.2.18@tcp", AcceptPolicy::All);
     let ghost = nid("127.0.2.19@tcp");
     // A port where nothing listens.
     let port = {
@@ -504,4 +507,28 @@ fn put_to_a_peer_nobody_serves_fails_once() {
     );
     assert_eq!(a.stats().send_failures, 1, "{:?}", a.stats());
     a.shutdown();
+}
+
+#[test]
+fn userspace_peers_from_unprivileged_ports() {
+    // Connecting from ephemeral ports, the peers see each other as
+    // userspace processes (U<port>-ip@tcp), which accept=all admits.
+    let (na, nb) = (nid("127.0.2.20@tcp"), nid("127.0.2.21@tcp"));
+    let user = |c: &mut LnetConfig| c.reserved_ports = false;
+    let a = start_with("127.0.2.20@tcp", AcceptPolicy::All, user);
+    let b = start_with("127.0.2.21@tcp", AcceptPolicy::All, user);
+    a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
+    b.set_peer_addr(na, a.listen_addr(na).unwrap());
+    let inbox = MemRegion::zeroed(5000);
+    let target = post(&b, &inbox, 3, 0, MdOptions::OP_PUT);
+    let md = bind(&a, &MemRegion::from_vec(vec![3; 5000]));
+    a.put(md, true, ProcessId::lustre(nb), 3, 0, 0, 0).unwrap();
+    let evs = until_final(&a, md);
+    assert!(kinds(&evs, md).contains(&EventKind::Ack), "{evs:#?}");
+    let bev = events_until(&b, |e| e.iter().any(|e| e.md == target));
+    let put = bev.iter().find(|e| e.md == target).unwrap();
+    assert!(put.info.initiator.pid & 0x8000_0000 != 0, "{put:#?}");
+    assert_eq!(inbox.to_vec(), vec![3; 5000]);
+    a.shutdown();
+    b.shutdown();
 }
