@@ -241,6 +241,10 @@ impl Shared {
             self.rbufs.release(rx);
         }
         for tx in out.transmits {
+            if (tx.to.is_lo() || tx.from.is_lo()) && self.shutdown.load(Ordering::Acquire) {
+                inputs.push(Input::TxDone(tx.id, Err(HealthError::LocalDropped)));
+                continue;
+            }
             if tx.to.is_lo() || tx.from.is_lo() {
                 if let Err(crossbeam_channel::SendError(RtMsg::Lo(tx))) =
                     self.rt_tx.send(RtMsg::Lo(Box::new(tx)))
@@ -474,6 +478,15 @@ impl Shared {
         }
         if !inputs.is_empty() {
             self.run(inputs, |_, _| ());
+        }
+        // Responses that can no longer come: every tracker expires now, so
+        // each operation still waiting for an ACK or REPLY gets its final
+        // (TimedOut) event. What this sends fails at once (shutdown).
+        for _ in 0..3 {
+            if self.core.lock().node.poll_timeout().is_none() {
+                break;
+            }
+            self.run(Vec::new(), |core, _| core.node.handle_timeout(Time::MAX));
         }
         tracing::debug!(target: TARGET, "runtime thread stopped");
     }

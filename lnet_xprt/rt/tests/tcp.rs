@@ -532,3 +532,28 @@ fn userspace_peers_from_unprivileged_ports() {
     a.shutdown();
     b.shutdown();
 }
+
+#[test]
+fn shutdown_ends_every_operation_with_one_final_event() {
+    let (a, b) = pair("127.0.2.22@tcp", "127.0.2.23@tcp");
+    let nb = nid("127.0.2.23@tcp");
+    // b parks the PUT (lazy portal): a's SEND completes, its ACK cannot.
+    b.set_lazy_portal(9, true).unwrap();
+    let md = bind(&a, &MemRegion::from_vec(vec![1; 100]));
+    a.put(md, true, ProcessId::lustre(nb), 9, 0, 0, 0).unwrap();
+    let evs = events_until(&a, |e| e.iter().any(|e| e.md == md));
+    assert_eq!(
+        evs.iter().find(|e| e.md == md).unwrap().kind(),
+        EventKind::Send
+    );
+    a.shutdown();
+    let mut rest = Vec::new();
+    while let Ok(e) = a.next_event(Duration::from_millis(100)) {
+        rest.push(e);
+    }
+    let mine: Vec<_> = rest.iter().filter(|e| e.md == md).collect();
+    assert_eq!(mine.len(), 1, "{rest:#?}");
+    assert_eq!(mine[0].kind(), EventKind::Ack);
+    assert!(mine[0].status().is_err() && mine[0].unlinked, "{mine:#?}");
+    b.shutdown();
+}
