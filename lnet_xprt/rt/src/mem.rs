@@ -21,7 +21,9 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// While an MD over a range is in use (until its last event, the one with
 /// `unlinked`), the application should not touch that range: the runtime
 /// may be writing into it. The lock inside only keeps the accesses memory
-/// safe; it does not order them with the network.
+/// safe; it does not order them with the network. Keep [`MemRegion::read`]
+/// and [`MemRegion::write`] closures short: a scheduler thread reading a
+/// payload into the region (or writing one from it) waits for them.
 ///
 /// ```
 /// use colibri_lnet_rt::MemRegion;

@@ -557,3 +557,46 @@ fn shutdown_ends_every_operation_with_one_final_event() {
     assert!(mine[0].status().is_err() && mine[0].unlinked, "{mine:#?}");
     b.shutdown();
 }
+
+#[test]
+fn sender_dying_mid_payload_fails_the_receive_once() {
+    let server = nid("127.0.2.24@tcp");
+    let b = start("127.0.2.24@tcp", AcceptPolicy::All);
+    let addr = b.listen_addr(server).unwrap();
+    let me = nid("127.0.2.25@tcp");
+    b.set_discovery(false).unwrap();
+    let inbox = MemRegion::zeroed(100_000);
+    let target = post(&b, &inbox, 4, 0, MdOptions::OP_PUT);
+    let mut s = raw_peer(addr, server, me, ConnType::Control, 9);
+    let header = Header {
+        dest_nid: server,
+        src_nid: me,
+        dest_pid: 12345,
+        src_pid: 12345,
+        payload_length: 100_000,
+        body: Body::Put {
+            ack_wmd: WireHandle::NONE,
+            match_bits: 0,
+            hdr_data: 0,
+            ptl_index: 4,
+            offset: 0,
+        },
+    };
+    s.write_all(&LnetFrame::new(header).encode()).unwrap();
+    s.write_all(&[0xee; 10_000]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    drop(s);
+    let evs = events_until(&b, |e| e.iter().any(|e| e.md == target));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut all = evs;
+    while let Ok(e) = b.next_event(Duration::from_millis(50)) {
+        all.push(e);
+    }
+    let mine: Vec<_> = all.iter().filter(|e| e.md == target).collect();
+    assert_eq!(mine.len(), 1, "{mine:#?}");
+    assert_eq!(mine[0].kind(), EventKind::Put);
+    assert!(mine[0].status().is_err(), "{mine:#?}");
+    wait_reason(&b, "in the middle of a message");
+    assert_eq!(b.stats().payload_failures, 1);
+    b.shutdown();
+}
