@@ -48,10 +48,6 @@ pub enum LnetError {
     /// The runtime is shut down.
     #[error("the LNet runtime is shut down")]
     Shutdown,
-    /// The call is not allowed on this thread (a blocking call from the
-    /// event handler would wait for itself).
-    #[error("blocking call from the event handler thread")]
-    WouldDeadlock,
 }
 
 const EINVAL: i32 = 22;
@@ -62,7 +58,6 @@ const EPROTO: i32 = 71;
 const EPERM: i32 = 1;
 const ETIMEDOUT: i32 = 110;
 const ESHUTDOWN: i32 = 108;
-const EDEADLK: i32 = 35;
 const EIO: i32 = 5;
 const EFAULT: i32 = 14;
 const EHOSTUNREACH: i32 = 113;
@@ -79,7 +74,6 @@ impl LnetError {
             Self::Ping { .. } => EHOSTUNREACH,
             Self::TimedOut => ETIMEDOUT,
             Self::Shutdown => ESHUTDOWN,
-            Self::WouldDeadlock => EDEADLK,
         }
     }
 }

@@ -212,7 +212,7 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>
 
 impl Lnet {
     /// Starts a node whose events go to a queue read with
-    /// [`Lnet::next_event`] or [`Lnet::event_queue`].
+    /// [`Lnet::next_event`] or [`Lnet::event_queue`] (unbounded: drain it).
     ///
     /// # Errors
     /// An invalid configuration (unsupported LND type, bad tunables), or a
@@ -223,7 +223,10 @@ impl Lnet {
 
     /// Starts a node whose events are given to `handler`, on a thread of
     /// its own, in the node's order, with no runtime lock held (the handler
-    /// may call back into the [`Lnet`]).
+    /// may call back into the [`Lnet`], blocking calls such as
+    /// [`Lnet::ping`] included). Events wait in an unbounded queue while
+    /// the handler runs. A handler that keeps an [`Lnet`] handle keeps the
+    /// runtime alive: call [`Lnet::shutdown`] then.
     ///
     /// # Errors
     /// As [`Lnet::start`].
