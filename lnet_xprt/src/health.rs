@@ -501,6 +501,18 @@ impl HealthMonitor {
         &self.config
     }
 
+    /// Replaces the configuration (`lnetctl set health_sensitivity`,
+    /// `retry_count`, `transaction_timeout`, …); health values already
+    /// recorded stay.
+    ///
+    /// # Errors
+    /// `config` fails [`HealthConfig::validate`] (nothing changes).
+    pub fn set_config(&mut self, config: HealthConfig) -> Result<(), HealthParamError> {
+        config.validate()?;
+        self.config = config;
+        Ok(())
+    }
+
     /// Counters.
     #[must_use]
     pub const fn stats(&self) -> &HealthStats {

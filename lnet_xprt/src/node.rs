@@ -1522,6 +1522,33 @@ impl Node {
         Ok(())
     }
 
+    /// `lnetctl set health_sensitivity|retry_count|transaction_timeout`:
+    /// new values for messages sent from now on (messages in flight keep
+    /// their deadlines; discovery's ping and push timeouts keep the
+    /// transaction timeout the node started with).
+    ///
+    /// # Errors
+    /// [`NodeError::Health`] when the values break lnet.md 7.1's rules
+    /// (nothing changes).
+    pub fn set_health_params(
+        &mut self,
+        sensitivity: u32,
+        retry_count: u32,
+        transaction_timeout: Duration,
+    ) -> Result<(), NodeError> {
+        let config = HealthConfig {
+            sensitivity,
+            retry_count,
+            transaction_timeout,
+            ..*self.health.config()
+        };
+        self.health.set_config(config)?;
+        self.cfg.health_sensitivity = sensitivity;
+        self.cfg.retry_count = retry_count;
+        self.cfg.transaction_timeout = transaction_timeout;
+        Ok(())
+    }
+
     /// `lnetctl set discovery 0|1`.
     pub fn set_discovery(&mut self, now: Time, on: bool) -> Result<(), NodeError> {
         self.cfg.discovery = on;
@@ -3060,6 +3087,23 @@ mod tests {
         let mut cfg = NodeConfig::new(nids.iter().map(|n| NiConfig::new(nid(n))).collect());
         cfg.discovery = discovery;
         Node::new(cfg).unwrap()
+    }
+
+    #[test]
+    fn health_params_change_at_run_time_or_not_at_all() {
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        n.set_health_params(50, 3, Duration::from_secs(30)).unwrap();
+        let c = *n.health().config();
+        assert_eq!((c.sensitivity, c.retry_count), (50, 3));
+        assert_eq!(c.transaction_timeout, Duration::from_secs(30));
+        assert_eq!(n.config().transaction_timeout, Duration::from_secs(30));
+        // A retry count not below the timeout in seconds is refused.
+        assert!(matches!(
+            n.set_health_params(50, 40, Duration::from_secs(30)),
+            Err(NodeError::Health(_))
+        ));
+        assert_eq!(n.health().config().retry_count, 3);
+        assert_eq!(n.config().retry_count, 3);
     }
 
     /// A test driver's memory: key → bytes.

@@ -1,0 +1,89 @@
+//! Runtime configuration.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use colibri_lnet::ids::Nid;
+use colibri_lnet::node::{NiConfig, NodeConfig};
+use colibri_lnet::socklnd::acceptor::DEFAULT_ACCEPT_PORT;
+use colibri_lnet::socklnd::{AcceptPolicy, Tunables};
+
+/// Configuration of an [`crate::Lnet`] runtime: the node (its NIs and LNet
+/// tunables), the socket LND's tunables (Lustre's names and defaults), the
+/// acceptor, and thread counts.
+///
+/// NIs on `tcp` nets (`ip@tcp`, `ip@tcp3`) get a listener on their IP and
+/// [`LnetConfig::accept_port`] (or the address in [`LnetConfig::listen`]);
+/// `0@lo` always exists. Other LND types are refused.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct LnetConfig {
+    /// The node: NIs, routing, discovery, transaction timeout, retry count,
+    /// health sensitivity, router buffers (`colibri_lnet::node::NodeConfig`).
+    pub node: NodeConfig,
+    /// Socket LND module parameters (`sock_timeout`, `keepalive`,
+    /// `conns_per_peer`, `min_bulk`, `nscheds`, `nconnds`, …).
+    pub tcp: Tunables,
+    /// `accept`: which source ports the acceptor admits (default `secure`:
+    /// privileged ports only, as Lustre).
+    pub accept: AcceptPolicy,
+    /// `accept_port`: the port NIs listen on and peers are connected to
+    /// (default 988). 0 listens on a free port (see
+    /// [`crate::Lnet::listen_addr`]); peers are then reached through
+    /// [`LnetConfig::peers`] or [`crate::Lnet::set_peer_addr`].
+    pub accept_port: u16,
+    /// Listen address per NI, overriding `ip:accept_port`.
+    pub listen: HashMap<Nid, SocketAddr>,
+    /// Where to connect to a peer NID, overriding `ip:accept_port`.
+    pub peers: HashMap<Nid, SocketAddr>,
+    /// Connect from a privileged source port (1023 down to 512), as Lustre
+    /// does so that `accept=secure` peers admit us; when none can be bound
+    /// (no privilege), an ephemeral port is used.
+    pub reserved_ports: bool,
+    /// Scheduler threads (socket I/O); `tcp.nscheds` 0 means this value.
+    pub nscheds: usize,
+    /// Connection daemons (handshakes); `tcp.nconnds` is used when this is 0.
+    pub nconnds: usize,
+    /// How often the reaper looks at connections (keepalives, timeouts,
+    /// reconnections).
+    pub tick: Duration,
+    /// How long the acceptor waits for a connection request and HELLO
+    /// (`accept_timeout`, 5 s).
+    pub accept_timeout: Duration,
+}
+
+impl LnetConfig {
+    /// A node with these NIDs (the first is the primary NID) and Lustre's
+    /// defaults.
+    #[must_use]
+    pub fn new(nids: &[Nid]) -> Self {
+        Self {
+            node: NodeConfig::new(nids.iter().map(|n| NiConfig::new(*n)).collect()),
+            tcp: Tunables::default(),
+            accept: AcceptPolicy::Secure,
+            accept_port: DEFAULT_ACCEPT_PORT,
+            listen: HashMap::new(),
+            peers: HashMap::new(),
+            reserved_ports: true,
+            nscheds: 2,
+            nconnds: 2,
+            tick: Duration::from_secs(1),
+            accept_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Sets the listen address of NI `nid`.
+    #[must_use]
+    pub fn listen_on(mut self, nid: Nid, addr: SocketAddr) -> Self {
+        self.listen.insert(nid, addr);
+        self
+    }
+
+    /// Sets where peer `nid` is connected to.
+    #[must_use]
+    pub fn peer_addr(mut self, nid: Nid, addr: SocketAddr) -> Self {
+        self.peers.insert(nid, addr);
+        self
+    }
+}

@@ -1,0 +1,527 @@
+//! The node behind its lock, the pump that carries its outputs out, the
+//! runtime thread (timers, loopback LND, reaper ticks) and event delivery.
+//!
+//! Lock order: the node lock is taken first and only briefly; under it we
+//! may take the parked-message maps and push into unbounded channels (event
+//! queue, runtime thread), nothing else. User code (event handlers), socket
+//! I/O and region locks are never reached with the node lock held.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use colibri_lnet::fault::HealthError;
+use colibri_lnet::health::HealthStatus;
+use colibri_lnet::ids::Nid;
+use colibri_lnet::matching::Event;
+use colibri_lnet::node::Payload;
+use colibri_lnet::node::{Node, PayloadOutcome, PingError, RxAction, RxId, Transmit, TxId};
+use colibri_lnet::time::Time;
+use colibri_lnet::wire::PingInfo;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use parking_lot::Mutex;
+
+use crate::mem::{MemTable, Resolved, RouterBuffers};
+use crate::stats::{Counters, add};
+
+const TARGET: &str = "colibri_lnet_rt";
+
+/// An LND driven by the runtime (the socket LND; loopback is built in).
+pub(crate) trait Lnd: Send + Sync {
+    /// Takes a transmit; `Err` completes it at once with that status.
+    fn send(&self, s: &Shared, tx: Transmit) -> Result<(), HealthStatus>;
+    /// The action for a parked message; `false` if no connection holds it.
+    fn resume(&self, s: &Shared, rx: RxId, action: RxAction) -> bool;
+    /// Periodic work: keepalives, timeouts, reconnections.
+    fn tick(&self, s: &Shared, now: Time);
+    /// Stops threads and closes connections (failing what they held).
+    fn shutdown(&self, s: &Shared);
+}
+
+/// A node input that the runtime batches.
+#[derive(Debug)]
+pub(crate) enum Input {
+    /// `handle_tx_done`.
+    TxDone(TxId, Result<(), HealthError>),
+    /// `handle_payload`.
+    Payload(RxId, PayloadOutcome),
+}
+
+/// The node and what lives with it under the node lock.
+pub(crate) struct Core {
+    pub(crate) node: Node,
+    ping_waiters: HashMap<Nid, VecDeque<Sender<Result<PingInfo, PingError>>>>,
+}
+
+impl Core {
+    pub(crate) fn add_ping_waiter(&mut self, nid: Nid, s: Sender<Result<PingInfo, PingError>>) {
+        self.ping_waiters.entry(nid).or_default().push_back(s);
+    }
+}
+
+/// Messages to the runtime thread.
+#[derive(Debug)]
+pub(crate) enum RtMsg {
+    /// A loopback transmit.
+    Lo(Box<Transmit>),
+    /// The action for a parked loopback message.
+    LoResume(RxId, RxAction),
+    /// Re-read the node's deadline.
+    Wake,
+    /// Stop.
+    Stop,
+}
+
+/// State shared by every thread of one runtime.
+pub(crate) struct Shared {
+    epoch: Instant,
+    pub(crate) core: Mutex<Core>,
+    pub(crate) mem: MemTable,
+    pub(crate) rbufs: RouterBuffers,
+    pub(crate) counters: Counters,
+    pub(crate) rt_tx: Sender<RtMsg>,
+    events_tx: Sender<Event>,
+    /// Loopback messages parked by the node, with their transmit.
+    lo_parked: Mutex<HashMap<RxId, Transmit>>,
+    pub(crate) lnd: OnceLock<Arc<crate::sock::SockLnd>>,
+    pub(crate) shutdown: AtomicBool,
+    /// The runtime thread's current wake-up time (ns on the runtime's clock).
+    deadline: AtomicU64,
+}
+
+/// Converts a health status to the node's completion error.
+pub(crate) fn health_error(s: HealthStatus) -> Result<(), HealthError> {
+    Err(match s {
+        HealthStatus::Ok => return Ok(()),
+        HealthStatus::LocalInterrupt => HealthError::LocalInterrupt,
+        HealthStatus::LocalDropped => HealthError::LocalDropped,
+        HealthStatus::LocalAborted => HealthError::LocalAborted,
+        HealthStatus::LocalNoRoute => HealthError::LocalNoRoute,
+        HealthStatus::LocalTimeout => HealthError::LocalTimeout,
+        HealthStatus::LocalError => HealthError::LocalError,
+        HealthStatus::RemoteDropped => HealthError::RemoteDropped,
+        HealthStatus::RemoteError => HealthError::RemoteError,
+        HealthStatus::RemoteTimeout => HealthError::RemoteTimeout,
+        HealthStatus::NetworkTimeout => HealthError::NetworkTimeout,
+    })
+}
+
+/// What one pass over the node produced, to carry out without its lock.
+#[derive(Default)]
+struct Outputs {
+    transmits: Vec<Transmit>,
+    actions: Vec<(RxId, RxAction)>,
+    releases: Vec<RxId>,
+}
+
+impl Outputs {
+    fn is_empty(&self) -> bool {
+        self.transmits.is_empty() && self.actions.is_empty() && self.releases.is_empty()
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(node: Node, rt_tx: Sender<RtMsg>, events_tx: Sender<Event>) -> Self {
+        Self {
+            // Start the time line one second in, so no timer sits at 0.
+            epoch: Instant::now()
+                .checked_sub(Duration::from_secs(1))
+                .unwrap_or_else(Instant::now),
+            core: Mutex::new(Core {
+                node,
+                ping_waiters: HashMap::new(),
+            }),
+            mem: MemTable::default(),
+            rbufs: RouterBuffers::default(),
+            counters: Counters::default(),
+            rt_tx,
+            events_tx,
+            lo_parked: Mutex::new(HashMap::new()),
+            lnd: OnceLock::new(),
+            shutdown: AtomicBool::new(false),
+            deadline: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// The runtime's clock.
+    pub(crate) fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// The `Instant` of a runtime time.
+    pub(crate) fn instant(&self, t: Time) -> Instant {
+        self.epoch
+            .checked_add(t.since_epoch())
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
+    }
+
+    /// Applies `inputs`, then `f`, under the node lock; then carries out
+    /// what the node produced (transmits to LNDs, resumed receives,
+    /// released buffers) without the lock, and repeats while that produced
+    /// new inputs (transmits that failed at once).
+    pub(crate) fn run<R>(&self, inputs: Vec<Input>, f: impl FnOnce(&mut Core, Time) -> R) -> R {
+        let mut inputs = inputs;
+        let mut f = Some(f);
+        let mut result = None;
+        loop {
+            let out = {
+                let mut core = self.core.lock();
+                let now = self.now();
+                apply(&mut core.node, now, inputs.drain(..));
+                if let Some(f) = f.take() {
+                    result = Some(f(&mut core, now));
+                }
+                self.collect(&mut core)
+            };
+            if !out.is_empty() {
+                inputs = self.dispatch(out);
+            }
+            if inputs.is_empty() {
+                break;
+            }
+        }
+        match result {
+            Some(r) => r,
+            None => unreachable!("run calls f exactly once"),
+        }
+    }
+
+    /// Takes the node's outputs. Events go into the event channel here,
+    /// under the lock, so they keep the node's order.
+    fn collect(&self, core: &mut Core) -> Outputs {
+        let mut out = Outputs::default();
+        let node = &mut core.node;
+        while let Some(tx) = node.poll_transmit() {
+            out.transmits.push(tx);
+        }
+        while let Some(a) = node.poll_rx_action() {
+            out.actions.push(a);
+        }
+        while let Some(rx) = node.poll_rx_release() {
+            out.releases.push(rx);
+        }
+        while let Some(ev) = node.poll_event() {
+            if self.events_tx.send(ev).is_err() {
+                tracing::trace!(target: TARGET, "event dropped: nobody listens");
+            }
+        }
+        while let Some(r) = node.poll_ping_result() {
+            let mut r = Some(r);
+            if let Some(q) = core
+                .ping_waiters
+                .get_mut(&r.as_ref().map_or(Nid::ANY, |r| r.nid))
+            {
+                while let Some(s) = q.pop_front() {
+                    let Some(res) = r.take() else { break };
+                    match s.try_send(res.result.clone()) {
+                        Ok(()) => break,
+                        Err(_) => r = Some(res),
+                    }
+                }
+            }
+        }
+        core.ping_waiters.retain(|_, q| !q.is_empty());
+        // Wake the runtime thread if the node's next timer is earlier than
+        // the time it sleeps until.
+        if let Some(t) = core.node.poll_timeout()
+            && t.as_nanos() < self.deadline.load(Ordering::Acquire)
+        {
+            self.deadline.store(t.as_nanos(), Ordering::Release);
+            let _ = self.rt_tx.send(RtMsg::Wake);
+        }
+        out
+    }
+
+    /// Carries out node outputs; returns inputs for transmits that failed
+    /// at once.
+    fn dispatch(&self, out: Outputs) -> Vec<Input> {
+        let mut inputs = Vec::new();
+        for rx in out.releases {
+            self.rbufs.release(rx);
+        }
+        for tx in out.transmits {
+            if (tx.to.is_lo() || tx.from.is_lo()) && self.shutdown.load(Ordering::Acquire) {
+                inputs.push(Input::TxDone(tx.id, Err(HealthError::LocalDropped)));
+                continue;
+            }
+            if tx.to.is_lo() || tx.from.is_lo() {
+                if let Err(crossbeam_channel::SendError(RtMsg::Lo(tx))) =
+                    self.rt_tx.send(RtMsg::Lo(Box::new(tx)))
+                {
+                    tracing::debug!(target: TARGET, "loopback transmit after shutdown");
+                    inputs.push(Input::TxDone(tx.id, Err(HealthError::LocalDropped)));
+                }
+                continue;
+            }
+            let id = tx.id;
+            let r = match self.lnd.get() {
+                Some(lnd) if !self.shutdown.load(Ordering::Acquire) => lnd.send(self, tx),
+                _ => {
+                    tracing::debug!(target: TARGET, to = %tx.to, "no LND for this transmit");
+                    Err(HealthStatus::LocalDropped)
+                }
+            };
+            if let Err(s) = r {
+                inputs.push(Input::TxDone(id, health_error(s)));
+            }
+        }
+        for (rx, action) in out.actions {
+            if self.lo_parked.lock().contains_key(&rx) {
+                let _ = self.rt_tx.send(RtMsg::LoResume(rx, action));
+                continue;
+            }
+            let resumed = self.lnd.get().is_some_and(|l| l.resume(self, rx, action));
+            if !resumed {
+                // The connection is gone; it reported the message failed.
+                tracing::debug!(target: TARGET, ?rx, "action for a message no connection holds");
+            }
+        }
+        inputs
+    }
+
+    // ------------------------------------------------------------------
+    // Loopback LND (Lustre's lolnd): the transmit is parsed by the same
+    // node, and its payload moved memory to memory once.
+
+    fn lo_send(&self, tx: Transmit) {
+        let header = tx.header;
+        let parked = &self.lo_parked;
+        let action = self.run(Vec::new(), |core, now| {
+            let a = core.node.handle_header(now, Nid::LO_0, Nid::LO_0, &header);
+            if let Ok(RxAction::Wait { rx }) = a {
+                // Under the node lock, before anyone can see the action.
+                parked.lock().insert(rx, tx.clone());
+            }
+            a
+        });
+        match action {
+            Err(e) => {
+                tracing::warn!(target: TARGET, error = %e, "loopback message refused");
+                self.run(
+                    vec![Input::TxDone(tx.id, Err(HealthError::LocalError))],
+                    |_, _| (),
+                );
+            }
+            Ok(RxAction::Wait { .. }) => {}
+            Ok(a) => self.lo_complete(tx, a),
+        }
+    }
+
+    fn lo_resume(&self, rx: RxId, action: RxAction) {
+        let Some(tx) = self.lo_parked.lock().remove(&rx) else {
+            return;
+        };
+        self.lo_complete(tx, action);
+    }
+
+    fn lo_complete(&self, tx: Transmit, action: RxAction) {
+        let mut inputs = Vec::new();
+        let mut tx_ok = true;
+        match action {
+            RxAction::None | RxAction::Wait { .. } => {}
+            RxAction::Discard { len } => add(&self.counters.discarded_bytes, u64::from(len)),
+            RxAction::Deliver { rx, mem, .. } => {
+                let ok = self
+                    .mem
+                    .resolve(mem)
+                    .is_some_and(|dst| self.lo_move(&tx.payload, &dst));
+                if ok {
+                    add(&self.counters.loopback_copy_bytes, u64::from(mem.len));
+                } else {
+                    tracing::warn!(target: TARGET, ?mem, "loopback delivery failed");
+                    tx_ok = false;
+                }
+                let outcome = if ok {
+                    PayloadOutcome::Received
+                } else {
+                    PayloadOutcome::Failed
+                };
+                inputs.push(Input::Payload(rx, outcome));
+            }
+            RxAction::Inline { rx, len, .. } => {
+                let v = self.lo_copy(&tx.payload, |src| {
+                    src.get(..len as usize).map(<[u8]>::to_vec)
+                });
+                match v.flatten() {
+                    Some(v) => {
+                        add(&self.counters.loopback_copy_bytes, u64::from(len));
+                        inputs.push(Input::Payload(rx, PayloadOutcome::Inline(v)));
+                    }
+                    None => {
+                        tx_ok = false;
+                        inputs.push(Input::Payload(rx, PayloadOutcome::Failed));
+                    }
+                }
+            }
+            RxAction::Forward { rx, pool, len } => {
+                let buf = self.lo_copy(&tx.payload, |src| {
+                    let mut b = self.rbufs.take(pool, len as usize);
+                    let n = b.len().min(src.len());
+                    b[..n].copy_from_slice(&src[..n]);
+                    (n == len as usize).then_some(b)
+                });
+                match buf.flatten() {
+                    Some(b) => {
+                        add(&self.counters.loopback_copy_bytes, u64::from(len));
+                        self.rbufs.insert(rx, b);
+                        inputs.push(Input::Payload(rx, PayloadOutcome::Received));
+                    }
+                    None => {
+                        tx_ok = false;
+                        inputs.push(Input::Payload(rx, PayloadOutcome::Failed));
+                    }
+                }
+            }
+        }
+        let res = if tx_ok {
+            Ok(())
+        } else {
+            Err(HealthError::LocalError)
+        };
+        inputs.push(Input::TxDone(tx.id, res));
+        self.run(inputs, |_, _| ());
+    }
+
+    /// Runs `f` on the transmit's payload bytes (`None` if they cannot be
+    /// found), under the source region's read lock.
+    fn lo_copy<R>(&self, p: &Payload, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        match p {
+            Payload::None => Some(f(&[])),
+            Payload::Inline(v) => Some(f(v)),
+            Payload::Rx { rx, len } => {
+                let b = self.rbufs.get(*rx)?;
+                Some(f(b.get(..*len as usize)?))
+            }
+            Payload::Mem(r) => {
+                let src = self.mem.resolve(*r)?;
+                let g = src.region.lock_read();
+                Some(f(&g[src.start..src.end()]))
+            }
+        }
+    }
+
+    /// Moves the payload into `dst` (the one copy of the loopback LND).
+    /// The runtime thread is the only one that holds two region locks at
+    /// once, so taking the source's and then the destination's cannot
+    /// deadlock; one region as both is a `copy_within`.
+    fn lo_move(&self, p: &Payload, dst: &Resolved) -> bool {
+        if let Payload::Mem(r) = p
+            && let Some(src) = self.mem.resolve(*r)
+            && src.region.same(&dst.region)
+        {
+            if src.len < dst.len {
+                return false;
+            }
+            let mut g = dst.region.lock_write();
+            g.copy_within(src.start..src.start + dst.len, dst.start);
+            return true;
+        }
+        self.lo_copy(p, |bytes| match bytes.get(..dst.len) {
+            Some(b) => {
+                dst.region.lock_write()[dst.start..dst.end()].copy_from_slice(b);
+                true
+            }
+            None => false,
+        })
+        .unwrap_or(false)
+    }
+
+    // ------------------------------------------------------------------
+    // The runtime thread.
+
+    pub(crate) fn runtime_thread(self: Arc<Self>, rx: Receiver<RtMsg>, tick: Duration) {
+        let mut next_tick = self.now().saturating_add(tick);
+        loop {
+            let node_deadline = self.core.lock().node.poll_timeout();
+            let wake_at = node_deadline.map_or(next_tick, |d| d.min(next_tick));
+            self.deadline.store(wake_at.as_nanos(), Ordering::Release);
+            let msg = rx.recv_deadline(self.instant(wake_at));
+            match msg {
+                Ok(RtMsg::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+                Ok(RtMsg::Lo(tx)) => self.lo_send(*tx),
+                Ok(RtMsg::LoResume(rx, a)) => self.lo_resume(rx, a),
+                Ok(RtMsg::Wake) | Err(RecvTimeoutError::Timeout) => {}
+            }
+            if self.shutdown.load(Ordering::Acquire) {
+                break;
+            }
+            let now = self.now();
+            if node_deadline.is_some_and(|d| d <= now)
+                || self
+                    .core
+                    .lock()
+                    .node
+                    .poll_timeout()
+                    .is_some_and(|d| d <= now)
+            {
+                self.run(Vec::new(), |core, now| core.node.handle_timeout(now));
+            }
+            if now >= next_tick {
+                next_tick = now.saturating_add(tick);
+                if let Some(lnd) = self.lnd.get() {
+                    lnd.tick(&self, now);
+                }
+            }
+        }
+        // Loopback messages still parked or queued end as failed.
+        let parked: Vec<(RxId, Transmit)> = self.lo_parked.lock().drain().collect();
+        let mut inputs = Vec::new();
+        for (rx, tx) in parked {
+            inputs.push(Input::Payload(rx, PayloadOutcome::Failed));
+            inputs.push(Input::TxDone(tx.id, Err(HealthError::LocalDropped)));
+        }
+        while let Ok(m) = rx.try_recv() {
+            if let RtMsg::Lo(tx) = m {
+                inputs.push(Input::TxDone(tx.id, Err(HealthError::LocalDropped)));
+            }
+        }
+        if !inputs.is_empty() {
+            self.run(inputs, |_, _| ());
+        }
+        // Responses that can no longer come: every tracker expires now, so
+        // each operation still waiting for an ACK or REPLY gets its final
+        // (TimedOut) event. What this sends fails at once (shutdown).
+        for _ in 0..3 {
+            if self.core.lock().node.poll_timeout().is_none() {
+                break;
+            }
+            self.run(Vec::new(), |core, _| core.node.handle_timeout(Time::MAX));
+        }
+        tracing::debug!(target: TARGET, "runtime thread stopped");
+    }
+}
+
+fn apply(node: &mut Node, now: Time, inputs: impl Iterator<Item = Input>) {
+    for i in inputs {
+        let r = match i {
+            Input::TxDone(id, res) => node.handle_tx_done(now, id, res),
+            Input::Payload(rx, outcome) => node.handle_payload(now, rx, outcome),
+        };
+        if let Err(e) = r {
+            tracing::warn!(target: TARGET, error = %e, "node refused a completion");
+        }
+    }
+}
+
+/// Calls the application's handler for each event, on its own thread,
+/// without any runtime lock held.
+/// On `stop` it delivers what is queued and returns.
+pub(crate) fn event_thread(
+    rx: Receiver<Event>,
+    stop: Receiver<()>,
+    mut handler: Box<dyn FnMut(Event) + Send>,
+) {
+    loop {
+        crossbeam_channel::select! {
+            recv(rx) -> ev => match ev {
+                Ok(ev) => handler(ev),
+                Err(_) => return,
+            },
+            recv(stop) -> _ => break,
+        }
+    }
+    while let Ok(ev) = rx.try_recv() {
+        handler(ev);
+    }
+}

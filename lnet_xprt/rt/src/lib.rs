@@ -1,0 +1,761 @@
+//! # colibri-lnet-rt: LNet goes live
+//!
+//! The runtime that drives the sans-IO LNet core ([`colibri_lnet`]) with real
+//! time, real threads and real sockets:
+//!
+//! * [`Lnet`]: a cloneable handle on one LNet node. The node lives behind
+//!   one lock; a runtime thread runs its timers and the loopback LND; events
+//!   go to an event queue ([`Lnet::next_event`]) or to a handler
+//!   ([`Lnet::start_with_handler`]) and are delivered without any runtime
+//!   lock held.
+//! * [`MemRegion`]: memory the application owns. Register it
+//!   ([`Lnet::register`]) and build MDs over ranges of it; the runtime reads
+//!   and writes payloads in place (no copy into memory of its own).
+//! * The API of Lustre's LNet: [`Lnet::me_attach`], [`Lnet::md_attach`],
+//!   [`Lnet::md_bind`], [`Lnet::put`], [`Lnet::get`], [`Lnet::md_unlink`],
+//!   [`Lnet::ping`], [`Lnet::discover`], and the DLC calls (NIs, peers,
+//!   routes, routing, discovery, fault rules).
+//! * Two LNDs: loopback (`0@lo` and our own NIDs, one memory-to-memory
+//!   move as Lustre's lolnd) and Lustre's socket LND on `tcp` nets
+//!   (acceptor, typed connections, V3 HELLO, zero-copy sends and receives).
+//!
+//! See `DESIGN.md` in the crate folder for threads, locks and what is
+//! compatible with Lustre.
+//!
+//! ## Example
+//!
+//! A node PUTs five bytes to itself (through the loopback LND) into a
+//! buffer it posted, with an ACK:
+//!
+//! ```
+//! use std::time::Duration;
+//! use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
+//! use colibri_lnet_rt::colibri_lnet::ids::{Nid, ProcessId};
+//! use colibri_lnet_rt::colibri_lnet::matching::{
+//!     EventKind, InsertPos, MdOptions, MdSpec, MeSpec, MemRef, Threshold, Unlink,
+//! };
+//!
+//! let me: Nid = "127.0.0.1@tcp".parse()?;
+//! let mut cfg = LnetConfig::new(&[me]);
+//! cfg.accept_port = 0; // any free port
+//! let lnet = Lnet::start(cfg)?;
+//!
+//! // The target buffer: an ME on portal 5 and an MD over 16 bytes.
+//! let inbox = MemRegion::zeroed(16);
+//! let key = lnet.register(&inbox);
+//! let me_h = lnet.me_attach(MeSpec {
+//!     portal: 5,
+//!     match_id: ProcessId::ANY,
+//!     match_bits: 7,
+//!     ignore_bits: 0,
+//!     unlink: Unlink::Retain,
+//!     pos: InsertPos::After,
+//! })?;
+//! lnet.md_attach(me_h, MdSpec::new(MemRef::new(key, 0, 16), MdOptions::OP_PUT))?;
+//!
+//! // The source: a bound MD (threshold 2: SEND and ACK).
+//! let data = MemRegion::from_vec(b"hello".to_vec());
+//! let dkey = lnet.register(&data);
+//! let md = lnet.md_bind(MdSpec::new(MemRef::new(dkey, 0, 5), MdOptions::empty())
+//!     .threshold(Threshold::Count(2)))?;
+//! lnet.put(md, true, ProcessId::lustre(me), 5, 7, 0, 0)?;
+//!
+//! let mut kinds = Vec::new();
+//! while kinds.len() < 3 {
+//!     kinds.push(lnet.next_event(Duration::from_secs(5))?.kind());
+//! }
+//! assert!(kinds.contains(&EventKind::Put) && kinds.contains(&EventKind::Ack));
+//! assert_eq!(&inbox.to_vec()[..5], b"hello");
+//! lnet.shutdown();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Two nodes over the socket LND (listening on free ports, so each is told
+//! where the other is); `b` serves a GET from its memory:
+//!
+//! ```
+//! use std::time::Duration;
+//! use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
+//! use colibri_lnet_rt::colibri_lnet::ids::{Nid, ProcessId};
+//! use colibri_lnet_rt::colibri_lnet::matching::{
+//!     EventKind, InsertPos, MdOptions, MdSpec, MeSpec, MemRef, Threshold, Unlink,
+//! };
+//!
+//! let (na, nb): (Nid, Nid) = ("127.0.10.1@tcp".parse()?, "127.0.10.2@tcp".parse()?);
+//! let start = |nid| {
+//!     let mut cfg = LnetConfig::new(&[nid]);
+//!     cfg.accept_port = 0;
+//!     Lnet::start(cfg)
+//! };
+//! let (a, b) = (start(na)?, start(nb)?);
+//! a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
+//! b.set_peer_addr(na, a.listen_addr(na).unwrap());
+//!
+//! let served = MemRegion::from_vec(b"served from b's memory".to_vec());
+//! let skey = b.register(&served);
+//! let me = b.me_attach(MeSpec {
+//!     portal: 6,
+//!     match_id: ProcessId::ANY,
+//!     match_bits: 1,
+//!     ignore_bits: 0,
+//!     unlink: Unlink::Retain,
+//!     pos: InsertPos::After,
+//! })?;
+//! b.md_attach(me, MdSpec::new(MemRef::new(skey, 0, 22), MdOptions::OP_GET))?;
+//!
+//! let sink = MemRegion::zeroed(22);
+//! let key = a.register(&sink);
+//! let md = a.md_bind(MdSpec::new(MemRef::new(key, 0, 22), MdOptions::empty())
+//!     .threshold(Threshold::Count(2)))?;
+//! a.get(md, ProcessId::lustre(nb), 6, 1, 0)?;
+//! while a.next_event(Duration::from_secs(10))?.kind() != EventKind::Reply {}
+//! assert_eq!(sink.to_vec(), b"served from b's memory");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![forbid(unsafe_code)]
+
+mod config;
+mod core;
+mod error;
+mod mem;
+mod sock;
+mod stats;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use colibri_lnet;
+use colibri_lnet::fault::{DelayRuleSpec, DropRuleSpec, FaultStats, RuleId};
+use colibri_lnet::ids::{Net, Nid, ProcessId};
+use colibri_lnet::matching::{Event, MdHandle, MdSpec, MeHandle, MeSpec, MemKey, MemRef};
+use colibri_lnet::node::{NiConfig, Node, NodeStats};
+use colibri_lnet::wire::PingInfo;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use parking_lot::Mutex;
+
+pub use crate::config::LnetConfig;
+use crate::core::{Lnd, RtMsg, Shared};
+pub use crate::error::LnetError;
+pub use crate::mem::MemRegion;
+use crate::sock::{SockCfg, SockLnd};
+pub use crate::stats::RuntimeStats;
+
+const TARGET: &str = "colibri_lnet_rt";
+
+/// A running LNet node: a cheap, cloneable handle. The runtime stops when
+/// [`Lnet::shutdown`] is called or the last handle is dropped.
+#[derive(Clone)]
+pub struct Lnet {
+    h: Arc<Handle>,
+}
+
+impl std::fmt::Debug for Lnet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lnet")
+            .field("nids", &self.nids())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Handle {
+    shared: Arc<Shared>,
+    events: Option<Receiver<Event>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The event handler's thread, stopped last, and its stop signal.
+    handler: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        stop(self);
+    }
+}
+
+fn stop(h: &Handle) {
+    let (shared, threads) = (&h.shared, &h.threads);
+    if shared.shutdown.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    tracing::debug!(target: TARGET, "LNet runtime shutting down");
+    if let Some(lnd) = shared.lnd.get() {
+        lnd.shutdown(shared);
+    }
+    let _ = shared.rt_tx.send(RtMsg::Stop);
+    let current = std::thread::current().id();
+    for t in threads.lock().drain(..) {
+        if t.thread().id() != current {
+            let _ = t.join();
+        }
+    }
+    // Events produced while stopping are delivered before the handler's
+    // thread ends.
+    if let Some((stop_tx, t)) = h.handler.lock().take() {
+        let _ = stop_tx.send(());
+        if t.thread().id() != current {
+            let _ = t.join();
+        }
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, LnetError> {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(f)
+        .map_err(|source| LnetError::Io {
+            what: format!("spawning thread {name}"),
+            source,
+        })
+}
+
+impl Lnet {
+    /// Starts a node whose events go to a queue read with
+    /// [`Lnet::next_event`] or [`Lnet::event_queue`] (unbounded: drain it).
+    ///
+    /// # Errors
+    /// An invalid configuration (unsupported LND type, bad tunables), or a
+    /// listener that cannot be bound.
+    pub fn start(cfg: LnetConfig) -> Result<Self, LnetError> {
+        Self::start_inner(cfg, None)
+    }
+
+    /// Starts a node whose events are given to `handler`, on a thread of
+    /// its own, in the node's order, with no runtime lock held (the handler
+    /// may call back into the [`Lnet`], blocking calls such as
+    /// [`Lnet::ping`] included). Events wait in an unbounded queue while
+    /// the handler runs. A handler that keeps an [`Lnet`] handle keeps the
+    /// runtime alive: call [`Lnet::shutdown`] then.
+    ///
+    /// # Errors
+    /// As [`Lnet::start`].
+    pub fn start_with_handler(
+        cfg: LnetConfig,
+        handler: impl FnMut(Event) + Send + 'static,
+    ) -> Result<Self, LnetError> {
+        Self::start_inner(cfg, Some(Box::new(handler)))
+    }
+
+    fn start_inner(
+        mut cfg: LnetConfig,
+        handler: Option<Box<dyn FnMut(Event) + Send>>,
+    ) -> Result<Self, LnetError> {
+        for ni in &cfg.node.nis {
+            check_lnd(ni.nid)?;
+        }
+        cfg.tcp
+            .validate()
+            .map_err(|e| LnetError::Config(e.to_string()))?;
+        let salt = wall_nanos();
+        if cfg.node.seed == 0 {
+            cfg.node.seed = salt;
+        }
+        let node = Node::new(cfg.node.clone())?;
+        // The runtime thread's queue holds loopback transmits (bounded by
+        // the node's messages in flight) and wake-ups (one per earlier
+        // deadline): bounded elsewhere.
+        #[allow(clippy::disallowed_methods)]
+        let (rt_tx, rt_rx) = crossbeam_channel::unbounded();
+        // Events: one per MD operation step; the application drains them.
+        #[allow(clippy::disallowed_methods)]
+        let (ev_tx, ev_rx) = crossbeam_channel::unbounded();
+        let shared = Arc::new(Shared::new(node, rt_tx, ev_tx));
+        let mut threads = Vec::new();
+        let s = shared.clone();
+        let tick = cfg.tick;
+        threads.push(spawn("lnet-rt", move || s.runtime_thread(rt_rx, tick))?);
+        let (events, handler) = match handler {
+            Some(h) => {
+                let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+                let t = spawn("lnet-events", move || core::event_thread(ev_rx, stop_rx, h))?;
+                (None, Some((stop_tx, t)))
+            }
+            None => (Some(ev_rx), None),
+        };
+        let lnet = Self {
+            h: Arc::new(Handle {
+                shared: shared.clone(),
+                events,
+                threads: Mutex::new(threads),
+                handler: Mutex::new(handler),
+            }),
+        };
+        // The socket LND, for the tcp NIs (and any added later).
+        let nscheds = if cfg.tcp.nscheds > 0 {
+            cfg.tcp.nscheds as usize
+        } else {
+            cfg.nscheds
+        };
+        let nconnds = if cfg.nconnds > 0 {
+            cfg.nconnds
+        } else {
+            cfg.tcp.nconnds as usize
+        };
+        let sock_cfg = SockCfg {
+            tun: cfg.tcp.clone(),
+            accept: cfg.accept,
+            accept_port: cfg.accept_port,
+            accept_timeout: cfg.accept_timeout,
+            reserved_ports: cfg.reserved_ports,
+            pid: cfg.node.pid,
+            sock_timeout: cfg.tcp.timeout(LND_TIMEOUT),
+            keepalive: cfg.tcp.keepalive_after(),
+            conns_per_peer: cfg.tcp.conns_per_peer_for_speed(None),
+        };
+        let lnd = SockLnd::start(&shared, sock_cfg, cfg.peers.clone(), nscheds, nconnds)?;
+        let _ = shared.lnd.set(lnd.clone());
+        for ni in &cfg.node.nis {
+            if is_tcp(ni.nid) {
+                lnd.add_ni(ni.nid, cfg.listen.get(&ni.nid).copied(), salt)?;
+            }
+        }
+        tracing::info!(target: TARGET, nids = ?lnet.nids(), "LNet runtime started");
+        Ok(lnet)
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.h.shared
+    }
+
+    fn live(&self) -> Result<&Shared, LnetError> {
+        let s = self.shared();
+        if s.shutdown.load(Ordering::Acquire) {
+            Err(LnetError::Shutdown)
+        } else {
+            Ok(s)
+        }
+    }
+
+    /// Stops the runtime: connections are closed, operations in progress
+    /// end with an error event, threads are joined. Idempotent.
+    pub fn shutdown(&self) {
+        stop(&self.h);
+    }
+
+    // ------------------------------------------------------------------
+    // Events
+
+    /// The next event, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// [`LnetError::TimedOut`]; [`LnetError::Config`] if events go to a
+    /// handler; [`LnetError::Shutdown`] once the runtime is gone and the
+    /// queue is empty.
+    pub fn next_event(&self, timeout: Duration) -> Result<Event, LnetError> {
+        let q = self
+            .h
+            .events
+            .as_ref()
+            .ok_or_else(|| LnetError::Config("events go to a handler".into()))?;
+        match q.recv_timeout(timeout) {
+            Ok(ev) => Ok(ev),
+            Err(RecvTimeoutError::Timeout) => Err(LnetError::TimedOut),
+            Err(RecvTimeoutError::Disconnected) => Err(LnetError::Shutdown),
+        }
+    }
+
+    /// The event queue (`None` when events go to a handler).
+    #[must_use]
+    pub fn event_queue(&self) -> Option<Receiver<Event>> {
+        self.h.events.clone()
+    }
+
+    // ------------------------------------------------------------------
+    // Memory
+
+    /// Registers application memory; MDs name ranges of it by the returned
+    /// key ([`MemRef::new`]).
+    #[must_use]
+    pub fn register(&self, region: &MemRegion) -> MemKey {
+        self.shared().mem.register(region)
+    }
+
+    /// Forgets a region. MDs still naming it fail their operations
+    /// (`LOCAL_ERROR` for a send, a failed receive), each with its event.
+    pub fn deregister(&self, key: MemKey) -> Option<MemRegion> {
+        self.shared().mem.deregister(key)
+    }
+
+    fn check_mem(&self, r: MemRef) -> Result<(), LnetError> {
+        if self.shared().mem.resolve(r).is_some() {
+            Ok(())
+        } else {
+            Err(LnetError::BadMemory {
+                key: r.key,
+                offset: r.offset,
+                len: r.len,
+            })
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // LNet API
+
+    /// `LNetMEAttach`: a match entry on a portal.
+    ///
+    /// # Errors
+    /// Bad or reserved portal, portal kind mismatch (`EPERM`).
+    pub fn me_attach(&self, spec: MeSpec) -> Result<MeHandle, LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| c.node.me_attach(spec))?)
+    }
+
+    /// `LNetMDAttach`: an MD over registered memory on an ME (PUTs waiting
+    /// on a lazy portal are delivered into it).
+    ///
+    /// # Errors
+    /// Unregistered memory or a range beyond its end ([`LnetError::BadMemory`]),
+    /// bad options, unknown ME.
+    pub fn md_attach(&self, me: MeHandle, spec: MdSpec) -> Result<MdHandle, LnetError> {
+        let s = self.live()?;
+        self.check_mem(spec.mem)?;
+        Ok(s.run(Vec::new(), |c, now| c.node.md_attach(now, me, spec))?)
+    }
+
+    /// `LNetMDBind`: a free-floating MD, the source of a PUT or the sink of
+    /// a GET.
+    ///
+    /// # Errors
+    /// As [`Lnet::md_attach`].
+    pub fn md_bind(&self, spec: MdSpec) -> Result<MdHandle, LnetError> {
+        let s = self.live()?;
+        self.check_mem(spec.mem)?;
+        Ok(s.run(Vec::new(), |c, _| c.node.md_bind(spec))?)
+    }
+
+    /// `LNetMDUnlink`: an idle MD gives an UNLINK event at once; a busy one
+    /// ends with its last operation's event (`unlinked` set).
+    ///
+    /// # Errors
+    /// Unknown MD (`ENOENT`).
+    pub fn md_unlink(&self, md: MdHandle) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| c.node.md_unlink(md))?)
+    }
+
+    /// `LNetSetLazyPortal` / `LNetClearLazyPortal`.
+    ///
+    /// # Errors
+    /// Bad or reserved portal.
+    pub fn set_lazy_portal(&self, portal: u32, lazy: bool) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| c.node.set_lazy_portal(portal, lazy))?)
+    }
+
+    /// `LNetPut`: sends the whole MD to `target`; with `ack` the MD needs
+    /// threshold 2 (SEND and ACK events). Every operation ends with exactly
+    /// one final event, whatever fails.
+    ///
+    /// # Errors
+    /// Unusable MD, bad portal or target (the operation did not start and
+    /// gives no event).
+    #[allow(clippy::too_many_arguments)]
+    pub fn put(
+        &self,
+        md: MdHandle,
+        ack: bool,
+        target: ProcessId,
+        portal: u32,
+        match_bits: u64,
+        offset: u32,
+        hdr_data: u64,
+    ) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| {
+            c.node
+                .put(now, md, ack, target, portal, match_bits, offset, hdr_data)
+        })?)
+    }
+
+    /// `LNetGet`: asks `target` for data into a bound MD (threshold 2: SEND
+    /// and REPLY events).
+    ///
+    /// # Errors
+    /// As [`Lnet::put`].
+    pub fn get(
+        &self,
+        md: MdHandle,
+        target: ProcessId,
+        portal: u32,
+        match_bits: u64,
+        offset: u32,
+    ) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| {
+            c.node.get(now, md, target, portal, match_bits, offset)
+        })?)
+    }
+
+    /// `lnetctl ping`: the peer's ping buffer (its NIDs and their status),
+    /// waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// [`LnetError::TimedOut`], [`LnetError::Ping`] (no reply within the
+    /// transaction timeout, bad reply), invalid NID.
+    pub fn ping(&self, nid: Nid, timeout: Duration) -> Result<PingInfo, LnetError> {
+        let s = self.live()?;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        s.run(Vec::new(), |c, now| {
+            c.node.ping(now, nid)?;
+            c.add_ping_waiter(nid, tx);
+            Ok::<(), LnetError>(())
+        })?;
+        match rx.recv_timeout(timeout) {
+            Ok(Ok(info)) => Ok(info),
+            Ok(Err(error)) => Err(LnetError::Ping { nid, error }),
+            Err(RecvTimeoutError::Timeout) => Err(LnetError::TimedOut),
+            Err(RecvTimeoutError::Disconnected) => Err(LnetError::Shutdown),
+        }
+    }
+
+    /// `lnetctl discover`: starts (or with `force` restarts) discovery of
+    /// the peer owning `nid`; the result shows in the peer table
+    /// ([`Lnet::with_node`]).
+    ///
+    /// # Errors
+    /// Invalid NID, peer busy.
+    pub fn discover(&self, nid: Nid, force: bool) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| c.node.discover(now, nid, force))?)
+    }
+
+    // ------------------------------------------------------------------
+    // DLC
+
+    /// `lnetctl net add`: a new local NI (a `tcp` NI starts listening).
+    ///
+    /// # Errors
+    /// Unsupported LND, duplicate NI, listener error.
+    pub fn add_ni(&self, ni: NiConfig) -> Result<(), LnetError> {
+        let s = self.live()?;
+        check_lnd(ni.nid)?;
+        if is_tcp(ni.nid)
+            && let Some(l) = s.lnd.get()
+        {
+            if l.ni(ni.nid).is_some() {
+                return Err(colibri_lnet::node::NodeError::DuplicateNi(ni.nid).into());
+            }
+            let inc = wall_nanos();
+            l.add_ni(ni.nid, None, inc)?;
+        }
+        if let Err(e) = s.run(Vec::new(), |c, now| c.node.add_ni(now, ni)) {
+            if let Some(l) = s.lnd.get() {
+                l.del_ni(ni.nid);
+            }
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// `lnetctl net del`.
+    ///
+    /// # Errors
+    /// Unknown NI.
+    pub fn del_ni(&self, nid: Nid) -> Result<(), LnetError> {
+        let s = self.live()?;
+        s.run(Vec::new(), |c, now| c.node.del_ni(now, nid))?;
+        if let Some(l) = s.lnd.get() {
+            l.del_ni(nid);
+        }
+        Ok(())
+    }
+
+    /// `lnetctl peer add --prim_nid primary --nid nids [--non_mr]`.
+    ///
+    /// # Errors
+    /// As the node's `dlc_add_peer` (`EBUSY` during discovery, NID in use).
+    pub fn add_peer(&self, primary: Nid, nids: &[Nid], multi_rail: bool) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| {
+            c.node.dlc_add_peer(now, primary, nids, multi_rail)
+        })?)
+    }
+
+    /// `lnetctl peer del --prim_nid primary --nid nids`.
+    ///
+    /// # Errors
+    /// As the node's `dlc_del_peer`.
+    pub fn del_peer(&self, primary: Nid, nids: &[Nid]) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| c.node.dlc_del_peer(now, primary, nids))?)
+    }
+
+    /// `lnetctl route add --net net --gateway gw [--hop] [--priority]`.
+    ///
+    /// # Errors
+    /// As the node's `add_route`.
+    pub fn add_route(
+        &self,
+        net: Net,
+        gateway: Nid,
+        hops: Option<u32>,
+        priority: u32,
+    ) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| {
+            c.node.add_route(now, net, gateway, hops, priority)
+        })?)
+    }
+
+    /// `lnetctl route del --net net --gateway gw`.
+    ///
+    /// # Errors
+    /// Unknown route.
+    pub fn del_route(&self, net: Net, gateway: Nid) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| c.node.del_route(net, gateway))?)
+    }
+
+    /// `lnetctl set routing 0|1`.
+    ///
+    /// # Errors
+    /// Ping buffer rebuild failure.
+    pub fn set_routing(&self, on: bool) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| c.node.set_routing(now, on))?)
+    }
+
+    /// `lnetctl set discovery 0|1`.
+    ///
+    /// # Errors
+    /// Ping buffer rebuild failure.
+    pub fn set_discovery(&self, on: bool) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| c.node.set_discovery(now, on))?)
+    }
+
+    /// `lnetctl set health_sensitivity|retry_count|transaction_timeout`:
+    /// values for messages sent from now on.
+    ///
+    /// # Errors
+    /// Values breaking Lustre's rules (a retry count not below the
+    /// transaction timeout in seconds, retries without health): `EINVAL`,
+    /// nothing changes.
+    pub fn set_health(
+        &self,
+        sensitivity: u32,
+        retry_count: u32,
+        transaction_timeout: Duration,
+    ) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| {
+            c.node
+                .set_health_params(sensitivity, retry_count, transaction_timeout)
+        })?)
+    }
+
+    /// `lnetctl fault add` / `lctl net_drop_add`.
+    ///
+    /// # Errors
+    /// Invalid rule.
+    pub fn add_drop_rule(&self, spec: DropRuleSpec) -> Result<RuleId, LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| c.node.add_drop_rule(now, spec))?)
+    }
+
+    /// `lctl net_delay_add`.
+    ///
+    /// # Errors
+    /// Invalid rule.
+    pub fn add_delay_rule(&self, spec: DelayRuleSpec) -> Result<RuleId, LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| c.node.add_delay_rule(now, spec))?)
+    }
+
+    /// Removes a fault rule (delayed messages are released); `false` if
+    /// unknown.
+    pub fn remove_fault_rule(&self, id: RuleId) -> bool {
+        self.shared()
+            .run(Vec::new(), |c, now| c.node.remove_fault_rule(now, id))
+    }
+
+    /// A fault rule's statistics.
+    #[must_use]
+    pub fn fault_stats(&self, id: RuleId) -> Option<FaultStats> {
+        self.shared().core.lock().node.fault_stats(id)
+    }
+
+    // ------------------------------------------------------------------
+    // Introspection
+
+    /// Our NIDs (the first is the primary NID).
+    #[must_use]
+    pub fn nids(&self) -> Vec<Nid> {
+        self.shared().core.lock().node.nids()
+    }
+
+    /// LNet counters (`lnetctl stats show`).
+    #[must_use]
+    pub fn stats(&self) -> NodeStats {
+        self.shared().core.lock().node.stats()
+    }
+
+    /// What the runtime moved (copy accounting) and its connections.
+    #[must_use]
+    pub fn runtime_stats(&self) -> RuntimeStats {
+        self.shared().counters.snapshot()
+    }
+
+    /// Router buffers filled and not yet released by the node.
+    #[must_use]
+    pub fn router_buffers_in_use(&self) -> usize {
+        self.shared().rbufs.filled_count()
+    }
+
+    /// Runs `f` on the node, read only, under the node lock (peer table,
+    /// health, routes, credits). Do not call back into the [`Lnet`] from
+    /// `f`.
+    pub fn with_node<R>(&self, f: impl FnOnce(&Node) -> R) -> R {
+        f(&self.shared().core.lock().node)
+    }
+
+    /// The address NI `nid` listens on (its port when `accept_port` was 0).
+    #[must_use]
+    pub fn listen_addr(&self, nid: Nid) -> Option<SocketAddr> {
+        self.shared().lnd.get().and_then(|l| l.listen_addr(nid))
+    }
+
+    /// Where peer NID `nid` is connected to (overriding `ip:accept_port`).
+    pub fn set_peer_addr(&self, nid: Nid, addr: SocketAddr) {
+        if let Some(l) = self.shared().lnd.get() {
+            l.set_peer_addr(nid, addr);
+        }
+    }
+
+    /// Why the latest connections (and refused connection attempts) were
+    /// closed, oldest first (at most 64).
+    #[must_use]
+    pub fn close_reasons(&self) -> Vec<String> {
+        self.shared()
+            .lnd
+            .get()
+            .map(|l| l.close_reasons())
+            .unwrap_or_default()
+    }
+}
+
+/// `lnd_timeout` when `sock_timeout` is 0 (Lustre: 150 s / 3 retries).
+const LND_TIMEOUT: Duration = Duration::from_secs(50);
+
+/// Wall-clock nanoseconds: NI incarnations (Lustre uses the NI's start
+/// time) and seeds.
+fn wall_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(1))
+}
+
+fn is_tcp(nid: Nid) -> bool {
+    nid.net().lnd().name() == Some("tcp")
+}
+
+/// Only `lo` and `tcp` NIs have an LND here.
+fn check_lnd(nid: Nid) -> Result<(), LnetError> {
+    match nid.net().lnd().name() {
+        Some("tcp" | "lo") => Ok(()),
+        _ => Err(LnetError::Config(format!(
+            "{nid}: only tcp NIs are supported by this runtime"
+        ))),
+    }
+}

@@ -1,0 +1,858 @@
+//! The socket LND driver (Lustre's `ksocklnd` over real sockets).
+//!
+//! Threads: one acceptor per NI (mio, accepts and hands sockets to the
+//! connds), `nconnds` connection daemons (blocking handshakes with
+//! timeouts, both directions), `nscheds` schedulers (mio, edge-triggered,
+//! all frame I/O). The protocol decisions are `colibri_lnet::socklnd`'s.
+//!
+//! Locks: an NI's peer table (`SockNi::peers`) is taken without the node
+//! lock and never while doing socket I/O; under it a connection's transmit
+//! queue may be taken (NI lock → queue lock). The parked-message map is a
+//! leaf lock (also taken under the node lock).
+
+mod handshake;
+mod sched;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use colibri_lnet::health::HealthStatus;
+use colibri_lnet::ids::{Nid, Pid};
+use colibri_lnet::node::{Payload, RxAction, RxId, Transmit, TxId};
+use colibri_lnet::socklnd::frame::LNET_FRAME_HDR_LEN;
+use colibri_lnet::socklnd::{
+    AcceptPolicy, ConnId, ConnLoad, ConnType, FrameReceiver, Keepalive, KsockMsgHeader, LocalEnd,
+    PeerConns, Reconnect, SocketError, Tunables, TxFailure, TxKind,
+};
+use colibri_lnet::time::Time;
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Mutex, RwLock};
+
+use crate::LnetError;
+use crate::core::{Input, Lnd, Shared, health_error};
+use crate::stats::add;
+
+pub(crate) use sched::SchedCmd;
+
+const TARGET: &str = "colibri_lnet_rt::socklnd";
+
+/// Close reasons kept for [`crate::Lnet::close_reasons`].
+const CLOSE_LOG: usize = 64;
+
+/// Socket LND settings taken from [`crate::LnetConfig`].
+#[derive(Clone, Debug)]
+pub(crate) struct SockCfg {
+    pub(crate) tun: Tunables,
+    pub(crate) accept: AcceptPolicy,
+    pub(crate) accept_port: u16,
+    pub(crate) accept_timeout: Duration,
+    pub(crate) reserved_ports: bool,
+    pub(crate) pid: Pid,
+    pub(crate) sock_timeout: Duration,
+    pub(crate) keepalive: Duration,
+    pub(crate) conns_per_peer: u32,
+}
+
+/// One message waiting for, or on, a connection.
+pub(crate) struct TxItem {
+    /// The node's transmit id (`None` for NOOPs).
+    pub(crate) id: Option<TxId>,
+    /// `ksock_msg` header and, for LNet messages, the 72-byte LNet header.
+    pub(crate) head: [u8; LNET_FRAME_HDR_LEN],
+    pub(crate) head_len: usize,
+    pub(crate) payload: Payload,
+    pub(crate) queued: Time,
+}
+
+impl TxItem {
+    fn lnet(tx: Transmit, now: Time) -> Self {
+        let mut head = [0u8; LNET_FRAME_HDR_LEN];
+        head[..24].copy_from_slice(&KsockMsgHeader::lnet().encode());
+        head[24..].copy_from_slice(&tx.header);
+        Self {
+            id: Some(tx.id),
+            head,
+            head_len: LNET_FRAME_HDR_LEN,
+            payload: tx.payload,
+            queued: now,
+        }
+    }
+
+    fn noop(h: KsockMsgHeader, now: Time) -> Self {
+        let mut head = [0u8; LNET_FRAME_HDR_LEN];
+        head[..24].copy_from_slice(&h.encode());
+        Self {
+            id: None,
+            head,
+            head_len: 24,
+            payload: Payload::None,
+            queued: now,
+        }
+    }
+
+    fn kind(&self) -> TxKind {
+        if self.id.is_some() {
+            TxKind::Lnet {
+                payload_len: self.payload.len(),
+            }
+        } else {
+            TxKind::Noop { nonblk: true }
+        }
+    }
+
+    pub(crate) fn wire_len(&self) -> u64 {
+        self.head_len as u64 + u64::from(self.payload.len())
+    }
+}
+
+/// A connection as the rest of the LND sees it; its socket belongs to
+/// one scheduler.
+pub(crate) struct Conn {
+    pub(crate) id: ConnId,
+    pub(crate) ni: Nid,
+    pub(crate) peer: Nid,
+    pub(crate) ctype: ConnType,
+    pub(crate) sched: usize,
+    pub(crate) txq: Mutex<VecDeque<TxItem>>,
+    pub(crate) queued_bytes: AtomicU64,
+    pub(crate) last_post: AtomicU64,
+    /// Last time bytes arrived (ns).
+    pub(crate) last_rx: AtomicU64,
+    /// Last time bytes left, or a message was queued on an idle queue (ns).
+    pub(crate) last_tx: AtomicU64,
+    /// Bytes are being written (a message in progress).
+    pub(crate) tx_busy: AtomicBool,
+    /// A message is half read.
+    pub(crate) rx_busy: AtomicBool,
+    pub(crate) closing: AtomicBool,
+}
+
+impl Conn {
+    fn load(&self) -> ConnLoad {
+        ConnLoad {
+            queued_bytes: self.queued_bytes.load(Ordering::Relaxed),
+            last_post: Time::from_nanos(self.last_post.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// One peer of one NI.
+struct Peer {
+    conns: PeerConns,
+    refs: HashMap<ConnId, Arc<Conn>>,
+    reconnect: Reconnect,
+    keepalive: Keepalive,
+    /// Messages waiting for a connection.
+    pending: VecDeque<TxItem>,
+    /// An active connection job is queued or running.
+    connecting: bool,
+    /// We opened a connection to it: we complete the typed set.
+    active: bool,
+}
+
+/// One `tcp` NI.
+pub(crate) struct SockNi {
+    pub(crate) nid: Nid,
+    pub(crate) local: LocalEnd,
+    pub(crate) listen: Option<SocketAddr>,
+    peers: Mutex<HashMap<Nid, Peer>>,
+    /// Wakes the NI's acceptor.
+    waker: Option<Arc<mio::Waker>>,
+    /// The NI was deleted: its acceptor stops.
+    pub(crate) deleted: AtomicBool,
+}
+
+impl SockNi {
+    pub(crate) fn ip(&self) -> Ipv4Addr {
+        Ipv4Addr::from(self.nid.addr())
+    }
+}
+
+/// A scheduler as seen from outside.
+pub(crate) struct SchedHandle {
+    tx: Sender<SchedCmd>,
+    waker: Arc<mio::Waker>,
+}
+
+impl SchedHandle {
+    pub(crate) fn send(&self, c: SchedCmd) {
+        if self.tx.send(c).is_ok() {
+            let _ = self.waker.wake();
+        }
+    }
+}
+
+/// Work for the connection daemons.
+pub(crate) enum ConndJob {
+    /// A socket the acceptor took.
+    Accept(std::net::TcpStream, SocketAddr),
+    /// Open connections to a peer.
+    Connect(Arc<SockNi>, Nid),
+    /// Stop.
+    Stop,
+}
+
+/// The socket LND.
+pub(crate) struct SockLnd {
+    pub(crate) cfg: SockCfg,
+    pub(crate) shared: Weak<Shared>,
+    nis: RwLock<HashMap<Nid, Arc<SockNi>>>,
+    peer_addrs: RwLock<HashMap<Nid, SocketAddr>>,
+    scheds: Vec<SchedHandle>,
+    next_sched: AtomicUsize,
+    next_conn: AtomicU64,
+    connd_tx: Sender<ConndJob>,
+    /// Parked messages: which connection holds each.
+    pub(crate) parked: Mutex<HashMap<RxId, (usize, ConnId)>>,
+    close_log: Mutex<VecDeque<String>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    acceptor_wakers: Mutex<Vec<Arc<mio::Waker>>>,
+    pub(crate) stopping: AtomicBool,
+    nconnds: usize,
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, LnetError> {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(f)
+        .map_err(|source| LnetError::Io {
+            what: format!("spawning thread {name}"),
+            source,
+        })
+}
+
+impl SockLnd {
+    /// Starts schedulers and connds; NIs are added with [`SockLnd::add_ni`].
+    pub(crate) fn start(
+        shared: &Arc<Shared>,
+        cfg: SockCfg,
+        peers: HashMap<Nid, SocketAddr>,
+        nscheds: usize,
+        nconnds: usize,
+    ) -> Result<Arc<Self>, LnetError> {
+        let nscheds = nscheds.max(1);
+        let nconnds = nconnds.max(1);
+        let mut scheds = Vec::new();
+        let mut sched_parts = Vec::new();
+        for _ in 0..nscheds {
+            let poll = mio::Poll::new().map_err(|source| LnetError::Io {
+                what: "creating a poll instance".into(),
+                source,
+            })?;
+            let waker = Arc::new(mio::Waker::new(poll.registry(), sched::WAKER).map_err(
+                |source| LnetError::Io {
+                    what: "creating a waker".into(),
+                    source,
+                },
+            )?);
+            // Commands are bounded by the connections and messages the
+            // scheduler holds.
+            #[allow(clippy::disallowed_methods)]
+            let (tx, rx) = crossbeam_channel::unbounded();
+            scheds.push(SchedHandle { tx, waker });
+            sched_parts.push((poll, rx));
+        }
+        let (connd_tx, connd_rx) = crossbeam_channel::bounded(1024);
+        let lnd = Arc::new(Self {
+            cfg,
+            shared: Arc::downgrade(shared),
+            nis: RwLock::new(HashMap::new()),
+            peer_addrs: RwLock::new(peers),
+            scheds,
+            next_sched: AtomicUsize::new(0),
+            next_conn: AtomicU64::new(1),
+            connd_tx,
+            parked: Mutex::new(HashMap::new()),
+            close_log: Mutex::new(VecDeque::new()),
+            threads: Mutex::new(Vec::new()),
+            acceptor_wakers: Mutex::new(Vec::new()),
+            stopping: AtomicBool::new(false),
+            nconnds,
+        });
+        let mut threads = Vec::new();
+        for (i, (poll, rx)) in sched_parts.into_iter().enumerate() {
+            let s = shared.clone();
+            let l = lnd.clone();
+            threads.push(spawn(&format!("socknal_sd{i:02}"), move || {
+                sched::Scheduler::new(i, poll, rx, s, l).run();
+            })?);
+        }
+        for i in 0..nconnds {
+            let s = shared.clone();
+            let l = lnd.clone();
+            let rx: Receiver<ConndJob> = connd_rx.clone();
+            threads.push(spawn(&format!("socknal_cd{i:02}"), move || {
+                handshake::connd(&s, &l, &rx);
+            })?);
+        }
+        lnd.threads.lock().extend(threads);
+        Ok(lnd)
+    }
+
+    /// Adds a `tcp` NI: binds its listener (unless `accept=none`).
+    pub(crate) fn add_ni(
+        self: &Arc<Self>,
+        nid: Nid,
+        listen: Option<SocketAddr>,
+        incarnation: u64,
+    ) -> Result<SocketAddr, LnetError> {
+        let ip = Ipv4Addr::from(nid.addr());
+        let addr =
+            listen.unwrap_or_else(|| SocketAddr::V4(SocketAddrV4::new(ip, self.cfg.accept_port)));
+        let (listener, bound) = if self.cfg.accept.listens() {
+            let l = handshake::listener(addr)?;
+            let bound = l.local_addr().map_err(|source| LnetError::Io {
+                what: format!("listener of {nid}"),
+                source,
+            })?;
+            (Some(l), bound)
+        } else {
+            (None, addr)
+        };
+        let mut acceptor = None;
+        if let Some(l) = listener {
+            let poll = mio::Poll::new().map_err(|source| LnetError::Io {
+                what: "creating a poll instance".into(),
+                source,
+            })?;
+            let waker = Arc::new(
+                mio::Waker::new(poll.registry(), handshake::ACCEPT_WAKER).map_err(|source| {
+                    LnetError::Io {
+                        what: "creating a waker".into(),
+                        source,
+                    }
+                })?,
+            );
+            acceptor = Some((poll, l, waker));
+        }
+        let ni = Arc::new(SockNi {
+            nid,
+            local: LocalEnd {
+                nid,
+                pid: self.cfg.pid,
+                incarnation,
+            },
+            listen: acceptor.as_ref().map(|_| bound),
+            peers: Mutex::new(HashMap::new()),
+            waker: acceptor.as_ref().map(|a| a.2.clone()),
+            deleted: AtomicBool::new(false),
+        });
+        self.nis.write().insert(nid, ni.clone());
+        if let Some((poll, l, waker)) = acceptor {
+            self.acceptor_wakers.lock().push(waker);
+            let me = self.clone();
+            let t = spawn(&format!("acceptor_{ip}"), move || {
+                handshake::acceptor(&me, &ni, poll, l);
+            })?;
+            self.threads.lock().push(t);
+            tracing::info!(target: TARGET, %nid, %bound, "socket LND listening");
+        }
+        Ok(bound)
+    }
+
+    /// Removes an NI: its connections are closed.
+    pub(crate) fn del_ni(&self, nid: Nid) {
+        let Some(ni) = self.nis.write().remove(&nid) else {
+            return;
+        };
+        ni.deleted.store(true, Ordering::Release);
+        if let Some(w) = &ni.waker {
+            let _ = w.wake();
+        }
+        let conns: Vec<Arc<Conn>> = ni
+            .peers
+            .lock()
+            .values()
+            .flat_map(|p| p.refs.values().cloned())
+            .collect();
+        for c in conns {
+            self.close_conn(&c, "local NI deleted");
+        }
+    }
+
+    pub(crate) fn ni(&self, nid: Nid) -> Option<Arc<SockNi>> {
+        self.nis.read().get(&nid).cloned()
+    }
+
+    pub(crate) fn ni_for_connreq(&self, nid: Nid) -> Option<Arc<SockNi>> {
+        self.ni(nid)
+    }
+
+    pub(crate) fn local_nids(&self) -> Vec<Nid> {
+        self.nis.read().keys().copied().collect()
+    }
+
+    pub(crate) fn listen_addr(&self, nid: Nid) -> Option<SocketAddr> {
+        self.ni(nid).and_then(|n| n.listen)
+    }
+
+    pub(crate) fn set_peer_addr(&self, nid: Nid, addr: SocketAddr) {
+        self.peer_addrs.write().insert(nid, addr);
+    }
+
+    /// Where to connect to `peer`.
+    pub(crate) fn peer_addr(&self, peer: Nid) -> Option<SocketAddr> {
+        if let Some(a) = self.peer_addrs.read().get(&peer) {
+            return Some(*a);
+        }
+        let port = if self.cfg.accept_port == 0 {
+            colibri_lnet::socklnd::acceptor::DEFAULT_ACCEPT_PORT
+        } else {
+            self.cfg.accept_port
+        };
+        Some(SocketAddr::V4(SocketAddrV4::new(
+            Ipv4Addr::from(peer.addr()),
+            port,
+        )))
+    }
+
+    pub(crate) fn close_reasons(&self) -> Vec<String> {
+        self.close_log.lock().iter().cloned().collect()
+    }
+
+    /// Logs why a connection (or a handshake) ended.
+    pub(crate) fn log_close(&self, what: String) {
+        tracing::info!(target: TARGET, "{what}");
+        let mut l = self.close_log.lock();
+        if l.len() == CLOSE_LOG {
+            l.pop_front();
+        }
+        l.push_back(what);
+    }
+
+    fn new_peer(&self, nid: Nid, now: Time) -> Peer {
+        Peer {
+            conns: PeerConns::new(nid, self.cfg.conns_per_peer),
+            refs: HashMap::new(),
+            reconnect: Reconnect::new(self.cfg.tun.min_reconnect(), self.cfg.tun.max_reconnect()),
+            keepalive: Keepalive::new(self.cfg.keepalive, now),
+            pending: VecDeque::new(),
+            connecting: false,
+            active: false,
+        }
+    }
+
+    pub(crate) fn new_conn_id(&self) -> ConnId {
+        ConnId(self.next_conn.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub(crate) fn pick_sched(&self) -> usize {
+        self.next_sched.fetch_add(1, Ordering::Relaxed) % self.scheds.len()
+    }
+
+    pub(crate) fn sched(&self, i: usize) -> &SchedHandle {
+        &self.scheds[i % self.scheds.len()]
+    }
+
+    /// Puts a message on a connection and wakes its scheduler if it was idle.
+    fn post(&self, conn: &Conn, item: TxItem, now: Time) {
+        let len = item.wire_len();
+        let was_empty = {
+            let mut q = conn.txq.lock();
+            let e = q.is_empty();
+            q.push_back(item);
+            e
+        };
+        conn.queued_bytes.fetch_add(len, Ordering::Relaxed);
+        conn.last_post.store(now.as_nanos(), Ordering::Relaxed);
+        if was_empty {
+            if !conn.tx_busy.load(Ordering::Acquire) {
+                conn.last_tx.store(now.as_nanos(), Ordering::Relaxed);
+            }
+            self.sched(conn.sched).send(SchedCmd::Kick(conn.id));
+        }
+    }
+
+    /// Places `item` on the best connection of `p`, or gives it back.
+    #[allow(clippy::result_large_err)]
+    fn place(&self, p: &Peer, item: TxItem, now: Time) -> Result<(), TxItem> {
+        let min_bulk = self.cfg.tun.min_bulk;
+        let chosen = p.conns.choose(item.kind(), min_bulk, |id| {
+            p.refs.get(&id).map(|c| c.load()).unwrap_or_default()
+        });
+        match chosen.and_then(|id| p.refs.get(&id)) {
+            Some(c) if !c.closing.load(Ordering::Acquire) => {
+                self.post(c, item, now);
+                Ok(())
+            }
+            _ => Err(item),
+        }
+    }
+
+    /// Moves waiting messages onto connections.
+    fn flush_pending(&self, p: &mut Peer, now: Time) {
+        let mut keep = VecDeque::new();
+        while let Some(item) = p.pending.pop_front() {
+            if let Err(item) = self.place(p, item, now) {
+                keep.push_back(item);
+            }
+        }
+        p.pending = keep;
+    }
+
+    /// Queues an active connection job for `peer` unless one is running.
+    fn start_connect(&self, ni: &Arc<SockNi>, peer_nid: Nid, p: &mut Peer, now: Time) {
+        if p.connecting || !p.reconnect.may_connect(now) || !p.conns.may_connect() {
+            return;
+        }
+        if p.conns.next_conn_type().is_none() {
+            return;
+        }
+        p.connecting = true;
+        p.active = true;
+        p.conns.set_connecting(true);
+        if self
+            .connd_tx
+            .try_send(ConndJob::Connect(ni.clone(), peer_nid))
+            .is_err()
+        {
+            // Full or stopped: the reaper tries again.
+            p.connecting = false;
+            p.conns.set_connecting(false);
+        }
+    }
+
+    /// A handshaken connection, as the connd saw it, is admitted or not.
+    /// Returns the registered connection when it is kept.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn admit(
+        &self,
+        ni: &Arc<SockNi>,
+        peer_nid: Nid,
+        ctype: ConnType,
+        incarnation: u64,
+        active: bool,
+        loopback: bool,
+        now: Time,
+    ) -> Result<Arc<Conn>, colibri_lnet::socklnd::Refusal> {
+        use colibri_lnet::socklnd::{Admission, Candidate};
+        let id = self.new_conn_id();
+        let mut to_close = Vec::new();
+        let r = {
+            let mut peers = ni.peers.lock();
+            let p = peers
+                .entry(peer_nid)
+                .or_insert_with(|| self.new_peer(peer_nid, now));
+            let adm = p.conns.admit(
+                ni.nid,
+                Candidate {
+                    id,
+                    conn_type: ctype,
+                    incarnation,
+                    active,
+                    loopback,
+                },
+            );
+            match adm {
+                Admission::Accepted => {
+                    let conn = Arc::new(Conn {
+                        id,
+                        ni: ni.nid,
+                        peer: peer_nid,
+                        ctype,
+                        sched: self.pick_sched(),
+                        txq: Mutex::new(VecDeque::new()),
+                        queued_bytes: AtomicU64::new(0),
+                        last_post: AtomicU64::new(0),
+                        last_rx: AtomicU64::new(now.as_nanos()),
+                        last_tx: AtomicU64::new(now.as_nanos()),
+                        tx_busy: AtomicBool::new(false),
+                        rx_busy: AtomicBool::new(false),
+                        closing: AtomicBool::new(false),
+                    });
+                    p.refs.insert(id, conn.clone());
+                    p.keepalive.on_alive(now);
+                    if active {
+                        p.reconnect.on_success();
+                    }
+                    Ok(conn)
+                }
+                Admission::Refused { reason, close } => {
+                    for c in close {
+                        if let Some(conn) = p.refs.remove(&c) {
+                            to_close.push(conn);
+                        }
+                    }
+                    Err(reason)
+                }
+            }
+        };
+        for c in to_close {
+            self.close_conn(&c, "peer rebooted (new incarnation)");
+        }
+        r
+    }
+
+    /// After a connection's reply went out: its scheduler takes it, and
+    /// waiting messages move onto it.
+    pub(crate) fn activate(
+        &self,
+        ni: &Arc<SockNi>,
+        conn: &Arc<Conn>,
+        stream: std::net::TcpStream,
+        fr: FrameReceiver,
+        now: Time,
+    ) {
+        if let Some(s) = self.shared.upgrade() {
+            add(&s.counters.conns_established, 1);
+        }
+        self.sched(conn.sched)
+            .send(SchedCmd::Add(conn.clone(), Box::new(stream), Box::new(fr)));
+        let mut peers = ni.peers.lock();
+        if let Some(p) = peers.get_mut(&conn.peer) {
+            self.flush_pending(p, now);
+        }
+    }
+
+    /// Asks the connection's scheduler to close it.
+    pub(crate) fn close_conn(&self, c: &Conn, reason: &str) {
+        if !c.closing.swap(true, Ordering::AcqRel) {
+            self.sched(c.sched)
+                .send(SchedCmd::Close(c.id, reason.to_owned()));
+        }
+    }
+
+    /// A connection is gone: it leaves its peer. Returns what was still
+    /// queued on it.
+    pub(crate) fn forget_conn(&self, c: &Conn) -> VecDeque<TxItem> {
+        if let Some(ni) = self.ni(c.ni) {
+            let mut peers = ni.peers.lock();
+            if let Some(p) = peers.get_mut(&c.peer) {
+                p.conns.remove(c.id);
+                p.refs.remove(&c.id);
+            }
+        }
+        let q = std::mem::take(&mut *c.txq.lock());
+        c.queued_bytes.store(0, Ordering::Relaxed);
+        q
+    }
+
+    /// The end of an active connection job (success or failure).
+    pub(crate) fn connect_done(
+        &self,
+        ni: &Arc<SockNi>,
+        peer_nid: Nid,
+        failure: Option<(SocketError, bool)>,
+        now: Time,
+    ) -> Vec<Input> {
+        let mut inputs = Vec::new();
+        let mut peers = ni.peers.lock();
+        let Some(p) = peers.get_mut(&peer_nid) else {
+            return inputs;
+        };
+        p.connecting = false;
+        p.conns.set_connecting(false);
+        match failure {
+            Some((err, lost_race)) => {
+                if lost_race {
+                    p.reconnect.on_lost_race(now);
+                } else {
+                    p.reconnect.on_failure(now);
+                }
+                if p.refs.is_empty() && !lost_race {
+                    // Nothing can carry the waiting messages.
+                    let status = TxFailure::Queued(err).health_status();
+                    for item in p.pending.drain(..) {
+                        if let Some(id) = item.id {
+                            inputs.push(Input::TxDone(id, health_error(status)));
+                        }
+                    }
+                }
+            }
+            None => self.flush_pending(p, now),
+        }
+        inputs
+    }
+
+    /// A peer whose job should continue opening its typed connections.
+    pub(crate) fn next_type(&self, ni: &SockNi, peer_nid: Nid) -> Option<ConnType> {
+        let peers = ni.peers.lock();
+        let p = peers.get(&peer_nid)?;
+        if !p.conns.may_connect() {
+            return None;
+        }
+        p.conns.next_conn_type()
+    }
+
+    /// Notes a peer's incarnation from a refusal; returns connections to close.
+    pub(crate) fn observe_incarnation(&self, ni: &SockNi, peer_nid: Nid, inc: u64) {
+        let to_close: Vec<Arc<Conn>> = {
+            let mut peers = ni.peers.lock();
+            let Some(p) = peers.get_mut(&peer_nid) else {
+                return;
+            };
+            match p.conns.observe_incarnation(inc) {
+                Ok(()) => Vec::new(),
+                Err(ids) => ids.iter().filter_map(|i| p.refs.remove(i)).collect(),
+            }
+        };
+        for c in to_close {
+            self.close_conn(&c, "peer rebooted (new incarnation)");
+        }
+    }
+
+    fn all_nis(&self) -> Vec<Arc<SockNi>> {
+        self.nis.read().values().cloned().collect()
+    }
+
+    pub(crate) fn send_noop(&self, ni: Nid, peer: Nid, h: KsockMsgHeader, now: Time) {
+        let Some(ni) = self.ni(ni) else { return };
+        let peers = ni.peers.lock();
+        if let Some(p) = peers.get(&peer) {
+            let _ = self.place(p, TxItem::noop(h, now), now);
+        }
+    }
+}
+
+impl Lnd for SockLnd {
+    fn send(&self, s: &Shared, tx: Transmit) -> Result<(), HealthStatus> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(HealthStatus::LocalDropped);
+        }
+        let Some(ni) = self.ni(tx.from) else {
+            tracing::debug!(target: TARGET, from = %tx.from, "transmit from an NI without a socket LND");
+            return Err(HealthStatus::LocalDropped);
+        };
+        if tx.to.net() != tx.from.net() || tx.to.is_any() {
+            return Err(TxFailure::NoConnection.health_status());
+        }
+        let now = s.now();
+        let peer_nid = tx.to;
+        let item = TxItem::lnet(tx, now);
+        let mut peers = ni.peers.lock();
+        let p = peers
+            .entry(peer_nid)
+            .or_insert_with(|| self.new_peer(peer_nid, now));
+        if let Err(item) = self.place(p, item, now) {
+            p.pending.push_back(item);
+            self.start_connect(&ni, peer_nid, p, now);
+        }
+        Ok(())
+    }
+
+    fn resume(&self, _s: &Shared, rx: RxId, action: RxAction) -> bool {
+        let Some((sched, conn)) = self.parked.lock().remove(&rx) else {
+            return false;
+        };
+        self.sched(sched).send(SchedCmd::Resume(conn, rx, action));
+        true
+    }
+
+    fn tick(&self, s: &Shared, now: Time) {
+        let mut inputs = Vec::new();
+        let timeout = self.cfg.sock_timeout;
+        for ni in self.all_nis() {
+            let mut close = Vec::new();
+            {
+                let mut peers = ni.peers.lock();
+                for (peer_nid, p) in peers.iter_mut() {
+                    // Keepalive: the latest news from any connection.
+                    let last = p
+                        .refs
+                        .values()
+                        .map(|c| c.last_rx.load(Ordering::Relaxed))
+                        .max();
+                    if let Some(last) = last {
+                        p.keepalive.on_alive(Time::from_nanos(last));
+                        if p.keepalive.poll(now) {
+                            let item = TxItem::noop(KsockMsgHeader::keepalive(), now);
+                            if self.place(p, item, now).is_ok() {
+                                add(&s.counters.keepalives_sent, 1);
+                            }
+                        }
+                    }
+                    // Messages that waited too long for a connection.
+                    let mut keep = VecDeque::new();
+                    for item in p.pending.drain(..) {
+                        if item.queued.saturating_add(timeout) <= now {
+                            if let Some(id) = item.id {
+                                inputs.push(Input::TxDone(
+                                    id,
+                                    health_error(TxFailure::Timeout.health_status()),
+                                ));
+                            }
+                        } else {
+                            keep.push_back(item);
+                        }
+                    }
+                    p.pending = keep;
+                    // Connections without progress.
+                    for c in p.refs.values() {
+                        let last_tx = Time::from_nanos(c.last_tx.load(Ordering::Relaxed));
+                        let last_rx = Time::from_nanos(c.last_rx.load(Ordering::Relaxed));
+                        let tx_stuck = (c.tx_busy.load(Ordering::Relaxed)
+                            || c.queued_bytes.load(Ordering::Relaxed) > 0)
+                            && last_tx.saturating_add(timeout) <= now;
+                        let rx_stuck = c.rx_busy.load(Ordering::Relaxed)
+                            && last_rx.saturating_add(timeout) <= now;
+                        if tx_stuck || rx_stuck {
+                            close.push((c.clone(), tx_stuck));
+                        }
+                    }
+                    // (Re)connect for waiting messages, or complete the
+                    // typed set we started.
+                    let want = !p.pending.is_empty() || (p.active && !p.refs.is_empty());
+                    if want {
+                        self.start_connect(&ni, *peer_nid, p, now);
+                    }
+                }
+                // Peers with nothing left (no connection, nothing waiting,
+                // no back-off running) are forgotten, as Lustre frees an
+                // idle peer_ni: a stream of handshakes from made-up NIDs
+                // does not grow the table.
+                peers.retain(|_, p| {
+                    !(p.refs.is_empty()
+                        && p.pending.is_empty()
+                        && !p.connecting
+                        && p.reconnect.may_connect(now))
+                });
+            }
+            for (c, tx) in close {
+                let what = if tx { "sending" } else { "receiving" };
+                self.close_conn(&c, &format!("timed out {what} (sock_timeout {timeout:?})"));
+            }
+        }
+        if !inputs.is_empty() {
+            s.run(inputs, |_, _| ());
+        }
+    }
+
+    fn shutdown(&self, s: &Shared) {
+        if self.stopping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for w in self.acceptor_wakers.lock().iter() {
+            let _ = w.wake();
+        }
+        for _ in 0..self.nconnds {
+            let _ = self
+                .connd_tx
+                .send_timeout(ConndJob::Stop, Duration::from_secs(1));
+        }
+        for sc in &self.scheds {
+            sc.send(SchedCmd::Stop);
+        }
+        let threads: Vec<JoinHandle<()>> = self.threads.lock().drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+        // Messages still waiting for a connection.
+        let mut inputs = Vec::new();
+        for ni in self.all_nis() {
+            for p in ni.peers.lock().values_mut() {
+                for item in p.pending.drain(..) {
+                    if let Some(id) = item.id {
+                        inputs.push(Input::TxDone(id, health_error(HealthStatus::LocalDropped)));
+                    }
+                }
+            }
+        }
+        if !inputs.is_empty() {
+            s.run(inputs, |_, _| ());
+        }
+    }
+}

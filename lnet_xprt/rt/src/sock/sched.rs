@@ -1,0 +1,751 @@
+//! A scheduler thread: owns its connections' sockets, writes each message
+//! with one vectored write straight from where its payload is, and reads
+//! in two steps (headers, then the payload straight into the place the
+//! node names).
+
+use std::collections::HashMap;
+use std::io::{self, IoSlice, Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use colibri_lnet::credits::PoolKind;
+use colibri_lnet::fault::HealthError;
+use colibri_lnet::node::{Payload, PayloadOutcome, RxAction, RxId};
+use colibri_lnet::socklnd::{
+    ConnId, Frame, FrameReceiver, KsockMsgHeader, SocketError, TxFailure, Want, payload_checksum,
+};
+use colibri_lnet::time::Time;
+use crossbeam_channel::Receiver;
+
+use super::{Conn, SockLnd, TARGET, TxItem};
+use crate::core::{Input, Shared, health_error};
+use crate::mem::{Resolved, RouterBuf};
+use crate::stats::add;
+
+/// The scheduler's waker token.
+pub(super) const WAKER: mio::Token = mio::Token(usize::MAX);
+
+/// Scratch space for discarded payload bytes.
+const SCRATCH: usize = 64 * 1024;
+
+/// Commands to a scheduler.
+pub(crate) enum SchedCmd {
+    /// A new connection, handshaken.
+    Add(Arc<Conn>, Box<std::net::TcpStream>, Box<FrameReceiver>),
+    /// Messages were queued on an idle connection.
+    Kick(ConnId),
+    /// A parked message's payload may now be read.
+    Resume(ConnId, RxId, RxAction),
+    /// Close with this reason.
+    Close(ConnId, String),
+    /// Close everything and stop.
+    Stop,
+}
+
+/// Where the payload being read goes.
+enum Dest {
+    /// Caller memory (a range of a registered region).
+    Mem(Resolved),
+    /// A router buffer being filled.
+    Router(Vec<u8>, PoolKind),
+    /// LNet's own bytes.
+    Inline(Vec<u8>),
+    /// Nowhere (discarded).
+    None,
+}
+
+impl Dest {
+    fn len(&self) -> usize {
+        match self {
+            Self::Mem(r) => r.len,
+            Self::Router(v, _) | Self::Inline(v) => v.len(),
+            Self::None => 0,
+        }
+    }
+}
+
+/// A payload being read.
+struct PayloadRx {
+    rx: Option<RxId>,
+    dest: Dest,
+    /// Bytes of `dest` filled.
+    done: usize,
+    /// Bytes of the payload read (into `dest` or discarded).
+    read: usize,
+    /// Payload length on the wire.
+    total: usize,
+    /// The payload carries a checksum and is kept whole (so it is checked).
+    whole: bool,
+}
+
+enum RxStage {
+    /// Reading headers.
+    Header,
+    /// Reading a payload.
+    Payload(PayloadRx),
+    /// The node parked the message: read nothing.
+    Parked(RxId),
+}
+
+/// A message being written.
+struct TxProgress {
+    item: TxItem,
+    src: Src,
+    written: usize,
+}
+
+/// Where an outgoing payload is.
+enum Src {
+    None,
+    Mem(Resolved),
+    Router(RouterBuf, usize),
+    /// The message's own inline bytes.
+    Inline,
+}
+
+struct SchedConn {
+    conn: Arc<Conn>,
+    stream: mio::net::TcpStream,
+    fr: FrameReceiver,
+    hdr: [u8; 96],
+    hdr_have: usize,
+    /// The message being read carries a payload checksum.
+    csum: bool,
+    rx: RxStage,
+    tx: Option<TxProgress>,
+}
+
+/// Why a connection ends.
+struct CloseWhy {
+    reason: String,
+    err: SocketError,
+    /// A write failed (rather than the connection as a whole).
+    on_write: bool,
+}
+
+impl CloseWhy {
+    fn io(e: &io::Error, what: &str) -> Self {
+        Self {
+            reason: format!("{what}: {e}"),
+            err: SocketError::from_io_error(e),
+            on_write: what.starts_with("writ"),
+        }
+    }
+
+    fn proto(reason: String) -> Self {
+        Self {
+            reason,
+            err: SocketError::Protocol,
+            on_write: false,
+        }
+    }
+}
+
+pub(super) struct Scheduler {
+    idx: usize,
+    poll: mio::Poll,
+    cmds: Receiver<SchedCmd>,
+    s: Arc<Shared>,
+    lnd: Arc<SockLnd>,
+    conns: HashMap<ConnId, SchedConn>,
+    inputs: Vec<Input>,
+    scratch: Vec<u8>,
+}
+
+fn token(id: ConnId) -> mio::Token {
+    mio::Token(usize::try_from(id.0).unwrap_or(usize::MAX - 1))
+}
+
+impl Scheduler {
+    pub(super) fn new(
+        idx: usize,
+        poll: mio::Poll,
+        cmds: Receiver<SchedCmd>,
+        s: Arc<Shared>,
+        lnd: Arc<SockLnd>,
+    ) -> Self {
+        Self {
+            idx,
+            poll,
+            cmds,
+            s,
+            lnd,
+            conns: HashMap::new(),
+            inputs: Vec::new(),
+            scratch: vec![0; SCRATCH],
+        }
+    }
+
+    pub(super) fn run(mut self) {
+        let mut events = mio::Events::with_capacity(256);
+        let mut stop = false;
+        while !stop {
+            if let Err(e) = self.poll.poll(&mut events, None) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                tracing::error!(target: TARGET, error = %e, "scheduler poll failed");
+                break;
+            }
+            for ev in &events {
+                if ev.token() == WAKER {
+                    continue;
+                }
+                let id = ConnId(ev.token().0 as u64);
+                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                    self.on_readable(id);
+                }
+                if ev.is_writable() || ev.is_error() {
+                    self.on_writable(id);
+                }
+            }
+            while let Ok(cmd) = self.cmds.try_recv() {
+                match cmd {
+                    SchedCmd::Add(conn, stream, fr) => self.add(conn, *stream, *fr),
+                    SchedCmd::Kick(id) => self.on_writable(id),
+                    SchedCmd::Resume(id, rx, action) => self.resume(id, rx, action),
+                    SchedCmd::Close(id, reason) => {
+                        self.close(
+                            id,
+                            CloseWhy {
+                                reason,
+                                err: SocketError::ConnReset,
+                                on_write: false,
+                            },
+                        );
+                    }
+                    SchedCmd::Stop => stop = true,
+                }
+            }
+            self.flush();
+        }
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for id in ids {
+            self.close(
+                id,
+                CloseWhy {
+                    reason: "LNet shutting down".into(),
+                    err: SocketError::NetDown,
+                    on_write: false,
+                },
+            );
+        }
+        self.flush();
+        tracing::debug!(target: TARGET, sched = self.idx, "scheduler stopped");
+    }
+
+    /// Hands the batched completions to the node.
+    fn flush(&mut self) {
+        if !self.inputs.is_empty() {
+            let inputs = std::mem::take(&mut self.inputs);
+            self.s.run(inputs, |_, _| ());
+        }
+    }
+
+    fn add(&mut self, conn: Arc<Conn>, stream: std::net::TcpStream, fr: FrameReceiver) {
+        let id = conn.id;
+        if let Err(e) = stream.set_nonblocking(true) {
+            self.lnd
+                .log_close(format!("closed connection to {}: {e}", conn.peer));
+            self.fail_conn(&conn, None, &CloseWhy::io(&e, "setting non-blocking"));
+            return;
+        }
+        let mut stream = mio::net::TcpStream::from_std(stream);
+        if let Err(e) = self.poll.registry().register(
+            &mut stream,
+            token(id),
+            mio::Interest::READABLE | mio::Interest::WRITABLE,
+        ) {
+            self.lnd
+                .log_close(format!("closed connection to {}: {e}", conn.peer));
+            self.fail_conn(&conn, None, &CloseWhy::io(&e, "registering"));
+            return;
+        }
+        let closing = conn.closing.load(Ordering::Acquire);
+        self.conns.insert(
+            id,
+            SchedConn {
+                conn,
+                stream,
+                fr,
+                hdr: [0; 96],
+                hdr_have: 0,
+                csum: false,
+                rx: RxStage::Header,
+                tx: None,
+            },
+        );
+        if closing {
+            self.close(id, CloseWhy::proto("closed while being set up".into()));
+            return;
+        }
+        // Edge-triggered: bytes may be there already.
+        self.on_readable(id);
+        self.on_writable(id);
+    }
+
+    fn now(&self) -> Time {
+        self.s.now()
+    }
+
+    // ------------------------------------------------------------------
+    // Writing
+
+    fn on_writable(&mut self, id: ConnId) {
+        let Some(mut sc) = self.conns.remove(&id) else {
+            return;
+        };
+        match self.write(&mut sc) {
+            Ok(()) => {
+                self.conns.insert(id, sc);
+            }
+            Err(why) => {
+                self.conns.insert(id, sc);
+                self.close(id, why);
+            }
+        }
+    }
+
+    /// Resolves a message's payload when it starts; `None` if its memory
+    /// is gone.
+    fn source(&self, p: &Payload) -> Option<Src> {
+        match p {
+            Payload::None => Some(Src::None),
+            Payload::Mem(r) => self.s.mem.resolve(*r).map(Src::Mem),
+            Payload::Rx { rx, len } => {
+                let b = self.s.rbufs.get(*rx)?;
+                (b.len() >= *len as usize).then_some(Src::Router(b, *len as usize))
+            }
+            Payload::Inline(_) => Some(Src::Inline),
+        }
+    }
+
+    fn write(&mut self, sc: &mut SchedConn) -> Result<(), CloseWhy> {
+        let conn = sc.conn.clone();
+        loop {
+            if sc.tx.is_none() {
+                let Some(item) = conn.txq.lock().pop_front() else {
+                    conn.tx_busy.store(false, Ordering::Release);
+                    return Ok(());
+                };
+                conn.tx_busy.store(true, Ordering::Release);
+                match self.source(&item.payload) {
+                    Some(src) => {
+                        let mut item = item;
+                        if self.lnd.cfg.tun.enable_csum && item.id.is_some() {
+                            let csum = with_src(&src, &item.payload, payload_checksum);
+                            item.head[4..8].copy_from_slice(&csum.to_le_bytes());
+                        }
+                        sc.tx = Some(TxProgress {
+                            item,
+                            src,
+                            written: 0,
+                        });
+                    }
+                    None => {
+                        tracing::warn!(target: TARGET, payload = ?item.payload,
+                            "payload memory gone; message not sent");
+                        conn.queued_bytes
+                            .fetch_sub(item.wire_len(), Ordering::Relaxed);
+                        if let Some(id) = item.id {
+                            self.inputs
+                                .push(Input::TxDone(id, Err(HealthError::LocalError)));
+                        }
+                        continue;
+                    }
+                }
+            }
+            let Some(t) = sc.tx.as_mut() else { continue };
+            let head_len = t.item.head_len;
+            let r = {
+                let head = &t.item.head[..head_len];
+                let w = t.written;
+                let stream = &mut sc.stream;
+                with_src(&t.src, &t.item.payload, |payload| {
+                    let total = head_len + payload.len();
+                    let bufs: [IoSlice<'_>; 2] = if w < head_len {
+                        [IoSlice::new(&head[w..]), IoSlice::new(payload)]
+                    } else {
+                        [IoSlice::new(&payload[w - head_len..]), IoSlice::new(&[])]
+                    };
+                    stream.write_vectored(&bufs).map(|n| (n, total))
+                })
+            };
+            match r {
+                Ok((0, _)) => {
+                    return Err(CloseWhy {
+                        reason: "writing: the socket took no bytes".into(),
+                        err: SocketError::ConnReset,
+                        on_write: true,
+                    });
+                }
+                Ok((n, total)) => {
+                    t.written += n;
+                    conn.last_tx.store(self.now().as_nanos(), Ordering::Relaxed);
+                    if t.written >= total {
+                        let Some(done) = sc.tx.take() else { continue };
+                        self.sent(&conn, done);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(CloseWhy::io(&e, "writing")),
+            }
+        }
+    }
+
+    fn sent(&mut self, conn: &Conn, done: TxProgress) {
+        let c = &self.s.counters;
+        let plen = u64::from(done.item.payload.len());
+        conn.queued_bytes
+            .fetch_sub(done.item.wire_len(), Ordering::Relaxed);
+        add(&c.frames_sent, 1);
+        add(&c.socket_write_bytes, plen);
+        if matches!(done.item.payload, Payload::Inline(_)) {
+            add(&c.inline_write_bytes, plen);
+        }
+        if let Some(id) = done.item.id {
+            self.inputs.push(Input::TxDone(id, Ok(())));
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Reading
+
+    fn on_readable(&mut self, id: ConnId) {
+        let Some(mut sc) = self.conns.remove(&id) else {
+            return;
+        };
+        let r = self.read(&mut sc);
+        self.conns.insert(id, sc);
+        if let Err(why) = r {
+            self.close(id, why);
+        }
+    }
+
+    fn resume(&mut self, id: ConnId, rx: RxId, action: RxAction) {
+        let Some(mut sc) = self.conns.remove(&id) else {
+            return;
+        };
+        let r = match sc.rx {
+            RxStage::Parked(p) if p == rx => {
+                let total = match sc.fr.want() {
+                    Want::Payload(n) => n as usize,
+                    _ => 0,
+                };
+                self.start_payload(&mut sc, action, total);
+                self.read(&mut sc)
+            }
+            _ => {
+                tracing::warn!(target: TARGET, ?rx, "resume for a message this connection does not hold");
+                Ok(())
+            }
+        };
+        self.conns.insert(id, sc);
+        if let Err(why) = r {
+            self.close(id, why);
+        }
+    }
+
+    /// Reads until the socket has nothing more, the connection parks, or
+    /// it fails.
+    fn read(&mut self, sc: &mut SchedConn) -> Result<(), CloseWhy> {
+        loop {
+            match &mut sc.rx {
+                RxStage::Parked(_) => return Ok(()),
+                RxStage::Header => {
+                    let n = match sc.fr.want() {
+                        Want::Header(n) => n,
+                        Want::Payload(_) | Want::Done => {
+                            return Err(CloseWhy::proto("receiver out of step".into()));
+                        }
+                    };
+                    match sc.stream.read(&mut sc.hdr[sc.hdr_have..n]) {
+                        Ok(0) => return Err(eof(sc)),
+                        Ok(k) => {
+                            sc.hdr_have += k;
+                            self.alive(sc);
+                            if sc.hdr_have < n {
+                                continue;
+                            }
+                            sc.hdr_have = 0;
+                            self.header(sc, n)?;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(CloseWhy::io(&e, "reading")),
+                    }
+                }
+                RxStage::Payload(p) => {
+                    if p.read == p.total {
+                        self.payload_done(sc)?;
+                        continue;
+                    }
+                    let r = if p.done < p.dest.len() {
+                        read_into(&mut sc.stream, &mut p.dest, p.done)
+                    } else {
+                        let k = (p.total - p.read).min(self.scratch.len());
+                        sc.stream.read(&mut self.scratch[..k])
+                    };
+                    match r {
+                        Ok(0) => return Err(eof(sc)),
+                        Ok(k) => {
+                            let c = &self.s.counters;
+                            if p.done < p.dest.len() {
+                                p.done += k;
+                                add(&c.socket_read_bytes, k as u64);
+                                if matches!(p.dest, Dest::Inline(_)) {
+                                    add(&c.inline_read_bytes, k as u64);
+                                }
+                            } else {
+                                add(&c.discarded_bytes, k as u64);
+                            }
+                            p.read += k;
+                            sc.conn
+                                .last_rx
+                                .store(self.now().as_nanos(), Ordering::Relaxed);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(CloseWhy::io(&e, "reading")),
+                    }
+                }
+            }
+        }
+    }
+
+    fn alive(&self, sc: &SchedConn) {
+        sc.conn
+            .last_rx
+            .store(self.now().as_nanos(), Ordering::Relaxed);
+        sc.conn.rx_busy.store(true, Ordering::Relaxed);
+    }
+
+    /// A complete header of `n` bytes is in `sc.hdr`.
+    fn header(&mut self, sc: &mut SchedConn, n: usize) -> Result<(), CloseWhy> {
+        let frame = sc
+            .fr
+            .handle_header(&sc.hdr[..n])
+            .map_err(|e| CloseWhy::proto(format!("protocol error: {e}")))?;
+        match frame {
+            None => Ok(()),
+            Some(Frame::Noop(noop)) => {
+                add(&self.s.counters.frames_received, 1);
+                sc.conn.rx_busy.store(false, Ordering::Relaxed);
+                if noop.zc_ack.is_some() {
+                    // We never ask for zero-copy ACKs.
+                    return Err(CloseWhy::proto(
+                        "protocol error: zero-copy ACK for a request we never made".into(),
+                    ));
+                }
+                Ok(())
+            }
+            Some(Frame::Lnet(f)) => {
+                add(&self.s.counters.frames_received, 1);
+                let header = f.header.encode();
+                sc.csum = f.ksock.checksum().is_some();
+                let total = f.header.payload_length as usize;
+                let (ni, from) = (sc.conn.ni, sc.conn.peer);
+                let (sched, conn_id) = (self.idx, sc.conn.id);
+                let parked = &self.lnd.parked;
+                let inputs = std::mem::take(&mut self.inputs);
+                let action = self.s.run(inputs, |core, now| {
+                    let a = core.node.handle_header(now, ni, from, &header);
+                    if let Ok(RxAction::Wait { rx }) = a {
+                        // Before anyone can see the action for it.
+                        parked.lock().insert(rx, (sched, conn_id));
+                    }
+                    a
+                });
+                let action = action
+                    .map_err(|e| CloseWhy::proto(format!("message from {from} refused: {e}")))?;
+                if let RxAction::Wait { rx } = action {
+                    sc.rx = RxStage::Parked(rx);
+                } else {
+                    self.start_payload(sc, action, total);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets up reading a payload of `total` bytes as `action` says.
+    fn start_payload(&mut self, sc: &mut SchedConn, action: RxAction, total: usize) {
+        let (rx, dest) = match action {
+            RxAction::None | RxAction::Discard { .. } | RxAction::Wait { .. } => (None, Dest::None),
+            RxAction::Deliver { rx, mem, .. } => match self.s.mem.resolve(mem) {
+                Some(r) if r.len <= total => (Some(rx), Dest::Mem(r)),
+                _ => {
+                    tracing::warn!(target: TARGET, ?mem, "delivery memory gone or too small; payload discarded");
+                    self.inputs.push(Input::Payload(rx, PayloadOutcome::Failed));
+                    (None, Dest::None)
+                }
+            },
+            RxAction::Forward { rx, pool, len } => {
+                let len = (len as usize).min(total);
+                (Some(rx), Dest::Router(self.s.rbufs.take(pool, len), pool))
+            }
+            RxAction::Inline { rx, len, .. } => {
+                let len = (len as usize).min(total);
+                (Some(rx), Dest::Inline(vec![0; len]))
+            }
+        };
+        let whole = sc.csum && rx.is_some() && dest.len() == total;
+        sc.rx = RxStage::Payload(PayloadRx {
+            rx,
+            dest,
+            done: 0,
+            read: 0,
+            total,
+            whole,
+        });
+    }
+
+    /// The whole payload is read.
+    fn payload_done(&mut self, sc: &mut SchedConn) -> Result<(), CloseWhy> {
+        let RxStage::Payload(p) = std::mem::replace(&mut sc.rx, RxStage::Header) else {
+            return Ok(());
+        };
+        sc.conn.rx_busy.store(false, Ordering::Relaxed);
+        let csum = if p.whole {
+            Some(match &p.dest {
+                Dest::Mem(r) => payload_checksum(&r.region.lock_read()[r.start..r.end()]),
+                Dest::Router(v, _) | Dest::Inline(v) => payload_checksum(v),
+                Dest::None => payload_checksum(&[]),
+            })
+        } else {
+            None
+        };
+        // Computed only when the header carries a checksum and the whole
+        // payload was kept (a read pass, not a copy).
+        let r = sc.fr.payload_received(csum);
+        let outcome = match r {
+            Ok(done) => {
+                if let Some(cookie) = done.zc_request {
+                    self.lnd.send_noop(
+                        sc.conn.ni,
+                        sc.conn.peer,
+                        KsockMsgHeader::zc_ack(cookie),
+                        self.now(),
+                    );
+                }
+                Ok(())
+            }
+            Err(e) => Err(format!("protocol error: {e}")),
+        };
+        if let Some(rx) = p.rx {
+            let o = match (&outcome, p.dest) {
+                (Err(_), Dest::Router(v, pool)) => {
+                    self.s.rbufs.give_back(pool, v);
+                    PayloadOutcome::Failed
+                }
+                (Err(_), _) => PayloadOutcome::Failed,
+                (Ok(()), Dest::Router(v, _)) => {
+                    self.s.rbufs.insert(rx, v);
+                    PayloadOutcome::Received
+                }
+                (Ok(()), Dest::Inline(v)) => PayloadOutcome::Inline(v),
+                (Ok(()), _) => PayloadOutcome::Received,
+            };
+            self.inputs.push(Input::Payload(rx, o));
+        }
+        outcome.map_err(CloseWhy::proto)
+    }
+
+    // ------------------------------------------------------------------
+    // Closing
+
+    fn close(&mut self, id: ConnId, why: CloseWhy) {
+        let Some(mut sc) = self.conns.remove(&id) else {
+            return;
+        };
+        let _ = self.poll.registry().deregister(&mut sc.stream);
+        let _ = sc.stream.shutdown(std::net::Shutdown::Both);
+        self.lnd.log_close(format!(
+            "closed connection {} to {} ({}) on {}: {}",
+            id.0, sc.conn.peer, sc.conn.ctype, sc.conn.ni, why.reason
+        ));
+        // The message being read, or parked, is lost.
+        match std::mem::replace(&mut sc.rx, RxStage::Header) {
+            RxStage::Payload(p) => {
+                if let Dest::Router(v, pool) = p.dest {
+                    self.s.rbufs.give_back(pool, v);
+                }
+                if let Some(rx) = p.rx {
+                    self.inputs.push(Input::Payload(rx, PayloadOutcome::Failed));
+                }
+            }
+            RxStage::Parked(rx) => {
+                self.lnd.parked.lock().remove(&rx);
+                self.inputs.push(Input::Payload(rx, PayloadOutcome::Failed));
+            }
+            RxStage::Header => {}
+        }
+        let conn = sc.conn.clone();
+        self.fail_conn(&conn, sc.tx.take(), &why);
+    }
+
+    /// Fails what the connection was sending and had queued, and takes it
+    /// out of its peer.
+    fn fail_conn(&mut self, conn: &Arc<Conn>, in_progress: Option<TxProgress>, why: &CloseWhy) {
+        conn.closing.store(true, Ordering::Release);
+        add(&self.s.counters.conns_closed, 1);
+        if let Some(t) = in_progress
+            && let Some(id) = t.item.id
+        {
+            let f = if why.on_write {
+                TxFailure::Send(why.err)
+            } else if t.written > 0 {
+                TxFailure::Incomplete
+            } else {
+                TxFailure::Queued(why.err)
+            };
+            self.inputs
+                .push(Input::TxDone(id, health_error(f.health_status())));
+        }
+        let queued = self.lnd.forget_conn(conn);
+        let status = TxFailure::Queued(why.err).health_status();
+        for item in queued {
+            if let Some(id) = item.id {
+                self.inputs.push(Input::TxDone(id, health_error(status)));
+            }
+        }
+        conn.tx_busy.store(false, Ordering::Release);
+        conn.rx_busy.store(false, Ordering::Release);
+    }
+}
+
+fn eof(sc: &SchedConn) -> CloseWhy {
+    let mid = !matches!(sc.rx, RxStage::Header) || sc.hdr_have > 0;
+    CloseWhy {
+        reason: if mid {
+            "peer closed the connection in the middle of a message".into()
+        } else {
+            "peer closed the connection".into()
+        },
+        err: SocketError::ConnReset,
+        on_write: false,
+    }
+}
+
+/// Runs `f` on an outgoing payload's bytes.
+fn with_src<R>(src: &Src, p: &Payload, f: impl FnOnce(&[u8]) -> R) -> R {
+    match (src, p) {
+        (Src::Mem(r), _) => f(&r.region.lock_read()[r.start..r.end()]),
+        (Src::Router(b, len), _) => f(&b[..*len]),
+        (Src::Inline, Payload::Inline(v)) => f(v),
+        _ => f(&[]),
+    }
+}
+
+/// One read from the socket straight into the destination, at `done`.
+fn read_into(stream: &mut mio::net::TcpStream, dest: &mut Dest, done: usize) -> io::Result<usize> {
+    match dest {
+        Dest::Mem(r) => {
+            let mut g = r.region.lock_write();
+            stream.read(&mut g[r.start + done..r.end()])
+        }
+        Dest::Router(v, _) | Dest::Inline(v) => stream.read(&mut v[done..]),
+        Dest::None => Ok(0),
+    }
+}

@@ -1,0 +1,602 @@
+//! The socket LND between two nodes of one process, on loopback addresses
+//! and free ports: 1 MiB PUT+ACK and GET+REPLY verified byte for byte, the
+//! copy accounting, a peer dying mid-transfer, hostile input to the
+//! acceptor.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use colibri_lnet_rt::colibri_lnet::ids::{Nid, ProcessId};
+use colibri_lnet_rt::colibri_lnet::matching::{EventKind, MdOptions};
+use colibri_lnet_rt::colibri_lnet::socklnd::{AcceptPolicy, ConnReq, ConnType, Hello, LnetFrame};
+use colibri_lnet_rt::colibri_lnet::wire::{Body, Header, WireHandle};
+use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
+use common::*;
+
+const MIB: usize = 1 << 20;
+
+fn start(nid_s: &str, accept: AcceptPolicy) -> Lnet {
+    start_with(nid_s, accept, |_| {})
+}
+
+fn start_with(nid_s: &str, accept: AcceptPolicy, f: impl FnOnce(&mut LnetConfig)) -> Lnet {
+    init_tracing();
+    let mut cfg = LnetConfig::new(&[nid(nid_s)]);
+    f(&mut cfg);
+    cfg.accept_port = 0;
+    cfg.accept = accept;
+    cfg.tick = Duration::from_millis(200);
+    Lnet::start(cfg).unwrap()
+}
+
+/// Two nodes that know each other's ports. (`accept=all`: without the
+/// privilege to bind ports below 1024 the nodes connect as userspace
+/// peers, so the tests pass as any user; as root they use privileged
+/// ports as Lustre does.)
+fn pair(a: &str, b: &str) -> (Lnet, Lnet) {
+    let (na, nb) = (nid(a), nid(b));
+    let la = start(a, AcceptPolicy::All);
+    let lb = start(b, AcceptPolicy::All);
+    la.set_peer_addr(nb, lb.listen_addr(nb).unwrap());
+    lb.set_peer_addr(na, la.listen_addr(na).unwrap());
+    (la, lb)
+}
+
+#[test]
+fn put_ack_and_get_reply_of_1mib_with_zero_copies() {
+    let (a, b) = pair("127.0.2.2@tcp", "127.0.2.3@tcp");
+    let nb = nid("127.0.2.3@tcp");
+    // PUT with ACK.
+    let inbox = MemRegion::zeroed(MIB);
+    let target = post(&b, &inbox, 12, 0xabc, MdOptions::OP_PUT);
+    let data = pattern(MIB, 3);
+    let src = MemRegion::from_vec(data.clone());
+    let md = bind(&a, &src);
+    let (a0, b0) = (a.runtime_stats(), b.runtime_stats());
+    a.put(md, true, ProcessId::lustre(nb), 12, 0xabc, 0, 0)
+        .unwrap();
+    let evs = until_final(&a, md);
+    assert!(kinds(&evs, md).contains(&EventKind::Ack), "{evs:#?}");
+    assert!(evs.iter().all(|e| e.status().is_ok()), "{evs:#?}");
+    let bev = events_until(&b, |e| e.iter().any(|e| e.md == target));
+    let put = bev.iter().find(|e| e.md == target).unwrap();
+    assert_eq!(put.kind(), EventKind::Put);
+    assert_eq!(put.info.mlength as usize, MIB);
+    assert!(inbox.to_vec() == data, "PUT payload differs");
+    let (a1, b1) = (a.runtime_stats(), b.runtime_stats());
+    // The sender wrote the payload once from the MD, the receiver read it
+    // once into the MD; nothing else was copied (LNet's own ping bytes of
+    // discovery are inline and counted apart).
+    assert_eq!(
+        (a1.socket_write_bytes - a1.inline_write_bytes)
+            - (a0.socket_write_bytes - a0.inline_write_bytes),
+        MIB as u64
+    );
+    assert_eq!(
+        (b1.socket_read_bytes - b1.inline_read_bytes)
+            - (b0.socket_read_bytes - b0.inline_read_bytes),
+        MIB as u64
+    );
+    for s in [a1, b1] {
+        assert_eq!(s.user_copy_bytes, 0);
+        assert_eq!(s.loopback_copy_bytes, 0);
+    }
+
+    // GET with REPLY.
+    let served_data = pattern(MIB, 9);
+    let served = MemRegion::from_vec(served_data.clone());
+    let served_md = post(&b, &served, 13, 1, MdOptions::OP_GET);
+    let sink = MemRegion::zeroed(MIB);
+    let md = bind(&a, &sink);
+    a.get(md, ProcessId::lustre(nb), 13, 1, 0).unwrap();
+    let evs = until_final(&a, md);
+    let reply = evs
+        .iter()
+        .find(|e| e.md == md && e.kind() == EventKind::Reply)
+        .expect("REPLY");
+    assert!(reply.status().is_ok());
+    assert_eq!(reply.info.mlength as usize, MIB);
+    assert!(sink.to_vec() == served_data, "GET payload differs");
+    // b's GET event comes once its REPLY is written (and counted).
+    events_until(&b, |e| {
+        e.iter()
+            .any(|e| e.md == served_md && e.kind() == EventKind::Get)
+    });
+    let (a2, b2) = (a.runtime_stats(), b.runtime_stats());
+    assert_eq!(
+        (b2.socket_write_bytes - b2.inline_write_bytes)
+            - (b1.socket_write_bytes - b1.inline_write_bytes),
+        MIB as u64
+    );
+    assert_eq!(
+        (a2.socket_read_bytes - a2.inline_read_bytes)
+            - (a1.socket_read_bytes - a1.inline_read_bytes),
+        MIB as u64
+    );
+    assert_eq!(a2.user_copy_bytes + b2.user_copy_bytes, 0);
+    assert_eq!(
+        a.stats().payload_bytes_copied,
+        a2.inline_write_bytes + a2.inline_read_bytes
+    );
+    // Typed connections: CONTROL, BULK_IN, BULK_OUT.
+    assert!(a2.conns_established >= 3, "{a2:?}");
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn ping_over_tcp() {
+    let (a, b) = pair("127.0.2.4@tcp", "127.0.2.5@tcp");
+    let info = a.ping(nid("127.0.2.5@tcp"), LIMIT).unwrap();
+    assert!(info.nis.iter().any(|n| n.nid == nid("127.0.2.5@tcp")));
+    drop(b);
+    a.shutdown();
+}
+
+#[test]
+fn peer_dying_mid_transfer_gives_one_error_event() {
+    let (na, nb) = (nid("127.0.2.6@tcp"), nid("127.0.2.7@tcp"));
+    // Small socket buffers, so the 1 MiB PUT cannot be written whole while
+    // its receiver does not read; a short transaction timeout bounds the
+    // test whichever way the loss shows.
+    let small_bufs = |c: &mut LnetConfig| {
+        c.tcp.tx_buffer_size = 64 * 1024;
+        c.tcp.rx_buffer_size = 64 * 1024;
+        c.node.transaction_timeout = Duration::from_secs(5);
+    };
+    let a = start_with("127.0.2.6@tcp", AcceptPolicy::All, small_bufs);
+    let b = start_with("127.0.2.7@tcp", AcceptPolicy::All, small_bufs);
+    a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
+    b.set_peer_addr(na, a.listen_addr(na).unwrap());
+    // Warm up the connections with a small PUT.
+    let small = MemRegion::zeroed(16);
+    post(&b, &small, 5, 0, MdOptions::OP_PUT);
+    let s = MemRegion::from_vec(vec![1; 16]);
+    let md = bind(&a, &s);
+    a.put(md, true, ProcessId::lustre(nb), 5, 0, 0, 0).unwrap();
+    until_final(&a, md);
+    // b's target is on a lazy portal with no MD: the 1 MiB PUT parks in b's
+    // connection (its payload stays in the socket), and then b dies.
+    b.set_lazy_portal(6, true).unwrap();
+    let big = MemRegion::from_vec(pattern(MIB, 1));
+    let md = bind(&a, &big);
+    a.put(md, true, ProcessId::lustre(nb), 6, 0, 0, 0).unwrap();
+    let t0 = Instant::now();
+    while b.with_node(|n| n.rx_pending()) == 0 {
+        assert!(t0.elapsed() < LIMIT, "the PUT never reached b");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    b.shutdown();
+    let evs = events_until(&a, |e| e.iter().any(|e| e.md == md && e.status().is_err()));
+    // Nothing more for that MD.
+    let mut later = Vec::new();
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_millis(700) {
+        if let Ok(e) = a.next_event(Duration::from_millis(50)) {
+            later.push(e);
+        }
+    }
+    let mine: Vec<_> = evs
+        .iter()
+        .chain(later.iter())
+        .filter(|e| e.md == md)
+        .collect();
+    let errors = mine.iter().filter(|e| e.status().is_err()).count();
+    assert_eq!(errors, 1, "{mine:#?}");
+    assert!(mine.last().unwrap().status().is_err(), "{mine:#?}");
+    assert!(
+        a.close_reasons()
+            .iter()
+            .any(|r| r.contains("127.0.2.7@tcp")),
+        "{:#?}",
+        a.close_reasons()
+    );
+    a.shutdown();
+}
+
+/// Waits until the node closed `s` (EOF or reset) and returns what it sent.
+fn closed_by_node(mut s: TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    loop {
+        assert!(
+            start.elapsed() < LIMIT,
+            "the node kept a hostile connection open"
+        );
+        match s.read(&mut buf) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return got,
+        }
+    }
+}
+
+fn wait_reason(l: &Lnet, needle: &str) {
+    let start = Instant::now();
+    while !l.close_reasons().iter().any(|r| r.contains(needle)) {
+        assert!(
+            start.elapsed() < LIMIT,
+            "no close reason containing {needle:?}: {:#?}",
+            l.close_reasons()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn hostile_input_to_the_acceptor() {
+    let server = nid("127.0.2.9@tcp");
+    let b = start("127.0.2.9@tcp", AcceptPolicy::All);
+    let addr: SocketAddr = b.listen_addr(server).unwrap();
+    let fake = nid("127.0.2.8@tcp");
+
+    // Garbage.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    closed_by_node(s);
+    wait_reason(&b, "bad connection request");
+
+    // Wrong magic in an otherwise well-formed request.
+    let mut req = ConnReq::new(server).encode();
+    req[..4].copy_from_slice(&0x1234_5678u32.to_le_bytes());
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&req).unwrap();
+    closed_by_node(s);
+    wait_reason(&b, "unrecognised acceptor magic");
+
+    // A request for a NID that is not ours.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&ConnReq::new(nid("127.0.2.99@tcp")).encode())
+        .unwrap();
+    closed_by_node(s);
+    wait_reason(&b, "no matching NI");
+
+    // A HELLO for another NID.
+    let hello = |dst: Nid, ct| Hello {
+        src_nid: fake,
+        dst_nid: dst,
+        src_pid: 12345,
+        dst_pid: 0,
+        src_incarnation: 77,
+        dst_incarnation: 0,
+        conn_type: Some(ct),
+    };
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&ConnReq::new(server).encode()).unwrap();
+    s.write_all(&hello(nid("127.0.2.98@tcp"), ConnType::Control).encode())
+        .unwrap();
+    closed_by_node(s);
+    wait_reason(&b, "HELLO refused");
+
+    // A good handshake, then a header announcing 2 MiB of payload.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&ConnReq::new(server).encode()).unwrap();
+    s.write_all(&hello(server, ConnType::Control).encode())
+        .unwrap();
+    let mut answer = [0u8; 56];
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    s.read_exact(&mut answer).unwrap();
+    let answer = Hello::decode(&answer).unwrap().hello;
+    assert_eq!(answer.conn_type, Some(ConnType::Control));
+    let header = Header {
+        dest_nid: server,
+        src_nid: fake,
+        dest_pid: 12345,
+        src_pid: 12345,
+        payload_length: 2 * MIB as u32,
+        body: Body::Put {
+            ack_wmd: WireHandle::NONE,
+            match_bits: 0,
+            hdr_data: 0,
+            ptl_index: 4,
+            offset: 0,
+        },
+    };
+    let mut frame = LnetFrame::new(header).encode();
+    // Header::encode would refuse nothing; make sure the length is what we say.
+    frame[24 + 28..24 + 32].copy_from_slice(&(2 * MIB as u32).to_le_bytes());
+    s.write_all(&frame).unwrap();
+    closed_by_node(s);
+    wait_reason(&b, "protocol error");
+
+    // The node still serves: a real peer PUTs to it.
+    let a = start("127.0.2.8@tcp", AcceptPolicy::All);
+    a.set_peer_addr(server, addr);
+    let inbox = MemRegion::zeroed(1000);
+    post(&b, &inbox, 7, 0, MdOptions::OP_PUT);
+    let src = MemRegion::from_vec(pattern(1000, 5));
+    let md = bind(&a, &src);
+    a.put(md, true, ProcessId::lustre(server), 7, 0, 0, 0)
+        .unwrap();
+    let evs = until_final(&a, md);
+    assert!(
+        evs.iter()
+            .filter(|e| e.md == md)
+            .all(|e| e.status().is_ok()),
+        "{evs:#?}"
+    );
+    assert_eq!(inbox.to_vec(), pattern(1000, 5));
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn parked_connection_resumes_when_an_md_comes() {
+    let (a, b) = pair("127.0.2.10@tcp", "127.0.2.11@tcp");
+    let nb = nid("127.0.2.11@tcp");
+    b.set_lazy_portal(8, true).unwrap();
+    let data = pattern(300_000, 4);
+    let src = MemRegion::from_vec(data.clone());
+    let md = bind(&a, &src);
+    a.put(md, true, ProcessId::lustre(nb), 8, 2, 0, 0).unwrap();
+    let t0 = Instant::now();
+    while b.with_node(|n| n.rx_pending()) == 0 {
+        assert!(t0.elapsed() < LIMIT, "the PUT never reached b");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Parked: its payload waits in the connection. A small PUT on the same
+    // connection queues behind it.
+    let inbox = MemRegion::zeroed(300_000);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(b.with_node(|n| n.rx_pending()), 1);
+    let target = post(&b, &inbox, 8, 2, MdOptions::OP_PUT);
+    let evs = until_final(&a, md);
+    assert!(
+        evs.iter()
+            .filter(|e| e.md == md)
+            .all(|e| e.status().is_ok()),
+        "{evs:#?}"
+    );
+    let bev = events_until(&b, |e| e.iter().any(|e| e.md == target));
+    assert!(
+        bev.iter()
+            .any(|e| e.md == target && e.kind() == EventKind::Put)
+    );
+    assert!(inbox.to_vec() == data);
+    assert_eq!(b.runtime_stats().user_copy_bytes, 0);
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn keepalives_on_a_quiet_connection() {
+    let (na, nb) = (nid("127.0.2.12@tcp"), nid("127.0.2.13@tcp"));
+    let quick = |c: &mut LnetConfig| {
+        c.tcp.keepalive = 1;
+    };
+    let a = start_with("127.0.2.12@tcp", AcceptPolicy::All, quick);
+    let b = start_with("127.0.2.13@tcp", AcceptPolicy::All, quick);
+    a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
+    b.set_peer_addr(na, a.listen_addr(na).unwrap());
+    a.ping(nb, LIMIT).unwrap();
+    let before = b.runtime_stats().frames_received;
+    let t0 = Instant::now();
+    while a.runtime_stats().keepalives_sent == 0 {
+        assert!(t0.elapsed() < LIMIT, "no keepalive sent");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // b received NOOPs and kept the connections.
+    let t0 = Instant::now();
+    while b.runtime_stats().frames_received <= before {
+        assert!(t0.elapsed() < LIMIT);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        b.runtime_stats().conns_closed,
+        0,
+        "{:#?}",
+        b.close_reasons()
+    );
+    a.shutdown();
+    b.shutdown();
+}
+
+/// A raw peer that completes the handshake for `ctype` with `incarnation`.
+fn raw_peer(
+    addr: SocketAddr,
+    server: Nid,
+    me: Nid,
+    ctype: ConnType,
+    incarnation: u64,
+) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&ConnReq::new(server).encode()).unwrap();
+    let h = Hello {
+        src_nid: me,
+        dst_nid: server,
+        src_pid: 12345,
+        dst_pid: 0,
+        src_incarnation: incarnation,
+        dst_incarnation: 0,
+        conn_type: Some(ctype),
+    };
+    s.write_all(&h.encode()).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut answer = [0u8; 56];
+    s.read_exact(&mut answer).unwrap();
+    s
+}
+
+#[test]
+fn stalled_peer_is_closed_after_sock_timeout() {
+    let server = nid("127.0.2.14@tcp");
+    let b = start_with("127.0.2.14@tcp", AcceptPolicy::All, |c| {
+        c.tcp.sock_timeout = 1
+    });
+    let addr = b.listen_addr(server).unwrap();
+    let mut s = raw_peer(addr, server, nid("127.0.2.15@tcp"), ConnType::Control, 5);
+    // Half a ksock_msg header, then nothing.
+    s.write_all(&[0xc1, 0, 0, 0, 0, 0]).unwrap();
+    let t0 = Instant::now();
+    closed_by_node(s);
+    assert!(t0.elapsed() >= Duration::from_millis(900));
+    wait_reason(&b, "timed out receiving");
+    b.shutdown();
+}
+
+#[test]
+fn a_new_incarnation_closes_the_old_connections() {
+    let server = nid("127.0.2.16@tcp");
+    let b = start("127.0.2.16@tcp", AcceptPolicy::All);
+    let addr = b.listen_addr(server).unwrap();
+    let me = nid("127.0.2.17@tcp");
+    let old = raw_peer(addr, server, me, ConnType::Control, 1);
+    // The peer "reboots": a connection with a new incarnation.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&ConnReq::new(server).encode()).unwrap();
+    let h = Hello {
+        src_nid: me,
+        dst_nid: server,
+        src_pid: 12345,
+        dst_pid: 0,
+        src_incarnation: 2,
+        dst_incarnation: 0,
+        conn_type: Some(ConnType::BulkOut),
+    };
+    s.write_all(&h.encode()).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut answer = [0u8; 56];
+    s.read_exact(&mut answer).unwrap();
+    // Refused with NONE (retry), and the old connection is closed.
+    assert_eq!(Hello::decode(&answer).unwrap().hello.conn_type, None);
+    closed_by_node(old);
+    wait_reason(&b, "rebooted");
+    // The retry is accepted.
+    let again = raw_peer(addr, server, me, ConnType::Control, 2);
+    drop(again);
+    b.shutdown();
+}
+
+#[test]
+fn put_to_a_peer_nobody_serves_fails_once() {
+    let a = start("127.0.2.18@tcp", AcceptPolicy::All);
+    let ghost = nid("127.0.2.19@tcp");
+    // A port where nothing listens.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.2.19:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    a.set_peer_addr(ghost, SocketAddr::from(([127, 0, 2, 19], port)));
+    a.set_discovery(false).unwrap();
+    let src = MemRegion::from_vec(vec![7; 5000]);
+    let md = bind(&a, &src);
+    let t0 = Instant::now();
+    a.put(md, true, ProcessId::lustre(ghost), 4, 0, 0, 0)
+        .unwrap();
+    let evs = events_until(&a, |e| e.iter().any(|e| e.md == md));
+    let ev = evs.iter().find(|e| e.md == md).unwrap();
+    assert_eq!(ev.kind(), EventKind::Send);
+    assert!(ev.status().is_err(), "{ev:#?}");
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    while let Ok(e) = a.next_event(Duration::from_millis(50)) {
+        assert_ne!(e.md, md, "second event {e:#?}");
+    }
+    assert!(
+        a.close_reasons().iter().any(|r| r.contains("refused")),
+        "{:#?}",
+        a.close_reasons()
+    );
+    assert_eq!(a.stats().send_failures, 1, "{:?}", a.stats());
+    a.shutdown();
+}
+
+#[test]
+fn userspace_peers_from_unprivileged_ports() {
+    // Connecting from ephemeral ports, the peers see each other as
+    // userspace processes (U<port>-ip@tcp), which accept=all admits.
+    let (na, nb) = (nid("127.0.2.20@tcp"), nid("127.0.2.21@tcp"));
+    let user = |c: &mut LnetConfig| c.reserved_ports = false;
+    let a = start_with("127.0.2.20@tcp", AcceptPolicy::All, user);
+    let b = start_with("127.0.2.21@tcp", AcceptPolicy::All, user);
+    a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
+    b.set_peer_addr(na, a.listen_addr(na).unwrap());
+    let inbox = MemRegion::zeroed(5000);
+    let target = post(&b, &inbox, 3, 0, MdOptions::OP_PUT);
+    let md = bind(&a, &MemRegion::from_vec(vec![3; 5000]));
+    a.put(md, true, ProcessId::lustre(nb), 3, 0, 0, 0).unwrap();
+    let evs = until_final(&a, md);
+    assert!(kinds(&evs, md).contains(&EventKind::Ack), "{evs:#?}");
+    let bev = events_until(&b, |e| e.iter().any(|e| e.md == target));
+    let put = bev.iter().find(|e| e.md == target).unwrap();
+    assert!(put.info.initiator.pid & 0x8000_0000 != 0, "{put:#?}");
+    assert_eq!(inbox.to_vec(), vec![3; 5000]);
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn shutdown_ends_every_operation_with_one_final_event() {
+    let (a, b) = pair("127.0.2.22@tcp", "127.0.2.23@tcp");
+    let nb = nid("127.0.2.23@tcp");
+    // b parks the PUT (lazy portal): a's SEND completes, its ACK cannot.
+    b.set_lazy_portal(9, true).unwrap();
+    let md = bind(&a, &MemRegion::from_vec(vec![1; 100]));
+    a.put(md, true, ProcessId::lustre(nb), 9, 0, 0, 0).unwrap();
+    let evs = events_until(&a, |e| e.iter().any(|e| e.md == md));
+    assert_eq!(
+        evs.iter().find(|e| e.md == md).unwrap().kind(),
+        EventKind::Send
+    );
+    a.shutdown();
+    let mut rest = Vec::new();
+    while let Ok(e) = a.next_event(Duration::from_millis(100)) {
+        rest.push(e);
+    }
+    let mine: Vec<_> = rest.iter().filter(|e| e.md == md).collect();
+    assert_eq!(mine.len(), 1, "{rest:#?}");
+    assert_eq!(mine[0].kind(), EventKind::Ack);
+    assert!(mine[0].status().is_err() && mine[0].unlinked, "{mine:#?}");
+    b.shutdown();
+}
+
+#[test]
+fn sender_dying_mid_payload_fails_the_receive_once() {
+    let server = nid("127.0.2.24@tcp");
+    let b = start("127.0.2.24@tcp", AcceptPolicy::All);
+    let addr = b.listen_addr(server).unwrap();
+    let me = nid("127.0.2.25@tcp");
+    b.set_discovery(false).unwrap();
+    let inbox = MemRegion::zeroed(100_000);
+    let target = post(&b, &inbox, 4, 0, MdOptions::OP_PUT);
+    let mut s = raw_peer(addr, server, me, ConnType::Control, 9);
+    let header = Header {
+        dest_nid: server,
+        src_nid: me,
+        dest_pid: 12345,
+        src_pid: 12345,
+        payload_length: 100_000,
+        body: Body::Put {
+            ack_wmd: WireHandle::NONE,
+            match_bits: 0,
+            hdr_data: 0,
+            ptl_index: 4,
+            offset: 0,
+        },
+    };
+    s.write_all(&LnetFrame::new(header).encode()).unwrap();
+    s.write_all(&[0xee; 10_000]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    drop(s);
+    let evs = events_until(&b, |e| e.iter().any(|e| e.md == target));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut all = evs;
+    while let Ok(e) = b.next_event(Duration::from_millis(50)) {
+        all.push(e);
+    }
+    let mine: Vec<_> = all.iter().filter(|e| e.md == target).collect();
+    assert_eq!(mine.len(), 1, "{mine:#?}");
+    assert_eq!(mine[0].kind(), EventKind::Put);
+    assert!(mine[0].status().is_err(), "{mine:#?}");
+    wait_reason(&b, "in the middle of a message");
+    assert_eq!(b.stats().payload_failures, 1);
+    b.shutdown();
+}
