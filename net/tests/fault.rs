@@ -20,6 +20,9 @@ struct Two {
     tms: Vec<TransferMachine>,
     events: EventReceiver,
     cbs: Arc<BufferCallbacks>,
+    /// Events of another queue met while waiting for one (a receive can
+    /// be reported before its send).
+    stash: std::sync::Mutex<Vec<BufferEvent>>,
 }
 
 fn two(plan: FaultPlan) -> Two {
@@ -41,6 +44,7 @@ fn two(plan: FaultPlan) -> Two {
         tms,
         events,
         cbs,
+        stash: std::sync::Mutex::default(),
     }
 }
 
@@ -58,9 +62,21 @@ impl Two {
     }
 
     fn next(&self, q: QueueType) -> BufferEvent {
-        let ev = self.events.recv_timeout(WAIT).unwrap();
-        assert_eq!(ev.queue(), q, "{ev:?}");
-        ev
+        {
+            let mut st = self.stash.lock().unwrap();
+            if let Some(i) = st.iter().position(|e| e.queue() == q) {
+                return st.remove(i);
+            }
+        }
+        loop {
+            let ev = self.events.recv_timeout(WAIT).unwrap();
+            if ev.queue() == q {
+                return ev;
+            }
+            let mut st = self.stash.lock().unwrap();
+            assert!(st.len() < 8, "unexpected {ev:?}");
+            st.push(ev);
+        }
     }
 
     fn finish(self) {
