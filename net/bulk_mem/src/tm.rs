@@ -136,15 +136,25 @@ impl Shared {
             return;
         }
         let len = q.length();
-        let Some(ep) = q.end_point() else {
+        // The end point is looked at and let go before anything completes:
+        // a reference held here while the sender's callback runs would make
+        // the application's `fini` right after it see the end point still
+        // in use.
+        let Some(dest) = q
+            .end_point()
+            .map(|ep| ep.downcast::<MemEp>().and_then(MemEp::lookup))
+        else {
             sink.complete(
                 q,
                 Err(NetError::InvalidArgument("send without end point".into())),
             );
             return;
         };
-        let unreachable = || NetError::Unreachable(ep.addr().to_string());
-        let Some(dest) = ep.downcast::<MemEp>().and_then(MemEp::lookup) else {
+        let unreachable = || {
+            let addr = q.end_point().map(|ep| ep.addr().to_string());
+            NetError::Unreachable(addr.unwrap_or_default())
+        };
+        let Some(dest) = dest else {
             sink.complete(q, Err(unreachable()));
             return;
         };
