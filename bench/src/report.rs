@@ -545,8 +545,10 @@ fn channel_name(polling: bool, size: usize) -> String {
     }
 }
 
+/// A row from samples of ours and of the baseline: medians, ratio, and
+/// whether `target` is met.
 #[allow(clippy::too_many_arguments)]
-fn row(
+pub fn row(
     test: &str,
     size: usize,
     unit: &'static str,

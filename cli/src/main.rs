@@ -13,6 +13,7 @@
 
 #![forbid(unsafe_code)]
 
+mod lnet_bench;
 mod rpc_cmds;
 mod soak_cmd;
 mod xprt;
@@ -131,7 +132,8 @@ struct BenchArgs {
     /// Whether transport threads poll or block.
     #[arg(long, value_enum, default_value = "both")]
     mode: Mode,
-    /// Workloads, comma separated: rtt, oneway, bulk, rpc, all.
+    /// Workloads, comma separated: rtt, oneway, bulk, rpc, all (all of
+    /// those), and lnet (LNet over the socket LND, only when named).
     #[arg(long, value_delimiter = ',', default_value = "all")]
     tests: Vec<String>,
     /// Round-trip message sizes (e.g. 64,4K).
@@ -240,7 +242,11 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
     let progress_on = !a.quiet;
     let started = Instant::now();
     let mut report = Report {
-        transport: a.xprt.name(),
+        transport: if a.tests.iter().all(|t| t == "lnet") {
+            "lnet"
+        } else {
+            a.xprt.name()
+        },
         machine: Machine::probe(),
         build: if cfg!(debug_assertions) {
             "debug"
@@ -258,8 +264,12 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
     let plans: Vec<(bool, Plan)> = modes
         .iter()
         .map(|&polling| (polling, bench_plan(a, polling, pinned)))
+        .filter(|(_, p)| p.steps() > 0)
         .collect();
-    let total: usize = plans.iter().map(|(_, p)| p.steps()).sum();
+    // LNet only when asked by name (not part of `all`).
+    let lnet = a.tests.iter().any(|t| t == "lnet");
+    let total: usize =
+        plans.iter().map(|(_, p)| p.steps()).sum::<usize>() + if lnet { 3 } else { 0 };
     let mut step = 0;
     for (polling, plan) in plans {
         let xprt = a.xprt.transport(polling, a.workers);
@@ -282,6 +292,24 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
             rows,
         });
     }
+    if lnet {
+        let mut progress = |what: &str| {
+            step += 1;
+            if progress_on {
+                eprintln!(
+                    "[{:>6.1}s] {step}/{total} {what}",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        };
+        let rows = lnet_bench::lnet_rows(a.runs.unwrap_or(5), a.smoke, pinned, &mut progress)?;
+        report.sections.push(Section {
+            mode: "lnet",
+            workers: 1,
+            pinned,
+            rows,
+        });
+    }
     report.seconds = round_sig(started.elapsed().as_secs_f64());
     let mut out = std::io::stdout().lock();
     if a.json {
@@ -299,7 +327,9 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 || "not pinned".to_string(),
                 |(c, sv)| format!("client on CPU {c}, server on CPU {sv}"),
             );
-            let threads = if report.transport == "tcp" {
+            let threads = if s.mode == "lnet" {
+                "socket LND over loopback, runtime threads block in epoll".to_string()
+            } else if report.transport == "tcp" {
                 "I/O threads (one per domain)".to_string()
             } else {
                 format!("workers ({} per transfer machine)", s.workers)

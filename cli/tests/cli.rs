@@ -376,3 +376,24 @@ fn soak_checks_every_add_on_both_transports() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--duration"));
 }
+
+#[test]
+fn bench_lnet_smoke() {
+    let out = colibri(&[
+        "bench", "--tests", "lnet", "--smoke", "--runs", "1", "--json", "-q",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["transport"], "lnet");
+    let rows = v["sections"][0]["rows"].as_array().unwrap();
+    let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(tests, ["lnet-rtt", "lnet-put", "lnet-routed-put"]);
+    for r in rows {
+        assert!(r["ours"]["median"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["baseline"]["median"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}
