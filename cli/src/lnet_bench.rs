@@ -176,6 +176,34 @@ fn put_stream(
     Ok((count as usize * MIB) as f64 / secs / 1e9)
 }
 
+/// A 1 MiB stream row: `runs` runs of `ours` (GB/s) interleaved with a
+/// raw blocking TCP stream of `count` 1 MiB writes, against `target`.
+fn stream_row(
+    test: &str,
+    target: f64,
+    runs: usize,
+    count: u64,
+    cpus: Option<(usize, usize)>,
+    mut ours_run: impl FnMut() -> Result<f64, String>,
+) -> Result<Row, String> {
+    let (mut ours, mut base) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        ours.push(ours_run()?);
+        let t = baseline::tcp_stream(MIB, count, false, cpus);
+        base.push((count as usize * MIB) as f64 / t.as_secs_f64() / 1e9);
+    }
+    Ok(row(
+        test,
+        MIB,
+        "GB/s",
+        &ours,
+        &base,
+        "raw loopback TCP stream, 1 MiB writes, blocking".into(),
+        true,
+        Some(Target::RatioAtLeast(target)),
+    ))
+}
+
 /// The LNet rows: `runs` interleaved runs of each figure and its baseline.
 /// `progress` is called before each figure.
 ///
@@ -222,22 +250,9 @@ pub(crate) fn lnet_rows(
     ));
 
     progress("lnet-put 1MiB");
-    let (mut ours, mut base) = (Vec::new(), Vec::new());
-    for _ in 0..runs {
-        ours.push(put_stream(&a, tb, count, 4, &puts_b)?);
-        let t = baseline::tcp_stream(MIB, count, false, cpus);
-        base.push((count as usize * MIB) as f64 / t.as_secs_f64() / 1e9);
-    }
-    rows.push(row(
-        "lnet-put",
-        MIB,
-        "GB/s",
-        &ours,
-        &base,
-        "raw loopback TCP stream, 1 MiB writes, blocking".into(),
-        true,
-        Some(Target::RatioAtLeast(0.85)),
-    ));
+    rows.push(stream_row("lnet-put", 0.85, runs, count, cpus, || {
+        put_stream(&a, tb, count, 4, &puts_b)
+    })?);
     a.shutdown();
     b.shutdown();
 
@@ -263,22 +278,14 @@ pub(crate) fn lnet_rows(
     sink(&server, &inbox)?;
     let ts = ProcessId::lustre(s_nid);
     put_stream(&client, ts, 4, 4, &puts_s)?;
-    let (mut ours, mut base) = (Vec::new(), Vec::new());
-    for _ in 0..runs {
-        ours.push(put_stream(&client, ts, count, 4, &puts_s)?);
-        let t = baseline::tcp_stream(MIB, count, false, cpus);
-        base.push((count as usize * MIB) as f64 / t.as_secs_f64() / 1e9);
-    }
-    rows.push(row(
+    rows.push(stream_row(
         "lnet-routed-put",
-        MIB,
-        "GB/s",
-        &ours,
-        &base,
-        "raw loopback TCP stream, 1 MiB writes, blocking".into(),
-        true,
-        Some(Target::RatioAtLeast(0.7)),
-    ));
+        0.7,
+        runs,
+        count,
+        cpus,
+        || put_stream(&client, ts, count, 4, &puts_s),
+    )?);
     client.shutdown();
     router.shutdown();
     server.shutdown();
