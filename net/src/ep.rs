@@ -3,7 +3,9 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
+
+use crate::sync::AtomicBool;
 
 use crate::tm::TmId;
 use crate::xprt::XprtData;

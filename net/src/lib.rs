@@ -96,6 +96,8 @@ pub mod registry;
 mod sink;
 mod slab;
 pub mod stats;
+#[doc(hidden)]
+pub mod sync;
 pub mod tm;
 mod util;
 pub mod wait;

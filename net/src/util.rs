@@ -54,6 +54,7 @@ pub(crate) fn nanos_to_instant(n: u64) -> Option<Instant> {
     (n != 0).then(|| epoch() + std::time::Duration::from_nanos(n - 1))
 }
 
+#[cfg(not(loom))]
 thread_local! {
     /// Depth of data views open on this thread.
     static IN_VIEW: Cell<u32> = const { Cell::new(0) };
@@ -62,6 +63,19 @@ thread_local! {
     /// Depth of delivery-thread marks on this thread (a transport's engine
     /// or worker thread, a timer thread, an upper layer's timer thread).
     static DELIVERY: Cell<u32> = const { Cell::new(0) };
+}
+
+// Under the model checker, model threads share one OS thread: their
+// thread-locals must be loom's (which take no `const` initialisers).
+#[cfg(loom)]
+loom::thread_local! {
+    /// Depth of data views open on this thread.
+    static IN_VIEW: Cell<u32> = Cell::new(0);
+    /// Transfer machines whose callbacks run on this thread (innermost last).
+    static IN_CALLBACK: RefCell<Vec<u64>> = RefCell::new(Vec::new());
+    /// Depth of delivery-thread marks on this thread (a transport's engine
+    /// or worker thread, a timer thread, an upper layer's timer thread).
+    static DELIVERY: Cell<u32> = Cell::new(0);
 }
 
 /// True while this thread delivers events: it runs a callback, or it is

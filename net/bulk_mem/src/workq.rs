@@ -13,11 +13,14 @@
 //! looks at the queue again, each with a full fence in between, so at least
 //! one of them sees the other.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+// The handshake's primitives come from the core's model-checking facade:
+// loom's under `--cfg loom` (tests at the end of this file).
+use colibri_net::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, fence};
+#[cfg(not(loom))]
 use crossbeam_queue::SegQueue;
-use parking_lot::{Condvar, Mutex};
 
 /// The queue. Its length is bounded by the buffers of the transfer
 /// machines using it (one item per queued buffer, plus a few control
@@ -118,7 +121,79 @@ impl<T> WorkQueue<T> {
     }
 }
 
-#[cfg(test)]
+/// Under the model checker, the lock-free queue is a locked one: loom
+/// does not see inside crossbeam, and what is checked is the sleep and
+/// wake-up handshake around the queue, which only needs a linearisable
+/// push and pop.
+#[cfg(loom)]
+#[derive(Debug, Default)]
+struct SegQueue<T>(Mutex<std::collections::VecDeque<T>>);
+
+#[cfg(loom)]
+impl<T> SegQueue<T> {
+    fn new() -> Self {
+        Self(Mutex::new(std::collections::VecDeque::new()))
+    }
+    fn push(&self, v: T) {
+        self.0.lock().push_back(v);
+    }
+    fn pop(&self) -> Option<T> {
+        self.0.lock().pop_front()
+    }
+    fn is_empty(&self) -> bool {
+        self.0.lock().is_empty()
+    }
+}
+
+/// The sleep and wake-up handshake under every interleaving (loom):
+/// `RUSTFLAGS="--cfg loom" cargo test -p colibri-bulk-mem --lib --release
+/// --target-dir target/loom loom_`. A lost wake-up shows as a deadlock,
+/// which loom reports.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    /// Two producers, one blocking consumer (spin 0): it gets both items.
+    #[test]
+    fn loom_no_lost_wakeup() {
+        loom::model(|| {
+            let q = Arc::new(WorkQueue::new());
+            let producers: Vec<_> = (0..2)
+                .map(|i| {
+                    let q = Arc::clone(&q);
+                    thread::spawn(move || q.push(i))
+                })
+                .collect();
+            let mut got = Vec::new();
+            while got.len() < 2 {
+                if let Some(v) = q.pop(Duration::ZERO) {
+                    got.push(v);
+                }
+            }
+            for p in producers {
+                p.join().unwrap();
+            }
+            got.sort_unstable();
+            assert_eq!(got, vec![0, 1]);
+        });
+    }
+
+    /// `close` releases a consumer asleep on an empty queue.
+    #[test]
+    fn loom_close_wakes_a_sleeper() {
+        loom::model(|| {
+            let q = Arc::new(WorkQueue::<u32>::new());
+            let q2 = Arc::clone(&q);
+            let closer = thread::spawn(move || q2.close());
+            while q.pop(Duration::ZERO).is_some() || !q.is_closed() {}
+            closer.join().unwrap();
+        });
+    }
+}
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::Arc;

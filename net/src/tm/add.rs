@@ -2,10 +2,8 @@
 //! and handing it to the transport.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU8;
 use std::time::Instant;
 
-use parking_lot::Mutex;
 use tracing::{debug, trace};
 
 use crate::buffer::NetBuffer;
@@ -13,6 +11,7 @@ use crate::desc::{DescFields, NetBufDesc};
 use crate::ep::EndPoint;
 use crate::error::{AddError, NetError, Result};
 use crate::queue::QueueType;
+use crate::sync::{AtomicU8, LeafMutex, Mutex};
 use crate::util::random_u64;
 use crate::xprt::QueuedBuf;
 
@@ -255,7 +254,7 @@ impl TmHandle {
                 queue,
                 length,
                 size,
-                ep: Mutex::new(ep),
+                ep: LeafMutex::new(ep),
                 actor: actor.clone(),
                 desc,
                 cookie,
@@ -264,7 +263,7 @@ impl TmHandle {
                 add_time: now,
                 reg,
                 callbacks,
-                buf: Mutex::new(buf.take()),
+                buf: LeafMutex::new(buf.take()),
                 flags: AtomicU8::new(0),
                 rs: Mutex::new(RecvState::default()),
                 events: Mutex::new(SlotEvents::default()),

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use parking_lot::MutexGuard;
 use tracing::{debug, error};
 
 use crate::buffer::BufferEvent;
 use crate::ep::EndPoint;
 use crate::error::{NetError, Result};
 use crate::sink::Job;
+use crate::sync::MutexGuard;
 use crate::util::{CallbackGuard, in_callback_of};
 use crate::xprt::Delivery;
 

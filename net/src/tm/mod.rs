@@ -23,11 +23,10 @@ mod timers;
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
 use tracing::{debug, error, trace, warn};
 
 use crate::buffer::BufState;
@@ -39,6 +38,7 @@ use crate::queue::QueueType;
 use crate::sink::Job;
 use crate::slab::Slab;
 use crate::stats::QueueStats;
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
 use crate::util::{in_callback_of, in_data_view, next_id, on_delivery_thread};
 use crate::wait::check_may_block;
 use crate::xprt::{Caps, DelReason, Delivery, Limits, QueuedBuf, TmSink, XprtTm};

@@ -3,10 +3,10 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use parking_lot::Mutex;
+use crate::sync::{AtomicU8, LeafMutex, Mutex};
 
 use crate::buffer::{BufferCallbacks, NetBuffer};
 use crate::desc::DescFields;
@@ -35,7 +35,7 @@ pub(crate) struct Slot {
     pub(crate) size: usize,
     /// Destination of a send; released when the buffer completes, even if
     /// the transport keeps its `QueuedBuf`.
-    pub(crate) ep: Mutex<Option<EndPoint>>,
+    pub(crate) ep: LeafMutex<Option<EndPoint>>,
     pub(crate) actor: Option<String>,
     pub(crate) desc: Option<Box<DescFields>>,
     pub(crate) cookie: u64,
@@ -44,7 +44,7 @@ pub(crate) struct Slot {
     pub(crate) add_time: Instant,
     pub(crate) reg: Option<XprtData>,
     pub(crate) callbacks: Arc<BufferCallbacks>,
-    pub(crate) buf: Mutex<Option<NetBuffer>>,
+    pub(crate) buf: LeafMutex<Option<NetBuffer>>,
     pub(super) flags: AtomicU8,
     pub(super) rs: Mutex<RecvState>,
     pub(super) events: Mutex<SlotEvents>,
