@@ -20,6 +20,8 @@ pub(crate) struct DomainInner {
     pub(crate) limits: Limits,
     pub(crate) caps: Caps,
     pub(crate) clock: Clock,
+    /// Senders' end points each transfer machine keeps alive.
+    pub(crate) sender_cache: usize,
     pub(crate) tms: AtomicUsize,
     pub(crate) bufs: AtomicUsize,
     finalized: AtomicBool,
@@ -44,15 +46,43 @@ impl Drop for DomainInner {
 }
 
 /// Settings of a domain that are the core's, not the transport's.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct DomainConfig {
     /// The time source of the domain's transfer machines for buffer
     /// timeouts ([`Clock::real`] by default; [`Clock::manual`] in tests).
     pub clock: Clock,
+    /// How many senders' end points each transfer machine keeps alive
+    /// (oldest first out) so that a message from a recent sender finds its
+    /// end point without parsing its address or allocating
+    /// ([`DomainConfig::DEFAULT_SENDER_CACHE`] by default). A server
+    /// answering N clients in turn wants at least N; the cache only grows
+    /// with senders actually seen.
+    pub sender_cache: usize,
+}
+
+impl Default for DomainConfig {
+    fn default() -> Self {
+        Self {
+            clock: Clock::default(),
+            sender_cache: Self::DEFAULT_SENDER_CACHE,
+        }
+    }
 }
 
 impl DomainConfig {
+    /// The default size of the sender cache: a server with this many
+    /// clients sending in turn creates no end point per message.
+    pub const DEFAULT_SENDER_CACHE: usize = 4096;
+
+    /// The default configuration with another sender cache size (at
+    /// least 1).
+    #[must_use]
+    pub fn with_sender_cache(mut self, n: usize) -> Self {
+        self.sender_cache = n.max(1);
+        self
+    }
+
     /// The default configuration with another clock.
     #[must_use]
     pub fn with_clock(mut self, clock: Clock) -> Self {
@@ -110,6 +140,7 @@ impl Domain {
                 limits,
                 caps,
                 clock: cfg.clock,
+                sender_cache: cfg.sender_cache.max(1),
                 tms: AtomicUsize::new(0),
                 bufs: AtomicUsize::new(0),
                 finalized: AtomicBool::new(false),

@@ -26,6 +26,8 @@ struct Script {
     stopped: usize,
     fail_add: bool,
     extra: Vec<u8>,
+    /// Addresses parsed (each one is an end point created).
+    parsed: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -105,6 +107,7 @@ impl XprtTm for Fake {
     }
     fn fini(&self) {}
     fn ep_parse(&self, addr: &str) -> Result<EpAddr> {
+        self.script.lock().parsed += 1;
         if addr.starts_with("ep:") {
             Ok(EpAddr {
                 addr: addr.to_string(),
@@ -496,6 +499,42 @@ fn panicking_callback_does_not_lose_the_machine() {
     );
     drop(qs);
     shutdown(&fake, tm, dom);
+}
+
+/// Messages from `senders` distinct peers, twice round; returns how many
+/// end points the core created (addresses parsed) for them.
+fn parses_for_senders(cfg: DomainConfig, senders: usize) -> usize {
+    let fake = Fake::new(Caps::new(1));
+    let dom = Domain::with_config(&fake, cfg).unwrap();
+    let tm = dom.tm_init(ignore_tm_events()).unwrap();
+    tm.start("ep:me").unwrap();
+    fake.sink().post_started("ep:me");
+    let (cbs, ev) = event_channel(4);
+    let before = fake.script.lock().parsed;
+    for round in 0..2 {
+        for i in 0..senders {
+            tm.add_msg_recv(buf64(&dom, &cbs), RecvParams::default())
+                .unwrap();
+            let claim = fake.sink().claim_recv(5).unwrap();
+            fake.sink().post_msg(claim, 5, &format!("ep:{i}"));
+            let e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
+            assert!(e.is_ok(), "round {round} sender {i}: {e:?}");
+        }
+    }
+    let parsed = fake.script.lock().parsed - before;
+    shutdown(&fake, tm, dom);
+    parsed
+}
+
+#[test]
+fn senders_stay_cached_up_to_the_configured_size() {
+    // 300 clients in turn: by default each end point is made once.
+    assert_eq!(parses_for_senders(DomainConfig::default(), 300), 300);
+    // A cache of 10 cannot hold them: every message makes one again.
+    assert_eq!(
+        parses_for_senders(DomainConfig::default().with_sender_cache(10), 300),
+        600
+    );
 }
 
 #[test]

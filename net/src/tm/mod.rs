@@ -46,7 +46,7 @@ use crate::xprt::{Caps, DelReason, Delivery, Limits, QueuedBuf, TmSink, XprtTm};
 pub use add::{AddOp, Added};
 pub use deliver::{TmCallback, TmEvent, TmEventKind};
 pub use ids::{BufToken, RecvParams, TmId, TmState};
-use slot::{EP_CACHE, EvData};
+use slot::EvData;
 pub(crate) use slot::{F_CANCEL, F_IN_USE, F_TIMED_OUT, Post, Slot};
 
 struct TmCore {
@@ -159,7 +159,7 @@ impl TmInner {
         }
         let ep = self.find_or_create_ep(core, addr)?;
         if !ep.0.cached.swap(true, Ordering::AcqRel) {
-            if core.ep_cache.len() >= EP_CACHE
+            if core.ep_cache.len() >= self.dom.sender_cache
                 && let Some(old) = core.ep_cache.pop_front()
             {
                 old.0.cached.store(false, Ordering::Release);

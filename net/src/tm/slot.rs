@@ -17,9 +17,6 @@ use crate::xprt::XprtData;
 
 use super::RecvParams;
 
-/// Senders' end points a transfer machine keeps alive.
-pub(super) const EP_CACHE: usize = 64;
-
 pub(crate) const F_IN_USE: u8 = 1;
 
 pub(crate) const F_CANCEL: u8 = 2;
