@@ -35,7 +35,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
@@ -477,7 +477,32 @@ pub struct HealthMonitor {
     config: HealthConfig,
     local: BTreeMap<Nid, NiHealth>,
     peer: BTreeMap<Nid, NiHealth>,
+    /// Every scheduled recovery ping, `(due, side, nid)`: the interfaces in
+    /// recovery, so that the next deadline and the due pings cost what is
+    /// in recovery, not how many interfaces are known.
+    due: BTreeSet<(Time, NiSide, Nid)>,
     stats: HealthStats,
+}
+
+/// Sets when `h`'s next recovery ping is due, keeping the index `due` in
+/// step (every change of `next_ping` goes through here).
+fn schedule(
+    due: &mut BTreeSet<(Time, NiSide, Nid)>,
+    side: NiSide,
+    nid: Nid,
+    h: &mut NiHealth,
+    at: Option<Time>,
+) {
+    if h.next_ping == at {
+        return;
+    }
+    if let Some(t) = h.next_ping {
+        due.remove(&(t, side, nid));
+    }
+    if let Some(t) = at {
+        due.insert((t, side, nid));
+    }
+    h.next_ping = at;
 }
 
 impl HealthMonitor {
@@ -491,6 +516,7 @@ impl HealthMonitor {
             config,
             local: BTreeMap::new(),
             peer: BTreeMap::new(),
+            due: BTreeSet::new(),
             stats: HealthStats::default(),
         })
     }
@@ -527,12 +553,16 @@ impl HealthMonitor {
 
     /// Forgets a local NI (deleted): it leaves recovery.
     pub fn remove_local_ni(&mut self, nid: Nid) {
-        self.local.remove(&nid);
+        if let Some(mut h) = self.local.remove(&nid) {
+            schedule(&mut self.due, NiSide::Local, nid, &mut h, None);
+        }
     }
 
     /// Forgets a peer NI (deleted): it leaves recovery.
     pub fn remove_peer_ni(&mut self, nid: Nid) {
-        self.peer.remove(&nid);
+        if let Some(mut h) = self.peer.remove(&nid) {
+            schedule(&mut self.due, NiSide::Peer, nid, &mut h, None);
+        }
     }
 
     /// Number of registered local NIs.
@@ -586,9 +616,9 @@ impl HealthMonitor {
         let old = entry.health;
         entry.health = health;
         if health.is_max() {
-            entry.next_ping = None;
+            schedule(&mut self.due, side, nid, entry, None);
         } else if entry.next_ping.is_none() {
-            entry.next_ping = Some(now);
+            schedule(&mut self.due, side, nid, entry, Some(now));
         }
         Verdict {
             resend: false,
@@ -605,12 +635,12 @@ impl HealthMonitor {
         if up {
             entry.health = old.increased(sensitivity);
             if entry.health.is_max() {
-                entry.next_ping = None;
+                schedule(&mut self.due, NiSide::Local, nid, entry, None);
             }
         } else {
             entry.health = old.decreased(sensitivity);
             if !entry.health.is_max() && entry.next_ping.is_none() {
-                entry.next_ping = Some(now);
+                schedule(&mut self.due, NiSide::Local, nid, entry, Some(now));
             }
         }
         status_change(nid, old, entry.health)
@@ -629,7 +659,7 @@ impl HealthMonitor {
                 entry.health.increased(sensitivity)
             };
             if entry.health.is_max() {
-                entry.next_ping = None;
+                schedule(&mut self.due, NiSide::Peer, nid, entry, None);
             }
         } else {
             entry.health = entry.health.decreased(sensitivity);
@@ -637,7 +667,7 @@ impl HealthMonitor {
                 .last_alive
                 .is_some_and(|seen| limit.is_none_or(|l| now.saturating_duration_since(seen) <= l));
             if !entry.health.is_max() && recoverable && entry.next_ping.is_none() {
-                entry.next_ping = Some(now);
+                schedule(&mut self.due, NiSide::Peer, nid, entry, Some(now));
             }
         }
     }
@@ -750,11 +780,7 @@ impl HealthMonitor {
     /// When the next recovery ping is due.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.local
-            .values()
-            .chain(self.peer.values())
-            .filter_map(|h| h.next_ping)
-            .min()
+        self.due.first().map(|&(t, _, _)| t)
     }
 
     /// Emits the recovery pings due at `now` and schedules the next ones
@@ -763,36 +789,42 @@ impl HealthMonitor {
     pub fn handle_timeout(&mut self, now: Time) -> Vec<RecoveryPing> {
         let mut out = Vec::new();
         let config = self.config;
-        for (side, map) in [
-            (NiSide::Local, &mut self.local),
-            (NiSide::Peer, &mut self.peer),
-        ] {
-            for (&nid, h) in map.iter_mut() {
-                let Some(due) = h.next_ping else {
-                    continue;
-                };
-                if due > now {
-                    continue;
-                }
-                if h.health.is_max() {
-                    h.next_ping = None;
-                    continue;
-                }
-                if side == NiSide::Peer {
-                    let expired = config.recovery_limit.is_some_and(|limit| {
-                        h.last_alive
-                            .is_none_or(|seen| now.saturating_duration_since(seen) > limit)
-                    });
-                    if expired {
-                        tracing::info!(target: TARGET, %nid, "peer NI past recovery limit: recovery stopped");
-                        h.next_ping = None;
-                        continue;
-                    }
-                }
-                h.next_ping = Some(now + config.recovery_interval(h.ping_count));
-                h.ping_count = h.ping_count.saturating_add(1);
-                out.push(RecoveryPing { side, nid });
+        // The interfaces due, in (side, NID) order as a walk of the maps
+        // would meet them.
+        let mut due: Vec<(NiSide, Nid)> = self
+            .due
+            .iter()
+            .take_while(|&&(t, _, _)| t <= now)
+            .map(|&(_, side, nid)| (side, nid))
+            .collect();
+        due.sort_unstable();
+        for (side, nid) in due {
+            let map = match side {
+                NiSide::Local => &mut self.local,
+                NiSide::Peer => &mut self.peer,
+            };
+            let Some(h) = map.get_mut(&nid) else {
+                continue;
+            };
+            if h.health.is_max() {
+                schedule(&mut self.due, side, nid, h, None);
+                continue;
             }
+            if side == NiSide::Peer {
+                let expired = config.recovery_limit.is_some_and(|limit| {
+                    h.last_alive
+                        .is_none_or(|seen| now.saturating_duration_since(seen) > limit)
+                });
+                if expired {
+                    tracing::info!(target: TARGET, %nid, "peer NI past recovery limit: recovery stopped");
+                    schedule(&mut self.due, side, nid, h, None);
+                    continue;
+                }
+            }
+            let next = now + config.recovery_interval(h.ping_count);
+            schedule(&mut self.due, side, nid, h, Some(next));
+            h.ping_count = h.ping_count.saturating_add(1);
+            out.push(RecoveryPing { side, nid });
         }
         self.stats.recovery_pings += out.len() as u64;
         out

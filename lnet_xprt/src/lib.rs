@@ -23,6 +23,7 @@
 //!   socklnd              Lustre's socket LND protocol without sockets: acceptor request,
 //!                        V3 HELLO, ksock_msg framing, handshake decisions, back-off
 //!   sim                  deterministic fabric simulator driving several nodes
+//!   scale                fabrics of any size for the simulator (scale bench, 1,024-node test)
 //! ```
 //!
 //! See `DESIGN.md` (identifiers, wire, matching, faults, node, simulator, and
@@ -132,6 +133,7 @@ pub mod node;
 pub mod peer;
 pub mod rng;
 pub mod route;
+pub mod scale;
 pub mod select;
 pub mod sim;
 pub mod socklnd;

@@ -891,6 +891,12 @@ impl Node {
         self.nis.iter().map(|n| n.cfg.nid).collect()
     }
 
+    /// True if `nid` is one of this node's NIs.
+    #[must_use]
+    pub fn has_nid(&self, nid: Nid) -> bool {
+        self.nis.iter().any(|n| n.cfg.nid == nid)
+    }
+
     /// Whether `nid` is one of ours (including `0@lo`).
     #[must_use]
     pub fn is_local_nid(&self, nid: Nid) -> bool {

@@ -65,7 +65,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::fault::HealthError;
@@ -121,6 +121,7 @@ pub struct Topology {
     default_latency: Duration,
     jitter: Duration,
     max_steps: u64,
+    trace_limit: Option<usize>,
     routes: Vec<RouteSpec>,
     errors: Vec<SimError>,
 }
@@ -146,6 +147,7 @@ impl Topology {
             default_latency: Duration::from_micros(10),
             jitter: Duration::from_micros(2),
             max_steps: 1_000_000,
+            trace_limit: None,
             routes: Vec::new(),
             errors: Vec::new(),
         }
@@ -242,6 +244,16 @@ impl Topology {
     #[must_use]
     pub fn max_steps(mut self, n: u64) -> Self {
         self.max_steps = n;
+        self
+    }
+
+    /// Keeps at most about `n` of the most recent trace records (the
+    /// oldest are dropped in batches; [`Sim::trace_total`] still counts
+    /// them all), so a long or large run does not grow without bound.
+    /// Unbounded by default; [`Sim::take_trace`] streams it instead.
+    #[must_use]
+    pub fn trace_limit(mut self, n: usize) -> Self {
+        self.trace_limit = Some(n.max(1));
         self
     }
 
@@ -453,7 +465,24 @@ pub struct Sim {
     steps: u64,
     max_steps: u64,
     trace: Vec<TraceRecord>,
+    trace_limit: Option<usize>,
+    trace_total: u64,
     receive_errors: Vec<(Time, Nid, NodeError)>,
+    /// Node index by name.
+    by_name: HashMap<String, usize>,
+    /// Node index by NID (checked against the node's NIs on use: NIs can
+    /// be added and deleted at run time).
+    by_nid: HashMap<Nid, usize>,
+    /// Nodes touched since their outputs were last taken; their timers
+    /// are recomputed then. Ordered, so that the nodes are visited in
+    /// index order as a full scan would.
+    dirty: BTreeSet<usize>,
+    /// Every node's next deadline, as `(deadline, node)`.
+    timers: BTreeSet<(Time, usize)>,
+    /// The deadline each node has in `timers`.
+    timer_of: Vec<Option<Time>>,
+    /// The connection holding each parked message.
+    stalled_at: HashMap<(usize, RxId), LinkKey>,
 }
 
 impl Sim {
@@ -496,6 +525,16 @@ impl Sim {
                 })?;
         }
         let n = nodes.len();
+        let by_name = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i))
+            .collect();
+        let by_nid = nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, node)| node.nids().into_iter().map(move |nid| (nid, i)))
+            .collect();
         Ok(Self {
             now: Time::ZERO,
             rng,
@@ -514,7 +553,16 @@ impl Sim {
             steps: 0,
             max_steps: topo.max_steps,
             trace: Vec::new(),
+            trace_limit: topo.trace_limit,
+            trace_total: 0,
             receive_errors: Vec::new(),
+            by_name,
+            by_nid,
+            // Every node may have outputs and timers from its set-up.
+            dirty: (0..n).collect(),
+            timers: BTreeSet::new(),
+            timer_of: vec![None; n],
+            stalled_at: HashMap::new(),
         })
     }
 
@@ -530,16 +578,16 @@ impl Sim {
     /// If no node has that name (a bug in the test).
     #[must_use]
     pub fn index(&self, name: &str) -> usize {
-        self.names
-            .iter()
-            .position(|n| n == name)
+        *self
+            .by_name
+            .get(name)
             .unwrap_or_else(|| panic!("no node named {name:?}"))
     }
 
     /// A node by name, if there is one.
     #[must_use]
     pub fn try_node(&self, name: &str) -> Option<&Node> {
-        let i = self.names.iter().position(|n| n == name)?;
+        let i = *self.by_name.get(name)?;
         self.nodes.get(i)
     }
 
@@ -564,6 +612,9 @@ impl Sim {
     /// If no node has that name.
     pub fn node_mut(&mut self, name: &str) -> &mut Node {
         let i = self.index(name);
+        // The caller may change anything: outputs and timers are looked
+        // at again.
+        self.dirty.insert(i);
         &mut self.nodes[i]
     }
 
@@ -599,6 +650,18 @@ impl Sim {
     #[must_use]
     pub fn trace(&self) -> &[TraceRecord] {
         &self.trace
+    }
+
+    /// Takes the trace recorded so far (to stream it out of a long run).
+    pub fn take_trace(&mut self) -> Vec<TraceRecord> {
+        std::mem::take(&mut self.trace)
+    }
+
+    /// Messages that crossed a wire since the start, including those no
+    /// longer in [`Sim::trace`].
+    #[must_use]
+    pub fn trace_total(&self) -> u64 {
+        self.trace_total
     }
 
     /// Messages a node rejected (protocol errors), with time and receiving NI.
@@ -665,6 +728,7 @@ impl Sim {
         };
         let lost = usize::from(link.stalled.is_some()) + link.backlog.len();
         if let Some((rx, _)) = link.stalled {
+            self.stalled_at.remove(&(d, rx));
             self.payload_result(d, to, rx, PayloadOutcome::Failed);
         }
         self.collect_outputs();
@@ -743,7 +807,12 @@ impl Sim {
     }
 
     fn owner(&self, nid: Nid) -> Option<usize> {
-        self.nodes.iter().position(|n| n.nids().contains(&nid))
+        let owns = |i: usize| self.nodes[i].has_nid(nid);
+        match self.by_nid.get(&nid) {
+            Some(&i) if owns(i) => Some(i),
+            // Not known, or moved (NIs added or deleted at run time).
+            _ => (0..self.nodes.len()).find(|&i| owns(i)),
+        }
     }
 
     fn latency_of(&self, net: Net) -> Duration {
@@ -756,32 +825,65 @@ impl Sim {
     /// Takes every node's outputs until none is left: actions for parked
     /// messages are carried out, released router buffers freed, transmits
     /// put in flight, events logged.
+    ///
+    /// Only nodes touched since their outputs were last taken are visited,
+    /// in passes of increasing index (as a scan of every node would visit
+    /// them), and each one's next deadline is recomputed after: a step
+    /// costs what happened, not how many nodes exist.
     fn collect_outputs(&mut self) {
+        let mut cursor = 0;
         loop {
-            let mut progressed = false;
-            for i in 0..self.nodes.len() {
-                while let Some((rx, action)) = self.nodes[i].poll_rx_action() {
-                    progressed = true;
-                    self.resume(i, rx, action);
-                }
-                while let Some(rx) = self.nodes[i].poll_rx_release() {
-                    progressed = true;
-                    if self.drivers[i].rx_bufs.remove(&rx).is_none() {
-                        tracing::warn!(target: "colibri_lnet::sim", ?rx, "release of an unknown router buffer");
-                    }
-                }
-                while let Some(ev) = self.nodes[i].poll_event() {
-                    self.events[i].push((self.now, ev));
-                }
-                while let Some(tx) = self.nodes[i].poll_transmit() {
-                    progressed = true;
-                    self.send(i, tx);
+            let next = self
+                .dirty
+                .range(cursor..)
+                .next()
+                .or_else(|| self.dirty.first())
+                .copied();
+            let Some(i) = next else { break };
+            self.dirty.remove(&i);
+            cursor = i + 1;
+            while let Some((rx, action)) = self.nodes[i].poll_rx_action() {
+                self.resume(i, rx, action);
+            }
+            while let Some(rx) = self.nodes[i].poll_rx_release() {
+                if self.drivers[i].rx_bufs.remove(&rx).is_none() {
+                    tracing::warn!(target: "colibri_lnet::sim", ?rx, "release of an unknown router buffer");
                 }
             }
-            if !progressed {
-                break;
+            while let Some(ev) = self.nodes[i].poll_event() {
+                self.events[i].push((self.now, ev));
             }
+            while let Some(tx) = self.nodes[i].poll_transmit() {
+                self.send(i, tx);
+            }
+            self.update_timer(i);
         }
+    }
+
+    /// Files node `i`'s next deadline in the timer set.
+    fn update_timer(&mut self, i: usize) {
+        let t = self.nodes[i].poll_timeout();
+        if self.timer_of[i] != t {
+            if let Some(old) = self.timer_of[i] {
+                self.timers.remove(&(old, i));
+            }
+            if let Some(new) = t {
+                self.timers.insert((new, i));
+            }
+            self.timer_of[i] = t;
+        }
+    }
+
+    /// The earliest node deadline (nodes touched by hand since are asked
+    /// directly).
+    fn next_timer(&self) -> Option<Time> {
+        let filed = self.timers.first().map(|&(t, _)| t);
+        let touched = self
+            .dirty
+            .iter()
+            .filter_map(|&i| self.nodes[i].poll_timeout())
+            .min();
+        [filed, touched].into_iter().flatten().min()
     }
 
     /// The bytes of a transmit's payload, gathered from node `i`'s memory.
@@ -853,8 +955,7 @@ impl Sim {
     #[must_use]
     pub fn next_time(&self) -> Option<Time> {
         let d = self.in_flight.keys().next().map(|k| k.0);
-        let t = self.nodes.iter().filter_map(Node::poll_timeout).min();
-        [d, t].into_iter().flatten().min()
+        [d, self.next_timer()].into_iter().flatten().min()
     }
 
     fn deliver(&mut self, f: InFlight) {
@@ -877,6 +978,13 @@ impl Sim {
                 }
             }
         };
+        if let Some(limit) = self.trace_limit
+            && self.trace.len() >= limit
+        {
+            // Drop the older half at once: amortised constant time.
+            self.trace.drain(..limit.div_ceil(2).min(self.trace.len()));
+        }
+        self.trace_total += 1;
         self.trace.push(TraceRecord {
             time: self.now,
             from: f.from,
@@ -884,10 +992,11 @@ impl Sim {
             len,
             outcome: outcome.map(|()| ty),
         });
-        if let Some(tx) = f.tx
-            && let Err(e) = self.nodes[f.src].handle_tx_done(self.now, tx, outcome)
-        {
-            tracing::warn!(target: "colibri_lnet::sim", error = %e, "tx completion rejected");
+        if let Some(tx) = f.tx {
+            self.dirty.insert(f.src);
+            if let Err(e) = self.nodes[f.src].handle_tx_done(self.now, tx, outcome) {
+                tracing::warn!(target: "colibri_lnet::sim", error = %e, "tx completion rejected");
+            }
         }
     }
 
@@ -913,6 +1022,7 @@ impl Sim {
     /// The driver reads a header, then does what the node says with the payload.
     fn read_message(&mut self, key: LinkKey, wire: Wire) {
         let (d, to, from) = key;
+        self.dirty.insert(d);
         match self.nodes[d].handle_header(self.now, to, from, &wire.header) {
             Err(e) => {
                 tracing::debug!(target: "colibri_lnet::sim", %to, error = %e, "receiver rejected message");
@@ -925,6 +1035,7 @@ impl Sim {
                 } else {
                     self.drivers[d].stalls += 1;
                     self.links.entry(key).or_default().stalled = Some((rx, wire.payload));
+                    self.stalled_at.insert((d, rx), key);
                 }
             }
             Ok(action) => self.read_payload(key, action, &wire.payload),
@@ -934,11 +1045,12 @@ impl Sim {
     /// A parked message's payload can now be read; then the connection
     /// resumes.
     fn resume(&mut self, d: usize, rx: RxId, action: RxAction) {
-        let key = self
-            .links
-            .iter()
-            .find(|(k, l)| k.0 == d && l.stalled.as_ref().is_some_and(|(r, _)| *r == rx))
-            .map(|(k, _)| *k);
+        let key = self.stalled_at.remove(&(d, rx)).filter(|k| {
+            self.links
+                .get(k)
+                .and_then(|l| l.stalled.as_ref())
+                .is_some_and(|(r, _)| *r == rx)
+        });
         let Some(key) = key else {
             tracing::warn!(target: "colibri_lnet::sim", ?rx, "action for a message no connection holds");
             return;
@@ -961,6 +1073,7 @@ impl Sim {
     }
 
     fn payload_result(&mut self, d: usize, to: Nid, rx: RxId, outcome: PayloadOutcome) {
+        self.dirty.insert(d);
         if let Err(e) = self.nodes[d].handle_payload(self.now, rx, outcome) {
             tracing::warn!(target: "colibri_lnet::sim", ?rx, error = %e, "payload completion rejected");
             self.receive_errors.push((self.now, to, e));
@@ -1062,9 +1175,14 @@ impl Sim {
                 .range(..=(self.now, u64::MAX))
                 .map(|(k, _)| *k)
                 .collect();
-            let timers: Vec<usize> = (0..self.nodes.len())
-                .filter(|&i| self.nodes[i].poll_timeout().is_some_and(|t| t <= self.now))
+            // Due node timers, in node order (collect_outputs above left
+            // every deadline filed).
+            let mut timers: Vec<usize> = self
+                .timers
+                .range(..=(self.now, usize::MAX))
+                .map(|&(_, i)| i)
                 .collect();
+            timers.sort_unstable();
             if due.is_empty() && timers.is_empty() {
                 return Ok(());
             }
@@ -1075,6 +1193,7 @@ impl Sim {
                 }
             }
             for i in timers {
+                self.dirty.insert(i);
                 self.nodes[i].handle_timeout(self.now);
             }
         }
@@ -1184,8 +1303,7 @@ impl Sim {
         self.steps = 0;
         self.settle_now()?;
         while let Some(&(t, _)) = self.in_flight.keys().next() {
-            let timer = self.nodes.iter().filter_map(Node::poll_timeout).min();
-            let next = timer.map_or(t, |x| x.min(t));
+            let next = self.next_timer().map_or(t, |x| x.min(t));
             self.now = self.now.max(next);
             self.settle_now()?;
         }
