@@ -39,6 +39,7 @@ mod pair;
 pub mod ratios;
 pub mod report;
 pub mod rpc;
+pub mod scale;
 mod workloads;
 
 pub use pair::{BenchPair, PairConfig};
