@@ -456,6 +456,25 @@ pub struct NodeStats {
     /// Payload reads that failed ([`PayloadOutcome::Failed`]): the message
     /// was lost with its connection.
     pub payload_failures: u64,
+    /// Payload bytes of the messages handed to LNDs (`send_length`).
+    pub send_length: u64,
+    /// Payload bytes of the messages received on our NIs, forwarded ones
+    /// included (`recv_length`).
+    pub recv_length: u64,
+}
+
+/// Traffic with one peer NI (`lnetctl peer show -v` `statistics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct PeerNiStats {
+    /// Messages handed to an LND for this peer NI (next hop).
+    pub send_count: u64,
+    /// Messages received from this peer NI (the hop they came from).
+    pub recv_count: u64,
+    /// Payload bytes sent to it.
+    pub send_length: u64,
+    /// Payload bytes received from it.
+    pub recv_length: u64,
 }
 
 /// Information about one local NI.
@@ -740,6 +759,8 @@ pub struct Node {
     /// The local NI of the message being received (for internal events).
     rx_ni: Option<Nid>,
     stats: NodeStats,
+    /// Traffic per peer NI (next hop or previous hop), until `reset_stats`.
+    peer_ni_stats: BTreeMap<Nid, PeerNiStats>,
 }
 
 fn event_info(kind: EventKind) -> EventInfo {
@@ -834,6 +855,7 @@ impl Node {
             ping_results: VecDeque::new(),
             pending_delayed: Vec::new(),
             stats: NodeStats::default(),
+            peer_ni_stats: BTreeMap::new(),
             cfg: NodeConfig {
                 nis: Vec::new(),
                 ..cfg.clone()
@@ -1142,6 +1164,47 @@ impl Node {
     #[must_use]
     pub fn fault_stats(&self, id: RuleId) -> Option<crate::fault::FaultStats> {
         self.faults.stats(id)
+    }
+
+    /// Resizes a router buffer pool (`lnetctl set tiny_buffers|small_buffers|large_buffers N`):
+    /// raising it lets forwards waiting for a buffer go on at once, lowering
+    /// it takes effect as buffers come back.
+    ///
+    /// # Errors
+    /// A size of 0 ([`CreditError::ZeroCredits`]).
+    pub fn set_router_buffers(
+        &mut self,
+        now: Time,
+        kind: PoolKind,
+        n: u32,
+    ) -> Result<(), NodeError> {
+        let ready = self.rtr_credits.set_pool_size(kind, n)?;
+        match kind {
+            PoolKind::Tiny => self.cfg.router_buffers.tiny = n,
+            PoolKind::Small => self.cfg.router_buffers.small = n,
+            PoolKind::Large => self.cfg.router_buffers.large = n,
+        }
+        self.forward_granted(now, ready);
+        self.after_input(now);
+        Ok(())
+    }
+
+    /// Traffic with peer NI `nid` (`lnetctl peer show -v`), if any was
+    /// counted since the last [`Node::reset_stats`].
+    #[must_use]
+    pub fn peer_ni_stats(&self, nid: Nid) -> Option<PeerNiStats> {
+        self.peer_ni_stats.get(&nid).copied()
+    }
+
+    /// `lnetctl stats reset`: zeroes the node's counters, the local NIs'
+    /// and the peer NIs' message counts.
+    pub fn reset_stats(&mut self) {
+        self.stats = NodeStats::default();
+        self.peer_ni_stats.clear();
+        for ni in &mut self.nis {
+            ni.send_count = 0;
+            ni.recv_count = 0;
+        }
     }
 
     /// Releases every delayed message now (rules were deleted).
@@ -1856,6 +1919,11 @@ impl Node {
             ni.send_count += 1;
         }
         self.stats.send_count += 1;
+        let len = u64::from(payload.len());
+        self.stats.send_length += len;
+        let p = self.peer_ni_stats.entry(to).or_default();
+        p.send_count += 1;
+        p.send_length += len;
         self.outbox.push_back(Transmit {
             id: TxId(id),
             from,
@@ -2324,6 +2392,12 @@ impl Node {
             n.recv_count += 1;
         }
         let len = header.payload_length;
+        self.stats.recv_length += u64::from(len);
+        if from != Nid::LO_0 && !self.is_local_nid(from) {
+            let p = self.peer_ni_stats.entry(from).or_default();
+            p.recv_count += 1;
+            p.recv_length += u64::from(len);
+        }
         let for_me =
             header.dest_nid == ni || (ni == Nid::LO_0 && self.is_local_nid(header.dest_nid));
         if !for_me {

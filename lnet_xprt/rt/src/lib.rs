@@ -114,12 +114,15 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod conf;
 mod config;
 mod core;
+pub mod ctl;
 mod error;
 mod mem;
 mod sock;
 mod stats;
+pub mod yaml;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -668,6 +671,27 @@ impl Lnet {
     pub fn remove_fault_rule(&self, id: RuleId) -> bool {
         self.shared()
             .run(Vec::new(), |c, now| c.node.remove_fault_rule(now, id))
+    }
+
+    /// `lnetctl set tiny_buffers|small_buffers|large_buffers N`: resizes a
+    /// router buffer pool (forwards waiting for a buffer go on when it
+    /// grows).
+    ///
+    /// # Errors
+    /// A size of 0.
+    pub fn set_router_buffers(
+        &self,
+        kind: colibri_lnet::credits::PoolKind,
+        n: u32,
+    ) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| c.node.set_router_buffers(now, kind, n))?)
+    }
+
+    /// `lnetctl stats reset`: zeroes the node's counters (messages, bytes,
+    /// per local NI and per peer NI). [`Lnet::runtime_stats`] is not reset.
+    pub fn reset_stats(&self) {
+        self.shared().core.lock().node.reset_stats();
     }
 
     /// A fault rule's statistics.
