@@ -208,7 +208,11 @@ impl Daemon {
             ));
         }
         let cfg = conf.to_lnet_config();
-        let (accept_port, accept, cpp) = (cfg.accept_port, cfg.accept, cfg.tcp.conns_per_peer);
+        let (accept_port, accept, cpp) = (
+            cfg.accept_port,
+            cfg.accept,
+            cfg.tcp.conns_per_peer_for_speed(None),
+        );
         let events = Arc::new(EventRouter::default());
         let ev = events.clone();
         let lnet = Lnet::start_with_handler(cfg, move |e| ev.dispatch(e))

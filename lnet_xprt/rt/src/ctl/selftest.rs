@@ -165,7 +165,8 @@ fn one_op(
             let md = lnet
                 .md_bind(
                     MdSpec::new(MemRef::new(key, 0, size), MdOptions::empty())
-                        .threshold(Threshold::Count(2)),
+                        .threshold(Threshold::Count(2))
+                        .unlink(Unlink::Unlink),
                 )
                 .map_err(|e| (false, e.to_string()))?;
             let (tx, rx) = crossbeam_channel::bounded(2);
