@@ -29,7 +29,12 @@ pub(crate) struct LnetArgs {
     json: bool,
     /// Seconds to wait for the node's answer (long commands add their own
     /// time).
-    #[arg(long = "ctl-timeout", global = true, default_value_t = 10, value_name = "SECS")]
+    #[arg(
+        long = "ctl-timeout",
+        global = true,
+        default_value_t = 10,
+        value_name = "SECS"
+    )]
     ctl_timeout: u64,
     #[command(subcommand)]
     cmd: LnetCmd,
@@ -579,7 +584,9 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                                 "selftest",
                                 "brw",
                                 errno::EINVAL,
-                                format!("--size {size}: expected bytes with an optional K or M suffix"),
+                                format!(
+                                    "--size {size}: expected bytes with an optional K or M suffix"
+                                ),
                             )
                         })?;
                     (
