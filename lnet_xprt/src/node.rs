@@ -463,7 +463,9 @@ pub struct NodeStats {
     pub recv_length: u64,
 }
 
-/// Traffic with one peer NI (`lnetctl peer show -v` `statistics`).
+/// Traffic with one peer NI (`lnetctl peer show -v` `statistics`): the
+/// messages for which it was the next (or previous) hop and, for routed
+/// messages, those it was the destination (or source) of.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct PeerNiStats {
@@ -1921,9 +1923,16 @@ impl Node {
         self.stats.send_count += 1;
         let len = u64::from(payload.len());
         self.stats.send_length += len;
-        let p = self.peer_ni_stats.entry(to).or_default();
-        p.send_count += 1;
-        p.send_length += len;
+        // Counted for the next hop and, when routed, the destination too.
+        let dest = msg.header.dest_nid;
+        for nid in [Some(to), (dest != to).then_some(dest)]
+            .into_iter()
+            .flatten()
+        {
+            let p = self.peer_ni_stats.entry(nid).or_default();
+            p.send_count += 1;
+            p.send_length += len;
+        }
         self.outbox.push_back(Transmit {
             id: TxId(id),
             from,
@@ -2393,10 +2402,17 @@ impl Node {
         }
         let len = header.payload_length;
         self.stats.recv_length += u64::from(len);
-        if from != Nid::LO_0 && !self.is_local_nid(from) {
-            let p = self.peer_ni_stats.entry(from).or_default();
-            p.recv_count += 1;
-            p.recv_length += u64::from(len);
+        // Counted for the previous hop and, when routed, the source too.
+        let src = header.src_nid;
+        for nid in [Some(from), (src != from).then_some(src)]
+            .into_iter()
+            .flatten()
+        {
+            if nid != Nid::LO_0 && !nid.is_any() && !self.is_local_nid(nid) {
+                let p = self.peer_ni_stats.entry(nid).or_default();
+                p.recv_count += 1;
+                p.recv_length += u64::from(len);
+            }
         }
         let for_me =
             header.dest_nid == ni || (ni == Nid::LO_0 && self.is_local_nid(header.dest_nid));

@@ -394,6 +394,14 @@ impl Daemon {
                         ));
                     }
                 };
+                if self.lnet.nids().iter().any(|n| n.net() == net) {
+                    return Err(Failure::new(
+                        "add",
+                        "route",
+                        errno::EEXIST,
+                        format!("route to {net}: {net} is a local net"),
+                    ));
+                }
                 self.lnet
                     .add_route(net, gw, hop, priority.unwrap_or(0))
                     .map_err(|e| lnet_fail("add", "route", &e))?;
