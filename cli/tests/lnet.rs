@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::sync::mpsc::{Receiver, sync_channel};
 use std::time::{Duration, Instant};
 
 /// The most any one command may take.
@@ -51,7 +51,7 @@ impl Node {
             .spawn()
             .expect("spawn colibri lnet run");
         let out = child.stdout.take().unwrap();
-        let (tx, lines) = channel();
+        let (tx, lines) = sync_channel(1024);
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {
                 let Ok(line) = line else { break };
