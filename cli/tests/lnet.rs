@@ -427,6 +427,47 @@ fn three_nodes_routed_and_configured_at_run_time() {
         assert!(yaml.contains(key), "{key} in {yaml}");
     }
 
+    // Discovery through the router, and the peer list.
+    let disc = client.ok(&["discover", "127.0.14.4@tcp1"]);
+    assert!(
+        disc.starts_with("discover:\n    - primary nid: 127.0.14.4@tcp1\n      Multi-Rail: True\n"),
+        "{disc}"
+    );
+    let list = client.ok(&["peer", "list"]);
+    assert!(
+        list.contains("peer list:\n") && list.contains("    - nid: 127.0.14.4@tcp1\n"),
+        "{list}"
+    );
+
+    // A drop rule at the server eats the client's pings (GETs), is seen
+    // matching in its statistics, and goes away.
+    server.ok(&[
+        "fault",
+        "drop",
+        "add",
+        "--source",
+        "127.0.13.2@tcp",
+        "--dest",
+        "*",
+        "--rate",
+        "1",
+        "--message",
+        "get",
+    ]);
+    let o = lnet(
+        Some(&client.ctl),
+        &["ping", "127.0.14.4@tcp1", "--timeout", "1"],
+    );
+    assert_fails(&o, "127.0.14.4@tcp1");
+    let f = server.json(&["fault", "drop", "show"]);
+    let rule = &f["fault"][0];
+    assert_eq!(rule["source"], "127.0.13.2@tcp");
+    assert!(num(rule, &["statistics", "dropped"]) >= 1, "{f}");
+    assert!(num(rule, &["statistics", "get"]) >= 1, "{f}");
+    server.ok(&["fault", "drop", "del", "--all"]);
+    assert!(server.ok(&["fault", "drop", "show"]).trim_end() == "fault:");
+    client.ok(&["ping", "127.0.14.4@tcp1", "--timeout", "5"]);
+
     // Routing switched off at run time: nothing goes through any more.
     router.ok(&["set", "routing", "0"]);
     let routing = router.ok(&["routing", "show"]);
@@ -803,7 +844,7 @@ fn bad_input_fails_clearly() {
     drop(l);
 
     // Bad arguments to a running node.
-    let ips = ["127.0.17.1"].map(|s| s.parse().unwrap());
+    let ips = ["127.0.17.1", "127.0.17.2"].map(|s| s.parse().unwrap());
     let port = common_free_port(&ips);
     let n = Node::start(dir.path(), "n", &tcp(&global(port)));
     assert_fails(
@@ -857,6 +898,26 @@ fn bad_input_fails_clearly() {
     assert_ne!(o.code, Some(0));
     let v: serde_json::Value = serde_json::from_str(o.stderr.trim()).unwrap();
     assert_eq!(v["manage"][0]["ping"]["errno"], -22);
+    // An NI added and deleted at run time (it listens on its own IP).
+    n.ok(&["net", "add", "--nid", "127.0.17.2@tcp3"]);
+    let nets = n.ok(&["net", "show", "--net", "tcp3", "--verbose"]);
+    assert!(
+        nets.contains("- net type: tcp3") && nets.contains("- nid: 127.0.17.2@tcp3"),
+        "{nets}"
+    );
+    assert!(
+        nets.contains("tunables:") && nets.contains("health value: 1000"),
+        "{nets}"
+    );
+    assert_fails(
+        &lnet(Some(&n.ctl), &["net", "add", "--nid", "127.0.17.2@tcp3"]),
+        "127.0.17.2@tcp3",
+    );
+    n.ok(&["net", "del", "--net", "tcp3"]);
+    assert_fails(
+        &lnet(Some(&n.ctl), &["net", "show", "--net", "tcp3"]),
+        "no local NI",
+    );
     // The node is unharmed.
     n.ok(&["global", "show"]);
     n.stop();

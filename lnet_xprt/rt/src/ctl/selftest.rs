@@ -40,6 +40,9 @@ pub const MAX_CONCURRENCY: u32 = 64;
 /// The longest test.
 pub const MAX_DURATION_S: u32 = 3600;
 
+/// How long a worker pauses after a failed operation.
+const ERROR_PAUSE: Duration = Duration::from_millis(20);
+
 /// The test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -299,6 +302,11 @@ pub(crate) fn run(
                                 } else {
                                     c.errors.fetch_add(1, Ordering::Relaxed);
                                 }
+                                // An operation refused at once (no route, node
+                                // stopping) is not retried in a busy loop.
+                                let pause = ERROR_PAUSE
+                                    .min(end.saturating_duration_since(Instant::now()));
+                                std::thread::sleep(pause);
                             }
                         }
                     }
