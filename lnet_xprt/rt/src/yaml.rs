@@ -255,38 +255,39 @@ fn scalar_text(v: &Doc) -> String {
     }
 }
 
-/// `lnetctl` writes strings as they are; we quote only what YAML would
-/// otherwise read differently (so that export → import is exact).
+/// `lnetctl` writes strings as they are; we write plain what YAML reads
+/// back as the same string (NIDs, names, words) and double-quote the rest
+/// (so that export → import is exact).
 fn quote_if_needed(s: &str) -> String {
-    let plain_ok = !s.is_empty()
-        && !s.starts_with([
-            ' ', '-', '?', ':', ',', '[', ']', '{', '}', '#', '&', '*', '!', '|', '>', '\'', '"',
-            '%', '@', '`',
-        ])
+    let safe = |c: char| c.is_ascii_alphanumeric() || " ._@/+=()-".contains(c) || c == '_';
+    let first = s.chars().next();
+    let plain_ok = first
+        .is_some_and(|c| c.is_ascii_alphabetic() || (c.is_ascii_digit() && s.contains('@')))
+        && s.chars().all(safe)
         && !s.ends_with(' ')
-        && !s.contains(": ")
-        && !s.contains(" #")
-        && !s.contains('\n')
         && !matches!(
             s.to_ascii_lowercase().as_str(),
-            "true" | "false" | "yes" | "no" | "null" | "~" | "on" | "off"
-        )
-        && s.parse::<f64>().is_err();
+            "true" | "false" | "yes" | "no" | "null" | "on" | "off" | "y" | "n" | "inf" | "nan"
+        );
     if plain_ok {
-        s.to_owned()
-    } else {
-        let mut q = String::from("\"");
-        for c in s.chars() {
-            match c {
-                '"' => q.push_str("\\\""),
-                '\\' => q.push_str("\\\\"),
-                '\n' => q.push_str("\\n"),
-                c => q.push(c),
-            }
-        }
-        q.push('"');
-        q
+        return s.to_owned();
     }
+    let mut q = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => q.push_str("\\\""),
+            '\\' => q.push_str("\\\\"),
+            '\n' => q.push_str("\\n"),
+            '\t' => q.push_str("\\t"),
+            '\r' => q.push_str("\\r"),
+            c if c.is_control() || c == '\u{feff}' => {
+                q.push_str(&format!("\\u{:04x}", u32::from(c)));
+            }
+            c => q.push(c),
+        }
+    }
+    q.push('"');
+    q
 }
 
 fn pad(out: &mut String, n: usize) {
@@ -322,7 +323,14 @@ fn print_value(out: &mut String, key: Option<&str>, v: &Doc, cpi: Cpi) {
         }
         Doc::Seq(items) => {
             if let Some(k) = key {
-                pad(out, INDENT * cpi.level + cpi.extra);
+                // (`cyaml.c` forgets the `- ` of a sequence that opens a
+                // sequence item; `lnetctl` never prints one.)
+                if cpi.first {
+                    pad(out, INDENT * cpi.level);
+                    out.push_str("- ");
+                } else {
+                    pad(out, INDENT * cpi.level + cpi.extra);
+                }
                 out.push_str(k);
                 out.push_str(":\n");
             }
@@ -407,6 +415,8 @@ fn json(out: &mut String, v: &Doc) {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     /// The layout of `lnetctl net show` (Lustre manual).
@@ -492,6 +502,66 @@ mod tests {
         assert!(Doc::from_yaml("a: 1\na: 2\n").is_err());
         assert!(Doc::from_yaml("---\na: 1\n---\nb: 2\n").is_err());
         assert_eq!(Doc::from_yaml("").unwrap(), Doc::Null);
+    }
+
+    fn scalar() -> impl Strategy<Value = Doc> {
+        prop_oneof![
+            Just(Doc::Null),
+            any::<bool>().prop_map(Doc::Bool),
+            any::<i64>().prop_map(Doc::Int),
+            "[ -~]{0,12}".prop_map(Doc::Str),
+            "\\PC{0,6}".prop_map(Doc::Str),
+            "[0-9.]{1,15}@tcp[0-9]?".prop_map(Doc::Str),
+        ]
+    }
+
+    fn key() -> impl Strategy<Value = String> {
+        "[a-zA-Z][a-zA-Z0-9_]{0,6}( [a-zA-Z(]{1,4}\\)?)?"
+    }
+
+    /// What the layout can carry: maps with unique keys, sequences of
+    /// scalars or non-empty maps, non-empty nested collections.
+    fn value() -> impl Strategy<Value = Doc> {
+        scalar().prop_recursive(4, 40, 5, |inner| {
+            prop_oneof![
+                prop::collection::vec((key(), inner.clone()), 1..4).prop_map(|kv| {
+                    let mut seen = std::collections::HashSet::new();
+                    Doc::Map(
+                        kv.into_iter()
+                            .filter(|(k, _)| seen.insert(k.clone()))
+                            .collect(),
+                    )
+                }),
+                prop::collection::vec(
+                    prop_oneof![
+                        scalar().prop_filter("null items read back as null", |d| *d != Doc::Null),
+                        prop::collection::vec((key(), inner), 1..3).prop_map(|kv| {
+                            let mut seen = std::collections::HashSet::new();
+                            Doc::Map(
+                                kv.into_iter()
+                                    .filter(|(k, _)| seen.insert(k.clone()))
+                                    .collect(),
+                            )
+                        }),
+                    ],
+                    1..4
+                )
+                .prop_map(Doc::Seq),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Whatever we write in lnetctl's layout reads back the same.
+        #[test]
+        fn yaml_round_trip(kv in prop::collection::vec((key(), value()), 0..5)) {
+            let mut seen = std::collections::HashSet::new();
+            let doc = Doc::Map(kv.into_iter().filter(|(k, _)| seen.insert(k.clone())).collect());
+            let text = doc.to_yaml();
+            let back = Doc::from_yaml(&text).map_err(|e| TestCaseError::fail(format!("{e}\n{text}")))?;
+            let want = if matches!(&doc, Doc::Map(m) if m.is_empty()) { Doc::Null } else { doc };
+            prop_assert_eq!(back, want, "{}", text);
+        }
     }
 
     #[test]
