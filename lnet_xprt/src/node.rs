@@ -3507,6 +3507,57 @@ mod tests {
     }
 
     #[test]
+    fn traffic_is_counted_per_peer_ni_until_reset() {
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        let (me, peer) = (nid("10.0.0.1@tcp"), nid("10.0.0.2@tcp"));
+        let mut arena = Arena::new();
+        let src = put_md(&mut n, &mut arena, b"abcde");
+        n.put(Time::ZERO, src, false, ProcessId::lustre(peer), 3, 9, 0, 0)
+            .unwrap();
+        let tx = n.poll_transmit().unwrap();
+        n.handle_tx_done(Time::ZERO, tx.id, Ok(())).unwrap();
+        let s = n.peer_ni_stats(peer).unwrap();
+        assert_eq!((s.send_count, s.send_length, s.recv_count), (1, 5, 0));
+        assert_eq!((n.stats().send_count, n.stats().send_length), (1, 5));
+        // A 4-byte PUT from the peer.
+        let mem = register(&mut arena, &[0; 4]);
+        sink(&mut n, mem, MdOptions::OP_PUT | MdOptions::ACK_DISABLE);
+        let a = n
+            .handle_header(Time::ZERO, me, peer, &put_header("10.0.0.1@tcp", 4))
+            .unwrap();
+        let RxAction::Deliver { rx, .. } = a else {
+            panic!("{a:?}")
+        };
+        n.handle_payload(Time::ZERO, rx, PayloadOutcome::Received)
+            .unwrap();
+        let s = n.peer_ni_stats(peer).unwrap();
+        assert_eq!((s.recv_count, s.recv_length), (1, 4));
+        assert_eq!(n.stats().recv_length, 4);
+        assert_eq!(n.ni_info(me).unwrap().recv_count, 1);
+        n.reset_stats();
+        assert_eq!(n.peer_ni_stats(peer), None);
+        assert_eq!(n.stats(), NodeStats::default());
+        assert_eq!(n.ni_info(me).unwrap().send_count, 0);
+    }
+
+    #[test]
+    fn router_buffers_resize_at_run_time() {
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        n.set_router_buffers(Time::ZERO, PoolKind::Small, 100)
+            .unwrap();
+        assert_eq!(n.config().router_buffers.small, 100);
+        assert_eq!(n.router_credits().pool(PoolKind::Small).max(), 100);
+        assert!(matches!(
+            n.set_router_buffers(Time::ZERO, PoolKind::Large, 0),
+            Err(NodeError::Credit(_))
+        ));
+        assert_eq!(
+            n.config().router_buffers.large,
+            RouterBufferConfig::default().large
+        );
+    }
+
+    #[test]
     fn md_memory_is_named_until_the_last_event_even_when_unlinked_busy() {
         let mut n = node(&["10.0.0.1@tcp"], false);
         let mem = MemRef::new(MemKey(5), 4096, 16);
