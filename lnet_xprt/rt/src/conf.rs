@@ -36,6 +36,29 @@
 //!     discovery: 1
 //!     accept_port: 988
 //! ```
+//!
+//! ## Example
+//!
+//! ```
+//! use colibri_lnet_rt::conf::NodeConf;
+//!
+//! let text = "net:
+//!     - net type: tcp
+//!       local NI(s):
+//!         - nid: 127.0.0.1@tcp
+//!           interfaces:
+//!               0: eth0
+//! ";
+//! let (conf, warnings) = NodeConf::from_yaml(text)?;
+//! assert_eq!(conf.nis[0].nid.to_string(), "127.0.0.1@tcp");
+//! // Interface names mean nothing here: the NI listens on its NID's IP.
+//! assert!(warnings[0].contains("eth0"));
+//! assert!(conf.to_yaml().starts_with("net:\n    - net type: tcp\n"));
+//! // An unknown key is an error that says where.
+//! let e = NodeConf::from_yaml("net:\n    - net typ: tcp\n").unwrap_err();
+//! assert_eq!(e.to_string(), "net[0]: unknown key 'net typ'");
+//! # Ok::<(), colibri_lnet_rt::conf::ConfError>(())
+//! ```
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -18,9 +18,15 @@
 //! * Two LNDs: loopback (`0@lo` and our own NIDs, one memory-to-memory
 //!   move as Lustre's lolnd) and Lustre's socket LND on `tcp` nets
 //!   (acceptor, typed connections, V3 HELLO, zero-copy sends and receives).
+//! * A node as a process, configured the way `lnetctl` does it:
+//!   [`conf`] (the `lnetctl export` YAML shape, read with warnings and
+//!   written back), [`yaml`] (`lnetctl`'s YAML layout), [`ctl`] (the
+//!   control socket: a versioned request/reply protocol over a Unix socket,
+//!   the node-side handlers of `lnetctl`'s commands, fault rules and an
+//!   `lst`-like selftest). The `colibri lnet` command is its client.
 //!
-//! See `DESIGN.md` in the crate folder for threads, locks and what is
-//! compatible with Lustre.
+//! See `DESIGN.md` in the crate folder for threads, locks, the control
+//! protocol and what is compatible with Lustre.
 //!
 //! ## Example
 //!

@@ -20,6 +20,30 @@
 //! version the same way), so a newer client and an older node fail clearly.
 //! Every client call has a deadline ([`call`]); the server gives a client
 //! [`REQUEST_READ_TIMEOUT`] to send its request.
+//!
+//! ## Example
+//!
+//! A node from a configuration, its control socket, and `net show`:
+//!
+//! ```
+//! use std::time::Duration;
+//! use colibri_lnet_rt::conf::NodeConf;
+//! use colibri_lnet_rt::ctl::{self, Command, CtlServer, Daemon};
+//!
+//! let (conf, _) = NodeConf::from_yaml(
+//!     "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 127.0.22.1@tcp\n\
+//!      global:\n    accept_port: 0\n",
+//! )?;
+//! let daemon = Daemon::start(&conf)?;
+//! let path = std::env::temp_dir().join(format!("ctl-doc-{}.sock", std::process::id()));
+//! let server = CtlServer::start(daemon.clone(), &path)?;
+//! let show = Command::NetShow { net: Some("tcp".into()), verbose: false };
+//! let doc = ctl::call(&path, &show, Duration::from_secs(10), |_| {})?;
+//! assert!(doc.to_yaml().contains("        - nid: 127.0.22.1@tcp\n          status: up\n"));
+//! drop(server);
+//! daemon.shutdown();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod daemon;
 mod selftest;
