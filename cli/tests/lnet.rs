@@ -922,3 +922,88 @@ fn bad_input_fails_clearly() {
     n.ok(&["global", "show"]);
     n.stop();
 }
+
+/// The files of `examples/lnet` and the README walk-through ("LNet in
+/// three terminals"), on a free port instead of 7988.
+#[test]
+fn the_routed_example_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let ips = ["127.0.3.2", "127.0.3.3", "127.0.4.3", "127.0.4.4"].map(|s| s.parse().unwrap());
+    let port = common_free_port(&ips);
+    let example = |name: &str| {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../examples/lnet")
+            .join(format!("{name}.yaml"));
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.contains("accept_port: 7988"), "{name}");
+        text.replace("accept_port: 7988", &format!("accept_port: {port}"))
+    };
+    let router = Node::start(dir.path(), "router", &example("router"));
+    let server = Node::start(dir.path(), "server", &example("server"));
+    let client = Node::start(dir.path(), "client", &example("client"));
+    for n in [&router, &server, &client] {
+        assert!(!n.stderr.lock().unwrap().contains("WARN"), "no warnings");
+    }
+    let ping = client.ok(&["ping", "127.0.4.4@tcp1"]);
+    assert!(
+        ping.starts_with("ping:\n    - primary nid: 127.0.4.4@tcp1\n"),
+        "{ping}"
+    );
+    let st = client.ok(&[
+        "selftest",
+        "brw",
+        "--to",
+        "127.0.4.4@tcp1",
+        "--size",
+        "1M",
+        "--duration",
+        "2",
+        "--concurrency",
+        "4",
+    ]);
+    assert!(
+        st.contains("interval:") && st.contains("    errors: 0\n"),
+        "{st}"
+    );
+    client.ok(&["peer", "show", "--verbose"]);
+    let rs = router.json(&["stats", "show"]);
+    assert!(num(&rs, &["statistics", "route_count"]) > 0);
+    assert!(
+        router
+            .ok(&["routing", "show"])
+            .contains("    - enable: 1\n")
+    );
+    router.ok(&["set", "routing", "0"]);
+    assert_fails(
+        &lnet(
+            Some(&client.ctl),
+            &["ping", "127.0.4.4@tcp1", "--timeout", "2"],
+        ),
+        "127.0.4.4@tcp1",
+    );
+    router.ok(&["set", "routing", "1"]);
+    // The client learns that the router routes again (its router checker
+    // or the router's push): pings go through again.
+    let deadline = Instant::now() + CMD_LIMIT;
+    loop {
+        let o = lnet(
+            Some(&client.ctl),
+            &["ping", "127.0.4.4@tcp1", "--timeout", "2"],
+        );
+        if o.code == Some(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "routing never came back: {}",
+            o.stderr
+        );
+    }
+    let f = dir.path().join("client-export.yaml");
+    client.ok(&["export", f.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&f).unwrap();
+    assert!(text.contains("gateway: 127.0.3.3@tcp"), "{text}");
+    for n in [client, server, router] {
+        n.stop();
+    }
+}
