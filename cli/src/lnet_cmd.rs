@@ -667,7 +667,11 @@ fn run(a: &LnetArgs, r: &RunArgs) -> Result<(), Failure> {
         .iter()
         .filter_map(|n| lnet.listen_addr(*n).map(|a| format!("{n}={a}")))
         .collect();
-    println!(
+    let mut out = std::io::stdout();
+    // A closed standard output (a reader that went away) must not stop
+    // the node: write errors are ignored.
+    let _ = writeln!(
+        out,
         "READY pid={} nids={} ctl={} listen={}",
         std::process::id(),
         lnet.nids()
@@ -678,7 +682,7 @@ fn run(a: &LnetArgs, r: &RunArgs) -> Result<(), Failure> {
         path.display(),
         listen.join(",")
     );
-    let _ = std::io::stdout().flush();
+    let _ = out.flush();
     tracing::info!(target: "colibri::lnet", ctl = %path.display(), "node running");
     if r.exit_on_eof {
         let s = stop.clone();
@@ -698,7 +702,7 @@ fn run(a: &LnetArgs, r: &RunArgs) -> Result<(), Failure> {
     server.stop();
     let summary = daemon.summary();
     daemon.shutdown();
-    println!("STOPPED {summary}");
-    let _ = std::io::stdout().flush();
+    let _ = writeln!(out, "STOPPED {summary}");
+    let _ = out.flush();
     Ok(())
 }
