@@ -360,6 +360,10 @@ struct SelftestCommon {
     /// Seconds between interval reports (0: none).
     #[arg(long, default_value_t = 1)]
     interval: u32,
+    /// Source nodes: NID[,NID…] (their default control sockets) or socket
+    /// paths (with a `/`). Default: the node of --ctl alone.
+    #[arg(long)]
+    from: Option<String>,
 }
 
 fn list(s: &str) -> Vec<String> {
@@ -399,6 +403,14 @@ pub(crate) fn lnet_main(a: &LnetArgs) -> ExitCode {
         Ok(c) => c,
         Err(f) => return fail(&f, a.json),
     };
+    if let (LnetCmd::Selftest(s), Command::Selftest(_)) = (&a.cmd, &cmd) {
+        let common = match s {
+            SelftestCmd::Ping(c) | SelftestCmd::Brw { common: c, .. } => c,
+        };
+        if let Some(from) = &common.from {
+            return selftest_group(a, &cmd, &list(from));
+        }
+    }
     let path = match &a.ctl {
         Some(p) => p.clone(),
         None => match ctl::find_default() {
@@ -705,4 +717,115 @@ fn run(a: &LnetArgs, r: &RunArgs) -> Result<(), Failure> {
     let _ = writeln!(out, "STOPPED {summary}");
     let _ = out.flush();
     Ok(())
+}
+
+/// `selftest … --from A,B`: the test runs from every source node at once
+/// (each through its control socket); intervals are printed as they come
+/// with a `from:` key, then each source's summary and the totals.
+fn selftest_group(a: &LnetArgs, cmd: &Command, from: &[String]) -> ExitCode {
+    if from.is_empty() {
+        return fail(
+            &Failure::new("selftest", "run", errno::EINVAL, "--from names no node"),
+            a.json,
+        );
+    }
+    let timeout = cmd.deadline(Duration::from_secs(a.ctl_timeout.max(1)));
+    let out = std::sync::Mutex::new(std::io::stdout());
+    let tagged = |src: &str, doc: &Doc| -> Doc {
+        match doc {
+            Doc::Map(m) => Doc::Map(
+                m.iter()
+                    .map(|(k, v)| {
+                        let mut inner = Doc::map().with("from", src);
+                        if let Doc::Map(vm) = v {
+                            for (ik, iv) in vm {
+                                inner.push(ik, iv.clone());
+                            }
+                        }
+                        (k.clone(), inner)
+                    })
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    };
+    let results: Vec<(String, Result<Doc, Failure>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = from
+            .iter()
+            .map(|src| {
+                let path = if src.contains('/') {
+                    PathBuf::from(src)
+                } else {
+                    ctl::default_path(src)
+                };
+                let (out, tagged) = (&out, &tagged);
+                let h = scope.spawn(move || {
+                    ctl::call(&path, cmd, timeout, |d| {
+                        if let Ok(mut o) = out.lock() {
+                            print_doc(&mut *o, &tagged(src, d), a.json);
+                        }
+                    })
+                });
+                (src.clone(), h)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(src, h)| {
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(Failure::new(
+                        "selftest",
+                        "run",
+                        errno::EIO,
+                        "source thread failed",
+                    ))
+                });
+                (src, r)
+            })
+            .collect()
+    });
+    let mut ok = true;
+    let (mut rpcs, mut errors, mut rate, mut mib) = (0i64, 0i64, 0i64, 0f64);
+    let mut stdout = std::io::stdout();
+    for (src, r) in &results {
+        match r {
+            Ok(doc) => {
+                let st = doc.get("selftest");
+                let num = |k: &str| st.and_then(|s| s.get(k)).and_then(Doc::as_i64).unwrap_or(0);
+                rpcs += num("rpcs");
+                errors += num("errors");
+                rate += num("rate");
+                mib += st
+                    .and_then(|s| s.get("bandwidth MiB/s"))
+                    .and_then(Doc::as_text)
+                    .and_then(|t| t.parse::<f64>().ok())
+                    .unwrap_or(0.0);
+                print_doc(&mut stdout, &tagged(src, doc), a.json);
+            }
+            Err(f) => {
+                ok = false;
+                let mut f = f.clone();
+                f.descr = format!("{src}: {}", f.descr);
+                print_doc(&mut std::io::stderr(), &f.to_doc(), a.json);
+            }
+        }
+    }
+    print_doc(
+        &mut stdout,
+        &Doc::map().with(
+            "total",
+            Doc::map()
+                .with("sources", from.len())
+                .with("rpcs", rpcs)
+                .with("rate", rate)
+                .with("bandwidth MiB/s", format!("{mib:.2}"))
+                .with("errors", errors),
+        ),
+        a.json,
+    );
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

@@ -598,6 +598,46 @@ fn selftest_between_two_nodes() {
     assert!(num(&nodes[0], &["rpcs"]) > 0);
     assert!(num(&nodes[1], &["ping errors"]) > 0, "{p}");
 
+    // From a group of nodes to a group of nodes.
+    let from = format!("{},{}", a.ctl.display(), b.ctl.display());
+    let o = lnet(
+        None,
+        &[
+            "--json",
+            "selftest",
+            "brw",
+            "--from",
+            &from,
+            "--to",
+            "127.0.15.1@tcp,127.0.15.2@tcp",
+            "--size",
+            "4K",
+            "--duration",
+            "1",
+            "--concurrency",
+            "2",
+        ],
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let docs: Vec<serde_json::Value> = o
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let sums: Vec<&serde_json::Value> = docs.iter().filter_map(|d| d.get("selftest")).collect();
+    assert_eq!(sums.len(), 2, "{}", o.stdout);
+    assert!(sums.iter().any(|s| s["from"] == a.ctl.to_str().unwrap()));
+    assert!(
+        docs.iter()
+            .any(|d| d.get("interval").is_some_and(|i| i["from"].is_string()))
+    );
+    let total = &docs.last().unwrap()["total"];
+    assert_eq!(num(total, &["sources"]), 2);
+    assert!(
+        num(total, &["rpcs"]) > 0 && num(total, &["errors"]) == 0,
+        "{total}"
+    );
+
     // Bad selftest arguments.
     assert_fails(
         &lnet(
