@@ -938,6 +938,38 @@ fn bad_input_fails_clearly() {
     assert_ne!(o.code, Some(0));
     let v: serde_json::Value = serde_json::from_str(o.stderr.trim()).unwrap();
     assert_eq!(v["manage"][0]["ping"]["errno"], -22);
+    // A peer added and deleted at run time.
+    n.ok(&[
+        "peer",
+        "add",
+        "--prim_nid",
+        "127.0.17.40@tcp",
+        "--nid",
+        "127.0.17.41@tcp",
+    ]);
+    n.ok(&["peer", "add", "--prim_nid", "127.0.17.50@tcp", "--non_mr"]);
+    let p = n.ok(&["peer", "show", "--nid", "127.0.17.50@tcp"]);
+    assert!(p.contains("Multi-Rail: False"), "{p}");
+    let p = n.ok(&["peer", "show", "--nid", "127.0.17.41@tcp"]);
+    assert!(
+        p.starts_with(
+            "peer:\n    - primary nid: 127.0.17.40@tcp\n      Multi-Rail: True\n      peer ni:\n"
+        ) && p.contains("        - nid: 127.0.17.41@tcp\n"),
+        "{p}"
+    );
+    assert_fails(
+        &lnet(
+            Some(&n.ctl),
+            &["peer", "del", "--prim_nid", "127.0.17.41@tcp"],
+        ),
+        "not the primary NID",
+    );
+    n.ok(&["peer", "del", "--prim_nid", "127.0.17.40@tcp"]);
+    assert_fails(
+        &lnet(Some(&n.ctl), &["peer", "show", "--nid", "127.0.17.41@tcp"]),
+        "no peer has NID",
+    );
+
     // An NI added and deleted at run time (it listens on its own IP).
     n.ok(&["net", "add", "--nid", "127.0.17.2@tcp3"]);
     let nets = n.ok(&["net", "show", "--net", "tcp3", "--verbose"]);
