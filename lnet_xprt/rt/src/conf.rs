@@ -1070,6 +1070,24 @@ global:
         assert!(warn.is_empty(), "{warn:?}");
     }
 
+    proptest::proptest! {
+        /// Whatever the file holds, reading it gives a configuration or an
+        /// error, never a panic.
+        #[test]
+        fn any_text_is_read_or_refused(text in "[-a-z0-9 :.@\\[\\]{}\"'#|>&*!,\n]{0,200}") {
+            let _ = NodeConf::from_yaml(&text);
+        }
+
+        /// Valid files with one line mangled: same.
+        #[test]
+        fn mangled_exports_are_read_or_refused(line in 0usize..80, junk in "[-a-z0-9 :@\\[{]{0,12}") {
+            let mut lines: Vec<String> = LNETCTL_EXPORT.lines().map(str::to_owned).collect();
+            let i = line % lines.len();
+            lines[i] = format!("{}{junk}", &lines[i][..lines[i].len() / 2]);
+            let _ = NodeConf::from_yaml(&lines.join("\n"));
+        }
+    }
+
     #[test]
     fn bad_inputs() {
         let cases = [

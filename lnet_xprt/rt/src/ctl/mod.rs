@@ -810,3 +810,90 @@ fn serve(daemon: &Daemon, mut s: UnixStream) {
     }
     let _ = reply(&mut s, false, result);
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Cursor;
+
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let mut buf = Vec::new();
+        let req = Request {
+            version: PROTOCOL_VERSION,
+            cmd: Command::PeerList,
+        };
+        write_frame(&mut buf, &req).unwrap();
+        write_frame(&mut buf, &req).unwrap();
+        assert_eq!(
+            &buf[..4],
+            &u32::try_from(buf.len() / 2 - 4).unwrap().to_be_bytes()
+        );
+        let mut r = Cursor::new(buf);
+        for _ in 0..2 {
+            let body = read_frame(&mut r).unwrap().unwrap();
+            let back: Request = serde_json::from_slice(&body).unwrap();
+            assert_eq!(back.version, PROTOCOL_VERSION);
+            assert!(matches!(back.cmd, Command::PeerList));
+        }
+        // A clean end between frames.
+        assert!(read_frame(&mut r).unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_frames_are_errors() {
+        // Longer than allowed: refused before reading the body.
+        let mut big = (u32::try_from(MAX_FRAME).unwrap() + 1)
+            .to_be_bytes()
+            .to_vec();
+        big.extend_from_slice(b"{}");
+        let e = read_frame(&mut Cursor::new(big)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        // Cut in the middle of the body.
+        let mut cut = 10u32.to_be_bytes().to_vec();
+        cut.extend_from_slice(b"{\"a\"");
+        let e = read_frame(&mut Cursor::new(cut)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        // Cut in the length: a clean end (nothing to answer).
+        assert!(
+            read_frame(&mut Cursor::new(vec![0u8, 0]))
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn failures_print_as_lnetctl_does() {
+        let f = Failure::new(
+            "add",
+            "route",
+            errno::EEXIST,
+            "route to tcp: tcp is a local net\nmore",
+        );
+        assert_eq!(
+            f.to_doc().to_yaml(),
+            "add:\n    - route:\n          errno: -17\n          descr: \"route to tcp: tcp is a local net more\"\n"
+        );
+    }
+
+    #[test]
+    fn deadlines_cover_long_commands() {
+        let base = Duration::from_secs(10);
+        assert_eq!(Command::GlobalShow.deadline(base), base);
+        let ping = Command::Ping {
+            nids: vec!["a".into(), "b".into()],
+            timeout_ms: 3000,
+            source: None,
+        };
+        assert_eq!(ping.deadline(base), Duration::from_secs(16));
+        let st = Command::Selftest(SelftestSpec {
+            kind: SelftestKind::Ping,
+            to: vec![],
+            duration_s: 5,
+            concurrency: 1,
+            interval_s: 1,
+        });
+        assert!(st.deadline(base) > Duration::from_secs(15));
+    }
+}
