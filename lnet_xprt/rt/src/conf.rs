@@ -748,9 +748,11 @@ impl NodeConf {
                     None => Doc::Null,
                 },
             );
-            match nets.iter_mut().find(|(net, _)| *net == n.nid.net()) {
-                Some((_, v)) => v.push(ni),
-                None => nets.push((n.nid.net(), vec![ni])),
+            // Adjacent NIs of one net share an entry; the order of the NIs
+            // (the first is the primary NID) is kept whatever it is.
+            match nets.last_mut() {
+                Some((net, v)) if *net == n.nid.net() => v.push(ni),
+                _ => nets.push((n.nid.net(), vec![ni])),
             }
         }
         if !nets.is_empty() {
@@ -1086,6 +1088,25 @@ global:
             lines[i] = format!("{}{junk}", &lines[i][..lines[i].len() / 2]);
             let _ = NodeConf::from_yaml(&lines.join("\n"));
         }
+    }
+
+    #[test]
+    fn ni_order_survives_export() {
+        let text = "net:
+    - net type: tcp
+      local NI(s):
+        - nid: 10.0.0.1@tcp
+    - net type: tcp1
+      local NI(s):
+        - nid: 10.0.1.1@tcp1
+    - net type: tcp
+      local NI(s):
+        - nid: 10.0.0.2@tcp
+";
+        let (c, _) = NodeConf::from_yaml(text).unwrap();
+        let (again, _) = NodeConf::from_yaml(&c.to_yaml()).unwrap();
+        assert_eq!(again, c);
+        assert_eq!(c.nis[0].nid, "10.0.0.1@tcp".parse().unwrap());
     }
 
     #[test]
