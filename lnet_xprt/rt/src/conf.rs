@@ -1090,6 +1090,110 @@ global:
         }
     }
 
+    fn node_conf() -> impl proptest::strategy::Strategy<Value = NodeConf> {
+        use proptest::prelude::*;
+        let nid = |i: u8, net: &str| -> Nid { format!("10.0.{i}.1@{net}").parse().unwrap() };
+        (
+            prop::collection::vec(
+                (
+                    any::<bool>(),
+                    1u32..1000,
+                    1u32..100,
+                    prop::option::of(1u32..4),
+                ),
+                1..4,
+            ),
+            prop::collection::vec((1u8..200, any::<bool>(), 0usize..3), 0..3),
+            prop::collection::vec(
+                (5u8..9, 1u8..3, prop::option::of(1u32..255), 0u32..10),
+                0..3,
+            ),
+            prop::option::of(any::<bool>()),
+            [
+                prop::option::of(1u32..5000),
+                prop::option::of(1u32..5000),
+                prop::option::of(1u32..5000),
+            ],
+            prop::collection::btree_map(0usize..GLOBALS.len(), 1i64..100, 0..5),
+            prop::option::of(any::<u16>()),
+            prop::option::of(prop_oneof![
+                Just(AcceptPolicy::Secure),
+                Just(AcceptPolicy::All),
+                Just(AcceptPolicy::None)
+            ]),
+        )
+            .prop_map(
+                move |(nis, peers, routes, routing, buffers, global, accept_port, accept)| {
+                    let mut used = std::collections::HashSet::new();
+                    NodeConf {
+                        nis: nis
+                            .into_iter()
+                            .enumerate()
+                            .map(
+                                |(i, (second, credits, peer_credits, conns_per_peer))| NiConf {
+                                    nid: nid(
+                                        u8::try_from(i).unwrap(),
+                                        if second { "tcp1" } else { "tcp" },
+                                    ),
+                                    credits,
+                                    peer_credits,
+                                    conns_per_peer,
+                                },
+                            )
+                            .collect(),
+                        peers: peers
+                            .into_iter()
+                            .filter(|p| used.insert(p.0))
+                            .map(|(i, mr, extra)| PeerConf {
+                                primary: nid(i, "tcp"),
+                                multi_rail: mr,
+                                nids: (0..extra)
+                                    .map(|k| nid(i.wrapping_add(u8::try_from(k).unwrap()), "tcp"))
+                                    .collect(),
+                            })
+                            .collect(),
+                        routes: routes
+                            .into_iter()
+                            .map(|(net, gw, hop, priority)| RouteConf {
+                                net: format!("tcp{net}").parse().unwrap(),
+                                gateway: nid(gw, "tcp"),
+                                hop,
+                                priority,
+                            })
+                            .collect(),
+                        routing,
+                        buffers,
+                        global: global
+                            .into_iter()
+                            .map(|(i, v)| {
+                                let name = GLOBALS[i].0;
+                                let v = match name {
+                                    "discovery" | "drop_asym_route" => v % 2,
+                                    "response_tracking" => v % 4,
+                                    _ => v,
+                                };
+                                (name.to_owned(), v)
+                            })
+                            .collect(),
+                        accept_port,
+                        accept,
+                    }
+                },
+            )
+    }
+
+    proptest::proptest! {
+        /// Export then import gives the same configuration, warning-free.
+        #[test]
+        fn any_configuration_survives_export(c in node_conf()) {
+            let text = c.to_yaml();
+            let (again, warn) = NodeConf::from_yaml(&text).unwrap();
+            let noisy: Vec<&String> = warn.iter().filter(|w| !w.contains("no effect")).collect();
+            proptest::prop_assert!(noisy.is_empty(), "{:?}", noisy);
+            proptest::prop_assert_eq!(again, c, "{}", text);
+        }
+    }
+
     #[test]
     fn ni_order_survives_export() {
         let text = "net:
