@@ -867,9 +867,15 @@ impl Daemon {
     fn import(&self, yaml: &str) -> Result<Doc, Failure> {
         let (c, mut warn) =
             NodeConf::from_yaml(yaml).map_err(|e| conf_fail("import", "config", &e))?;
-        let have = self.lnet.nids();
+        let have: Vec<NiConfig> = self.lnet.with_node(|n| n.config().nis.clone());
         for ni in &c.nis {
-            if have.contains(&ni.nid) {
+            if let Some(h) = have.iter().find(|h| h.nid == ni.nid) {
+                if (h.credits, h.peer_credits) != (ni.credits, ni.peer_credits) {
+                    warn.push(format!(
+                        "net: {} exists; its tunables are those it was added with (credits {}, peer_credits {}), unchanged",
+                        ni.nid, h.credits, h.peer_credits
+                    ));
+                }
                 continue;
             }
             let mut cfg = NiConfig::new(ni.nid);
