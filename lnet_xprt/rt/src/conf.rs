@@ -61,7 +61,6 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use colibri_lnet::credits::RouterBufferConfig;
@@ -69,8 +68,8 @@ use colibri_lnet::ids::{Net, Nid};
 use colibri_lnet::node::{NiConfig, Node};
 use colibri_lnet::socklnd::AcceptPolicy;
 
+use crate::LnetConfig;
 use crate::yaml::Doc;
-use crate::{Lnet, LnetConfig, LnetError};
 
 /// A configuration file that cannot be used, with where and why.
 #[derive(Debug, thiserror::Error)]
@@ -631,29 +630,6 @@ impl NodeConf {
             cfg.node.health_sensitivity = u32::try_from(*v).unwrap_or(0);
         }
         cfg
-    }
-
-    /// Where the NI `nid` listens (`ip:accept_port`).
-    #[must_use]
-    pub fn listen_addr(&self, nid: Nid) -> SocketAddr {
-        let ip = Ipv4Addr::from(nid.addr().to_be_bytes());
-        SocketAddr::from((ip, self.accept_port.unwrap_or(DEFAULT_ACCEPT_PORT)))
-    }
-
-    /// Applies what a started node does not take from its [`LnetConfig`]:
-    /// configured peers and routes.
-    ///
-    /// # Errors
-    /// The first peer or route the node refuses.
-    pub fn apply_peers_routes(&self, lnet: &Lnet) -> Result<(), LnetError> {
-        for p in &self.peers {
-            let nids: Vec<Nid> = p.nids.iter().copied().filter(|n| *n != p.primary).collect();
-            lnet.add_peer(p.primary, &nids, p.multi_rail)?;
-        }
-        for r in &self.routes {
-            lnet.add_route(r.net, r.gateway, r.hop, r.priority)?;
-        }
-        Ok(())
     }
 
     /// The configuration of a running node: its NIs and tunables, the

@@ -216,8 +216,15 @@ impl Daemon {
             lnet.shutdown();
             e
         };
-        conf.apply_peers_routes(&lnet)
-            .map_err(|e| fail(lnet_fail("add", "route", &e)))?;
+        for p in &conf.peers {
+            let nids: Vec<Nid> = p.nids.iter().copied().filter(|n| *n != p.primary).collect();
+            lnet.add_peer(p.primary, &nids, p.multi_rail)
+                .map_err(|e| fail(lnet_fail("add", "peer_ni", &e)))?;
+        }
+        for r in &conf.routes {
+            lnet.add_route(r.net, r.gateway, r.hop, r.priority)
+                .map_err(|e| fail(lnet_fail("add", "route", &e)))?;
+        }
         let target =
             selftest::serve(&lnet).map_err(|e| fail(lnet_fail("configure", "selftest", &e)))?;
         let extra = conf
