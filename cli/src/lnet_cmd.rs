@@ -334,10 +334,10 @@ enum SelftestCmd {
         /// Bytes per operation (up to 1M; K and M suffixes).
         #[arg(long, default_value = "4K")]
         size: String,
-        /// Read (GET) from the targets.
+        /// Read (GET) from the targets (the default, as `lst`).
         #[arg(long, conflicts_with = "write")]
         read: bool,
-        /// Write (PUT) to the targets (the default).
+        /// Write (PUT) to the targets.
         #[arg(long)]
         write: bool,
         /// Check the data of reads.
@@ -584,8 +584,8 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 SelftestCmd::Brw {
                     common,
                     size,
-                    read,
-                    write: _,
+                    read: _,
+                    write,
                     check,
                 } => {
                     let size = colibri_bench::parse_size(size)
@@ -603,7 +603,7 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                         })?;
                     (
                         SelftestKind::Brw {
-                            read: *read,
+                            read: !*write,
                             size,
                             check: *check,
                         },

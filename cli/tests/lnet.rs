@@ -1032,6 +1032,7 @@ fn the_routed_example_works() {
         "2",
         "--concurrency",
         "4",
+        "--write",
     ]);
     assert!(
         st.contains("interval:") && st.contains("    errors: 0\n"),
