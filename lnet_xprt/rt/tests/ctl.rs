@@ -314,3 +314,21 @@ fn commands_against_a_node() {
     );
     d.shutdown();
 }
+
+/// A socket path taken over by someone else while the node runs: stopping
+/// neither hangs nor removes the other's file.
+#[test]
+fn stop_when_the_path_is_no_longer_ours() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("n.sock");
+    let d = node("127.0.21.4");
+    let mut srv = CtlServer::start(d.clone(), &path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let other = UnixListener::bind(&path).unwrap();
+    let t0 = Instant::now();
+    srv.stop();
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert!(path.exists(), "the other's socket stays");
+    drop(other);
+    d.shutdown();
+}

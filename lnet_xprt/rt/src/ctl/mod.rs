@@ -605,6 +605,18 @@ pub struct CtlServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// Closed when the accept thread ends.
+    exited: crossbeam_channel::Receiver<()>,
+    /// The socket file's identity (device, inode): removed at stop only if
+    /// it is still ours.
+    file_id: Option<(u64, u64)>,
+}
+
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 impl CtlServer {
@@ -650,15 +662,21 @@ impl CtlServer {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
+        let (exited_tx, exited) = crossbeam_channel::bounded::<()>(1);
         let thread = std::thread::Builder::new()
             .name("lnet-ctl".into())
-            .spawn(move || accept_loop(&listener, &daemon, &st))
+            .spawn(move || {
+                accept_loop(&listener, &daemon, &st);
+                drop(exited_tx);
+            })
             .map_err(|e| fail(&e, "spawning the control thread for"))?;
         tracing::info!(target: TARGET, path = %path.display(), "control socket listening");
         Ok(Self {
             path: path.to_owned(),
             stop,
             thread: Some(thread),
+            exited,
+            file_id: file_id(path),
         })
     }
 
@@ -674,12 +692,25 @@ impl CtlServer {
         if self.stop.swap(true, Ordering::AcqRel) {
             return;
         }
-        // Wake the accept call.
+        // Wake the accept call. Should the path no longer lead to our
+        // socket (removed or replaced by someone), the accept thread is
+        // left blocked rather than waited for forever.
         let _ = UnixStream::connect(&self.path);
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            match self.exited.recv_timeout(Duration::from_secs(2)) {
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    let _ = t.join();
+                }
+                _ => tracing::warn!(
+                    target: TARGET,
+                    path = %self.path.display(),
+                    "control socket path no longer ours; accept thread left behind"
+                ),
+            }
         }
-        let _ = std::fs::remove_file(&self.path);
+        if self.file_id.is_some() && file_id(&self.path) == self.file_id {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
