@@ -287,6 +287,8 @@ enum FaultOp {
     },
     /// Show rules and their statistics.
     Show,
+    /// Zero the rules' statistics (and draw their triggers again).
+    Reset,
 }
 
 #[derive(Debug, clap::Args)]
@@ -576,6 +578,7 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                     all: *all,
                 },
                 FaultOp::Show => Command::FaultShow { kind: Some(kind) },
+                FaultOp::Reset => Command::FaultReset { kind },
             }
         }
         LnetCmd::Selftest(s) => {

@@ -464,6 +464,9 @@ fn three_nodes_routed_and_configured_at_run_time() {
     assert_eq!(rule["source"], "127.0.13.2@tcp");
     assert!(num(rule, &["statistics", "dropped"]) >= 1, "{f}");
     assert!(num(rule, &["statistics", "get"]) >= 1, "{f}");
+    server.ok(&["fault", "drop", "reset"]);
+    let f = server.json(&["fault", "drop", "show"]);
+    assert_eq!(num(&f["fault"][0], &["statistics", "matched"]), 0, "{f}");
     server.ok(&["fault", "drop", "del", "--all"]);
     assert!(server.ok(&["fault", "drop", "show"]).trim_end() == "fault:");
     client.ok(&["ping", "127.0.14.4@tcp1", "--timeout", "5"]);

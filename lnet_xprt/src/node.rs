@@ -1162,6 +1162,19 @@ impl Node {
         removed
     }
 
+    /// `lctl net_drop_reset` / `net_delay_reset`: the rules' statistics
+    /// are zeroed and their triggers re-randomized; a delay reset releases
+    /// the messages delay rules hold (Lustre flushes them too).
+    pub fn reset_fault_rules(&mut self, now: Time, drops: bool, delays: bool) {
+        if drops {
+            self.faults.reset_drops(now);
+        }
+        if delays {
+            self.faults.reset_delays(now);
+            self.flush_delayed(now);
+        }
+    }
+
     /// Statistics of a fault rule.
     #[must_use]
     pub fn fault_stats(&self, id: RuleId) -> Option<crate::fault::FaultStats> {

@@ -700,6 +700,14 @@ impl Lnet {
         self.shared().core.lock().node.reset_stats();
     }
 
+    /// `lctl net_drop_reset` / `net_delay_reset` (see the node's
+    /// `reset_fault_rules`).
+    pub fn reset_fault_rules(&self, drops: bool, delays: bool) {
+        self.shared().run(Vec::new(), |c, now| {
+            c.node.reset_fault_rules(now, drops, delays);
+        });
+    }
+
     /// A fault rule's statistics.
     #[must_use]
     pub fn fault_stats(&self, id: RuleId) -> Option<FaultStats> {

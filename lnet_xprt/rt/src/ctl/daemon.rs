@@ -454,6 +454,11 @@ impl Daemon {
                 all,
             } => self.fault_del(kind, source.as_deref(), dest.as_deref(), all),
             Command::FaultShow { kind } => Ok(self.fault_show(kind)),
+            Command::FaultReset { kind } => {
+                self.lnet
+                    .reset_fault_rules(kind == FaultKind::Drop, kind == FaultKind::Delay);
+                Ok(Doc::Null)
+            }
             Command::Selftest(spec) => selftest::run(self, &spec, partial),
         }
     }

@@ -281,6 +281,11 @@ pub enum Command {
         /// Every rule of the kind.
         all: bool,
     },
+    /// `fault drop|delay reset`: statistics zeroed, triggers re-drawn.
+    FaultReset {
+        /// Drop or delay.
+        kind: FaultKind,
+    },
     /// `fault drop|delay show`.
     FaultShow {
         /// Only this kind.
