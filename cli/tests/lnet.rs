@@ -37,14 +37,27 @@ impl Node {
     /// Starts a node from `yaml` (written to `dir/name.yaml`) and waits for
     /// its READY line.
     fn start(dir: &Path, name: &str, yaml: &str) -> Self {
+        Self::start_with(dir, name, yaml, None)
+    }
+
+    /// With `default_dir`, the node picks its socket's path itself in that
+    /// directory (`COLIBRI_LNET_CTL_DIR`).
+    fn start_with(dir: &Path, name: &str, yaml: &str, default_dir: Option<&Path>) -> Self {
         let cfg = dir.join(format!("{name}.yaml"));
         std::fs::write(&cfg, yaml).unwrap();
-        let ctl = dir.join(format!("{name}.sock"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_colibri"))
-            .args(["lnet", "run", "--exit-on-eof", "--config"])
-            .arg(&cfg)
-            .arg("--ctl")
-            .arg(&ctl)
+        let mut ctl = dir.join(format!("{name}.sock"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_colibri"));
+        cmd.args(["lnet", "run", "--exit-on-eof", "--config"])
+            .arg(&cfg);
+        match default_dir {
+            Some(d) => {
+                cmd.env("COLIBRI_LNET_CTL_DIR", d);
+            }
+            None => {
+                cmd.arg("--ctl").arg(&ctl);
+            }
+        }
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -75,10 +88,18 @@ impl Node {
             name: name.to_owned(),
             child,
             lines,
-            ctl,
+            ctl: ctl.clone(),
             stderr,
         };
-        n.expect("READY", START_LIMIT);
+        let ready = n.expect("READY", START_LIMIT);
+        if default_dir.is_some() {
+            ctl = ready
+                .split(' ')
+                .find_map(|w| w.strip_prefix("ctl="))
+                .map(PathBuf::from)
+                .expect("ctl= in READY");
+            n.ctl = ctl;
+        }
         n
     }
 
@@ -1082,4 +1103,45 @@ fn the_routed_example_works() {
     for n in [client, server, router] {
         n.stop();
     }
+}
+
+/// Without --ctl: the node's socket is named after its primary NID in the
+/// default directory, and a client without --ctl finds it while it is the
+/// only one there.
+#[test]
+fn default_control_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let socks = dir.path().join("run");
+    std::fs::create_dir(&socks).unwrap();
+    let ips = ["127.0.18.1", "127.0.18.2"].map(|s| s.parse().unwrap());
+    let port = common_free_port(&ips);
+    let g = global(port);
+    let a = Node::start_with(
+        dir.path(),
+        "a",
+        &format!("net:\n{}{g}", ni("tcp", "127.0.18.1@tcp")),
+        Some(&socks),
+    );
+    assert_eq!(a.ctl, socks.join("colibri-lnet-127.0.18.1@tcp.sock"));
+    let client = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_colibri"));
+        cmd.env("COLIBRI_LNET_CTL_DIR", &socks)
+            .env_remove("COLIBRI_LNET_CTL")
+            .arg("lnet")
+            .args(args);
+        run_bounded(&mut cmd)
+    };
+    let o = client(&["net", "show"]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(o.stdout.contains("nid: 127.0.18.1@tcp"), "{}", o.stdout);
+    let b = Node::start_with(
+        dir.path(),
+        "b",
+        &format!("net:\n{}{g}", ni("tcp", "127.0.18.2@tcp")),
+        Some(&socks),
+    );
+    assert_fails(&client(&["net", "show"]), "choose one with --ctl");
+    b.stop();
+    a.stop();
+    assert_fails(&client(&["net", "show"]), "no control socket in");
 }
