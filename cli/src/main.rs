@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 mod lnet_bench;
+mod lnet_cmd;
 mod rpc_cmds;
 mod soak_cmd;
 mod xprt;
@@ -111,6 +112,16 @@ enum Cmd {
     ///   colibri soak --xprt tcp --ops 100000000 --duration 600 --seed 7
     #[command(verbatim_doc_comment)]
     Soak(soak_cmd::SoakArgs),
+    /// Run an LNet node as a process and configure it at run time the way
+    /// lnetctl does (YAML), with a selftest.
+    ///
+    /// Examples:
+    ///   colibri lnet run --config router.yaml --ctl /tmp/router.sock
+    ///   colibri lnet --ctl /tmp/router.sock net show --verbose
+    ///   colibri lnet --ctl /tmp/client.sock ping 127.0.0.1@tcp1
+    ///   colibri lnet --ctl /tmp/client.sock selftest brw --to 127.0.0.1@tcp1 --size 1M --duration 5
+    #[command(verbatim_doc_comment)]
+    Lnet(lnet_cmd::LnetArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -419,8 +430,14 @@ pub(crate) fn write_json(out: &mut impl Write, value: &impl Serialize) -> Result
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // `colibri lnet run` is a daemon: it logs at info level by default.
+    let level = match &cli.cmd {
+        Cmd::Lnet(a) if a.is_run() => "info",
+        _ => "warn",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     // Colours only on a terminal, and never with NO_COLOR set.
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
@@ -428,8 +445,8 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(ansi)
         .init();
-    let cli = Cli::parse();
     let res = match &cli.cmd {
+        Cmd::Lnet(a) => return lnet_cmd::lnet_main(a),
         Cmd::Bench(a) => bench(a),
         Cmd::Serve(a) => rpc_cmds::serve(a),
         Cmd::Soak(a) => soak_cmd::soak_cmd(a),

@@ -532,6 +532,23 @@ impl FaultInjector {
         }
     }
 
+    /// `net_drop_reset` alone: the drop rules' statistics zeroed and
+    /// triggers re-randomized.
+    pub fn reset_drops(&mut self, now: Time) {
+        for r in &mut self.drops {
+            r.stats = FaultStats::default();
+            r.state.reset(now, &mut self.rng);
+        }
+    }
+
+    /// `net_delay_reset` alone.
+    pub fn reset_delays(&mut self, now: Time) {
+        for r in &mut self.delays {
+            r.stats = FaultStats::default();
+            r.state.reset(now, &mut self.rng);
+        }
+    }
+
     /// Statistics of a rule.
     #[must_use]
     pub fn stats(&self, id: RuleId) -> Option<FaultStats> {
@@ -652,6 +669,52 @@ mod tests {
         // A portal mask restricts the rule to PUT/GET.
         assert!(!p4.matches(&ack));
         assert_eq!(MsgMask::of(MsgType::Ack).with(MsgType::Reply), MsgMask(0x9));
+    }
+
+    #[test]
+    fn resets_are_per_kind() {
+        let mut f = FaultInjector::new(3);
+        let drop = f
+            .add_drop(
+                DropRuleSpec {
+                    matcher: FaultMatch::ANY.types(MsgMask::of(MsgType::Put)),
+                    trigger: Trigger::Rate(1),
+                    health_mask: 0,
+                },
+                Time::ZERO,
+            )
+            .unwrap();
+        let delay = f
+            .add_delay(
+                DelayRuleSpec {
+                    matcher: FaultMatch::ANY.types(MsgMask::of(MsgType::Get)),
+                    trigger: Trigger::Rate(1),
+                    latency: Duration::from_secs(1),
+                },
+                Time::ZERO,
+            )
+            .unwrap();
+        let _ = f.on_receive(
+            &msg("1.1.1.1@tcp", "2.2.2.2@tcp", MsgType::Put, Some(4)),
+            Time::ZERO,
+        );
+        let _ = f.on_receive(
+            &msg("1.1.1.1@tcp", "2.2.2.2@tcp", MsgType::Get, Some(4)),
+            Time::ZERO,
+        );
+        assert_eq!(f.stats(drop).unwrap().matched, 1);
+        assert_eq!(f.stats(delay).unwrap().matched, 1);
+        f.reset_drops(Time::ZERO);
+        assert_eq!(f.stats(drop).unwrap(), FaultStats::default());
+        assert_eq!(f.stats(delay).unwrap().matched, 1);
+        f.reset_delays(Time::ZERO);
+        assert_eq!(f.stats(delay).unwrap(), FaultStats::default());
+        // The rules still fire after a reset.
+        let _ = f.on_receive(
+            &msg("1.1.1.1@tcp", "2.2.2.2@tcp", MsgType::Put, Some(4)),
+            Time::ZERO,
+        );
+        assert_eq!(f.stats(drop).unwrap().fired, 1);
     }
 
     #[test]

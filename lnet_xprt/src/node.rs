@@ -456,6 +456,27 @@ pub struct NodeStats {
     /// Payload reads that failed ([`PayloadOutcome::Failed`]): the message
     /// was lost with its connection.
     pub payload_failures: u64,
+    /// Payload bytes of the messages handed to LNDs (`send_length`).
+    pub send_length: u64,
+    /// Payload bytes of the messages received on our NIs, forwarded ones
+    /// included (`recv_length`).
+    pub recv_length: u64,
+}
+
+/// Traffic with one peer NI (`lnetctl peer show -v` `statistics`): the
+/// messages for which it was the next (or previous) hop and, for routed
+/// messages, those it was the destination (or source) of.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct PeerNiStats {
+    /// Messages handed to an LND for this peer NI (next hop).
+    pub send_count: u64,
+    /// Messages received from this peer NI (the hop they came from).
+    pub recv_count: u64,
+    /// Payload bytes sent to it.
+    pub send_length: u64,
+    /// Payload bytes received from it.
+    pub recv_length: u64,
 }
 
 /// Information about one local NI.
@@ -740,6 +761,8 @@ pub struct Node {
     /// The local NI of the message being received (for internal events).
     rx_ni: Option<Nid>,
     stats: NodeStats,
+    /// Traffic per peer NI (next hop or previous hop), until `reset_stats`.
+    peer_ni_stats: BTreeMap<Nid, PeerNiStats>,
 }
 
 fn event_info(kind: EventKind) -> EventInfo {
@@ -834,6 +857,7 @@ impl Node {
             ping_results: VecDeque::new(),
             pending_delayed: Vec::new(),
             stats: NodeStats::default(),
+            peer_ni_stats: BTreeMap::new(),
             cfg: NodeConfig {
                 nis: Vec::new(),
                 ..cfg.clone()
@@ -1144,10 +1168,64 @@ impl Node {
         removed
     }
 
+    /// `lctl net_drop_reset` / `net_delay_reset`: the rules' statistics
+    /// are zeroed and their triggers re-randomized; a delay reset releases
+    /// the messages delay rules hold (Lustre flushes them too).
+    pub fn reset_fault_rules(&mut self, now: Time, drops: bool, delays: bool) {
+        if drops {
+            self.faults.reset_drops(now);
+        }
+        if delays {
+            self.faults.reset_delays(now);
+            self.flush_delayed(now);
+        }
+    }
+
     /// Statistics of a fault rule.
     #[must_use]
     pub fn fault_stats(&self, id: RuleId) -> Option<crate::fault::FaultStats> {
         self.faults.stats(id)
+    }
+
+    /// Resizes a router buffer pool (`lnetctl set tiny_buffers|small_buffers|large_buffers N`):
+    /// raising it lets forwards waiting for a buffer go on at once, lowering
+    /// it takes effect as buffers come back.
+    ///
+    /// # Errors
+    /// A size of 0 ([`CreditError::ZeroCredits`]).
+    pub fn set_router_buffers(
+        &mut self,
+        now: Time,
+        kind: PoolKind,
+        n: u32,
+    ) -> Result<(), NodeError> {
+        let ready = self.rtr_credits.set_pool_size(kind, n)?;
+        match kind {
+            PoolKind::Tiny => self.cfg.router_buffers.tiny = n,
+            PoolKind::Small => self.cfg.router_buffers.small = n,
+            PoolKind::Large => self.cfg.router_buffers.large = n,
+        }
+        self.forward_granted(now, ready);
+        self.after_input(now);
+        Ok(())
+    }
+
+    /// Traffic with peer NI `nid` (`lnetctl peer show -v`), if any was
+    /// counted since the last [`Node::reset_stats`].
+    #[must_use]
+    pub fn peer_ni_stats(&self, nid: Nid) -> Option<PeerNiStats> {
+        self.peer_ni_stats.get(&nid).copied()
+    }
+
+    /// `lnetctl stats reset`: zeroes the node's counters, the local NIs'
+    /// and the peer NIs' message counts.
+    pub fn reset_stats(&mut self) {
+        self.stats = NodeStats::default();
+        self.peer_ni_stats.clear();
+        for ni in &mut self.nis {
+            ni.send_count = 0;
+            ni.recv_count = 0;
+        }
     }
 
     /// Releases every delayed message now (rules were deleted).
@@ -1862,6 +1940,18 @@ impl Node {
             ni.send_count += 1;
         }
         self.stats.send_count += 1;
+        let len = u64::from(payload.len());
+        self.stats.send_length += len;
+        // Counted for the next hop and, when routed, the destination too.
+        let dest = msg.header.dest_nid;
+        for nid in [Some(to), (dest != to).then_some(dest)]
+            .into_iter()
+            .flatten()
+        {
+            let p = self.peer_ni_stats.entry(nid).or_default();
+            p.send_count += 1;
+            p.send_length += len;
+        }
         self.outbox.push_back(Transmit {
             id: TxId(id),
             from,
@@ -2330,6 +2420,19 @@ impl Node {
             n.recv_count += 1;
         }
         let len = header.payload_length;
+        self.stats.recv_length += u64::from(len);
+        // Counted for the previous hop and, when routed, the source too.
+        let src = header.src_nid;
+        for nid in [Some(from), (src != from).then_some(src)]
+            .into_iter()
+            .flatten()
+        {
+            if nid != Nid::LO_0 && !nid.is_any() && !self.is_local_nid(nid) {
+                let p = self.peer_ni_stats.entry(nid).or_default();
+                p.recv_count += 1;
+                p.recv_length += u64::from(len);
+            }
+        }
         let for_me =
             header.dest_nid == ni || (ni == Nid::LO_0 && self.is_local_nid(header.dest_nid));
         if !for_me {
@@ -3420,6 +3523,57 @@ mod tests {
             })
             .unwrap();
         n.md_attach(Time::ZERO, me, MdSpec::new(mem, opts)).unwrap()
+    }
+
+    #[test]
+    fn traffic_is_counted_per_peer_ni_until_reset() {
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        let (me, peer) = (nid("10.0.0.1@tcp"), nid("10.0.0.2@tcp"));
+        let mut arena = Arena::new();
+        let src = put_md(&mut n, &mut arena, b"abcde");
+        n.put(Time::ZERO, src, false, ProcessId::lustre(peer), 3, 9, 0, 0)
+            .unwrap();
+        let tx = n.poll_transmit().unwrap();
+        n.handle_tx_done(Time::ZERO, tx.id, Ok(())).unwrap();
+        let s = n.peer_ni_stats(peer).unwrap();
+        assert_eq!((s.send_count, s.send_length, s.recv_count), (1, 5, 0));
+        assert_eq!((n.stats().send_count, n.stats().send_length), (1, 5));
+        // A 4-byte PUT from the peer.
+        let mem = register(&mut arena, &[0; 4]);
+        sink(&mut n, mem, MdOptions::OP_PUT | MdOptions::ACK_DISABLE);
+        let a = n
+            .handle_header(Time::ZERO, me, peer, &put_header("10.0.0.1@tcp", 4))
+            .unwrap();
+        let RxAction::Deliver { rx, .. } = a else {
+            panic!("{a:?}")
+        };
+        n.handle_payload(Time::ZERO, rx, PayloadOutcome::Received)
+            .unwrap();
+        let s = n.peer_ni_stats(peer).unwrap();
+        assert_eq!((s.recv_count, s.recv_length), (1, 4));
+        assert_eq!(n.stats().recv_length, 4);
+        assert_eq!(n.ni_info(me).unwrap().recv_count, 1);
+        n.reset_stats();
+        assert_eq!(n.peer_ni_stats(peer), None);
+        assert_eq!(n.stats(), NodeStats::default());
+        assert_eq!(n.ni_info(me).unwrap().send_count, 0);
+    }
+
+    #[test]
+    fn router_buffers_resize_at_run_time() {
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        n.set_router_buffers(Time::ZERO, PoolKind::Small, 100)
+            .unwrap();
+        assert_eq!(n.config().router_buffers.small, 100);
+        assert_eq!(n.router_credits().pool(PoolKind::Small).max(), 100);
+        assert!(matches!(
+            n.set_router_buffers(Time::ZERO, PoolKind::Large, 0),
+            Err(NodeError::Credit(_))
+        ));
+        assert_eq!(
+            n.config().router_buffers.large,
+            RouterBufferConfig::default().large
+        );
     }
 
     #[test]

@@ -18,9 +18,15 @@
 //! * Two LNDs: loopback (`0@lo` and our own NIDs, one memory-to-memory
 //!   move as Lustre's lolnd) and Lustre's socket LND on `tcp` nets
 //!   (acceptor, typed connections, V3 HELLO, zero-copy sends and receives).
+//! * A node as a process, configured the way `lnetctl` does it:
+//!   [`conf`] (the `lnetctl export` YAML shape, read with warnings and
+//!   written back), [`yaml`] (`lnetctl`'s YAML layout), [`ctl`] (the
+//!   control socket: a versioned request/reply protocol over a Unix socket,
+//!   the node-side handlers of `lnetctl`'s commands, fault rules and an
+//!   `lst`-like selftest). The `colibri lnet` command is its client.
 //!
-//! See `DESIGN.md` in the crate folder for threads, locks and what is
-//! compatible with Lustre.
+//! See `DESIGN.md` in the crate folder for threads, locks, the control
+//! protocol and what is compatible with Lustre.
 //!
 //! ## Example
 //!
@@ -114,12 +120,15 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod conf;
 mod config;
 mod core;
+pub mod ctl;
 mod error;
 mod mem;
 mod sock;
 mod stats;
+pub mod yaml;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -668,6 +677,35 @@ impl Lnet {
     pub fn remove_fault_rule(&self, id: RuleId) -> bool {
         self.shared()
             .run(Vec::new(), |c, now| c.node.remove_fault_rule(now, id))
+    }
+
+    /// `lnetctl set tiny_buffers|small_buffers|large_buffers N`: resizes a
+    /// router buffer pool (forwards waiting for a buffer go on when it
+    /// grows).
+    ///
+    /// # Errors
+    /// A size of 0.
+    pub fn set_router_buffers(
+        &self,
+        kind: colibri_lnet::credits::PoolKind,
+        n: u32,
+    ) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| c.node.set_router_buffers(now, kind, n))?)
+    }
+
+    /// `lnetctl stats reset`: zeroes the node's counters (messages, bytes,
+    /// per local NI and per peer NI). [`Lnet::runtime_stats`] is not reset.
+    pub fn reset_stats(&self) {
+        self.shared().core.lock().node.reset_stats();
+    }
+
+    /// `lctl net_drop_reset` / `net_delay_reset` (see the node's
+    /// `reset_fault_rules`).
+    pub fn reset_fault_rules(&self, drops: bool, delays: bool) {
+        self.shared().run(Vec::new(), |c, now| {
+            c.node.reset_fault_rules(now, drops, delays);
+        });
     }
 
     /// A fault rule's statistics.

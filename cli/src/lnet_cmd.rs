@@ -1,0 +1,834 @@
+//! `colibri lnet`: run an LNet node as a process (`run`) and configure and
+//! measure a running one through its control socket, with `lnetctl`'s
+//! command names, options and YAML.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use colibri_lnet_rt::conf::NodeConf;
+use colibri_lnet_rt::ctl::{
+    self, Command, CtlServer, Daemon, Failure, FaultArgs, FaultKind, SelftestKind, SelftestSpec,
+    errno,
+};
+use colibri_lnet_rt::yaml::Doc;
+
+/// Options of `colibri lnet`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct LnetArgs {
+    /// The node's control socket (default: the only
+    /// `colibri-lnet-*.sock` in $COLIBRI_LNET_CTL_DIR, $XDG_RUNTIME_DIR or
+    /// /tmp; `run` derives it from the primary NID).
+    #[arg(long, global = true, value_name = "PATH")]
+    ctl: Option<PathBuf>,
+    /// JSON instead of YAML (one object per line).
+    #[arg(long, global = true)]
+    json: bool,
+    /// Seconds to wait for the node's answer (long commands add their own
+    /// time).
+    #[arg(
+        long = "ctl-timeout",
+        global = true,
+        default_value_t = 10,
+        value_name = "SECS"
+    )]
+    ctl_timeout: u64,
+    #[command(subcommand)]
+    cmd: LnetCmd,
+}
+
+impl LnetArgs {
+    /// Whether this is `run` (which logs at info level).
+    pub(crate) const fn is_run(&self) -> bool {
+        matches!(self.cmd, LnetCmd::Run(_))
+    }
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum LnetCmd {
+    /// Run one LNet node in the foreground from a YAML file in
+    /// `lnetctl export` shape, with a control socket (mode 0600).
+    ///
+    /// Prints `READY pid=… nids=… ctl=PATH` once it serves, logs through
+    /// tracing (RUST_LOG), and stops on SIGINT/SIGTERM with a final
+    /// statistics line.
+    ///
+    /// Example:
+    ///   colibri lnet run --config examples/lnet/router.yaml --ctl /tmp/router.sock
+    #[command(verbatim_doc_comment)]
+    Run(RunArgs),
+    /// Local NIs: `net add|del|show`.
+    #[command(subcommand)]
+    Net(NetCmd),
+    /// Peers: `peer add|del|show|list`.
+    #[command(subcommand)]
+    Peer(PeerCmd),
+    /// Routes: `route add|del|show`.
+    #[command(subcommand)]
+    Route(RouteCmd),
+    /// Router buffer pools and whether the node routes.
+    #[command(subcommand)]
+    Routing(ShowOnly),
+    /// `set routing|discovery|retry_count|transaction_timeout|health_sensitivity|recovery_interval|drop_asym_route|tiny_buffers|small_buffers|large_buffers VALUE`.
+    Set {
+        /// The setting.
+        name: String,
+        /// Its new value.
+        value: String,
+    },
+    /// Global settings.
+    #[command(subcommand)]
+    Global(ShowOnly),
+    /// LNet counters: `stats show|reset`.
+    #[command(subcommand)]
+    Stats(StatsCmd),
+    /// Ping NIDs (LNet ping: the peer's interfaces).
+    Ping {
+        /// NID[,NID…].
+        nids: String,
+        /// Seconds to wait for each reply.
+        #[arg(long, default_value_t = 1)]
+        timeout: u64,
+        /// A local NID to ping from.
+        #[arg(long)]
+        source: Option<String>,
+    },
+    /// Discover peers (their NIDs, Multi-Rail).
+    Discover {
+        /// NID[,NID…].
+        nids: String,
+        /// Discover again even if known.
+        #[arg(long)]
+        force: bool,
+        /// Seconds to wait for each peer.
+        #[arg(long, default_value_t = 10)]
+        timeout: u64,
+    },
+    /// Write the node's configuration (YAML) to FILE or standard output.
+    Export {
+        /// Output file.
+        file: Option<PathBuf>,
+    },
+    /// Add a configuration (YAML, `lnetctl export` shape) to the node.
+    Import {
+        /// Input file.
+        file: PathBuf,
+    },
+    /// Fault injection rules (`lctl net_drop_*`, `net_delay_*`).
+    #[command(subcommand)]
+    Fault(FaultCmd),
+    /// Measure LNet between nodes, in the spirit of `lst`.
+    #[command(subcommand)]
+    Selftest(SelftestCmd),
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// The configuration (YAML, `lnetctl export` shape).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Also stop when standard input closes (for supervisors and tests).
+    #[arg(long)]
+    exit_on_eof: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum ShowOnly {
+    /// Show.
+    Show,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum NetCmd {
+    /// Add a local NI (it listens on its IP and the node's accept_port).
+    Add {
+        /// The NI's NID (ip@tcpN).
+        #[arg(long)]
+        nid: String,
+        /// NI credits.
+        #[arg(long)]
+        credits: Option<u32>,
+        /// Per-peer credits.
+        #[arg(long = "peer-credits", alias = "peer_credits")]
+        peer_credits: Option<u32>,
+    },
+    /// Delete a local NI, or every NI of a net.
+    Del {
+        /// One NI.
+        #[arg(long)]
+        nid: Option<String>,
+        /// Every NI of this net.
+        #[arg(long)]
+        net: Option<String>,
+    },
+    /// Show local NIs.
+    Show {
+        /// Only this net.
+        #[arg(long)]
+        net: Option<String>,
+        /// Statistics, health and tunables.
+        #[arg(long, short)]
+        verbose: bool,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum PeerCmd {
+    /// Add a peer (or NIDs to it).
+    Add {
+        /// Primary NID.
+        #[arg(long = "prim_nid", alias = "prim-nid")]
+        prim_nid: String,
+        /// Other NIDs (comma-separated).
+        #[arg(long)]
+        nid: Option<String>,
+        /// Not Multi-Rail.
+        #[arg(long = "non_mr", alias = "non-mr")]
+        non_mr: bool,
+    },
+    /// Delete NIDs of a peer, or the whole peer.
+    Del {
+        /// Primary NID.
+        #[arg(long = "prim_nid", alias = "prim-nid")]
+        prim_nid: String,
+        /// NIDs to delete (comma-separated; none: the whole peer).
+        #[arg(long)]
+        nid: Option<String>,
+    },
+    /// Show peers.
+    Show {
+        /// Only the peer owning this NID.
+        #[arg(long)]
+        nid: Option<String>,
+        /// Credits, statistics, health.
+        #[arg(long, short)]
+        verbose: bool,
+    },
+    /// List the peers' primary NIDs.
+    List,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum RouteCmd {
+    /// Add a route.
+    Add {
+        /// Remote net.
+        #[arg(long)]
+        net: String,
+        /// Gateway NID (on a local net).
+        #[arg(long)]
+        gateway: String,
+        /// Hops (1..255; -1: undefined).
+        #[arg(long, allow_hyphen_values = true)]
+        hop: Option<i64>,
+        /// Priority (0 is the highest).
+        #[arg(long)]
+        priority: Option<u32>,
+    },
+    /// Delete a route.
+    Del {
+        /// Remote net.
+        #[arg(long)]
+        net: String,
+        /// Gateway NID.
+        #[arg(long)]
+        gateway: String,
+    },
+    /// Show routes.
+    Show {
+        /// Only to this net.
+        #[arg(long)]
+        net: Option<String>,
+        /// Only through this gateway.
+        #[arg(long)]
+        gateway: Option<String>,
+        /// Hop, priority, state.
+        #[arg(long, short)]
+        verbose: bool,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum StatsCmd {
+    /// Show the counters.
+    Show,
+    /// Zero them.
+    Reset,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum FaultCmd {
+    /// Drop rules.
+    #[command(subcommand)]
+    Drop(FaultOp),
+    /// Delay rules.
+    #[command(subcommand)]
+    Delay(FaultOp),
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum FaultOp {
+    /// Add a rule.
+    Add(FaultAddArgs),
+    /// Delete rules.
+    Del {
+        /// Rules from this source (`*`: any).
+        #[arg(long, short)]
+        source: Option<String>,
+        /// Rules to this destination (`*`: any).
+        #[arg(long, short)]
+        dest: Option<String>,
+        /// Every rule.
+        #[arg(long, short)]
+        all: bool,
+    },
+    /// Show rules and their statistics.
+    Show,
+    /// Zero the rules' statistics (and draw their triggers again).
+    Reset,
+}
+
+#[derive(Debug, clap::Args)]
+struct FaultAddArgs {
+    /// Source NID (`*`: any; `255.255.255.255@net`: a whole net).
+    #[arg(long, short, default_value = "*")]
+    source: String,
+    /// Destination NID.
+    #[arg(long, short, default_value = "*")]
+    dest: String,
+    /// Receiving NI (routers).
+    #[arg(long)]
+    local: Option<String>,
+    /// One message in RATE.
+    #[arg(long, short)]
+    rate: Option<u32>,
+    /// One message every INTERVAL seconds.
+    #[arg(long, short)]
+    interval: Option<u64>,
+    /// Only PUT/GET on this portal (repeatable).
+    #[arg(long, short)]
+    portal: Vec<u32>,
+    /// Only these message types: put, ack, get, reply (repeatable).
+    #[arg(long, short)]
+    message: Vec<String>,
+    /// Seconds a delayed message is held (delay rules).
+    #[arg(long, short)]
+    latency: Option<u64>,
+    /// Simulate this health error on send instead of dropping on receive
+    /// (drop rules; repeatable): local_interrupt, local_dropped,
+    /// local_aborted, local_no_route, local_error, local_timeout,
+    /// remote_error, remote_dropped, remote_timeout, network_timeout.
+    #[arg(long = "health_error", alias = "health-error", short = 'e')]
+    health_error: Vec<String>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum SelftestCmd {
+    /// LNet pings from this node to the --to nodes.
+    Ping(SelftestCommon),
+    /// Bulk read or write from this node to the --to nodes.
+    Brw {
+        #[command(flatten)]
+        common: SelftestCommon,
+        /// Bytes per operation (up to 1M; K and M suffixes).
+        #[arg(long, default_value = "4K")]
+        size: String,
+        /// Read (GET) from the targets (the default, as `lst`).
+        #[arg(long, conflicts_with = "write")]
+        read: bool,
+        /// Write (PUT) to the targets.
+        #[arg(long)]
+        write: bool,
+        /// Check the data of reads.
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct SelftestCommon {
+    /// Target NIDs: NID[,NID…] (nodes run by `colibri lnet run`).
+    #[arg(long)]
+    to: String,
+    /// Seconds.
+    #[arg(long, default_value_t = 10)]
+    duration: u32,
+    /// Operations in flight.
+    #[arg(long, default_value_t = 1)]
+    concurrency: u32,
+    /// Seconds between interval reports (0: none).
+    #[arg(long, default_value_t = 1)]
+    interval: u32,
+    /// Source nodes: NID[,NID…] (their default control sockets) or socket
+    /// paths (with a `/`). Default: the node of --ctl alone.
+    #[arg(long)]
+    from: Option<String>,
+}
+
+fn list(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn print_doc(out: &mut impl Write, doc: &Doc, json: bool) {
+    if matches!(doc, Doc::Null) {
+        return;
+    }
+    let _ = if json {
+        writeln!(out, "{}", doc.to_json())
+    } else {
+        write!(out, "{}", doc.to_yaml())
+    };
+    let _ = out.flush();
+}
+
+fn fail(f: &Failure, json: bool) -> ExitCode {
+    print_doc(&mut std::io::stderr(), &f.to_doc(), json);
+    ExitCode::FAILURE
+}
+
+/// Runs `colibri lnet …`.
+pub(crate) fn lnet_main(a: &LnetArgs) -> ExitCode {
+    if let LnetCmd::Run(r) = &a.cmd {
+        return match run(a, r) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(f) => fail(&f, a.json),
+        };
+    }
+    let cmd = match command(&a.cmd) {
+        Ok(c) => c,
+        Err(f) => return fail(&f, a.json),
+    };
+    if let (LnetCmd::Selftest(s), Command::Selftest(_)) = (&a.cmd, &cmd) {
+        let common = match s {
+            SelftestCmd::Ping(c) | SelftestCmd::Brw { common: c, .. } => c,
+        };
+        if let Some(from) = &common.from {
+            return selftest_group(a, &cmd, &list(from));
+        }
+    }
+    let path = match &a.ctl {
+        Some(p) => p.clone(),
+        None => match ctl::find_default() {
+            Ok(p) => p,
+            Err(f) => return fail(&f, a.json),
+        },
+    };
+    let timeout = cmd.deadline(Duration::from_secs(a.ctl_timeout.max(1)));
+    let mut stdout = std::io::stdout();
+    let res = ctl::call(&path, &cmd, timeout, |d| print_doc(&mut stdout, d, a.json));
+    match res {
+        Ok(doc) => {
+            match (&a.cmd, &cmd) {
+                (LnetCmd::Export { file: Some(f) }, _) => {
+                    if let Err(e) = std::fs::write(f, doc.to_yaml()) {
+                        return fail(
+                            &Failure::new(
+                                "export",
+                                "config",
+                                e.raw_os_error().unwrap_or(errno::EIO),
+                                format!("cannot write {}: {e}", f.display()),
+                            ),
+                            a.json,
+                        );
+                    }
+                }
+                (_, Command::Import { .. }) => {
+                    // Warnings go to standard error.
+                    for w in doc.get("warnings").map(Doc::items).unwrap_or_default() {
+                        eprintln!("warning: {}", w.as_text().unwrap_or_default());
+                    }
+                }
+                _ => print_doc(&mut stdout, &doc, a.json),
+            }
+            ExitCode::SUCCESS
+        }
+        Err(f) => fail(&f, a.json),
+    }
+}
+
+fn command(c: &LnetCmd) -> Result<Command, Failure> {
+    Ok(match c {
+        LnetCmd::Run(_) => unreachable!("handled by lnet_main"),
+        LnetCmd::Net(n) => match n {
+            NetCmd::Add {
+                nid,
+                credits,
+                peer_credits,
+            } => Command::NetAdd {
+                nid: nid.clone(),
+                credits: *credits,
+                peer_credits: *peer_credits,
+            },
+            NetCmd::Del { nid, net } => Command::NetDel {
+                nid: nid.clone(),
+                net: net.clone(),
+            },
+            NetCmd::Show { net, verbose } => Command::NetShow {
+                net: net.clone(),
+                verbose: *verbose,
+            },
+        },
+        LnetCmd::Peer(p) => match p {
+            PeerCmd::Add {
+                prim_nid,
+                nid,
+                non_mr,
+            } => Command::PeerAdd {
+                prim_nid: prim_nid.clone(),
+                nids: nid.as_deref().map(list).unwrap_or_default(),
+                non_mr: *non_mr,
+            },
+            PeerCmd::Del { prim_nid, nid } => Command::PeerDel {
+                prim_nid: prim_nid.clone(),
+                nids: nid.as_deref().map(list).unwrap_or_default(),
+            },
+            PeerCmd::Show { nid, verbose } => Command::PeerShow {
+                nid: nid.clone(),
+                verbose: *verbose,
+            },
+            PeerCmd::List => Command::PeerList,
+        },
+        LnetCmd::Route(r) => match r {
+            RouteCmd::Add {
+                net,
+                gateway,
+                hop,
+                priority,
+            } => Command::RouteAdd {
+                net: net.clone(),
+                gateway: gateway.clone(),
+                hop: *hop,
+                priority: *priority,
+            },
+            RouteCmd::Del { net, gateway } => Command::RouteDel {
+                net: net.clone(),
+                gateway: gateway.clone(),
+            },
+            RouteCmd::Show {
+                net,
+                gateway,
+                verbose,
+            } => Command::RouteShow {
+                net: net.clone(),
+                gateway: gateway.clone(),
+                verbose: *verbose,
+            },
+        },
+        LnetCmd::Routing(ShowOnly::Show) => Command::RoutingShow,
+        LnetCmd::Set { name, value } => Command::Set {
+            name: name.clone(),
+            value: value.clone(),
+        },
+        LnetCmd::Global(ShowOnly::Show) => Command::GlobalShow,
+        LnetCmd::Stats(StatsCmd::Show) => Command::StatsShow,
+        LnetCmd::Stats(StatsCmd::Reset) => Command::StatsReset,
+        LnetCmd::Ping {
+            nids,
+            timeout,
+            source,
+        } => Command::Ping {
+            nids: list(nids),
+            timeout_ms: timeout.saturating_mul(1000),
+            source: source.clone(),
+        },
+        LnetCmd::Discover {
+            nids,
+            force,
+            timeout,
+        } => Command::Discover {
+            nids: list(nids),
+            force: *force,
+            timeout_ms: timeout.saturating_mul(1000),
+        },
+        LnetCmd::Export { .. } => Command::Export,
+        LnetCmd::Import { file } => Command::Import {
+            yaml: read_file(file, "import")?,
+        },
+        LnetCmd::Fault(f) => {
+            let (kind, op) = match f {
+                FaultCmd::Drop(op) => (FaultKind::Drop, op),
+                FaultCmd::Delay(op) => (FaultKind::Delay, op),
+            };
+            match op {
+                FaultOp::Add(r) => Command::FaultAdd {
+                    kind,
+                    rule: FaultArgs {
+                        source: Some(r.source.clone()),
+                        dest: Some(r.dest.clone()),
+                        local: r.local.clone(),
+                        rate: r.rate,
+                        interval: r.interval,
+                        portals: r.portal.clone(),
+                        messages: r.message.iter().flat_map(|m| list(m)).collect(),
+                        latency: r.latency,
+                        health_errors: r.health_error.iter().flat_map(|m| list(m)).collect(),
+                    },
+                },
+                FaultOp::Del { source, dest, all } => Command::FaultDel {
+                    kind,
+                    source: source.clone(),
+                    dest: dest.clone(),
+                    all: *all,
+                },
+                FaultOp::Show => Command::FaultShow { kind: Some(kind) },
+                FaultOp::Reset => Command::FaultReset { kind },
+            }
+        }
+        LnetCmd::Selftest(s) => {
+            let (kind, c) = match s {
+                SelftestCmd::Ping(c) => (SelftestKind::Ping, c),
+                SelftestCmd::Brw {
+                    common,
+                    size,
+                    read: _,
+                    write,
+                    check,
+                } => {
+                    let size = colibri_bench::parse_size(size)
+                        .ok()
+                        .and_then(|s| u32::try_from(s).ok())
+                        .ok_or_else(|| {
+                            Failure::new(
+                                "selftest",
+                                "brw",
+                                errno::EINVAL,
+                                format!(
+                                    "--size {size}: expected bytes with an optional K or M suffix"
+                                ),
+                            )
+                        })?;
+                    (
+                        SelftestKind::Brw {
+                            read: !*write,
+                            size,
+                            check: *check,
+                        },
+                        common,
+                    )
+                }
+            };
+            Command::Selftest(SelftestSpec {
+                kind,
+                to: list(&c.to),
+                duration_s: c.duration,
+                concurrency: c.concurrency,
+                interval_s: c.interval,
+            })
+        }
+    })
+}
+
+fn read_file(file: &Path, op: &str) -> Result<String, Failure> {
+    std::fs::read_to_string(file).map_err(|e| {
+        Failure::new(
+            op,
+            "config",
+            e.raw_os_error().unwrap_or(errno::EIO),
+            format!("cannot read {}: {e}", file.display()),
+        )
+    })
+}
+
+/// Set by SIGINT or SIGTERM.
+fn stop_flag() -> Result<Arc<AtomicBool>, Failure> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&flag)).map_err(|e| {
+            Failure::new(
+                "run",
+                "signal",
+                errno::EIO,
+                format!("cannot catch signal {sig}: {e}"),
+            )
+        })?;
+    }
+    Ok(flag)
+}
+
+fn run(a: &LnetArgs, r: &RunArgs) -> Result<(), Failure> {
+    let text = read_file(&r.config, "configure")?;
+    let (conf, warnings) = NodeConf::from_yaml(&text).map_err(|e| {
+        Failure::new(
+            "configure",
+            "config",
+            e.errno(),
+            format!("{}: {e}", r.config.display()),
+        )
+    })?;
+    for w in &warnings {
+        tracing::warn!(target: "colibri::lnet", "{}: {w}", r.config.display());
+    }
+    let stop = stop_flag()?;
+    let daemon = Daemon::start(&conf)?;
+    let primary = conf.nis[0].nid.to_string();
+    let path = a.ctl.clone().unwrap_or_else(|| ctl::default_path(&primary));
+    let mut server = match CtlServer::start(daemon.clone(), &path) {
+        Ok(s) => s,
+        Err(f) => {
+            daemon.shutdown();
+            return Err(f);
+        }
+    };
+    let lnet = daemon.lnet();
+    let listen: Vec<String> = lnet
+        .nids()
+        .iter()
+        .filter_map(|n| lnet.listen_addr(*n).map(|a| format!("{n}={a}")))
+        .collect();
+    let mut out = std::io::stdout();
+    // A closed standard output (a reader that went away) must not stop
+    // the node: write errors are ignored.
+    let _ = writeln!(
+        out,
+        "READY pid={} nids={} ctl={} listen={}",
+        std::process::id(),
+        lnet.nids()
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        path.display(),
+        listen.join(",")
+    );
+    let _ = out.flush();
+    tracing::info!(target: "colibri::lnet", ctl = %path.display(), "node running");
+    if r.exit_on_eof {
+        let s = stop.clone();
+        let _ = std::thread::Builder::new()
+            .name("stdin-watch".into())
+            .spawn(move || {
+                let mut buf = [0u8; 64];
+                let mut stdin = std::io::stdin();
+                while matches!(std::io::Read::read(&mut stdin, &mut buf), Ok(n) if n > 0) {}
+                s.store(true, Ordering::Release);
+            });
+    }
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tracing::info!(target: "colibri::lnet", "stopping");
+    server.stop();
+    let summary = daemon.summary();
+    daemon.shutdown();
+    let _ = writeln!(out, "STOPPED {summary}");
+    let _ = out.flush();
+    Ok(())
+}
+
+/// `selftest … --from A,B`: the test runs from every source node at once
+/// (each through its control socket); intervals are printed as they come
+/// with a `from:` key, then each source's summary and the totals.
+fn selftest_group(a: &LnetArgs, cmd: &Command, from: &[String]) -> ExitCode {
+    if from.is_empty() {
+        return fail(
+            &Failure::new("selftest", "run", errno::EINVAL, "--from names no node"),
+            a.json,
+        );
+    }
+    let timeout = cmd.deadline(Duration::from_secs(a.ctl_timeout.max(1)));
+    let out = std::sync::Mutex::new(std::io::stdout());
+    let tagged = |src: &str, doc: &Doc| -> Doc {
+        match doc {
+            Doc::Map(m) => Doc::Map(
+                m.iter()
+                    .map(|(k, v)| {
+                        let mut inner = Doc::map().with("from", src);
+                        if let Doc::Map(vm) = v {
+                            for (ik, iv) in vm {
+                                inner.push(ik, iv.clone());
+                            }
+                        }
+                        (k.clone(), inner)
+                    })
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    };
+    let results: Vec<(String, Result<Doc, Failure>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = from
+            .iter()
+            .map(|src| {
+                let path = if src.contains('/') {
+                    PathBuf::from(src)
+                } else {
+                    ctl::default_path(src)
+                };
+                let (out, tagged) = (&out, &tagged);
+                let h = scope.spawn(move || {
+                    ctl::call(&path, cmd, timeout, |d| {
+                        if let Ok(mut o) = out.lock() {
+                            print_doc(&mut *o, &tagged(src, d), a.json);
+                        }
+                    })
+                });
+                (src.clone(), h)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(src, h)| {
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(Failure::new(
+                        "selftest",
+                        "run",
+                        errno::EIO,
+                        "source thread failed",
+                    ))
+                });
+                (src, r)
+            })
+            .collect()
+    });
+    let mut ok = true;
+    let (mut rpcs, mut errors, mut rate, mut mib) = (0i64, 0i64, 0i64, 0f64);
+    let mut stdout = std::io::stdout();
+    for (src, r) in &results {
+        match r {
+            Ok(doc) => {
+                let st = doc.get("selftest");
+                let num = |k: &str| st.and_then(|s| s.get(k)).and_then(Doc::as_i64).unwrap_or(0);
+                rpcs += num("rpcs");
+                errors += num("errors");
+                rate += num("rate");
+                mib += st
+                    .and_then(|s| s.get("bandwidth MiB/s"))
+                    .and_then(Doc::as_text)
+                    .and_then(|t| t.parse::<f64>().ok())
+                    .unwrap_or(0.0);
+                print_doc(&mut stdout, &tagged(src, doc), a.json);
+            }
+            Err(f) => {
+                ok = false;
+                let mut f = f.clone();
+                f.descr = format!("{src}: {}", f.descr);
+                print_doc(&mut std::io::stderr(), &f.to_doc(), a.json);
+            }
+        }
+    }
+    print_doc(
+        &mut stdout,
+        &Doc::map().with(
+            "total",
+            Doc::map()
+                .with("sources", from.len())
+                .with("rpcs", rpcs)
+                .with("rate", rate)
+                .with("bandwidth MiB/s", format!("{mib:.2}"))
+                .with("errors", errors),
+        ),
+        a.json,
+    );
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

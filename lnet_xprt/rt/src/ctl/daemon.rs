@@ -1,0 +1,1228 @@
+//! The node side of the control socket: a running [`Lnet`] and the
+//! commands' handlers, with `lnetctl`'s YAML keys.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use colibri_lnet::credits::PoolKind;
+use colibri_lnet::fault::{
+    DelayRuleSpec, DropRuleSpec, FaultMatch, HealthError, MsgMask, RuleId, Trigger,
+};
+use colibri_lnet::health::{HealthStatus, NiSide};
+use colibri_lnet::ids::{Net, Nid};
+use colibri_lnet::matching::{Event, MdHandle};
+use colibri_lnet::node::{NiConfig, Node};
+use colibri_lnet::socklnd::AcceptPolicy;
+use colibri_lnet::wire::{NiStatus, PingFeatures, PingInfo};
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
+
+use super::selftest::{self, SelftestTarget};
+use super::{Command, Failure, FaultArgs, FaultKind, errno};
+use crate::conf::{self, GLOBALS, NodeConf};
+use crate::yaml::Doc;
+use crate::{Lnet, LnetError};
+
+/// Gives each event to whoever waits for its MD (the selftest's
+/// operations); other events (the selftest target's, operations given up
+/// on) are dropped.
+#[derive(Debug, Default)]
+pub(crate) struct EventRouter {
+    waiters: Mutex<HashMap<MdHandle, Sender<Event>>>,
+}
+
+impl EventRouter {
+    pub(crate) fn dispatch(&self, ev: Event) {
+        let mut w = self.waiters.lock();
+        let tx = if ev.unlinked {
+            w.remove(&ev.md)
+        } else {
+            w.get(&ev.md).cloned()
+        };
+        drop(w);
+        if let Some(tx) = tx {
+            // Never block the event thread: a waiter holds room for its
+            // operation's two events.
+            let _ = tx.try_send(ev);
+        }
+    }
+
+    pub(crate) fn wait_for(&self, md: MdHandle, tx: Sender<Event>) {
+        self.waiters.lock().insert(md, tx);
+    }
+
+    pub(crate) fn forget(&self, md: MdHandle) {
+        self.waiters.lock().remove(&md);
+    }
+}
+
+#[derive(Clone, Debug)]
+struct FaultEntry {
+    id: RuleId,
+    kind: FaultKind,
+    src: Nid,
+    dst: Nid,
+    args: FaultArgs,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Global settings recorded without effect here.
+    extra: BTreeMap<String, i64>,
+    accept_port: u16,
+    accept: AcceptPolicy,
+    conns_per_peer: u32,
+    faults: Vec<FaultEntry>,
+}
+
+/// A node run as a process: its [`Lnet`], the selftest target it serves,
+/// and what `lnetctl` shows that the node itself does not keep.
+#[derive(Debug)]
+pub struct Daemon {
+    lnet: Lnet,
+    pub(crate) events: Arc<EventRouter>,
+    st: Mutex<State>,
+    _target: SelftestTarget,
+}
+
+fn lnet_fail(op: &str, object: &str, e: &LnetError) -> Failure {
+    Failure::new(op, object, e.errno(), e.to_string())
+}
+
+fn conf_fail(op: &str, object: &str, e: &conf::ConfError) -> Failure {
+    Failure::new(op, object, e.errno(), e.to_string())
+}
+
+fn nid_arg(s: &str, op: &str, object: &str) -> Result<Nid, Failure> {
+    conf::parse_nid(s, "nid").map_err(|e| conf_fail(op, object, &e))
+}
+
+fn net_arg(s: &str, op: &str, object: &str) -> Result<Net, Failure> {
+    conf::parse_net(s, "net").map_err(|e| conf_fail(op, object, &e))
+}
+
+/// `*` (or nothing) is any NID.
+fn any_nid(s: Option<&str>, op: &str, object: &str) -> Result<Nid, Failure> {
+    match s {
+        None | Some("*") => Ok(Nid::ANY),
+        Some(s) => s.parse().map_err(|e| {
+            Failure::new(
+                op,
+                object,
+                errno::EINVAL,
+                format!("'{s}' is not a NID: {e}"),
+            )
+        }),
+    }
+}
+
+fn nid_text(n: Nid) -> String {
+    if n.is_any() {
+        "*".into()
+    } else {
+        n.to_string()
+    }
+}
+
+const fn status_name(s: NiStatus) -> &'static str {
+    match s {
+        NiStatus::Up => "up",
+        NiStatus::Down => "down",
+        NiStatus::Invalid => "NA",
+    }
+}
+
+fn health_status_key(s: HealthStatus) -> Option<&'static str> {
+    Some(match s {
+        HealthStatus::Ok => return None,
+        HealthStatus::LocalInterrupt => "local_interrupt_count",
+        HealthStatus::LocalDropped => "local_dropped_count",
+        HealthStatus::LocalAborted => "local_aborted_count",
+        HealthStatus::LocalNoRoute => "local_no_route_count",
+        HealthStatus::LocalTimeout => "local_timeout_count",
+        HealthStatus::LocalError => "local_error_count",
+        HealthStatus::RemoteDropped => "remote_dropped_count",
+        HealthStatus::RemoteError => "remote_error_count",
+        HealthStatus::RemoteTimeout => "remote_timeout_count",
+        HealthStatus::NetworkTimeout => "network_timeout_count",
+    })
+}
+
+fn health_error_name(h: HealthError) -> &'static str {
+    match h {
+        HealthError::LocalInterrupt => "local_interrupt",
+        HealthError::LocalDropped => "local_dropped",
+        HealthError::LocalAborted => "local_aborted",
+        HealthError::LocalNoRoute => "local_no_route",
+        HealthError::LocalError => "local_error",
+        HealthError::LocalTimeout => "local_timeout",
+        HealthError::RemoteError => "remote_error",
+        HealthError::RemoteDropped => "remote_dropped",
+        HealthError::RemoteTimeout => "remote_timeout",
+        HealthError::NetworkTimeout => "network_timeout",
+        _ => "other",
+    }
+}
+
+/// `ping` / `discover` output for one peer.
+pub(crate) fn ping_doc(info: &PingInfo) -> Doc {
+    Doc::map()
+        .with(
+            "primary nid",
+            info.primary_nid()
+                .map_or_else(|| "0@lo".to_owned(), |n| n.to_string()),
+        )
+        .with(
+            "Multi-Rail",
+            Doc::Bool(info.features.contains(PingFeatures::MULTI_RAIL)),
+        )
+        .with(
+            "peer ni",
+            info.nis
+                .iter()
+                .map(|n| Doc::map().with("nid", n.nid.to_string()))
+                .collect::<Vec<_>>(),
+        )
+}
+
+impl Daemon {
+    /// Starts a node from its configuration: the runtime, the configured
+    /// peers and routes, and the selftest target.
+    ///
+    /// # Errors
+    /// No NI, a listener that cannot be bound, a peer or route the node
+    /// refuses.
+    pub fn start(conf: &NodeConf) -> Result<Arc<Self>, Failure> {
+        if conf.nis.is_empty() {
+            return Err(Failure::new(
+                "configure",
+                "net",
+                errno::EINVAL,
+                "the configuration has no tcp NI (net: with a local NI(s): nid:)",
+            ));
+        }
+        let cfg = conf.to_lnet_config();
+        let (accept_port, accept, cpp) = (
+            cfg.accept_port,
+            cfg.accept,
+            cfg.tcp.conns_per_peer_for_speed(None),
+        );
+        let events = Arc::new(EventRouter::default());
+        let ev = events.clone();
+        let lnet = Lnet::start_with_handler(cfg, move |e| ev.dispatch(e))
+            .map_err(|e| lnet_fail("configure", "net", &e))?;
+        let fail = |e: Failure| {
+            lnet.shutdown();
+            e
+        };
+        for p in &conf.peers {
+            let nids: Vec<Nid> = p.nids.iter().copied().filter(|n| *n != p.primary).collect();
+            lnet.add_peer(p.primary, &nids, p.multi_rail)
+                .map_err(|e| fail(lnet_fail("add", "peer_ni", &e)))?;
+        }
+        for r in &conf.routes {
+            lnet.add_route(r.net, r.gateway, r.hop, r.priority)
+                .map_err(|e| fail(lnet_fail("add", "route", &e)))?;
+        }
+        let target =
+            selftest::serve(&lnet).map_err(|e| fail(lnet_fail("configure", "selftest", &e)))?;
+        let extra = conf
+            .global
+            .iter()
+            .filter(|(k, _)| GLOBALS.iter().any(|g| g.0 == k.as_str() && !g.2))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        Ok(Arc::new(Self {
+            lnet,
+            events,
+            st: Mutex::new(State {
+                extra,
+                accept_port,
+                accept,
+                conns_per_peer: cpp,
+                faults: Vec::new(),
+            }),
+            _target: target,
+        }))
+    }
+
+    /// The node.
+    #[must_use]
+    pub fn lnet(&self) -> &Lnet {
+        &self.lnet
+    }
+
+    /// Stops the node (connections closed, threads joined).
+    pub fn shutdown(&self) {
+        self.lnet.shutdown();
+    }
+
+    /// The running configuration (`export`).
+    #[must_use]
+    pub fn export(&self) -> NodeConf {
+        let st = self.st.lock();
+        let (extra, cpp, port, acc) = (
+            st.extra.clone(),
+            st.conns_per_peer,
+            st.accept_port,
+            st.accept,
+        );
+        drop(st);
+        self.lnet
+            .with_node(|n| NodeConf::of_node(n, cpp, port, acc, &extra))
+    }
+
+    /// One line of statistics (printed when the node stops).
+    #[must_use]
+    pub fn summary(&self) -> String {
+        let s = self.lnet.stats();
+        let r = self.lnet.runtime_stats();
+        format!(
+            "send_count={} recv_count={} route_count={} drop_count={} send_length={} recv_length={} conns_established={} conns_closed={}",
+            s.send_count,
+            s.recv_count,
+            s.route_count,
+            s.drop_count,
+            s.send_length,
+            s.recv_length,
+            r.conns_established,
+            r.conns_closed
+        )
+    }
+
+    /// Carries out one command; `partial` receives intermediate results
+    /// (and returns `false` when nobody listens any more).
+    ///
+    /// # Errors
+    /// The command's failure, `lnetctl`-style.
+    pub fn handle(
+        &self,
+        cmd: Command,
+        partial: &mut dyn FnMut(Doc) -> bool,
+    ) -> Result<Doc, Failure> {
+        match cmd {
+            Command::NetAdd {
+                nid,
+                credits,
+                peer_credits,
+            } => {
+                let nid = nid_arg(&nid, "add", "net")?;
+                let mut ni = NiConfig::new(nid);
+                if let Some(c) = credits {
+                    ni.credits = c;
+                }
+                if let Some(c) = peer_credits {
+                    ni.peer_credits = c;
+                }
+                self.lnet
+                    .add_ni(ni)
+                    .map_err(|e| lnet_fail("add", "net", &e))?;
+                Ok(Doc::Null)
+            }
+            Command::NetDel { nid, net } => self.net_del(nid.as_deref(), net.as_deref()),
+            Command::NetShow { net, verbose } => {
+                let net = net.map(|n| net_arg(&n, "show", "net")).transpose()?;
+                self.net_show(net, verbose)
+            }
+            Command::PeerAdd {
+                prim_nid,
+                nids,
+                non_mr,
+            } => {
+                let prim = nid_arg(&prim_nid, "add", "peer_ni")?;
+                let nids = nids
+                    .iter()
+                    .map(|n| nid_arg(n, "add", "peer_ni"))
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.lnet
+                    .add_peer(prim, &nids, !non_mr)
+                    .map_err(|e| lnet_fail("add", "peer_ni", &e))?;
+                Ok(Doc::Null)
+            }
+            Command::PeerDel { prim_nid, nids } => {
+                let prim = nid_arg(&prim_nid, "del", "peer_ni")?;
+                let nids = nids
+                    .iter()
+                    .map(|n| nid_arg(n, "del", "peer_ni"))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let known = self
+                    .lnet
+                    .with_node(|n| n.discovery().peers().peer_of(prim).map(|p| p.primary_nid()));
+                if known != Some(prim) {
+                    return Err(Failure::new(
+                        "del",
+                        "peer_ni",
+                        errno::ENOENT,
+                        format!("{prim} is not the primary NID of a peer"),
+                    ));
+                }
+                self.lnet
+                    .del_peer(prim, &nids)
+                    .map_err(|e| lnet_fail("del", "peer_ni", &e))?;
+                Ok(Doc::Null)
+            }
+            Command::PeerShow { nid, verbose } => {
+                let nid = nid.map(|n| nid_arg(&n, "show", "peer")).transpose()?;
+                self.peer_show(nid, verbose)
+            }
+            Command::PeerList => Ok(self.lnet.with_node(|n| {
+                Doc::map().with(
+                    "peer list",
+                    n.discovery()
+                        .peers()
+                        .peers()
+                        .map(|p| Doc::map().with("nid", p.primary_nid().to_string()))
+                        .collect::<Vec<_>>(),
+                )
+            })),
+            Command::RouteAdd {
+                net,
+                gateway,
+                hop,
+                priority,
+            } => {
+                let net = net_arg(&net, "add", "route")?;
+                let gw = nid_arg(&gateway, "add", "route")?;
+                let hop = match hop {
+                    None | Some(-1) => None,
+                    Some(h @ 1..=255) => Some(u32::try_from(h).unwrap_or(1)),
+                    Some(h) => {
+                        return Err(Failure::new(
+                            "add",
+                            "route",
+                            errno::EINVAL,
+                            format!("hop {h} is outside 1..=255 (or -1)"),
+                        ));
+                    }
+                };
+                if self.lnet.nids().iter().any(|n| n.net() == net) {
+                    return Err(Failure::new(
+                        "add",
+                        "route",
+                        errno::EEXIST,
+                        format!("route to {net}: {net} is a local net"),
+                    ));
+                }
+                self.lnet
+                    .add_route(net, gw, hop, priority.unwrap_or(0))
+                    .map_err(|e| lnet_fail("add", "route", &e))?;
+                Ok(Doc::Null)
+            }
+            Command::RouteDel { net, gateway } => {
+                let net = net_arg(&net, "del", "route")?;
+                let gw = nid_arg(&gateway, "del", "route")?;
+                self.lnet
+                    .del_route(net, gw)
+                    .map_err(|e| lnet_fail("del", "route", &e))?;
+                Ok(Doc::Null)
+            }
+            Command::RouteShow {
+                net,
+                gateway,
+                verbose,
+            } => {
+                let net = net.map(|n| net_arg(&n, "show", "route")).transpose()?;
+                let gw = gateway.map(|n| nid_arg(&n, "show", "route")).transpose()?;
+                Ok(self.route_show(net, gw, verbose))
+            }
+            Command::RoutingShow => Ok(self.routing_show()),
+            Command::Set { name, value } => self.set(&name, &value),
+            Command::GlobalShow => Ok(self.global_show()),
+            Command::StatsShow => Ok(self.stats_show()),
+            Command::StatsReset => {
+                self.lnet.reset_stats();
+                Ok(Doc::Null)
+            }
+            Command::Ping {
+                nids,
+                timeout_ms,
+                source,
+            } => self.ping(&nids, timeout_ms, source.as_deref(), partial),
+            Command::Discover {
+                nids,
+                force,
+                timeout_ms,
+            } => self.discover(&nids, force, timeout_ms),
+            Command::Export => Ok(self.export().to_doc()),
+            Command::Import { yaml } => self.import(&yaml),
+            Command::FaultAdd { kind, rule } => self.fault_add(kind, rule),
+            Command::FaultDel {
+                kind,
+                source,
+                dest,
+                all,
+            } => self.fault_del(kind, source.as_deref(), dest.as_deref(), all),
+            Command::FaultShow { kind } => Ok(self.fault_show(kind)),
+            Command::FaultReset { kind } => {
+                self.lnet
+                    .reset_fault_rules(kind == FaultKind::Drop, kind == FaultKind::Delay);
+                Ok(Doc::Null)
+            }
+            Command::Selftest(spec) => selftest::run(self, &spec, partial),
+        }
+    }
+
+    fn net_del(&self, nid: Option<&str>, net: Option<&str>) -> Result<Doc, Failure> {
+        let nids: Vec<Nid> = match (nid, net) {
+            (Some(n), _) => vec![nid_arg(n, "del", "net")?],
+            (None, Some(net)) => {
+                let net = net_arg(net, "del", "net")?;
+                let v: Vec<Nid> = self
+                    .lnet
+                    .nids()
+                    .into_iter()
+                    .filter(|n| n.net() == net)
+                    .collect();
+                if v.is_empty() {
+                    return Err(Failure::new(
+                        "del",
+                        "net",
+                        errno::ENOENT,
+                        format!("no local NI on net {net}"),
+                    ));
+                }
+                v
+            }
+            (None, None) => {
+                return Err(Failure::new(
+                    "del",
+                    "net",
+                    errno::EINVAL,
+                    "give --nid or --net",
+                ));
+            }
+        };
+        for n in nids {
+            self.lnet
+                .del_ni(n)
+                .map_err(|e| lnet_fail("del", "net", &e))?;
+        }
+        Ok(Doc::Null)
+    }
+
+    fn net_show(&self, only: Option<Net>, verbose: bool) -> Result<Doc, Failure> {
+        let cpp = self.st.lock().conns_per_peer;
+        let doc = self.lnet.with_node(|n| {
+            let mut nets: Vec<(Net, Vec<Doc>)> = Vec::new();
+            let lo = Nid::LO_0;
+            // (The loopback NI's traffic is not counted apart.)
+            let lo_ni = Doc::map().with("nid", lo.to_string()).with("status", "up");
+            nets.push((lo.net(), vec![lo_ni]));
+            for ni in &n.config().nis {
+                let info = n.ni_info(ni.nid);
+                let ip = std::net::Ipv4Addr::from(ni.nid.addr().to_be_bytes());
+                let mut d = Doc::map()
+                    .with("nid", ni.nid.to_string())
+                    .with("status", info.map_or("down", |i| status_name(i.status)))
+                    .with("interfaces", Doc::map().with("0", ip.to_string()));
+                if verbose {
+                    d.push(
+                        "statistics",
+                        Doc::map()
+                            .with("send_count", info.map_or(0, |i| i.send_count))
+                            .with("recv_count", info.map_or(0, |i| i.recv_count)),
+                    );
+                    let h = n.health().ni_health(NiSide::Local, ni.nid);
+                    d.push(
+                        "health stats",
+                        Doc::map()
+                            .with("health value", n.health().local_health(ni.nid).value())
+                            .with("ping_count", h.map_or(0, |h| h.ping_count)),
+                    );
+                    d.push(
+                        "tunables",
+                        Doc::map()
+                            .with("peer_timeout", 0_i64)
+                            .with("peer_credits", ni.peer_credits)
+                            .with("peer_buffer_credits", 0_i64)
+                            .with("credits", ni.credits),
+                    );
+                    d.push("lnd tunables", Doc::map().with("conns_per_peer", cpp));
+                    d.push(
+                        "tx credits",
+                        Doc::map()
+                            .with("available", n.tx_credits().ni_credits(ni.nid))
+                            .with(
+                                "min",
+                                n.tx_credits()
+                                    .ni(ni.nid)
+                                    .map_or(i64::from(ni.credits), |q| q.min_credits()),
+                            ),
+                    );
+                }
+                match nets.iter_mut().find(|(net, _)| *net == ni.nid.net()) {
+                    Some((_, v)) => v.push(d),
+                    None => nets.push((ni.nid.net(), vec![d])),
+                }
+            }
+            nets.retain(|(net, _)| only.is_none_or(|o| o == *net));
+            nets
+        });
+        if doc.is_empty() {
+            return Err(Failure::new(
+                "show",
+                "net",
+                errno::ENOENT,
+                format!(
+                    "no local NI on net {}",
+                    only.map(|n| n.to_string()).unwrap_or_default()
+                ),
+            ));
+        }
+        Ok(Doc::map().with(
+            "net",
+            doc.into_iter()
+                .map(|(net, nis)| {
+                    Doc::map()
+                        .with("net type", net.to_string())
+                        .with("local NI(s)", nis)
+                })
+                .collect::<Vec<_>>(),
+        ))
+    }
+
+    fn peer_show(&self, only: Option<Nid>, verbose: bool) -> Result<Doc, Failure> {
+        let peers = self.lnet.with_node(|n| {
+            let table = n.discovery().peers();
+            let list: Vec<_> = match only {
+                Some(nid) => table.peer_of(nid).into_iter().collect(),
+                None => table.peers().collect(),
+            };
+            list.into_iter()
+                .map(|p| peer_doc(n, p, verbose))
+                .collect::<Vec<_>>()
+        });
+        if let (Some(nid), true) = (only, peers.is_empty()) {
+            return Err(Failure::new(
+                "show",
+                "peer",
+                errno::ENOENT,
+                format!("no peer has NID {nid}"),
+            ));
+        }
+        Ok(Doc::map().with("peer", peers))
+    }
+
+    fn route_show(&self, net: Option<Net>, gw: Option<Nid>, verbose: bool) -> Doc {
+        let routes = self.lnet.with_node(|n| {
+            n.routes()
+                .routes()
+                .filter(|r| net.is_none_or(|x| x == r.net()) && gw.is_none_or(|g| g == r.gateway()))
+                .map(|r| {
+                    let mut d = Doc::map()
+                        .with("net", r.net().to_string())
+                        .with("gateway", r.gateway().to_string());
+                    if verbose {
+                        d.push("hop", r.hops().map_or(-1, i64::from));
+                        d.push("priority", r.priority());
+                        d.push("state", if r.is_alive() { "up" } else { "down" });
+                        d.push(
+                            "type",
+                            match r.single_hop() {
+                                Some(false) => "multi-hop",
+                                _ => "single-hop",
+                            },
+                        );
+                    }
+                    d
+                })
+                .collect::<Vec<_>>()
+        });
+        Doc::map().with("route", routes)
+    }
+
+    fn routing_show(&self) -> Doc {
+        self.lnet.with_node(|n| {
+            let rc = n.router_credits();
+            let pool = |k: PoolKind, pages: i64| {
+                let q = rc.pool(k);
+                Doc::map()
+                    .with("npages", pages)
+                    .with("nbuffers", q.max())
+                    .with("credits", q.credits())
+                    .with("mincredits", q.min_credits())
+            };
+            let cfg = n.config();
+            Doc::map()
+                .with(
+                    "routing",
+                    vec![
+                        Doc::map().with(
+                            "cpt[0]",
+                            Doc::map()
+                                .with("tiny", pool(PoolKind::Tiny, 0))
+                                .with("small", pool(PoolKind::Small, 1))
+                                .with("large", pool(PoolKind::Large, 256)),
+                        ),
+                        Doc::map().with("enable", i64::from(cfg.routing)),
+                    ],
+                )
+                .with(
+                    "buffers",
+                    Doc::map()
+                        .with("tiny", cfg.router_buffers.tiny)
+                        .with("small", cfg.router_buffers.small)
+                        .with("large", cfg.router_buffers.large),
+                )
+        })
+    }
+
+    fn global_show(&self) -> Doc {
+        let conf = self.export();
+        let lnd_timeout = self
+            .lnet
+            .with_node(|n| n.health().config().lnd_timeout().as_secs());
+        let mut g = Doc::map();
+        for (name, default, _) in GLOBALS {
+            let v = if *name == "lnd_timeout" {
+                i64::try_from(lnd_timeout).unwrap_or(i64::MAX)
+            } else {
+                conf.global.get(*name).copied().unwrap_or(*default)
+            };
+            g.push(name, v);
+        }
+        g.push(
+            "accept_port",
+            conf.accept_port.unwrap_or(conf::DEFAULT_ACCEPT_PORT),
+        );
+        g.push("accept", conf::accept_name(conf.accept.unwrap_or_default()));
+        Doc::map().with("global", g)
+    }
+
+    fn stats_show(&self) -> Doc {
+        let (s, hs) = self.lnet.with_node(|n| (n.stats(), *n.health().stats()));
+        let mut d = Doc::map()
+            .with("errors", s.protocol_errors)
+            .with("send_count", s.send_count)
+            .with("resend_count", s.resend_count)
+            .with("response_timeout_count", s.response_timeout_count);
+        for (i, st) in HealthStatus::ALL.iter().enumerate() {
+            if let Some(k) = health_status_key(*st) {
+                d.push(k, hs.by_status.get(i).copied().unwrap_or(0));
+            }
+        }
+        d.push("recv_count", s.recv_count);
+        d.push("route_count", s.route_count);
+        d.push("drop_count", s.drop_count);
+        d.push("send_length", s.send_length);
+        d.push("recv_length", s.recv_length);
+        Doc::map().with("statistics", d)
+    }
+
+    fn set(&self, name: &str, value: &str) -> Result<Doc, Failure> {
+        let v: i64 = value.trim().parse().map_err(|_| {
+            Failure::new(
+                "set",
+                name,
+                errno::EINVAL,
+                format!("{name}: '{value}' is not a number"),
+            )
+        })?;
+        let bad = |what: &str| Failure::new("set", name, errno::EINVAL, format!("{name}: {what}"));
+        let u32v = || u32::try_from(v).map_err(|_| bad(&format!("{v} is out of range")));
+        let flag = || match v {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(bad("expected 0 or 1")),
+        };
+        let lf = |e: LnetError| lnet_fail("set", name, &e);
+        match name {
+            "routing" => self.lnet.set_routing(flag()?).map_err(lf)?,
+            "discovery" => self.lnet.set_discovery(flag()?).map_err(lf)?,
+            "retry_count" | "transaction_timeout" | "health_sensitivity" => {
+                let c = self.lnet.with_node(|n| n.config().clone());
+                let (mut sens, mut retry, mut tt) =
+                    (c.health_sensitivity, c.retry_count, c.transaction_timeout);
+                match name {
+                    "retry_count" => retry = u32v()?,
+                    "transaction_timeout" => {
+                        if v < 1 {
+                            return Err(bad("must be at least 1"));
+                        }
+                        tt = Duration::from_secs(u64::from(u32v()?));
+                    }
+                    _ => sens = u32v()?,
+                }
+                self.lnet.set_health(sens, retry, tt).map_err(lf)?;
+            }
+            "tiny_buffers" | "small_buffers" | "large_buffers" => {
+                let kind = match name {
+                    "tiny_buffers" => PoolKind::Tiny,
+                    "small_buffers" => PoolKind::Small,
+                    _ => PoolKind::Large,
+                };
+                self.lnet.set_router_buffers(kind, u32v()?).map_err(lf)?;
+            }
+            other => {
+                let Some((_, _, false)) = GLOBALS.iter().find(|g| g.0 == other) else {
+                    return Err(Failure::new(
+                        "set",
+                        other,
+                        errno::EINVAL,
+                        format!("unknown setting '{other}'"),
+                    ));
+                };
+                if other == "lnd_timeout" {
+                    return Err(bad("derived from transaction_timeout and retry_count"));
+                }
+                conf::check_global(other, v, other).map_err(|e| conf_fail("set", other, &e))?;
+                self.st.lock().extra.insert(other.to_owned(), v);
+            }
+        }
+        Ok(Doc::Null)
+    }
+
+    fn ping(
+        &self,
+        nids: &[String],
+        timeout_ms: u64,
+        source: Option<&str>,
+        partial: &mut dyn FnMut(Doc) -> bool,
+    ) -> Result<Doc, Failure> {
+        if let Some(src) = source {
+            let src = nid_arg(src, "manage", "ping")?;
+            if !self.lnet.nids().contains(&src) {
+                return Err(Failure::new(
+                    "manage",
+                    "ping",
+                    errno::EINVAL,
+                    format!("source {src} is not a local NI"),
+                ));
+            }
+        }
+        let targets = nids
+            .iter()
+            .map(|n| nid_arg(n, "manage", "ping"))
+            .collect::<Result<Vec<_>, _>>()?;
+        if targets.is_empty() {
+            return Err(Failure::new(
+                "manage",
+                "ping",
+                errno::EINVAL,
+                "no NID to ping",
+            ));
+        }
+        let timeout = Duration::from_millis(timeout_ms.max(1));
+        let mut out = Vec::new();
+        for nid in targets {
+            match self.lnet.ping(nid, timeout) {
+                Ok(info) => out.push(ping_doc(&info)),
+                Err(e) => {
+                    if !out.is_empty() {
+                        partial(Doc::map().with("ping", std::mem::take(&mut out)));
+                    }
+                    let descr = match e {
+                        LnetError::TimedOut => {
+                            format!("failed to ping {nid}: timed out after {timeout:?}")
+                        }
+                        e => format!("failed to ping {nid}: {e}"),
+                    };
+                    return Err(Failure::new("manage", "ping", errno::EHOSTUNREACH, descr));
+                }
+            }
+        }
+        Ok(Doc::map().with("ping", out))
+    }
+
+    fn discover(&self, nids: &[String], force: bool, timeout_ms: u64) -> Result<Doc, Failure> {
+        let targets = nids
+            .iter()
+            .map(|n| nid_arg(n, "manage", "discover"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut out = Vec::new();
+        for nid in targets {
+            self.lnet
+                .discover(nid, force)
+                .map_err(|e| lnet_fail("manage", "discover", &e))?;
+            // Discovery runs in the node; its end shows in the peer table.
+            let deadline = Instant::now() + Duration::from_millis(timeout_ms.max(1));
+            let info = loop {
+                let done = self.lnet.with_node(|n| {
+                    let d = n.discovery();
+                    let st = d.state_of(nid);
+                    let failed = d.last_error(nid).map(ToString::to_string);
+                    (st, failed, d.peers().peer_of(nid).cloned())
+                });
+                match done {
+                    (colibri_lnet::discovery::PeerState::Active, _, Some(p)) => break Ok(p),
+                    (colibri_lnet::discovery::PeerState::Verify, Some(err), _) => break Err(err),
+                    _ if Instant::now() >= deadline => break Err("timed out".to_owned()),
+                    _ => std::thread::sleep(Duration::from_millis(10)),
+                }
+            };
+            match info {
+                Ok(p) => out.push(
+                    Doc::map()
+                        .with("primary nid", p.primary_nid().to_string())
+                        .with("Multi-Rail", Doc::Bool(p.is_multi_rail()))
+                        .with(
+                            "peer ni",
+                            p.nids()
+                                .map(|n| Doc::map().with("nid", n.to_string()))
+                                .collect::<Vec<_>>(),
+                        ),
+                ),
+                Err(why) => {
+                    return Err(Failure::new(
+                        "manage",
+                        "discover",
+                        errno::EHOSTUNREACH,
+                        format!("failed to discover {nid}: {why}"),
+                    ));
+                }
+            }
+        }
+        Ok(Doc::map().with("discover", out))
+    }
+
+    fn import(&self, yaml: &str) -> Result<Doc, Failure> {
+        let (c, mut warn) =
+            NodeConf::from_yaml(yaml).map_err(|e| conf_fail("import", "config", &e))?;
+        let have: Vec<NiConfig> = self.lnet.with_node(|n| n.config().nis.clone());
+        for ni in &c.nis {
+            if let Some(h) = have.iter().find(|h| h.nid == ni.nid) {
+                if (h.credits, h.peer_credits) != (ni.credits, ni.peer_credits) {
+                    warn.push(format!(
+                        "net: {} exists; its tunables are those it was added with (credits {}, peer_credits {}), unchanged",
+                        ni.nid, h.credits, h.peer_credits
+                    ));
+                }
+                continue;
+            }
+            let mut cfg = NiConfig::new(ni.nid);
+            cfg.credits = ni.credits;
+            cfg.peer_credits = ni.peer_credits;
+            self.lnet
+                .add_ni(cfg)
+                .map_err(|e| lnet_fail("import", "net", &e))?;
+        }
+        if c.nis.iter().any(|n| {
+            n.conns_per_peer
+                .is_some_and(|c| c != self.st.lock().conns_per_peer)
+        }) {
+            warn.push("lnd tunables: conns_per_peer is set when the node starts; unchanged".into());
+        }
+        if c.accept_port
+            .is_some_and(|p| p != self.st.lock().accept_port)
+            || c.accept.is_some_and(|a| a != self.st.lock().accept)
+        {
+            warn.push(
+                "global: accept_port and accept are set when the node starts; unchanged".into(),
+            );
+        }
+        for p in &c.peers {
+            let exists = self.lnet.with_node(|n| {
+                n.discovery().peers().peer_of(p.primary).is_some_and(|x| {
+                    x.primary_nid() == p.primary && p.nids.iter().all(|nid| x.contains(*nid))
+                })
+            });
+            if exists {
+                continue;
+            }
+            let nids: Vec<Nid> = p.nids.iter().copied().filter(|n| *n != p.primary).collect();
+            self.lnet
+                .add_peer(p.primary, &nids, p.multi_rail)
+                .map_err(|e| lnet_fail("import", "peer", &e))?;
+        }
+        for r in &c.routes {
+            let exists = self
+                .lnet
+                .with_node(|n| n.routes_to(r.net).iter().any(|x| x.gateway() == r.gateway));
+            if !exists {
+                self.lnet
+                    .add_route(r.net, r.gateway, r.hop, r.priority)
+                    .map_err(|e| lnet_fail("import", "route", &e))?;
+            }
+        }
+        if let Some(on) = c.routing {
+            self.lnet
+                .set_routing(on)
+                .map_err(|e| lnet_fail("import", "routing", &e))?;
+        }
+        for (name, v) in ["tiny_buffers", "small_buffers", "large_buffers"]
+            .iter()
+            .zip(c.buffers)
+        {
+            if let Some(v) = v {
+                self.set(name, &v.to_string())?;
+            }
+        }
+        for (name, v) in &c.global {
+            if name == "lnd_timeout" {
+                continue;
+            }
+            self.set(name, &v.to_string())?;
+        }
+        Ok(if warn.is_empty() {
+            Doc::Null
+        } else {
+            Doc::map().with(
+                "warnings",
+                warn.into_iter().map(Doc::from).collect::<Vec<_>>(),
+            )
+        })
+    }
+
+    fn fault_add(&self, kind: FaultKind, a: FaultArgs) -> Result<Doc, Failure> {
+        let obj = match kind {
+            FaultKind::Drop => "drop",
+            FaultKind::Delay => "delay",
+        };
+        let bad = |what: String| Failure::new("add", obj, errno::EINVAL, what);
+        let src = any_nid(a.source.as_deref(), "add", obj)?;
+        let dst = any_nid(a.dest.as_deref(), "add", obj)?;
+        let local = any_nid(a.local.as_deref(), "add", obj)?;
+        let trigger = match (a.rate, a.interval) {
+            (Some(0), _) => return Err(bad("--rate must be at least 1".into())),
+            (Some(r), None) => Trigger::Rate(r),
+            (None, Some(0)) => return Err(bad("--interval must be at least 1".into())),
+            (None, Some(i)) => Trigger::Interval(Duration::from_secs(i)),
+            _ => return Err(bad("give exactly one of --rate and --interval".into())),
+        };
+        let mut m = FaultMatch::between(src, dst);
+        m.local = local;
+        for p in &a.portals {
+            if *p >= 64 {
+                return Err(bad(format!("portal {p} is outside 0..64")));
+            }
+            m = m.portal(*p);
+        }
+        let mut mask = MsgMask(0);
+        for t in &a.messages {
+            mask = mask.with(match t.to_ascii_lowercase().as_str() {
+                "put" => colibri_lnet::wire::MsgType::Put,
+                "ack" => colibri_lnet::wire::MsgType::Ack,
+                "get" => colibri_lnet::wire::MsgType::Get,
+                "reply" => colibri_lnet::wire::MsgType::Reply,
+                other => {
+                    return Err(bad(format!(
+                        "message type '{other}': expected put, ack, get or reply"
+                    )));
+                }
+            });
+        }
+        m = m.types(mask);
+        let id = match kind {
+            FaultKind::Drop => {
+                if a.latency.is_some() {
+                    return Err(bad("--latency is for delay rules".into()));
+                }
+                let mut errs = Vec::new();
+                for h in &a.health_errors {
+                    let e = HealthError::ALL
+                        .iter()
+                        .find(|e| health_error_name(**e) == h.to_ascii_lowercase())
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "health error '{h}': expected one of {}",
+                                HealthError::ALL
+                                    .iter()
+                                    .map(|e| health_error_name(*e))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ))
+                        })?;
+                    errs.push(*e);
+                }
+                self.lnet
+                    .add_drop_rule(DropRuleSpec {
+                        matcher: m,
+                        trigger,
+                        health_mask: HealthError::mask(&errs),
+                    })
+                    .map_err(|e| lnet_fail("add", obj, &e))?
+            }
+            FaultKind::Delay => {
+                if !a.health_errors.is_empty() {
+                    return Err(bad("--health_error is for drop rules".into()));
+                }
+                let Some(lat) = a.latency.filter(|l| *l > 0) else {
+                    return Err(bad("delay rules need --latency SECS (at least 1)".into()));
+                };
+                self.lnet
+                    .add_delay_rule(DelayRuleSpec {
+                        matcher: m,
+                        trigger,
+                        latency: Duration::from_secs(lat),
+                    })
+                    .map_err(|e| lnet_fail("add", obj, &e))?
+            }
+        };
+        self.st.lock().faults.push(FaultEntry {
+            id,
+            kind,
+            src,
+            dst,
+            args: a,
+        });
+        Ok(Doc::Null)
+    }
+
+    fn fault_del(
+        &self,
+        kind: FaultKind,
+        source: Option<&str>,
+        dest: Option<&str>,
+        all: bool,
+    ) -> Result<Doc, Failure> {
+        let obj = match kind {
+            FaultKind::Drop => "drop",
+            FaultKind::Delay => "delay",
+        };
+        if !all && source.is_none() && dest.is_none() {
+            return Err(Failure::new(
+                "del",
+                obj,
+                errno::EINVAL,
+                "give --all, or --source and/or --dest",
+            ));
+        }
+        let src = any_nid(source, "del", obj)?;
+        let dst = any_nid(dest, "del", obj)?;
+        let mut st = self.st.lock();
+        let (gone, keep): (Vec<FaultEntry>, Vec<FaultEntry>) =
+            std::mem::take(&mut st.faults).into_iter().partition(|f| {
+                f.kind == kind
+                    && (all || ((src.is_any() || f.src == src) && (dst.is_any() || f.dst == dst)))
+            });
+        st.faults = keep;
+        drop(st);
+        if gone.is_empty() {
+            return Err(Failure::new("del", obj, errno::ENOENT, "no matching rule"));
+        }
+        for f in &gone {
+            self.lnet.remove_fault_rule(f.id);
+        }
+        Ok(Doc::map().with("removed", gone.len()))
+    }
+
+    fn fault_show(&self, kind: Option<FaultKind>) -> Doc {
+        let faults = self.st.lock().faults.clone();
+        let rules = faults
+            .iter()
+            .filter(|f| kind.is_none_or(|k| k == f.kind))
+            .map(|f| {
+                let st = self.lnet.fault_stats(f.id).unwrap_or_default();
+                let mut d = Doc::map()
+                    .with(
+                        "rule type",
+                        match f.kind {
+                            FaultKind::Drop => "drop",
+                            FaultKind::Delay => "delay",
+                        },
+                    )
+                    .with("source", nid_text(f.src))
+                    .with("dest", nid_text(f.dst));
+                if let Some(l) = &f.args.local {
+                    d.push("local", l.as_str());
+                }
+                match (f.args.rate, f.args.interval) {
+                    (Some(r), _) => d.push("rate", r),
+                    (_, Some(i)) => d.push("interval", i),
+                    _ => {}
+                }
+                if !f.args.portals.is_empty() {
+                    d.push(
+                        "portal",
+                        f.args
+                            .portals
+                            .iter()
+                            .map(|p| Doc::from(*p))
+                            .collect::<Vec<_>>(),
+                    );
+                }
+                if !f.args.messages.is_empty() {
+                    d.push("message", f.args.messages.join(","));
+                }
+                if let Some(l) = f.args.latency {
+                    d.push("latency", l);
+                }
+                if !f.args.health_errors.is_empty() {
+                    d.push("health_error", f.args.health_errors.join(","));
+                }
+                d.push(
+                    "statistics",
+                    Doc::map()
+                        .with("matched", st.matched)
+                        .with("put", st.put)
+                        .with("ack", st.ack)
+                        .with("get", st.get)
+                        .with("reply", st.reply)
+                        .with(
+                            match f.kind {
+                                FaultKind::Drop => "dropped",
+                                FaultKind::Delay => "delayed",
+                            },
+                            st.fired,
+                        ),
+                );
+                d
+            })
+            .collect::<Vec<_>>();
+        Doc::map().with("fault", rules)
+    }
+}
+
+fn peer_doc(n: &Node, p: &colibri_lnet::peer::Peer, verbose: bool) -> Doc {
+    let table = n.discovery().peers();
+    let mut d = Doc::map()
+        .with("primary nid", p.primary_nid().to_string())
+        .with("Multi-Rail", Doc::Bool(p.is_multi_rail()));
+    if verbose {
+        d.push("peer state", n.discovery().peer_state(p.id()).name());
+    }
+    let nis = p
+        .nids()
+        .map(|nid| {
+            let mut ni = Doc::map().with("nid", nid.to_string()).with(
+                "state",
+                table.ni(nid).map_or("NA", |x| status_name(x.status())),
+            );
+            if verbose {
+                let t = n.tx_credits().tunables(nid.net());
+                let tx = n.tx_credits().peer_ni(nid);
+                let rtr = n.router_credits().peer(nid);
+                let max_tx = tx.map_or(i64::from(t.peer_credits), |q| i64::from(q.max()));
+                let max_rtr = i64::from(t.router_credits());
+                ni.push("max_ni_tx_credits", max_tx);
+                ni.push(
+                    "available_tx_credits",
+                    tx.map_or(max_tx, colibri_lnet::credits::CreditQueue::credits),
+                );
+                ni.push(
+                    "min_tx_credits",
+                    tx.map_or(max_tx, colibri_lnet::credits::CreditQueue::min_credits),
+                );
+                ni.push("tx_q_num_of_buf", tx.map_or(0, |q| q.queued()));
+                ni.push(
+                    "available_rtr_credits",
+                    rtr.map_or(max_rtr, colibri_lnet::credits::CreditQueue::credits),
+                );
+                ni.push(
+                    "min_rtr_credits",
+                    rtr.map_or(max_rtr, colibri_lnet::credits::CreditQueue::min_credits),
+                );
+                let s = n.peer_ni_stats(nid).unwrap_or_default();
+                ni.push(
+                    "statistics",
+                    Doc::map()
+                        .with("send_count", s.send_count)
+                        .with("recv_count", s.recv_count)
+                        .with("send_length", s.send_length)
+                        .with("recv_length", s.recv_length),
+                );
+                let h = n.health().ni_health(NiSide::Peer, nid);
+                ni.push(
+                    "health stats",
+                    Doc::map()
+                        .with("health value", n.health().peer_health(nid).value())
+                        .with("ping_count", h.map_or(0, |h| h.ping_count)),
+                );
+            }
+            ni
+        })
+        .collect::<Vec<_>>();
+    d.push("peer ni", nis);
+    d
+}
