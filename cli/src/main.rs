@@ -16,6 +16,7 @@
 mod lnet_bench;
 mod lnet_cmd;
 mod rpc_cmds;
+mod scale_bench;
 mod soak_cmd;
 mod xprt;
 
@@ -183,17 +184,24 @@ struct BenchArgs {
     /// No progress lines on stderr.
     #[arg(long, short)]
     quiet: bool,
+    /// Growth curves instead: one server echoing to 1 .. 1,000 client
+    /// transfer machines (in one domain, then each in its own), and the
+    /// LNet simulator from 2 to 1,024 nodes; with the scale targets.
+    /// Uses --xprt, --mode (blocking unless polling: many transfer
+    /// machines share two CPUs), --smoke and --json.
+    #[arg(long)]
+    scale: bool,
 }
 
 #[derive(Debug, Serialize)]
-struct Machine {
+pub(crate) struct Machine {
     cpus: usize,
     cpu_model: String,
     kernel: String,
 }
 
 impl Machine {
-    fn probe() -> Self {
+    pub(crate) fn probe() -> Self {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu_model = cpuinfo
             .lines()
@@ -229,6 +237,9 @@ struct Report {
 }
 
 fn bench(a: &BenchArgs) -> Result<(), String> {
+    if a.scale {
+        return scale_bench::run(a.xprt, a.mode == Mode::Polling, a.smoke, a.json, a.quiet);
+    }
     let modes: &[bool] = match a.mode {
         Mode::Polling => &[true],
         Mode::Blocking => &[false],

@@ -397,3 +397,35 @@ fn bench_lnet_smoke() {
         assert!(r["baseline"]["median"].as_f64().unwrap() > 0.0, "{r}");
     }
 }
+
+#[test]
+fn bench_scale_smoke() {
+    for xprt in ["mem", "tcp"] {
+        let out = colibri(&[
+            "bench", "--scale", "--smoke", "--xprt", xprt, "--json", "-q",
+        ]);
+        assert!(
+            out.status.success(),
+            "{xprt}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["transport"], xprt);
+        let shared = v["shared_domain"].as_array().unwrap();
+        let clients: Vec<u64> = shared
+            .iter()
+            .map(|p| p["clients"].as_u64().unwrap())
+            .collect();
+        assert_eq!(clients, [1, 10], "{v}");
+        for p in shared.iter().chain(v["own_domains"].as_array().unwrap()) {
+            assert!(p["rate"].as_f64().unwrap() > 0.0, "{p}");
+            assert!(
+                p["p50_us"].as_f64().unwrap() <= p["p99_us"].as_f64().unwrap(),
+                "{p}"
+            );
+        }
+        let sim = v["lnet_sim"].as_array().unwrap();
+        assert_eq!(sim.len(), 2, "{v}");
+        assert!(sim[1]["messages"].as_u64().unwrap() > sim[0]["messages"].as_u64().unwrap());
+    }
+}
