@@ -175,6 +175,11 @@ struct BenchArgs {
     /// Worker threads per transfer machine.
     #[arg(long, default_value_t = 1)]
     workers: usize,
+    /// mem: serve every transfer machine from one shared engine of this
+    /// many threads instead of workers of their own (--workers then does
+    /// not apply, nor does pinning).
+    #[arg(long)]
+    engine_threads: Option<usize>,
     /// A short run (seconds), for checking that everything works.
     #[arg(long)]
     smoke: bool,
@@ -294,7 +299,10 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         plans.iter().map(|(_, p)| p.steps()).sum::<usize>() + if lnet { 3 } else { 0 };
     let mut step = 0;
     for (polling, plan) in plans {
-        let xprt = a.xprt.transport(polling, a.workers);
+        let xprt = match a.engine_threads {
+            Some(n) if a.xprt == Xprt::Mem => scale_bench::mem_shared(polling, n)?,
+            _ => a.xprt.transport(polling, a.workers),
+        };
         let mode = if polling { "polling" } else { "blocking" };
         let mut progress = |what: &str| {
             step += 1;

@@ -12,6 +12,12 @@ use colibri_bench::scale::{EchoScale, ScaleConfig, ScalePoint};
 use colibri_lnet_rt::colibri_lnet::scale::{Fabric, FabricShape};
 use serde::Serialize;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use colibri_bulk_mem::{MemConfig, MemEngine, MemTransport};
+use colibri_net::Transport;
+
 use crate::xprt::Xprt;
 use crate::{Machine, round_sig, write_json};
 
@@ -42,6 +48,9 @@ struct ScaleReport {
     seconds: f64,
     shared_domain: Vec<ScalePoint>,
     own_domains: Vec<ScalePoint>,
+    /// mem only: every transfer machine served by one engine of two
+    /// threads, each client in its own domain.
+    shared_engine: Vec<ScalePoint>,
     lnet_sim: Vec<SimPoint>,
     targets: Vec<Target>,
 }
@@ -53,6 +62,18 @@ struct Sizes {
     sim: &'static [usize],
     messages: u64,
     sim_rounds: usize,
+}
+
+/// The in-memory transport with every transfer machine served by one
+/// shared engine of `threads` threads (polling 1 ms or blocking).
+pub(crate) fn mem_shared(polling: bool, threads: usize) -> Result<Arc<dyn Transport>, String> {
+    let spin = if polling {
+        Duration::from_millis(1)
+    } else {
+        Duration::ZERO
+    };
+    let engine = MemEngine::new(threads, spin).map_err(|e| e.to_string())?;
+    Ok(Arc::new(MemTransport::new(MemConfig::shared(&engine))))
 }
 
 /// Runs the curves and prints them.
@@ -87,7 +108,10 @@ pub(crate) fn run(
         }
     };
     let transport = xprt.transport(polling, 1);
-    let curve = |ns: &[usize], shared: bool| -> Result<Vec<ScalePoint>, String> {
+    let curve = |transport: &dyn Transport,
+                 ns: &[usize],
+                 shared: bool|
+     -> Result<Vec<ScalePoint>, String> {
         let mut out = Vec::new();
         for &n in ns {
             progress(&format!(
@@ -105,12 +129,18 @@ pub(crate) fn run(
                 messages: sizes.messages,
                 ..ScaleConfig::default()
             };
-            out.push(EchoScale::run(&*transport, &cfg).map_err(|e| e.to_string())?);
+            out.push(EchoScale::run(transport, &cfg).map_err(|e| e.to_string())?);
         }
         Ok(out)
     };
-    let shared_domain = curve(sizes.shared, true)?;
-    let own_domains = curve(sizes.own, false)?;
+    let shared_domain = curve(&*transport, sizes.shared, true)?;
+    let own_domains = curve(&*transport, sizes.own, false)?;
+    let shared_engine = if xprt == Xprt::Mem {
+        progress("the same over one shared engine of two threads");
+        curve(&*mem_shared(polling, 2)?, sizes.shared, false)?
+    } else {
+        Vec::new()
+    };
     let mut lnet_sim = Vec::new();
     for &k in sizes.sim {
         progress(&format!("LNet simulator, {k} nodes"));
@@ -148,6 +178,20 @@ pub(crate) fn run(
             met: ratio >= 0.8,
         });
     }
+    if let (Some(first), Some(last)) = (shared_engine.first(), shared_engine.last())
+        && last.clients >= 1000
+    {
+        let ratio = last.rate / first.rate;
+        targets.push(Target {
+            what: format!(
+                "rate with {} clients on one shared engine / with 1",
+                last.clients
+            ),
+            measured: round_sig(ratio),
+            target: ">= 0.8".into(),
+            met: ratio >= 0.8,
+        });
+    }
     if let (Some(first), Some(last)) = (lnet_sim.first(), lnet_sim.last())
         && last.nodes >= 1024
     {
@@ -173,6 +217,7 @@ pub(crate) fn run(
         seconds: round_sig(started.elapsed().as_secs_f64()),
         shared_domain,
         own_domains,
+        shared_engine,
         lnet_sim,
         targets,
     };
@@ -205,7 +250,14 @@ pub(crate) fn run(
             "the same, each client in its own domain",
             &report.own_domains,
         ),
+        (
+            "each client in its own domain, all served by one engine of two threads",
+            &report.shared_engine,
+        ),
     ] {
+        if pts.is_empty() {
+            continue;
+        }
         w(&mut out, format!("\n== {title}"))?;
         w(
             &mut out,

@@ -1742,9 +1742,12 @@ fn stress_body(f: &dyn Factory, seed: u64) {
         for th in 0..3u64 {
             let (a, b) = (&a, &b);
             let (ledger, cbs_a, cbs_b, ops) = (&ledger, &cbs_a, &cbs_b, &ops);
+            // Made here, not in the thread: on a loaded machine a thread
+            // may first run after the stop below (seen with every machine
+            // of the suite on one shared engine).
+            let ep = a.tm.ep_create(&b.addr).unwrap();
             s.spawn(move || {
                 let mut r = Rng::new(seed ^ (th << 32));
-                let ep = a.tm.ep_create(&b.addr).unwrap();
                 let mut mine: Vec<BufToken> = Vec::new();
                 while Instant::now() < stop_at && ops.fetch_add(1, Ordering::Relaxed) < 20_000 {
                     let len = 8 + r.below(400) as usize;

@@ -1,11 +1,12 @@
-//! The conformance suite on the in-memory transport, once with the default
-//! configuration and once with several worker threads per transfer machine
-//! in blocking mode.
+//! The conformance suite on the in-memory transport: with the default
+//! configuration, with several worker threads per transfer machine in
+//! blocking mode, with every transfer machine of every test served by one
+//! shared engine of two threads, and behind a fault injector.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use colibri_bulk_mem::{MemConfig, MemTransport};
+use colibri_bulk_mem::{MemConfig, MemEngine, MemTransport};
 use colibri_net::Transport;
 use colibri_ut::Factory;
 
@@ -43,6 +44,20 @@ mod pool_blocking {
         workers: 3,
         ..MemConfig::blocking()
     }));
+}
+
+/// One engine of two threads for every transfer machine of every test of
+/// this module (the tests run in parallel: the engine serves them all).
+fn engine() -> &'static MemEngine {
+    static ENGINE: std::sync::OnceLock<MemEngine> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| {
+        MemEngine::new(2, std::time::Duration::from_micros(50)).expect("engine threads")
+    })
+}
+
+mod shared_engine {
+    use super::*;
+    colibri_ut::conformance_tests!(Mem(MemConfig::shared(engine())));
 }
 
 /// The in-memory transport behind a fault injector with a plan that

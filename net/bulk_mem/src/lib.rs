@@ -52,6 +52,7 @@
 #![forbid(unsafe_code)]
 
 mod addr;
+mod engine;
 mod tm;
 mod workq;
 
@@ -75,6 +76,97 @@ pub struct MemConfig {
     pub spin: Duration,
     /// Size limits.
     pub limits: Limits,
+    /// A shared engine to run the transfer machines' work instead of
+    /// worker threads of their own (`workers` and `spin` then do not
+    /// apply; `confine` is not supported). See [`MemEngine`].
+    pub engine: Option<MemEngine>,
+}
+
+/// A fixed set of threads serving the work of any number of in-memory
+/// transfer machines (of any domains whose [`MemConfig::engine`] names
+/// it), as Lustre's socklnd schedulers serve every peer.
+///
+/// With a thread of its own per transfer machine (the default), a
+/// process with a thousand transfer machines has a thousand threads, each
+/// spinning after work: the rate falls as they take turns on the CPUs.
+/// With an engine, the threads are as many as asked, whatever the number
+/// of machines. One machine's work still runs in order and on one thread
+/// at a time (callbacks of a machine never run concurrently, as with one
+/// worker); a busy machine yields its thread to the others every 64 items.
+/// The trade-off: a machine's work waits behind the other machines' work
+/// on the engine's threads, and its threads cannot be confined to CPUs of
+/// its own; two machines ping-ponging on an otherwise idle engine see the
+/// latency of one worker each. The threads exit when the engine and every
+/// transfer machine using it are gone.
+///
+/// ```
+/// use std::time::Duration;
+/// use colibri_bulk_mem::{MemConfig, MemEngine, MemTransport};
+/// use colibri_net::{Domain, TmState, ignore_tm_events};
+///
+/// let engine = MemEngine::new(2, Duration::from_micros(50))?;
+/// let xprt = MemTransport::new(MemConfig::shared(&engine));
+/// let dom = Domain::new(&xprt)?;
+/// let tms: Vec<_> = (0..100)
+///     .map(|_| dom.tm_init(ignore_tm_events()))
+///     .collect::<Result<_, _>>()?;
+/// for (i, tm) in tms.iter().enumerate() {
+///     tm.start(&format!("127.0.0.1:0:{}", i + 1))?;
+/// }
+/// for tm in &tms {
+///     tm.wait_for_state(TmState::Started, Duration::from_secs(5))?;
+/// }
+/// assert_eq!(engine.threads(), 2); // not 100
+/// # for tm in &tms { tm.stop(true)?; }
+/// # for tm in &tms { tm.wait_stopped(Duration::from_secs(5))?; }
+/// # Ok::<(), colibri_net::NetError>(())
+/// ```
+#[derive(Clone)]
+pub struct MemEngine(std::sync::Arc<EngineHandle>);
+
+struct EngineHandle {
+    core: std::sync::Arc<tm::MemEngineCore>,
+    threads: usize,
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        self.core.shutdown();
+    }
+}
+
+impl std::fmt::Debug for MemEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemEngine")
+            .field("threads", &self.0.threads)
+            .finish()
+    }
+}
+
+impl MemEngine {
+    /// An engine of `threads` threads (at least 1) that poll for `spin`
+    /// before they sleep.
+    ///
+    /// # Errors
+    /// The system refused a thread.
+    pub fn new(threads: usize, spin: Duration) -> Result<Self> {
+        let core = engine::Engine::new(spin);
+        let threads = threads.max(1);
+        if let Err(e) = core.spawn(threads, "colibri-mem-engine") {
+            core.shutdown();
+            return Err(e);
+        }
+        Ok(Self(std::sync::Arc::new(EngineHandle { core, threads })))
+    }
+
+    /// Its number of threads.
+    pub fn threads(&self) -> usize {
+        self.0.threads
+    }
+
+    pub(crate) fn core(&self) -> &tm::MemEngineCore {
+        &self.0.core
+    }
 }
 
 impl Default for MemConfig {
@@ -83,6 +175,7 @@ impl Default for MemConfig {
             workers: 1,
             spin: Duration::from_micros(50),
             limits: Limits::new(256 << 20, 256 << 20, 4096, 1024),
+            engine: None,
         }
     }
 }
@@ -94,6 +187,15 @@ impl MemConfig {
     pub fn polling() -> Self {
         Self {
             spin: Duration::from_millis(1),
+            ..Self::default()
+        }
+    }
+
+    /// Transfer machines served by `engine`'s threads instead of workers
+    /// of their own.
+    pub fn shared(engine: &MemEngine) -> Self {
+        Self {
+            engine: Some(engine.clone()),
             ..Self::default()
         }
     }
@@ -153,11 +255,17 @@ impl XprtDomain for MemDomain {
     }
 
     fn caps(&self) -> Caps {
-        Caps::new(MEM_TRANSPORT_ID)
+        let caps = Caps::new(MEM_TRANSPORT_ID)
             .with_sync_delivery()
             .with_multi_message()
-            .with_timeouts()
-            .with_confine()
+            .with_timeouts();
+        // A shared engine's threads serve every machine: none can be
+        // confined on its own.
+        if self.cfg.engine.is_some() {
+            caps
+        } else {
+            caps.with_confine()
+        }
     }
 
     fn tm_init(&self, tm: TmId, sink: TmSink) -> Result<Box<dyn XprtTm>> {

@@ -14,6 +14,7 @@ use tracing::{debug, trace, warn};
 
 use crate::MemConfig;
 use crate::addr::{self, MemAddr, MemEp};
+use crate::engine::{Engine, Runnable};
 use crate::workq::WorkQueue;
 
 /// Work items of a transfer machine's worker threads.
@@ -30,20 +31,77 @@ pub(crate) enum Work {
     Deliver(Delivery),
 }
 
-/// State shared by a transfer machine's transport object and its workers.
+/// State shared by a transfer machine's transport object and the threads
+/// that run its work.
 #[derive(Debug)]
 pub(crate) struct Shared {
     id: TmId,
     cfg: MemConfig,
-    queue: WorkQueue<Work>,
+    exec: Exec,
     sink: TmSink,
     addr: Mutex<Option<MemAddr>>,
     own: OnceLock<String>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
     cpus: Mutex<Option<Vec<usize>>>,
     /// Bumped by `confine`: workers re-pin themselves when it changes.
     pin_gen: AtomicU64,
 }
+
+/// Who runs a transfer machine's work.
+pub(crate) enum Exec {
+    /// Worker threads of its own, on its own queue.
+    Own {
+        queue: WorkQueue<Work>,
+        workers: Mutex<Vec<JoinHandle<()>>>,
+    },
+    /// The threads of a shared engine ([`crate::MemEngine`]); the queue
+    /// is run by one engine thread at a time.
+    Engine {
+        queue: crossbeam_queue::SegQueue<Work>,
+        scheduled: colibri_net::sync::AtomicBool,
+        engine: crate::MemEngine,
+    },
+}
+
+impl std::fmt::Debug for Exec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Own { .. } => "Own",
+            Self::Engine { .. } => "Engine",
+        })
+    }
+}
+
+impl Runnable for Shared {
+    fn run_one(self: &Arc<Self>) -> bool {
+        let Exec::Engine { queue, .. } = &self.exec else {
+            return false;
+        };
+        match queue.pop() {
+            Some(w) => {
+                self.process(w);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn idle(&self) -> bool {
+        match &self.exec {
+            Exec::Engine { queue, .. } => queue.is_empty(),
+            Exec::Own { queue, .. } => queue.is_empty(),
+        }
+    }
+
+    fn scheduled(&self) -> &colibri_net::sync::AtomicBool {
+        match &self.exec {
+            Exec::Engine { scheduled, .. } => scheduled,
+            Exec::Own { .. } => unreachable!("only engine-run machines are scheduled"),
+        }
+    }
+}
+
+/// The engine type the in-memory transport shares.
+pub(crate) type MemEngineCore = Engine<Shared>;
 
 impl std::fmt::Debug for Work {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -57,8 +115,22 @@ impl std::fmt::Debug for Work {
 }
 
 impl Shared {
-    pub(crate) fn push(&self, w: Work) {
-        self.queue.push(w);
+    pub(crate) fn push(self: &Arc<Self>, w: Work) {
+        match &self.exec {
+            Exec::Own { queue, .. } => queue.push(w),
+            Exec::Engine { queue, engine, .. } => {
+                queue.push(w);
+                engine.core().schedule(self);
+            }
+        }
+    }
+
+    /// The own work queue, if the machine has worker threads of its own.
+    fn own_queue(&self) -> Option<&WorkQueue<Work>> {
+        match &self.exec {
+            Exec::Own { queue, .. } => Some(queue),
+            Exec::Engine { .. } => None,
+        }
     }
 
     pub(crate) fn sink(&self) -> &TmSink {
@@ -72,7 +144,10 @@ impl Shared {
     /// Starts the worker threads (at creation: the core may hand them
     /// deliveries in any state, INITIALIZED included).
     fn spawn_workers(self: &Arc<Self>) -> Result<()> {
-        let mut workers = self.workers.lock();
+        let Exec::Own { queue, workers } = &self.exec else {
+            return Ok(());
+        };
+        let mut workers = workers.lock();
         for i in 0..self.cfg.workers.max(1) {
             let sh = Arc::clone(self);
             let h = thread::Builder::new()
@@ -85,7 +160,7 @@ impl Shared {
             match h {
                 Ok(h) => workers.push(h),
                 Err(e) => {
-                    self.queue.close();
+                    queue.close();
                     return Err(e);
                 }
             }
@@ -105,6 +180,9 @@ impl Shared {
     }
 
     fn worker(self: Arc<Self>, i: usize) {
+        let Some(queue) = self.own_queue() else {
+            return;
+        };
         let mut pinned = 0;
         loop {
             let generation = self.pin_gen.load(Ordering::Acquire);
@@ -112,9 +190,9 @@ impl Shared {
                 pinned = generation;
                 self.pin(i);
             }
-            match self.queue.pop(self.cfg.spin) {
+            match queue.pop(self.cfg.spin) {
                 Some(w) => self.process(w),
-                None if self.queue.is_closed() && self.queue.is_empty() => return,
+                None if queue.is_closed() && queue.is_empty() => return,
                 None => {}
             }
         }
@@ -257,14 +335,24 @@ pub(crate) struct MemTm {
 
 impl MemTm {
     pub(crate) fn new(id: TmId, cfg: MemConfig, sink: TmSink) -> Result<Self> {
+        let exec = match &cfg.engine {
+            Some(engine) => Exec::Engine {
+                queue: crossbeam_queue::SegQueue::new(),
+                scheduled: colibri_net::sync::AtomicBool::new(false),
+                engine: engine.clone(),
+            },
+            None => Exec::Own {
+                queue: WorkQueue::new(),
+                workers: Mutex::new(Vec::new()),
+            },
+        };
         let sh = Arc::new(Shared {
             id,
             cfg,
-            queue: WorkQueue::new(),
+            exec,
             sink,
             addr: Mutex::new(None),
             own: OnceLock::new(),
-            workers: Mutex::new(Vec::new()),
             cpus: Mutex::new(None),
             pin_gen: AtomicU64::new(0),
         });
@@ -300,9 +388,15 @@ impl XprtTm for MemTm {
     }
 
     fn fini(&self) {
-        self.sh.queue.close();
+        let Exec::Own { queue, workers } = &self.sh.exec else {
+            // The engine's threads are not ours; what is left in our queue
+            // (sends of buffers the stop completed) runs as no-ops.
+            self.leave_address();
+            return;
+        };
+        queue.close();
         let me = thread::current().id();
-        let workers: Vec<JoinHandle<()>> = self.sh.workers.lock().drain(..).collect();
+        let workers: Vec<JoinHandle<()>> = workers.lock().drain(..).collect();
         for h in workers {
             if h.thread().id() == me {
                 // Finalised from one of our own workers (inside another
@@ -348,6 +442,12 @@ impl XprtTm for MemTm {
     }
 
     fn confine(&self, cpus: &[usize]) -> Result<()> {
+        let Some(queue) = self.sh.own_queue() else {
+            return Err(NetError::Unsupported {
+                transport: "mem",
+                what: "confining a transfer machine served by a shared engine",
+            });
+        };
         let avail = core_affinity::get_core_ids().map_or(0, |c| c.len());
         if let Some(bad) = cpus.iter().find(|&&c| c >= avail.max(1)) {
             return Err(NetError::InvalidArgument(format!(
@@ -359,7 +459,7 @@ impl XprtTm for MemTm {
         }
         *self.sh.cpus.lock() = Some(cpus.to_vec());
         self.sh.pin_gen.fetch_add(1, Ordering::AcqRel);
-        self.sh.queue.wake_all();
+        queue.wake_all();
         Ok(())
     }
 }
@@ -367,6 +467,8 @@ impl XprtTm for MemTm {
 impl Drop for MemTm {
     fn drop(&mut self) {
         // Not finalised: let the workers exit on their own.
-        self.sh.queue.close();
+        if let Some(q) = self.sh.own_queue() {
+            q.close();
+        }
     }
 }
