@@ -246,12 +246,20 @@ pub(crate) fn resend_executes_once(net: &Net) {
     let server = net.machine(RpcConfig::default());
     let runs = Arc::new(AtomicU64::new(0));
     let r = runs.clone();
-    // The first reply comes well after the client's first timeouts.
+    // The reply waits until the client has resent at least twice (seen by
+    // a watcher below), not for a fixed time: on a loaded machine the
+    // client's timer may fire late.
+    let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let g = go.clone();
     server.on(SLOW, move |req, reply| {
         r.fetch_add(1, Ordering::SeqCst);
         let p = req.payload().to_vec();
+        let g = g.clone();
         std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while !g.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             reply.ok(&p);
         });
     });
@@ -259,8 +267,17 @@ pub(crate) fn resend_executes_once(net: &Net) {
     let s = client.session(server.addr()).unwrap();
     let opts = CallOpts::new()
         .timeout(Duration::from_millis(80))
-        .retries(10);
-    assert_eq!(s.call_with(SLOW, b"once", opts).unwrap(), b"once");
+        .retries(100);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while client.stats().resends < 2 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            go.store(true, Ordering::SeqCst);
+        });
+        assert_eq!(s.call_with(SLOW, b"once", opts).unwrap(), b"once");
+    });
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
     assert!(client.stats().resends >= 2);
     assert!(server.stats().duplicates >= 2);
