@@ -283,7 +283,9 @@ impl Loop {
                 return;
             }
             if worked {
-                spin_until = now.checked_add(self.cfg.spin).unwrap_or(now + Duration::from_secs(3600));
+                spin_until = now
+                    .checked_add(self.cfg.spin)
+                    .unwrap_or(now + Duration::from_secs(3600));
             }
             let timeout = if worked || now < spin_until {
                 Some(Duration::ZERO)
@@ -351,7 +353,11 @@ impl Loop {
         {
             let mut g = slot.sock.lock();
             let Some(l) = g.as_mut() else { return };
-            if let Err(e) = self.poll.registry().register(l, Token(t), Interest::READABLE) {
+            if let Err(e) = self
+                .poll
+                .registry()
+                .register(l, Token(t), Interest::READABLE)
+            {
                 warn!(error = %e, "cannot watch listener");
                 return;
             }
@@ -392,7 +398,13 @@ impl Loop {
                     trace!(%peer, "accepted control connection");
                     self.conns.insert(
                         ct,
-                        Conn::new(Some(s), false, peer, State::Hello, Some(Instant::now() + self.cfg.connect_timeout)),
+                        Conn::new(
+                            Some(s),
+                            false,
+                            peer,
+                            State::Hello,
+                            Some(Instant::now() + self.cfg.connect_timeout),
+                        ),
                     );
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -410,7 +422,8 @@ impl Loop {
         if let Some(&t) = self.out_conns.get(&peer) {
             return Ok(t);
         }
-        let mut s = TcpStream::connect(peer.into()).map_err(|e| NetError::Unreachable(format!("{peer}: {e}")))?;
+        let mut s = TcpStream::connect(peer.into())
+            .map_err(|e| NetError::Unreachable(format!("{peer}: {e}")))?;
         let _ = s.set_nodelay(true);
         let t = self.token();
         self.poll
@@ -419,7 +432,13 @@ impl Loop {
             .map_err(|e| NetError::io(&e))?;
         self.conns.insert(
             t,
-            Conn::new(Some(s), true, peer, State::Connecting, Some(Instant::now() + self.cfg.connect_timeout)),
+            Conn::new(
+                Some(s),
+                true,
+                peer,
+                State::Connecting,
+                Some(Instant::now() + self.cfg.connect_timeout),
+            ),
         );
         self.out_conns.insert(peer, t);
         Ok(t)
@@ -434,11 +453,19 @@ impl Loop {
             .end_point()
             .and_then(|ep| ep.downcast::<InetAddr>().copied());
         let Some(dest) = dest else {
-            sh.sink.complete(&buf, Err(NetError::InvalidArgument("send without end point".into())));
+            sh.sink.complete(
+                &buf,
+                Err(NetError::InvalidArgument("send without end point".into())),
+            );
             return;
         };
         let Some(reg) = reg_of(buf.reg()) else {
-            sh.sink.complete(&buf, Err(NetError::InvalidArgument("buffer not registered by rdma".into())));
+            sh.sink.complete(
+                &buf,
+                Err(NetError::InvalidArgument(
+                    "buffer not registered by rdma".into(),
+                )),
+            );
             return;
         };
         let segs = match reg.remote(len as u64) {
@@ -464,18 +491,22 @@ impl Loop {
             return;
         }
         let Some(fields) = buf.desc().cloned() else {
-            sh.sink.complete(&buf, Err(NetError::InvalidDescriptor("missing".into())));
+            sh.sink
+                .complete(&buf, Err(NetError::InvalidDescriptor("missing".into())));
             return;
         };
-        let owner = match InetAddr::parse(&fields.owner) {
-            Ok(a) => a,
-            Err(_) => {
-                sh.sink.complete(&buf, Err(NetError::Unreachable(fields.owner.clone())));
-                return;
-            }
+        let Ok(owner) = InetAddr::parse(&fields.owner) else {
+            sh.sink
+                .complete(&buf, Err(NetError::Unreachable(fields.owner.clone())));
+            return;
         };
         let Some(reg) = reg_of(buf.reg()) else {
-            sh.sink.complete(&buf, Err(NetError::InvalidArgument("buffer not registered by rdma".into())));
+            sh.sink.complete(
+                &buf,
+                Err(NetError::InvalidArgument(
+                    "buffer not registered by rdma".into(),
+                )),
+            );
             return;
         };
         let get = buf.queue() == QueueType::ActiveBulkRecv;
@@ -528,7 +559,8 @@ impl Loop {
             Ok(c) => c,
             Err(e) => {
                 debug!(%dest, error = %e, "cannot connect");
-                sh.sink.complete(&buf, Err(NetError::Unreachable(dest.to_string())));
+                sh.sink
+                    .complete(&buf, Err(NetError::Unreachable(dest.to_string())));
                 return;
             }
         };
@@ -544,7 +576,10 @@ impl Loop {
                 _reg: reg,
             },
         );
-        let ready = self.conns.get(&conn).is_some_and(|c| c.state == State::Ready);
+        let ready = self
+            .conns
+            .get(&conn)
+            .is_some_and(|c| c.state == State::Ready);
         if ready {
             self.send_request(conn, xid);
             self.flush(conn);
@@ -554,7 +589,9 @@ impl Loop {
     }
 
     fn send_request(&mut self, conn: usize, xid: u64) {
-        let Some(op) = self.outs.get_mut(&xid) else { return };
+        let Some(op) = self.outs.get_mut(&xid) else {
+            return;
+        };
         let Some(f) = op.frame.take() else { return };
         if let Some(c) = self.conns.get_mut(&conn) {
             f.encode(&mut c.wbuf);
@@ -566,7 +603,10 @@ impl Loop {
             // A receive or passive buffer our work requests are moving:
             // they retire on their own (or flush if the connection breaks)
             // and complete it then.
-            trace!(?reason, "del of a buffer being moved by RDMA: it completes when its WRs retire");
+            trace!(
+                ?reason,
+                "del of a buffer being moved by RDMA: it completes when its WRs retire"
+            );
             return;
         };
         let status = if reason == DelReason::Timeout {
@@ -574,7 +614,9 @@ impl Loop {
         } else {
             NetError::Cancelled
         };
-        let Some(op) = self.outs.get_mut(&xid) else { return };
+        let Some(op) = self.outs.get_mut(&xid) else {
+            return;
+        };
         if op.frame.is_some() {
             // Never sent: nobody knows our keys.
             let op = self.outs.remove(&xid).expect("present");
@@ -599,7 +641,9 @@ impl Loop {
     // ------------------------------------------------------------ sockets
 
     fn on_writable(&mut self, t: usize) {
-        let Some(c) = self.conns.get_mut(&t) else { return };
+        let Some(c) = self.conns.get_mut(&t) else {
+            return;
+        };
         if c.state == State::Connecting {
             let s = c.sock.as_ref().expect("socket of a connecting conn");
             let peer = c.peer;
@@ -633,7 +677,9 @@ impl Loop {
     }
 
     fn flush(&mut self, t: usize) {
-        let Some(c) = self.conns.get_mut(&t) else { return };
+        let Some(c) = self.conns.get_mut(&t) else {
+            return;
+        };
         if c.state == State::Connecting || c.state == State::Dead {
             return;
         }
@@ -664,14 +710,16 @@ impl Loop {
 
     fn on_readable(&mut self, t: usize) {
         loop {
-            let Some(c) = self.conns.get_mut(&t) else { return };
+            let Some(c) = self.conns.get_mut(&t) else {
+                return;
+            };
             if c.state == State::Connecting {
                 // Errors of a connect show up as readable too.
-                if let Some(s) = c.sock.as_ref() {
-                    if let Ok(Some(e)) | Err(e) = s.take_error().map(|o| o) {
-                        let peer = c.peer;
-                        self.fence(t, NetError::Unreachable(format!("{peer}: {e}")));
-                    }
+                if let Some(s) = c.sock.as_ref()
+                    && let Ok(Some(e)) | Err(e) = s.take_error()
+                {
+                    let peer = c.peer;
+                    self.fence(t, NetError::Unreachable(format!("{peer}: {e}")));
                 }
                 return;
             }
@@ -679,7 +727,10 @@ impl Loop {
             match s.read(&mut self.rtmp) {
                 Ok(0) => {
                     let peer = c.peer;
-                    self.fence(t, NetError::ConnectionReset(format!("{peer}: connection closed by peer")));
+                    self.fence(
+                        t,
+                        NetError::ConnectionReset(format!("{peer}: connection closed by peer")),
+                    );
                     return;
                 }
                 Ok(n) => {
@@ -703,7 +754,9 @@ impl Loop {
 
     fn parse(&mut self, t: usize) -> Result<()> {
         loop {
-            let Some(c) = self.conns.get_mut(&t) else { return Ok(()) };
+            let Some(c) = self.conns.get_mut(&t) else {
+                return Ok(());
+            };
             if c.state == State::Dead {
                 return Ok(());
             }
@@ -762,11 +815,33 @@ impl Loop {
                 op.sink.complete(&op.buf, status);
                 Ok(())
             }
-            (State::Ready, false, Frame::Msg { xid, sender, receiver, len, segs }) => {
+            (
+                State::Ready,
+                false,
+                Frame::Msg {
+                    xid,
+                    sender,
+                    receiver,
+                    len,
+                    segs,
+                },
+            ) => {
                 self.incoming_msg(t, xid, sender, receiver, len, &segs);
                 Ok(())
             }
-            (State::Ready, false, Frame::Bulk { xid, op, sender, receiver, size, desc, segs }) => {
+            (
+                State::Ready,
+                false,
+                Frame::Bulk {
+                    xid,
+                    op,
+                    sender,
+                    receiver,
+                    size,
+                    desc,
+                    segs,
+                },
+            ) => {
                 self.incoming_bulk(t, xid, op, sender, receiver, size, desc, &segs);
                 Ok(())
             }
@@ -791,17 +866,25 @@ impl Loop {
     }
 
     fn reply(&mut self, t: usize, xid: u64, status: Result<u64>) {
-        if let Some(c) = self.conns.get_mut(&t) {
-            if c.state == State::Ready {
-                Frame::Reply { xid, status }.encode(&mut c.wbuf);
-            }
+        if let Some(c) = self.conns.get_mut(&t)
+            && c.state == State::Ready
+        {
+            Frame::Reply { xid, status }.encode(&mut c.wbuf);
         }
     }
 
     // ------------------------------------------------------- incoming work
 
     #[allow(clippy::too_many_arguments)]
-    fn incoming_msg(&mut self, t: usize, xid: u64, sender: InetAddr, receiver: InetAddr, len: u64, segs: &[Seg]) {
+    fn incoming_msg(
+        &mut self,
+        t: usize,
+        xid: u64,
+        sender: InetAddr,
+        receiver: InetAddr,
+        len: u64,
+        segs: &[Seg],
+    ) {
         let Some(tm) = tm_of(&receiver) else {
             self.reply(t, xid, Err(NetError::Unreachable(receiver.to_string())));
             return;
@@ -815,9 +898,15 @@ impl Loop {
                     self.reply(t, xid, Err(NetError::Unreachable(receiver.to_string())));
                     return;
                 };
-                let wrs = reg
-                    .pieces(claim.offset as u64, len)
-                    .and_then(|p| plan(segs, &p, len, self.dev.limits().max_sge_rd, self.dev.limits().max_msg_sz));
+                let wrs = reg.pieces(claim.offset as u64, len).and_then(|p| {
+                    plan(
+                        segs,
+                        &p,
+                        len,
+                        self.dev.limits().max_sge_rd,
+                        self.dev.limits().max_msg_sz,
+                    )
+                });
                 match wrs {
                     Ok(wrs) => {
                         let op = InOp {
@@ -892,8 +981,15 @@ impl Loop {
                     return;
                 };
                 let lim = self.dev.limits();
-                let sge = if op == BulkOp::Get { lim.max_sge } else { lim.max_sge_rd };
-                match reg.pieces(0, len).and_then(|p| plan(segs, &p, len, sge, lim.max_msg_sz)) {
+                let sge = if op == BulkOp::Get {
+                    lim.max_sge
+                } else {
+                    lim.max_sge_rd
+                };
+                match reg
+                    .pieces(0, len)
+                    .and_then(|p| plan(segs, &p, len, sge, lim.max_msg_sz))
+                {
                     Ok(wrs) => {
                         let iop = InOp {
                             kind: InKind::Passive { buf },
@@ -920,8 +1016,17 @@ impl Loop {
     }
 
     /// Queues the work requests of an incoming operation (READs or WRITEs).
-    fn run_in(&mut self, t: usize, xid: u64, mut op: InOp, read: bool, wrs: Vec<crate::plan::PlannedWr>) {
-        let Some(c) = self.conns.get_mut(&t) else { return };
+    fn run_in(
+        &mut self,
+        t: usize,
+        xid: u64,
+        mut op: InOp,
+        read: bool,
+        wrs: Vec<crate::plan::PlannedWr>,
+    ) {
+        let Some(c) = self.conns.get_mut(&t) else {
+            return;
+        };
         op.wrs_left = wrs.len();
         for w in wrs {
             let wr_id = self.next_wr;
@@ -947,7 +1052,9 @@ impl Loop {
     /// Every work request of an incoming operation retired: complete it
     /// and answer the requester.
     fn finish_in(&mut self, t: usize, xid: u64) {
-        let Some(op) = self.ins.remove(&(t, xid)) else { return };
+        let Some(op) = self.ins.remove(&(t, xid)) else {
+            return;
+        };
         let status = match (op.abort, op.error) {
             (_, Some(e)) | (Some(e), None) => Err(e),
             (None, None) => Ok(op.len),
@@ -993,8 +1100,15 @@ impl Loop {
             c.sq_used = c.sq_used.saturating_sub(1);
         }
         if !wc.ok() {
-            let peer = self.conns.get(&t).map(|c| c.peer.to_string()).unwrap_or_default();
-            let e = NetError::ConnectionReset(format!("{peer}: RDMA work request failed: {}", wc.status_text()));
+            let peer = self
+                .conns
+                .get(&t)
+                .map(|c| c.peer.to_string())
+                .unwrap_or_default();
+            let e = NetError::ConnectionReset(format!(
+                "{peer}: RDMA work request failed: {}",
+                wc.status_text()
+            ));
             if let Some(op) = self.ins.get_mut(&(t, xid)) {
                 op.error.get_or_insert(e.clone());
             }
@@ -1022,7 +1136,9 @@ impl Loop {
                 continue;
             }
             while c.sq_used < sq && self.cq_used < cqd {
-                let Some(wr) = c.wr_queue.pop_front() else { break };
+                let Some(wr) = c.wr_queue.pop_front() else {
+                    break;
+                };
                 let qp = c.qp.as_mut().expect("QP of a ready conn");
                 match qp.post(std::slice::from_ref(&wr)) {
                     Ok(()) => {
@@ -1046,7 +1162,9 @@ impl Loop {
 
     /// A work request that will never produce a completion: count it down.
     fn unpost(&mut self, wr_id: u64, e: NetError) {
-        let Some((t, xid)) = self.wrs.remove(&wr_id) else { return };
+        let Some((t, xid)) = self.wrs.remove(&wr_id) else {
+            return;
+        };
         if let Some(op) = self.ins.get_mut(&(t, xid)) {
             op.error.get_or_insert(e);
             op.wrs_left = op.wrs_left.saturating_sub(1);
@@ -1064,7 +1182,9 @@ impl Loop {
     /// peer, and let our own work requests flush before their operations
     /// complete.
     fn fence(&mut self, t: usize, err: NetError) {
-        let Some(c) = self.conns.get_mut(&t) else { return };
+        let Some(c) = self.conns.get_mut(&t) else {
+            return;
+        };
         if c.state == State::Dead {
             return;
         }
@@ -1072,7 +1192,7 @@ impl Loop {
         let never = !c.ever_ready;
         c.state = State::Dead;
         if let Some(qp) = c.qp.as_mut() {
-            qp.to_error();
+            qp.set_error();
         }
         if let Some(mut s) = c.sock.take() {
             let _ = self.poll.registry().deregister(&mut s);
@@ -1087,7 +1207,12 @@ impl Loop {
         }
         let peer = c.peer;
         // Requests of ours: the peer can no longer touch their buffers.
-        let mine: Vec<u64> = self.outs.iter().filter(|(_, o)| o.conn == t).map(|(&x, _)| x).collect();
+        let mine: Vec<u64> = self
+            .outs
+            .iter()
+            .filter(|(_, o)| o.conn == t)
+            .map(|(&x, _)| x)
+            .collect();
         for xid in mine {
             let op = self.outs.remove(&xid).expect("present");
             self.by_token.remove(&op.buf.token());
@@ -1101,10 +1226,16 @@ impl Loop {
             op.sink.complete(&op.buf, Err(e));
         }
         // Requests of the peer: ours finish as their WRs flush.
-        let theirs: Vec<u64> = self.ins.keys().filter(|(ct, _)| *ct == t).map(|&(_, x)| x).collect();
+        let theirs: Vec<u64> = self
+            .ins
+            .keys()
+            .filter(|(ct, _)| *ct == t)
+            .map(|&(_, x)| x)
+            .collect();
         for xid in &theirs {
             if let Some(op) = self.ins.get_mut(&(t, *xid)) {
-                op.error.get_or_insert(NetError::ConnectionReset(format!("{peer}: {err}")));
+                op.error
+                    .get_or_insert(NetError::ConnectionReset(format!("{peer}: {err}")));
             }
         }
         for wr_id in unposted {
@@ -1121,7 +1252,11 @@ impl Loop {
     /// Drops a fenced connection once none of its work requests is
     /// outstanding.
     fn reap(&mut self, t: usize) {
-        if self.conns.get(&t).is_some_and(|c| c.state == State::Dead && c.sq_used == 0) {
+        if self
+            .conns
+            .get(&t)
+            .is_some_and(|c| c.state == State::Dead && c.sq_used == 0)
+        {
             self.conns.remove(&t);
         }
     }
@@ -1136,7 +1271,9 @@ impl Loop {
             .map(|(&t, _)| t)
             .collect();
         for t in late {
-            let Some(c) = self.conns.get(&t) else { continue };
+            let Some(c) = self.conns.get(&t) else {
+                continue;
+            };
             let peer = c.peer;
             let e = if c.outgoing {
                 NetError::Unreachable(format!("{peer}: connection setup timed out"))
@@ -1170,7 +1307,10 @@ impl Loop {
             }
         }
         if !self.conns.is_empty() {
-            warn!(left = self.conns.len(), "work requests still outstanding at domain fini");
+            warn!(
+                left = self.conns.len(),
+                "work requests still outstanding at domain fini"
+            );
             // Leak the queue pairs rather than destroy them under the
             // device's feet.
             for (_, c) in self.conns.drain() {
@@ -1183,12 +1323,21 @@ impl Loop {
     }
 
     fn cmds_left(&mut self) -> Vec<(usize, Cmd)> {
-        std::mem::take(&mut *self.eng.cmds.lock()).into_iter().enumerate().collect()
+        std::mem::take(&mut *self.eng.cmds.lock())
+            .into_iter()
+            .enumerate()
+            .collect()
     }
 }
 
 impl Conn {
-    fn new(sock: Option<TcpStream>, outgoing: bool, peer: SocketAddrV4, state: State, deadline: Option<Instant>) -> Self {
+    fn new(
+        sock: Option<TcpStream>,
+        outgoing: bool,
+        peer: SocketAddrV4,
+        state: State,
+        deadline: Option<Instant>,
+    ) -> Self {
         Self {
             sock,
             outgoing,

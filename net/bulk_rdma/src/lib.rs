@@ -143,7 +143,8 @@ impl Transport for RdmaTransport {
     fn dom_init(&self) -> Result<Box<dyn XprtDomain>> {
         let dev = Device::open(self.cfg.device.as_deref())?;
         let lim = dev.limits();
-        let seg_cap = usize::try_from(lim.max_mr_size.min(u64::from(u32::MAX))).unwrap_or(usize::MAX);
+        let seg_cap =
+            usize::try_from(lim.max_mr_size.min(u64::from(u32::MAX))).unwrap_or(usize::MAX);
         let l = self.cfg.limits;
         let limits = Limits::new(
             l.max_buffer_size,
@@ -202,7 +203,11 @@ impl XprtDomain for RdmaDomain {
     }
 
     fn tm_init(&self, tm: TmId, sink: TmSink) -> Result<Box<dyn XprtTm>> {
-        Ok(Box::new(tm::RdmaTm::new(tm, Arc::clone(&self.engine), sink)))
+        Ok(Box::new(tm::RdmaTm::new(
+            tm,
+            Arc::clone(&self.engine),
+            sink,
+        )))
     }
 
     fn fini(&self) {

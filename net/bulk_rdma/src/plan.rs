@@ -138,10 +138,9 @@ impl Reg {
             if take == 0 {
                 continue;
             }
-            let mr = s
-                .mr
-                .as_ref()
-                .ok_or_else(|| NetError::InvalidArgument("unregistered segment".into()))?;
+            let mr =
+                s.mr.as_ref()
+                    .ok_or_else(|| NetError::InvalidArgument("unregistered segment".into()))?;
             out.push(Seg {
                 addr: s.addr,
                 len: u32::try_from(take)
@@ -237,7 +236,11 @@ mod tests {
         check(&segs(&[10]), &pieces(&[10]), 10, 1, 100);
         check(&segs(&[3, 7, 5]), &pieces(&[4, 4, 4, 4]), 15, 2, 6);
         check(&segs(&[0, 5, 0, 5]), &pieces(&[0, 1, 9]), 10, 30, 3);
-        assert!(plan(&segs(&[10]), &pieces(&[10]), 0, 1, 1).unwrap().is_empty());
+        assert!(
+            plan(&segs(&[10]), &pieces(&[10]), 0, 1, 1)
+                .unwrap()
+                .is_empty()
+        );
         assert!(plan(&segs(&[4]), &pieces(&[10]), 5, 1, 10).is_err());
         assert!(plan(&segs(&[10]), &pieces(&[4]), 5, 1, 10).is_err());
     }

@@ -343,8 +343,9 @@ impl Cq {
             // SAFETY: the channel is valid while `self.chan` lives; the
             // channel is non-blocking, so this returns -1 (EAGAIN) at once
             // when nothing is pending; both out-pointers point to locals.
-            let r =
-                unsafe { ibv_get_cq_event(self.chan.comp_channel().as_ptr(), &raw mut cq, &raw mut ctx) };
+            let r = unsafe {
+                ibv_get_cq_event(self.chan.comp_channel().as_ptr(), &raw mut cq, &raw mut ctx)
+            };
             if r != 0 {
                 break;
             }
@@ -403,7 +404,9 @@ pub(crate) struct Qp {
 
 impl fmt::Debug for Qp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Qp").field("qpn", &self.qp.qp_number()).finish()
+        f.debug_struct("Qp")
+            .field("qpn", &self.qp.qp_number())
+            .finish()
     }
 }
 
@@ -450,7 +453,12 @@ impl Qp {
     }
 
     /// INIT → RTR → RTS against the peer's queue pair.
-    pub(crate) fn connect(&mut self, local_psn: u32, remote: &QpInfo, p: QpParams) -> Result<(), NetError> {
+    pub(crate) fn connect(
+        &mut self,
+        local_psn: u32,
+        remote: &QpInfo,
+        p: QpParams,
+    ) -> Result<(), NetError> {
         let mut av = AddressHandleAttribute::new();
         let gid = Gid { raw: remote.gid };
         av.setup_dest_lid(0)
@@ -469,7 +477,9 @@ impl Qp {
             .setup_max_dest_read_atomic(rd)
             .setup_min_rnr_timer(12)
             .setup_address_vector(&av);
-        self.qp.modify(&a).map_err(|e| io_err("modify QP to RTR", e))?;
+        self.qp
+            .modify(&a)
+            .map_err(|e| io_err("modify QP to RTR", e))?;
         let mut a = QueuePairAttribute::new();
         a.setup_state(QueuePairState::ReadyToSend)
             .setup_sq_psn(local_psn)
@@ -477,14 +487,16 @@ impl Qp {
             .setup_retry_cnt(p.retry_cnt.min(6))
             .setup_rnr_retry(0)
             .setup_max_read_atomic(rd.min(remote.rd_atom).max(1));
-        self.qp.modify(&a).map_err(|e| io_err("modify QP to RTS", e))?;
+        self.qp
+            .modify(&a)
+            .map_err(|e| io_err("modify QP to RTS", e))?;
         Ok(())
     }
 
     /// Moves the queue pair to ERROR: every work request still queued
     /// completes with a flush error, and no request of the peer reaches
     /// our memory through it any more.
-    pub(crate) fn to_error(&mut self) {
+    pub(crate) fn set_error(&mut self) {
         // SAFETY: a zeroed `ibv_qp_attr` is a valid value (plain C struct of
         // integers); only `qp_state` is read, as the mask says; the QP
         // handle is valid while `self.qp` lives.

@@ -272,7 +272,9 @@ impl Frame {
         let covered = |segs: &[Seg], len: u64| -> Result<()> {
             let total: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
             if total < len {
-                return Err(bad(&format!("segments hold {total} bytes, {len} announced")));
+                return Err(bad(&format!(
+                    "segments hold {total} bytes, {len} announced"
+                )));
             }
             Ok(())
         };
@@ -319,7 +321,11 @@ impl Frame {
                 covered(&segs, size)?;
                 Self::Bulk {
                     xid,
-                    op: if op == OP_GET { BulkOp::Get } else { BulkOp::Put },
+                    op: if op == OP_GET {
+                        BulkOp::Get
+                    } else {
+                        BulkOp::Put
+                    },
                     sender,
                     receiver,
                     size,
