@@ -229,6 +229,8 @@ struct InOp {
     wrs_left: usize,
     error: Option<NetError>,
     abort: Option<NetError>,
+    /// When an abort must have taken effect.
+    abort_by: Option<Instant>,
     _reg: Arc<Reg>,
 }
 
@@ -599,20 +601,32 @@ impl Loop {
     }
 
     fn del(&mut self, buf: &QueuedBuf, reason: DelReason) {
-        let Some(&xid) = self.by_token.get(&buf.token()) else {
-            // A receive or passive buffer our work requests are moving:
-            // they retire on their own (or flush if the connection breaks)
-            // and complete it then.
-            trace!(
-                ?reason,
-                "del of a buffer being moved by RDMA: it completes when its WRs retire"
-            );
-            return;
-        };
         let status = if reason == DelReason::Timeout {
             NetError::TimedOut
         } else {
             NetError::Cancelled
+        };
+        let token = buf.token();
+        let Some(&xid) = self.by_token.get(&token) else {
+            // A receive or passive buffer our work requests are moving: the
+            // transfer is aborted (the requester will get the status), but
+            // the buffer completes only once those requests retired, as
+            // the device may still be writing into it. If they do not
+            // retire within `abort_timeout`, the connection is fenced,
+            // which flushes them.
+            let by = Instant::now() + self.cfg.abort_timeout;
+            for op in self.ins.values_mut() {
+                let mine = match &op.kind {
+                    InKind::Msg { claim, .. } => claim.buf.token() == token,
+                    InKind::Passive { buf } => buf.token() == token,
+                };
+                if mine && op.abort.is_none() {
+                    trace!(?reason, "del of a buffer being moved by RDMA: aborted");
+                    op.abort = Some(status.clone());
+                    op.abort_by = Some(by);
+                }
+            }
+            return;
         };
         let Some(op) = self.outs.get_mut(&xid) else {
             return;
@@ -848,6 +862,8 @@ impl Loop {
             (State::Ready, false, Frame::Abort { xid, status }) => {
                 if let Some(op) = self.ins.get_mut(&(t, xid)) {
                     op.abort.get_or_insert(status);
+                    op.abort_by
+                        .get_or_insert(Instant::now() + self.cfg.abort_timeout);
                 }
                 Ok(())
             }
@@ -919,6 +935,7 @@ impl Loop {
                             wrs_left: 0,
                             error: None,
                             abort: None,
+                            abort_by: None,
                             _reg: reg,
                         };
                         self.run_in(t, xid, op, true, wrs);
@@ -998,6 +1015,7 @@ impl Loop {
                             wrs_left: 0,
                             error: None,
                             abort: None,
+                            abort_by: None,
                             _reg: reg,
                         };
                         self.run_in(t, xid, iop, op == BulkOp::Put, wrs);
@@ -1056,7 +1074,8 @@ impl Loop {
             return;
         };
         let status = match (op.abort, op.error) {
-            (_, Some(e)) | (Some(e), None) => Err(e),
+            // A deletion (ours or the requester's) decides the status.
+            (Some(e), _) | (None, Some(e)) => Err(e),
             (None, None) => Ok(op.len),
         };
         self.reply(t, xid, status.clone());
@@ -1288,6 +1307,12 @@ impl Loop {
             .filter(|o| o.abort_by.is_some_and(|d| now >= d))
             .map(|o| o.conn)
             .collect();
+        let late_in = self
+            .ins
+            .iter()
+            .filter(|(_, o)| o.abort_by.is_some_and(|d| now >= d))
+            .map(|(&(t, _), _)| t);
+        let aborts: Vec<usize> = aborts.into_iter().chain(late_in).collect();
         for t in aborts {
             self.fence(t, NetError::TimedOut);
         }

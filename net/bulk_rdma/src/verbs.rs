@@ -55,8 +55,8 @@ pub(crate) struct DevLimits {
     pub max_cqe: usize,
 }
 
-/// An opened RDMA device with its protection domain. One per process
-/// (shared by every domain, so any queue pair can use any registration).
+/// An opened RDMA device with its protection domain: one per domain (the
+/// domain's queue pairs only ever touch the domain's registrations).
 pub(crate) struct Device {
     name: String,
     ctx: Arc<DeviceContext>,

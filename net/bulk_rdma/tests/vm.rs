@@ -21,7 +21,6 @@ use colibri_bulk_rdma::{RdmaConfig, RdmaTransport};
 use colibri_net::{BufVec, Domain, NetBufDesc, NetError, QueueType, RecvParams, Transport};
 use colibri_ut::{Factory, Node, pattern};
 
-
 static NEXT_SERVICE: AtomicU32 = AtomicU32::new(1000);
 
 struct Rdma(RdmaConfig);
@@ -34,7 +33,10 @@ impl Factory for Rdma {
         Arc::new(RdmaTransport::new(self.0.clone()))
     }
     fn addr(&self) -> String {
-        format!("127.0.0.1:0:{}", NEXT_SERVICE.fetch_add(1, Ordering::Relaxed))
+        format!(
+            "127.0.0.1:0:{}",
+            NEXT_SERVICE.fetch_add(1, Ordering::Relaxed)
+        )
     }
     fn unreachable_addr(&self) -> String {
         "127.0.0.1:1:1".to_string()
@@ -56,14 +58,19 @@ fn domain_needs_a_device() {
             dom.fini().unwrap();
         }
         Err(e) => {
-            assert!(!has_device(), "domain init failed with a device present: {e}");
+            assert!(
+                !has_device(),
+                "domain init failed with a device present: {e}"
+            );
             assert!(e.to_string().contains("no RDMA device"), "{e}");
         }
     }
 }
 
 fn shaped(n: &Node, lens: &[usize], data: Option<&[u8]>) -> colibri_net::NetBuffer {
-    let mut b = n.buf_vec(BufVec::from_segments(lens.iter().map(|&l| vec![0u8; l]).collect()));
+    let mut b = n.buf_vec(BufVec::from_segments(
+        lens.iter().map(|&l| vec![0u8; l]).collect(),
+    ));
     if let Some(d) = data {
         b.bufvec_mut().copy_in(0, d).unwrap();
     }
@@ -84,14 +91,18 @@ fn many_segments_split_across_work_requests() {
     let data = pattern(7, total);
     // Message: many segments sent, read into few.
     let dest = a.ep(&b.addr);
-    b.tm.add_msg_recv(shaped(&b, &few, None), RecvParams::default()).unwrap();
-    a.tm.add_msg_send(shaped(&a, &many, Some(&data)), &dest, total).unwrap();
+    b.tm.add_msg_recv(shaped(&b, &few, None), RecvParams::default())
+        .unwrap();
+    a.tm.add_msg_send(shaped(&a, &many, Some(&data)), &dest, total)
+        .unwrap();
     let ev = b.next_event_on(QueueType::MsgRecv);
     assert_eq!(ev.message().unwrap(), data);
     drop(ev);
     assert!(a.next_event_on(QueueType::MsgSend).status().is_ok());
     // GET: few passive segments written into many.
-    let (_, d) = b.tm.add_passive_send(shaped(&b, &few, Some(&data)), total, None).unwrap();
+    let (_, d) =
+        b.tm.add_passive_send(shaped(&b, &few, Some(&data)), total, None)
+            .unwrap();
     a.tm.add_active_recv(shaped(&a, &many, None), &d).unwrap();
     let ev = a.next_event_on(QueueType::ActiveBulkRecv);
     assert_eq!(ev.message().unwrap(), data);
@@ -99,7 +110,8 @@ fn many_segments_split_across_work_requests() {
     assert!(b.next_event_on(QueueType::PassiveBulkSend).status().is_ok());
     // PUT: many active segments read into few.
     let (_, d) = b.tm.add_passive_recv(shaped(&b, &few, None), None).unwrap();
-    a.tm.add_active_send(shaped(&a, &many, Some(&data)), &d, total).unwrap();
+    a.tm.add_active_send(shaped(&a, &many, Some(&data)), &d, total)
+        .unwrap();
     assert!(a.next_event_on(QueueType::ActiveBulkSend).status().is_ok());
     let ev = b.next_event_on(QueueType::PassiveBulkRecv);
     assert_eq!(ev.message().unwrap(), data);
@@ -117,14 +129,20 @@ fn large_registrations_both_ways() {
     let b = Node::start(&f);
     let len = 64 << 20;
     let data = pattern(11, len);
-    let (_, d) = b.tm.add_passive_send(b.buf_with(&data, 1 << 20), len, None).unwrap();
-    a.tm.add_active_recv(a.buf_vec(BufVec::with_len(len, 4 << 20)), &d).unwrap();
+    let (_, d) =
+        b.tm.add_passive_send(b.buf_with(&data, 1 << 20), len, None)
+            .unwrap();
+    a.tm.add_active_recv(a.buf_vec(BufVec::with_len(len, 4 << 20)), &d)
+        .unwrap();
     let ev = a.next_event_on(QueueType::ActiveBulkRecv);
     assert!(ev.message().unwrap() == data, "GET data differs");
     drop(ev);
     assert!(b.next_event_on(QueueType::PassiveBulkSend).status().is_ok());
-    let (_, d) = b.tm.add_passive_recv(b.buf_vec(BufVec::with_len(len, 1 << 20)), None).unwrap();
-    a.tm.add_active_send(a.buf_with(&data, 4 << 20), &d, len).unwrap();
+    let (_, d) =
+        b.tm.add_passive_recv(b.buf_vec(BufVec::with_len(len, 1 << 20)), None)
+            .unwrap();
+    a.tm.add_active_send(a.buf_with(&data, 4 << 20), &d, len)
+        .unwrap();
     assert!(a.next_event_on(QueueType::ActiveBulkSend).status().is_ok());
     let ev = b.next_event_on(QueueType::PassiveBulkRecv);
     assert!(ev.message().unwrap() == data, "PUT data differs");
@@ -213,7 +231,8 @@ fn peer_killed_mid_get() {
     let d = NetBufDesc::from_bytes(unhex(&p.expect("DESC")));
     let f = Rdma(RdmaConfig::default());
     let a = Node::start(&f);
-    a.tm.add_active_recv(a.buf_vec(BufVec::with_len(BIG, 1 << 20)), &d).unwrap();
+    a.tm.add_active_recv(a.buf_vec(BufVec::with_len(BIG, 1 << 20)), &d)
+        .unwrap();
     std::thread::sleep(KILL_AFTER);
     p.kill();
     one_reset(&a, QueueType::ActiveBulkRecv);
@@ -228,7 +247,8 @@ fn peer_killed_mid_put() {
     let d = NetBufDesc::from_bytes(unhex(&p.expect("DESC")));
     let f = Rdma(RdmaConfig::default());
     let a = Node::start(&f);
-    a.tm.add_active_send(a.buf_with(&pattern(3, BIG), 1 << 20), &d, BIG).unwrap();
+    a.tm.add_active_send(a.buf_with(&pattern(3, BIG), 1 << 20), &d, BIG)
+        .unwrap();
     std::thread::sleep(KILL_AFTER);
     p.kill();
     one_reset(&a, QueueType::ActiveBulkSend);
@@ -243,7 +263,8 @@ fn peer_killed_mid_message() {
     let f = Rdma(RdmaConfig::default());
     let a = Node::start(&f);
     let dest = a.ep(&addr);
-    a.tm.add_msg_send(a.buf_with(&pattern(5, BIG), 1 << 20), &dest, BIG).unwrap();
+    a.tm.add_msg_send(a.buf_with(&pattern(5, BIG), 1 << 20), &dest, BIG)
+        .unwrap();
     std::thread::sleep(KILL_AFTER);
     p.kill();
     one_reset(&a, QueueType::MsgSend);
@@ -259,7 +280,9 @@ fn peer_killed_mid_message() {
 fn peer_killed_while_we_write_into_it() {
     let f = Rdma(RdmaConfig::default());
     let b = Node::start(&f);
-    let (_, d) = b.tm.add_passive_send(b.buf_with(&pattern(9, BIG), 1 << 20), BIG, None).unwrap();
+    let (_, d) =
+        b.tm.add_passive_send(b.buf_with(&pattern(9, BIG), 1 << 20), BIG, None)
+            .unwrap();
     let mut p = Peer::spawn(&["get", &hex(d.as_bytes()), &BIG.to_string()]);
     let _ = p.expect("ADDED");
     std::thread::sleep(KILL_AFTER);

@@ -30,7 +30,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Res<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err("odd hex length".into());
     }
     (0..s.len())
@@ -41,9 +41,7 @@ fn unhex(s: &str) -> Res<Vec<u8>> {
 
 fn run(args: &[String]) -> Res<()> {
     let role = args.first().ok_or("usage: see the source")?.as_str();
-    let num = |i: usize| -> Res<usize> {
-        Ok(args.get(i).ok_or("missing size")?.parse::<usize>()?)
-    };
+    let num = |i: usize| -> Res<usize> { Ok(args.get(i).ok_or("missing size")?.parse::<usize>()?) };
     let xprt = RdmaTransport::new(RdmaConfig::default());
     let dom = Domain::new(&xprt)?;
     let tm = dom.tm_init(ignore_tm_events())?;
@@ -64,8 +62,16 @@ fn run(args: &[String]) -> Res<()> {
         "passive-send" | "passive-recv" | "recv" => {
             let size = num(1)?;
             let desc = match role {
-                "passive-send" => tm.add_passive_send(buf(size, true)?, size, None).map_err(|e| e.error)?.1,
-                "passive-recv" => tm.add_passive_recv(buf(size, false)?, None).map_err(|e| e.error)?.1,
+                "passive-send" => {
+                    tm.add_passive_send(buf(size, true)?, size, None)
+                        .map_err(|e| e.error)?
+                        .1
+                }
+                "passive-recv" => {
+                    tm.add_passive_recv(buf(size, false)?, None)
+                        .map_err(|e| e.error)?
+                        .1
+                }
                 _ => {
                     tm.add_msg_recv(buf(size, false)?, RecvParams::default())
                         .map_err(|e| e.error)?;
@@ -79,9 +85,11 @@ fn run(args: &[String]) -> Res<()> {
             let desc = NetBufDesc::from_bytes(unhex(args.get(1).ok_or("missing descriptor")?)?);
             let size = num(2)?;
             if role == "get" {
-                tm.add_active_recv(buf(size, false)?, &desc).map_err(|e| e.error)?;
+                tm.add_active_recv(buf(size, false)?, &desc)
+                    .map_err(|e| e.error)?;
             } else {
-                tm.add_active_send(buf(size, true)?, &desc, size).map_err(|e| e.error)?;
+                tm.add_active_send(buf(size, true)?, &desc, size)
+                    .map_err(|e| e.error)?;
             }
             writeln!(out, "ADDED")?;
         }
