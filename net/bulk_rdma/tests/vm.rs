@@ -311,3 +311,175 @@ fn traffic_after_a_peer_died() {
     }
     a.shutdown();
 }
+
+/// Waits (bounded) until the buffer is in use by the transport (or
+/// already completed).
+fn wait_in_use(n: &Node, t: colibri_net::BufToken) {
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while n.tm.buffer_state(t).is_some_and(|s| !s.in_use) {
+        assert!(std::time::Instant::now() < until, "buffer never in use");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The status class of a final event.
+fn outcome(ev: &colibri_net::BufferEvent) -> &'static str {
+    assert!(ev.is_final(), "{ev:?}");
+    match ev.status() {
+        Ok(_) => "ok",
+        Err(NetError::Cancelled) => "cancelled",
+        Err(NetError::TimedOut) => "timed out",
+        Err(e) => panic!("unexpected status {e}"),
+    }
+}
+
+/// A cancel of the active side while the passive side's RDMA moves the
+/// data: ABORT, then both sides complete once with the same status (the
+/// abort's, or success if the data had all moved), the passive side only
+/// after its work requests retired.
+#[test]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"]
+fn cancel_of_the_active_side_mid_transfer() {
+    let f = Rdma(RdmaConfig::default());
+    let a = Node::start(&f);
+    let b = Node::start(&f);
+    for get in [true, false] {
+        let (pt, d) = if get {
+            b.tm.add_passive_send(b.buf_with(&pattern(1, BIG), 1 << 20), BIG, None)
+                .unwrap()
+        } else {
+            b.tm.add_passive_recv(b.buf_vec(BufVec::with_len(BIG, 1 << 20)), None)
+                .unwrap()
+        };
+        let t = if get {
+            a.tm.add_active_recv(a.buf_vec(BufVec::with_len(BIG, 1 << 20)), &d)
+                .unwrap()
+        } else {
+            a.tm.add_active_send(a.buf_with(&pattern(2, BIG), 1 << 20), &d, BIG)
+                .unwrap()
+        };
+        wait_in_use(&b, pt);
+        assert!(a.tm.del(t).unwrap());
+        let (aq, bq) = if get {
+            (QueueType::ActiveBulkRecv, QueueType::PassiveBulkSend)
+        } else {
+            (QueueType::ActiveBulkSend, QueueType::PassiveBulkRecv)
+        };
+        let ea = a.next_event_on(aq);
+        let eb = b.next_event_on(bq);
+        assert_eq!(outcome(&ea), outcome(&eb), "GET {get}: both sides agree");
+        if outcome(&ea) == "ok" {
+            eprintln!("note: the transfer finished before the abort");
+        }
+        drop((ea, eb));
+        a.expect_quiet();
+        b.expect_quiet();
+    }
+    a.shutdown();
+    b.shutdown();
+}
+
+/// A cancel of the passive side while our WRITEs move its data: it
+/// completes once its work requests retired, and the requester gets the
+/// same status.
+#[test]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"]
+fn cancel_of_the_passive_side_mid_transfer() {
+    let f = Rdma(RdmaConfig::default());
+    let a = Node::start(&f);
+    let b = Node::start(&f);
+    let (pt, d) =
+        b.tm.add_passive_send(b.buf_with(&pattern(1, BIG), 1 << 20), BIG, None)
+            .unwrap();
+    a.tm.add_active_recv(a.buf_vec(BufVec::with_len(BIG, 1 << 20)), &d)
+        .unwrap();
+    wait_in_use(&b, pt);
+    assert!(b.tm.del(pt).unwrap());
+    let eb = b.next_event_on(QueueType::PassiveBulkSend);
+    let ea = a.next_event_on(QueueType::ActiveBulkRecv);
+    assert_eq!(outcome(&ea), outcome(&eb));
+    drop((ea, eb));
+    a.expect_quiet();
+    b.expect_quiet();
+    a.shutdown();
+    b.shutdown();
+}
+
+/// A message cancelled by its sender while the receiver READs it: the
+/// receiver's claim is given back (no event), and the receive buffer takes
+/// the next message.
+#[test]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"]
+fn cancel_of_a_message_being_read() {
+    let f = Rdma(RdmaConfig::default());
+    let a = Node::start(&f);
+    let b = Node::start(&f);
+    let rt =
+        b.tm.add_msg_recv(
+            b.buf_vec(BufVec::with_len(BIG, 1 << 20)),
+            RecvParams::default(),
+        )
+        .unwrap();
+    let dest = a.ep(&b.addr);
+    let t =
+        a.tm.add_msg_send(a.buf_with(&pattern(4, BIG), 1 << 20), &dest, BIG)
+            .unwrap();
+    wait_in_use(&b, rt);
+    assert!(a.tm.del(t).unwrap());
+    let ea = a.next_event_on(QueueType::MsgSend);
+    if outcome(&ea) == "ok" {
+        eprintln!("note: the message arrived before the abort");
+        drop(b.next_event_on(QueueType::MsgRecv));
+    } else {
+        drop(ea);
+        b.expect_quiet();
+        let small = pattern(5, 1000);
+        a.tm.add_msg_send(a.buf_with(&small, 0), &dest, small.len())
+            .unwrap();
+        let ev = b.next_event_on(QueueType::MsgRecv);
+        assert_eq!(ev.message().unwrap(), small);
+        drop(ev);
+        assert!(a.next_event_on(QueueType::MsgSend).status().is_ok());
+    }
+    drop(dest);
+    a.shutdown();
+    b.shutdown();
+}
+
+/// Stop with abort on both sides while transfers are in flight in both
+/// directions: every buffer completes once, and STOPPED comes after.
+#[test]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"]
+fn stop_with_abort_mid_transfers() {
+    let f = Rdma(RdmaConfig::default());
+    let a = Node::start(&f);
+    let b = Node::start(&f);
+    let (p1, d1) =
+        b.tm.add_passive_send(b.buf_with(&pattern(1, BIG), 1 << 20), BIG, None)
+            .unwrap();
+    let (_, d2) =
+        a.tm.add_passive_recv(a.buf_vec(BufVec::with_len(BIG, 1 << 20)), None)
+            .unwrap();
+    a.tm.add_active_recv(a.buf_vec(BufVec::with_len(BIG, 1 << 20)), &d1)
+        .unwrap();
+    b.tm.add_active_send(b.buf_with(&pattern(2, BIG), 1 << 20), &d2, BIG)
+        .unwrap();
+    wait_in_use(&b, p1);
+    let ea = a.stop(true);
+    let eb = b.stop(true);
+    // Each side had two buffers; some may have completed during the other
+    // side's stop, after its STOPPED: count every final event.
+    let mut n = ea.len() + eb.len();
+    for ev in ea.iter().chain(eb.iter()) {
+        assert!(ev.is_final());
+        eprintln!("{:?}: {:?}", ev.queue(), ev.status());
+    }
+    drop((ea, eb));
+    while let Some(ev) = a.events.try_recv().or_else(|| b.events.try_recv()) {
+        assert!(ev.is_final());
+        n += 1;
+    }
+    assert_eq!(n, 4, "one final event per buffer");
+    a.shutdown();
+    b.shutdown();
+}
