@@ -122,6 +122,7 @@ impl Engine {
             cq,
             conns: HashMap::new(),
             out_conns: HashMap::new(),
+            routes: HashMap::new(),
             listeners: HashMap::new(),
             outs: HashMap::new(),
             by_token: HashMap::new(),
@@ -244,6 +245,9 @@ struct Loop {
     cq: Cq,
     conns: HashMap<usize, Conn>,
     out_conns: HashMap<SocketAddrV4, usize>,
+    /// Peer listeners reachable over connections they opened to us
+    /// (learned from the sender addresses of their requests).
+    routes: HashMap<SocketAddrV4, usize>,
     listeners: HashMap<usize, Arc<ListenerSlot>>,
     outs: HashMap<u64, OutOp>,
     by_token: HashMap<BufToken, u64>,
@@ -422,6 +426,12 @@ impl Loop {
     /// The outgoing connection to `peer`, opened if needed.
     fn conn_to(&mut self, peer: SocketAddrV4) -> Result<usize> {
         if let Some(&t) = self.out_conns.get(&peer) {
+            return Ok(t);
+        }
+        // A connection the peer opened to us carries our requests too.
+        if let Some(&t) = self.routes.get(&peer)
+            && self.conns.get(&t).is_some_and(|c| c.state == State::Ready)
+        {
             return Ok(t);
         }
         let mut s = TcpStream::connect(peer.into())
@@ -809,7 +819,7 @@ impl Loop {
                 c.deadline = None;
                 Ok(())
             }
-            (State::Ready, true, Frame::Reply { xid, status }) => {
+            (State::Ready, _, Frame::Reply { xid, status }) => {
                 let Some(op) = self.outs.get(&xid) else {
                     trace!(xid, "reply for an operation already ended");
                     return Ok(());
@@ -831,7 +841,7 @@ impl Loop {
             }
             (
                 State::Ready,
-                false,
+                _,
                 Frame::Msg {
                     xid,
                     sender,
@@ -840,12 +850,13 @@ impl Loop {
                     segs,
                 },
             ) => {
+                self.learn(t, sender);
                 self.incoming_msg(t, xid, sender, receiver, len, &segs);
                 Ok(())
             }
             (
                 State::Ready,
-                false,
+                _,
                 Frame::Bulk {
                     xid,
                     op,
@@ -856,10 +867,11 @@ impl Loop {
                     segs,
                 },
             ) => {
+                self.learn(t, sender);
                 self.incoming_bulk(t, xid, op, sender, receiver, size, desc, &segs);
                 Ok(())
             }
-            (State::Ready, false, Frame::Abort { xid, status }) => {
+            (State::Ready, _, Frame::Abort { xid, status }) => {
                 if let Some(op) = self.ins.get_mut(&(t, xid)) {
                     op.abort.get_or_insert(status);
                     op.abort_by
@@ -878,6 +890,15 @@ impl Loop {
                 },
                 if out { "outgoing" } else { "accepted" }
             )),
+        }
+    }
+
+    /// Remembers that the listener of `sender` is reachable through the
+    /// connection `t` (which it opened to us), for our requests to it.
+    fn learn(&mut self, t: usize, sender: InetAddr) {
+        let at = sock_of(&sender);
+        if !self.out_conns.contains_key(&at) && self.routes.len() < 65_536 {
+            self.routes.entry(at).or_insert(t);
         }
     }
 
@@ -1224,6 +1245,7 @@ impl Loop {
         if c.outgoing && self.out_conns.get(&c.peer) == Some(&t) {
             self.out_conns.remove(&c.peer);
         }
+        self.routes.retain(|_, &mut r| r != t);
         let peer = c.peer;
         // Requests of ours: the peer can no longer touch their buffers.
         let mine: Vec<u64> = self
