@@ -387,7 +387,7 @@ impl Loop {
             };
             match got {
                 Ok((mut s, peer)) => {
-                    let _ = s.set_nodelay(true);
+                    tune_socket(&s, self.cfg.peer_timeout);
                     let peer = match peer {
                         std::net::SocketAddr::V4(p) => p,
                         std::net::SocketAddr::V6(_) => continue,
@@ -436,7 +436,7 @@ impl Loop {
         }
         let mut s = TcpStream::connect(peer.into())
             .map_err(|e| NetError::Unreachable(format!("{peer}: {e}")))?;
-        let _ = s.set_nodelay(true);
+        tune_socket(&s, self.cfg.peer_timeout);
         let t = self.token();
         self.poll
             .registry()
@@ -1377,6 +1377,34 @@ impl Loop {
     }
 }
 
+/// Control sockets: no Nagle, keepalive tuned to `peer_timeout` and
+/// `TCP_USER_TIMEOUT`, so a peer host that vanished without a FIN or RST
+/// (which RC retries alone would not report on rxe) breaks the connection,
+/// fencing it, within about `peer_timeout`. Failures are logged and
+/// ignored.
+fn tune_socket<S: std::os::fd::AsFd>(s: &S, peer_timeout: Option<Duration>) {
+    let sr = socket2::SockRef::from(s);
+    if let Err(e) = sr.set_tcp_nodelay(true) {
+        debug!(%e, "TCP_NODELAY");
+    }
+    if let Err(e) = sr.set_keepalive(true) {
+        debug!(%e, "SO_KEEPALIVE");
+    }
+    if let Some(t) = peer_timeout {
+        let second = Duration::from_secs(1);
+        let ka = socket2::TcpKeepalive::new()
+            .with_time((t / 2).max(second))
+            .with_interval((t / 10).max(second))
+            .with_retries(5);
+        if let Err(e) = sr.set_tcp_keepalive(&ka) {
+            debug!(%e, "TCP keepalive timers");
+        }
+        if let Err(e) = sr.set_tcp_user_timeout(Some(t.max(second))) {
+            debug!(%e, "TCP_USER_TIMEOUT");
+        }
+    }
+}
+
 impl Conn {
     fn new(
         sock: Option<TcpStream>,
@@ -1400,5 +1428,27 @@ impl Conn {
             ever_ready: false,
             deadline,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_timeout_sets_keepalive_and_user_timeout() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        tune_socket(&s, Some(Duration::from_secs(40)));
+        let sr = socket2::SockRef::from(&s);
+        assert!(sr.tcp_nodelay().unwrap());
+        assert!(sr.keepalive().unwrap());
+        assert_eq!(sr.tcp_keepalive_time().unwrap(), Duration::from_secs(20));
+        assert_eq!(sr.tcp_keepalive_interval().unwrap(), Duration::from_secs(4));
+        assert_eq!(sr.tcp_keepalive_retries().unwrap(), 5);
+        assert_eq!(
+            sr.tcp_user_timeout().unwrap(),
+            Some(Duration::from_secs(40))
+        );
     }
 }

@@ -76,6 +76,11 @@ pub struct RdmaConfig {
     pub retry_cnt: u8,
     /// How long a control connection may take to be set up.
     pub connect_timeout: Duration,
+    /// How long a silent peer may take to answer TCP keepalive probes (and
+    /// to acknowledge data) on a control connection before the connection
+    /// is declared dead (`SO_KEEPALIVE` timers and `TCP_USER_TIMEOUT`);
+    /// `None` leaves the kernel's defaults.
+    pub peer_timeout: Option<Duration>,
     /// How long an aborted request may wait for the peer's reply before
     /// the connection is declared dead.
     pub abort_timeout: Duration,
@@ -93,6 +98,7 @@ impl Default for RdmaConfig {
             qp_timeout: 14,
             retry_cnt: 6,
             connect_timeout: Duration::from_secs(20),
+            peer_timeout: Some(Duration::from_secs(60)),
             abort_timeout: Duration::from_secs(30),
             limits: Limits::new(64 << 20, 16 << 20, 4096, 1024),
         }
