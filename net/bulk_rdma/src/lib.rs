@@ -39,7 +39,7 @@ mod engine;
 mod plan;
 mod tm;
 mod verbs;
-mod wire;
+pub mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;

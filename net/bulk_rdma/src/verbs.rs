@@ -14,6 +14,8 @@ use std::ptr;
 use std::sync::Arc;
 
 use colibri_net::NetError;
+
+pub(crate) use crate::wire::QpInfo;
 use rdma_mummy_sys::{
     ibv_ack_cq_events, ibv_cq, ibv_get_cq_event, ibv_modify_qp, ibv_qp_attr, ibv_qp_attr_mask,
     ibv_qp_state, ibv_req_notify_cq, ibv_sge,
@@ -375,16 +377,6 @@ impl Drop for Cq {
         self.take_events();
         self.ack();
     }
-}
-
-/// What one side sends the other to connect a pair of RC queue pairs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct QpInfo {
-    pub qpn: u32,
-    pub psn: u32,
-    pub gid: [u8; 16],
-    pub mtu: u8,
-    pub rd_atom: u8,
 }
 
 /// Queue-pair parameters from the configuration.

@@ -1,5 +1,6 @@
 //! The control protocol on the out-of-band TCP connection: frames, their
-//! encoding and their checks. No I/O here.
+//! encoding and their checks. No I/O here. Public for tests that play a
+//! misbehaving peer (and for fuzzing); applications never need it.
 //!
 //! Every frame is a 24-byte little-endian header and `body_len` bytes:
 //!
@@ -20,33 +21,47 @@ use colibri_net::addr::InetAddr;
 use colibri_net::{NetError, Result};
 use colibri_wire::{Reader, Writer};
 
-use crate::verbs::QpInfo;
-
 /// Frame magic.
-pub(crate) const MAGIC: u32 = u32::from_le_bytes(*b"CLRD");
+pub const MAGIC: u32 = u32::from_le_bytes(*b"CLRD");
 /// Protocol version.
-pub(crate) const VERSION: u8 = 1;
+pub const VERSION: u8 = 1;
 /// Header length.
-pub(crate) const HEADER_LEN: usize = 24;
+pub const HEADER_LEN: usize = 24;
 /// Largest body accepted (descriptor plus a segment list).
-pub(crate) const MAX_BODY: usize = 1 << 20;
+pub const MAX_BODY: usize = 1 << 20;
 /// Most segments in one request.
-pub(crate) const MAX_SEGS: usize = (MAX_BODY - 1024) / 16;
+pub const MAX_SEGS: usize = (MAX_BODY - 1024) / 16;
+
+/// What one side sends the other (HELLO) to connect a pair of RC queue
+/// pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInfo {
+    /// Queue pair number.
+    pub qpn: u32,
+    /// First packet sequence number.
+    pub psn: u32,
+    /// The port's GID (RoCE v2: an IPv4-mapped IPv6 address).
+    pub gid: [u8; 16],
+    /// Active path MTU code (1 = 256 ... 5 = 4096).
+    pub mtu: u8,
+    /// RDMA READs this side's responder serves at once.
+    pub rd_atom: u8,
+}
 
 /// A remote segment: where the peer's bytes are and the key to reach them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Seg {
+pub struct Seg {
     /// Virtual address.
-    pub(crate) addr: u64,
+    pub addr: u64,
     /// Length in bytes.
-    pub(crate) len: u32,
+    pub len: u32,
     /// Remote key.
-    pub(crate) rkey: u32,
+    pub rkey: u32,
 }
 
 /// Which active bulk operation a request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BulkOp {
+pub enum BulkOp {
     /// Active receive: the passive side WRITEs into the listed segments.
     Get,
     /// Active send: the passive side READs from the listed segments.
@@ -55,7 +70,7 @@ pub(crate) enum BulkOp {
 
 /// A decoded frame.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Frame {
+pub enum Frame {
     /// Queue-pair exchange, both ways, once per connection.
     Hello(QpInfo),
     /// A message of `len` bytes in `segs`, to be READ by the receiver.
@@ -128,7 +143,7 @@ fn put_segs(w: &mut Writer<&mut Vec<u8>>, segs: &[Seg]) {
 
 impl Frame {
     /// Appends the encoded frame to `out`.
-    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+    pub fn encode(&self, out: &mut Vec<u8>) {
         let start = out.len();
         let (op, xid, status, detail) = match self {
             Self::Hello(_) => (OP_HELLO, 0, 0, Vec::new()),
@@ -210,7 +225,7 @@ impl Frame {
     ///
     /// # Errors
     /// `Protocol` for anything malformed (the connection is then closed).
-    pub(crate) fn decode(buf: &[u8]) -> Result<Option<(Self, usize)>> {
+    pub fn decode(buf: &[u8]) -> Result<Option<(Self, usize)>> {
         if buf.len() < HEADER_LEN {
             return Ok(None);
         }
