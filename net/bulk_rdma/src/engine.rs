@@ -1261,6 +1261,8 @@ impl Loop {
                 NetError::Unreachable(peer.to_string())
             } else if matches!(err, NetError::Unreachable(_)) {
                 NetError::Unreachable(format!("{peer}"))
+            } else if matches!(err, NetError::Protocol(_)) {
+                err.clone()
             } else {
                 NetError::ConnectionReset(format!("{peer}: {err}"))
             };
