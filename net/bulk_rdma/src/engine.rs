@@ -275,8 +275,10 @@ impl Loop {
     fn run(&mut self) {
         let mut events = Events::with_capacity(256);
         let mut spin_until = Instant::now();
+        let mut had_events = false;
         loop {
-            let mut worked = self.run_cmds();
+            let mut worked = std::mem::take(&mut had_events);
+            worked |= self.run_cmds();
             worked |= self.poll_cq();
             worked |= self.post_all();
             let now = Instant::now();
@@ -310,6 +312,7 @@ impl Loop {
                 }
                 continue;
             }
+            had_events = !events.is_empty();
             for ev in &events {
                 match ev.token() {
                     WAKER => {}
