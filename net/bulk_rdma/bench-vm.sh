@@ -3,18 +3,21 @@
 # Runs inside the VM (it checks RDMA_VM); from the repository root:
 #
 #   cargo build --release -p colibri-cli
-#   ../shared/rdma-vm/run.sh --net lo --timeout 1800 -- net/bulk_rdma/bench-vm.sh [ROUNDS]
+#   ../shared/rdma-vm/run.sh --net lo --timeout 1800 -- net/bulk_rdma/bench-vm.sh [ROUNDS] [MODE]
 #
+# MODE is colibri's engine mode: polling (default; the engine spins 1 ms
+# before it sleeps) or blocking.
 # Each round runs ib_write_bw and ib_read_bw (1 MiB, two processes, TCP
 # exchange on 127.0.0.1) and ib_send_lat (64 B), then
 # `colibri bench --xprt rdma` (64 B message round trip, 1 MiB active GET and
-# PUT, polling mode); rounds are interleaved so both see the same
+# PUT); rounds are interleaved so both see the same
 # conditions. Prints the medians and the ratios against the issue's
 # targets: GET (passive WRITEs) >= 0.9 x ib_write_bw, PUT (passive READs)
 # >= 0.9 x ib_read_bw, round trip <= 1.5 x (2 x ib_send_lat typical).
 set -euo pipefail
 [[ -n "${RDMA_VM:-}" ]] || { echo "bench-vm.sh: run me inside the VM (../shared/rdma-vm/run.sh --net lo -- $0)" >&2; exit 2; }
 ROUNDS=${1:-3}
+MODE=${2:-polling}
 DEV=${RDMA_VM_DEVICE:-rxe0}
 G=${RDMA_VM_GID_INDEX:-1}
 BIN=${COLIBRI:-target/release/colibri}
@@ -53,11 +56,11 @@ for ((r = 1; r <= ROUNDS; r++)); do
     lat=$(perftest ib_send_lat 64 5000 5)
     echo "round $r perftest: ib_write_bw ${w:-?} MB/s, ib_read_bw ${rd:-?} MB/s, ib_send_lat typical ${lat:-?} us" >&2
     echo "$w $rd $lat" >>"$L/perf"
-    "$BIN" bench --xprt rdma --mode polling --tests rtt,bulk --sizes 64 --bulk-sizes 1M \
+    "$BIN" bench --xprt rdma --mode "$MODE" --tests rtt,bulk --sizes 64 --bulk-sizes 1M \
         --iters 2000 --bulk-bytes 64M --runs 1 --no-pin --json --quiet >"$L/colibri-$r.json"
 done
 
-python3 - "$L" "$ROUNDS" <<'EOF'
+python3 - "$L" "$ROUNDS" "$MODE" <<'EOF'
 import json, statistics, sys
 d, rounds = sys.argv[1], int(sys.argv[2])
 perf = [l.split() for l in open(f"{d}/perf") if l.strip()]
@@ -83,7 +86,7 @@ for r in range(1, rounds + 1):
 rtt = med(ours["rtt"])
 get = med(ours["bulk-read"]) * 1000  # GB/s -> MB/s
 put = med(ours["bulk-write"]) * 1000
-print(f"rounds {rounds}; medians; MB/s = 10^6 B/s")
+print(f"rounds {rounds}; medians; MB/s = 10^6 B/s; colibri mode {sys.argv[3]}")
 print(f"{'test':34} {'ours':>10} {'baseline':>10} {'ratio':>7}  target")
 def line(name, o, b, ratio, target, ok):
     print(f"{name:34} {o:>10.2f} {b:>10.2f} {ratio:>7.3f}  {target} {'met' if ok else 'MISSED'}")
