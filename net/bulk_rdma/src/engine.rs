@@ -267,8 +267,14 @@ fn sock_of(a: &InetAddr) -> SocketAddrV4 {
     SocketAddrV4::new(a.ip, a.port)
 }
 
-fn tm_of(addr: &InetAddr) -> Option<Arc<TmShared>> {
-    SERVICES.lookup(addr)
+/// The started transfer machine at `addr`, if it belongs to the engine
+/// `eng`: a request naming a machine of another domain (another protection
+/// domain) is refused as unreachable rather than run with keys this
+/// engine's queue pairs cannot use.
+fn tm_of(addr: &InetAddr, eng: &Arc<Engine>) -> Option<Arc<TmShared>> {
+    SERVICES
+        .lookup(addr)
+        .filter(|tm| Arc::ptr_eq(tm.engine(), eng))
 }
 
 impl Loop {
@@ -925,7 +931,7 @@ impl Loop {
         len: u64,
         segs: &[Seg],
     ) {
-        let Some(tm) = tm_of(&receiver) else {
+        let Some(tm) = tm_of(&receiver, &self.eng) else {
             self.reply(t, xid, Err(NetError::Unreachable(receiver.to_string())));
             return;
         };
@@ -995,7 +1001,7 @@ impl Loop {
         desc: Vec<u8>,
         segs: &[Seg],
     ) {
-        let Some(tm) = tm_of(&receiver) else {
+        let Some(tm) = tm_of(&receiver, &self.eng) else {
             self.reply(t, xid, Err(NetError::Unreachable(receiver.to_string())));
             return;
         };

@@ -49,6 +49,11 @@ impl TmShared {
         })
     }
 
+    /// The engine of the machine's domain.
+    pub(crate) fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
     pub(crate) fn own_addr(&self) -> String {
         self.own().to_string()
     }
