@@ -483,3 +483,47 @@ fn stop_with_abort_mid_transfers() {
     a.shutdown();
     b.shutdown();
 }
+
+/// Registration pins memory: over `RLIMIT_MEMLOCK` (for a process without
+/// `CAP_IPC_LOCK`: the peer runs as `nobody`), `register` fails with an
+/// error that names the limit, and the buffer goes back to the caller.
+#[test]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"]
+fn memlock_limit_is_a_clear_registration_error() {
+    let peer = env!("CARGO_BIN_EXE_colibri-rdma-peer");
+    let run = |limit: &str, size: &str| -> String {
+        let out = Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+            ])
+            .args([
+                "prlimit",
+                &format!("--memlock={limit}"),
+                peer,
+                "register",
+                size,
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .expect("setpriv and prlimit (util-linux) run the peer");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "peer failed: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    // Within the limit: registered.
+    let ok = run("67108864", "1048576");
+    assert!(ok.contains("REGISTERED"), "{ok}");
+    // Over it: a clear error.
+    let err = run("65536", "16777216");
+    assert!(
+        err.contains("ERROR") && err.contains("RLIMIT_MEMLOCK"),
+        "{err}"
+    );
+}

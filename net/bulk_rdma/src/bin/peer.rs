@@ -7,6 +7,7 @@
 //! colibri-rdma-peer recv SIZE           post a SIZE-byte message receive buffer
 //! colibri-rdma-peer get HEX SIZE        read SIZE bytes from the passive buffer HEX names
 //! colibri-rdma-peer put HEX SIZE        write SIZE bytes into the passive buffer HEX names
+//! colibri-rdma-peer register SIZE       register a SIZE-byte buffer, print the outcome, exit
 //! ```
 //!
 //! The first three print `ADDR <address>` and `DESC <hex descriptor>` (the
@@ -44,6 +45,17 @@ fn run(args: &[String]) -> Res<()> {
     let num = |i: usize| -> Res<usize> { Ok(args.get(i).ok_or("missing size")?.parse::<usize>()?) };
     let xprt = RdmaTransport::new(RdmaConfig::default());
     let dom = Domain::new(&xprt)?;
+    if role == "register" {
+        match dom.register(BufVec::new(1, num(1)?)) {
+            Ok(b) => {
+                println!("REGISTERED");
+                drop(b);
+            }
+            Err(e) => println!("ERROR {}", e.error),
+        }
+        dom.fini()?;
+        return Ok(());
+    }
     let tm = dom.tm_init(ignore_tm_events())?;
     let (cbs, events) = event_channel(64);
     tm.start("127.0.0.1:0:1")?;
