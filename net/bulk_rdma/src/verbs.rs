@@ -444,6 +444,18 @@ impl Qp {
         self.qp.qp_number()
     }
 
+    /// The queue pair's state and the retry parameters the device applied:
+    /// (state, local ACK timeout, retry count, RNR retry count).
+    #[cfg(test)]
+    pub(crate) fn query(&self) -> Result<(QueuePairState, u8, u8, u8), NetError> {
+        use sideway::ibverbs::queue_pair::QueuePairAttributeMask as M;
+        let (a, _) = self
+            .qp
+            .query(M::State | M::Timeout | M::RetryCount | M::ResponderNotReadyRetryCount)
+            .map_err(|e| io_err("ibv_query_qp", e))?;
+        Ok((a.state(), a.timeout(), a.retry_cnt(), a.rnr_retry()))
+    }
+
     /// INIT → RTR → RTS against the peer's queue pair.
     pub(crate) fn connect(
         &mut self,
@@ -531,5 +543,41 @@ impl Qp {
             unsafe { h.setup_sge_list(&sges) };
         }
         g.post().map_err(|e| io_err("ibv_post_send", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The configured retry parameters reach the queue pair, with the
+    /// retry count capped at 6 (rxe retries 7 for ever), and `set_error`
+    /// moves it to ERROR. Needs a device (the VM).
+    #[test]
+    #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"]
+    fn qp_parameters_are_applied() {
+        let dev = Device::open(None).unwrap();
+        let lim = dev.limits();
+        assert!(lim.max_sge >= 1 && lim.max_qp_wr >= 1 && lim.max_cqe >= 1);
+        assert!(lim.max_msg_sz >= 1 && lim.max_mr_size >= 1 && lim.max_qp_rd_atom >= 1);
+        let cq = Cq::new(&dev, 64).unwrap();
+        let p = QpParams {
+            sq_depth: 8,
+            max_sge: 2,
+            timeout: 17,
+            retry_cnt: 7,
+        };
+        let mut a = Qp::new(&dev, &cq, p).unwrap();
+        let mut b = Qp::new(&dev, &cq, p).unwrap();
+        let (ia, ib) = (dev.endpoint(a.qpn(), 1), dev.endpoint(b.qpn(), 2));
+        a.connect(1, &ib, p).unwrap();
+        b.connect(2, &ia, p).unwrap();
+        let (state, timeout, retry, rnr) = a.query().unwrap();
+        assert_eq!(state, QueuePairState::ReadyToSend);
+        assert_eq!(timeout, 17);
+        assert_eq!(retry, 6, "retry_cnt 7 must be capped at 6");
+        assert_eq!(rnr, 0);
+        a.set_error();
+        assert_eq!(a.query().unwrap().0, QueuePairState::Error);
     }
 }
