@@ -359,7 +359,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
             );
             let threads = if s.mode == "lnet" {
                 "socket LND over loopback, runtime threads block in epoll".to_string()
-            } else if report.transport == "tcp" {
+            } else if report.transport == "tcp" || report.transport == "rdma" {
                 "I/O threads (one per domain)".to_string()
             } else {
                 format!("workers ({} per transfer machine)", s.workers)

@@ -79,7 +79,7 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
     let addr = move || match xprt {
         // bulk_mem: a fresh service each time, any port.
         Xprt::Mem => format!("127.0.0.1:0:{}", SVC.fetch_add(1, Ordering::Relaxed)),
-        Xprt::Tcp => "127.0.0.1:0:1".to_string(),
+        Xprt::Tcp | Xprt::Rdma => "127.0.0.1:0:1".to_string(),
     };
     if !a.quiet {
         eprintln!(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use clap::ValueEnum;
 use colibri_bench::PairConfig;
 use colibri_bulk_mem::{MemConfig, MemTransport};
+use colibri_bulk_rdma::{RdmaConfig, RdmaTransport};
 use colibri_bulk_tcp::{TcpConfig, TcpTransport};
 use colibri_net::Transport;
 
@@ -18,6 +19,9 @@ pub(crate) enum Xprt {
     /// The TCP transport: transfer machines of any processes (loopback in
     /// benchmarks, compared with a raw TCP socket pair).
     Tcp,
+    /// The verbs RDMA transport: needs an RDMA device (the Soft-RoCE VM,
+    /// `../shared/rdma-vm/run.sh --net lo -- colibri ...`).
+    Rdma,
 }
 
 impl Xprt {
@@ -26,6 +30,7 @@ impl Xprt {
         match self {
             Self::Mem => "mem",
             Self::Tcp => "tcp",
+            Self::Rdma => "rdma",
         }
     }
 
@@ -55,6 +60,13 @@ impl Xprt {
                 },
                 ..TcpConfig::default()
             })),
+            // One engine thread per domain; polling: it spins 1 ms on the
+            // CQ and the sockets before it arms the CQ and blocks.
+            Self::Rdma => Arc::new(RdmaTransport::new(if polling {
+                RdmaConfig::polling()
+            } else {
+                RdmaConfig::blocking()
+            })),
         }
     }
 
@@ -66,13 +78,15 @@ impl Xprt {
             (Self::Mem, false) => "127.0.0.1:0:2",
             (Self::Tcp, true) => "127.0.0.1:4041:1",
             (Self::Tcp, false) => "127.0.0.1:0:2",
+            (Self::Rdma, true) => "127.0.0.1:4042:1",
+            (Self::Rdma, false) => "127.0.0.1:0:2",
         }
     }
 
     /// Where a benchmark starts its client and server.
     pub(crate) fn pair(self) -> PairConfig {
         match self {
-            Self::Mem | Self::Tcp => PairConfig::mem(),
+            Self::Mem | Self::Tcp | Self::Rdma => PairConfig::mem(),
         }
     }
 
@@ -80,7 +94,7 @@ impl Xprt {
     pub(crate) fn crosses_processes(self) -> bool {
         match self {
             Self::Mem => false,
-            Self::Tcp => true,
+            Self::Tcp | Self::Rdma => true,
         }
     }
 }

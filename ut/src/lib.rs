@@ -90,10 +90,21 @@ pub trait Staller: Send {
 
 /// Expands into one `#[test]` per conformance case, each calling
 /// `colibri_ut::cases::<case>(&factory)`.
+///
+/// `conformance_tests!(factory, ignore = "why")` marks every case
+/// `#[ignore]`, for a transport that needs hardware the build machine may
+/// lack (the RDMA transport): the tests are listed as ignored there and run
+/// with `--include-ignored` where the hardware is (the Soft-RoCE VM).
 #[macro_export]
 macro_rules! conformance_tests {
     ($factory:expr) => {
-        $crate::conformance_tests!(@cases $factory;
+        $crate::conformance_tests!(@with [] $factory);
+    };
+    ($factory:expr, ignore = $why:literal) => {
+        $crate::conformance_tests!(@with [$why] $factory);
+    };
+    (@with $ignore:tt $factory:expr) => {
+        $crate::conformance_tests!(@cases $ignore $factory;
             domain_init_fini,
             tm_init_fini_without_start,
             start_posts_started_once,
@@ -151,9 +162,18 @@ macro_rules! conformance_tests {
             pool_low_water_grows_the_pool,
         );
     };
-    (@cases $factory:expr; $($name:ident),* $(,)?) => {
+    (@cases [] $factory:expr; $($name:ident),* $(,)?) => {
         $(
             #[test]
+            fn $name() {
+                $crate::cases::$name(&$factory);
+            }
+        )*
+    };
+    (@cases [$why:literal] $factory:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            #[ignore = $why]
             fn $name() {
                 $crate::cases::$name(&$factory);
             }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use colibri_bulk_mem::{MemConfig, MemTransport};
+use colibri_bulk_rdma::{RdmaConfig, RdmaTransport};
 use colibri_bulk_tcp::{TcpConfig, TcpTransport};
 use colibri_net::Transport;
 use colibri_rpc::{BulkArg, CallHandle, CallOpts, ReplyHandle, RpcConfig, RpcError, RpcMachine};
@@ -28,7 +29,7 @@ pub(crate) const WRITE: u32 = 6;
 /// each machine.
 pub(crate) struct Net {
     xprt: Arc<dyn Transport>,
-    /// True over TCP.
+    /// True over a transport between processes (TCP, RDMA).
     pub(crate) tcp: bool,
 }
 
@@ -55,6 +56,14 @@ impl Net {
     pub(crate) fn tcp() -> Self {
         Self {
             xprt: Arc::new(TcpTransport::new(TcpConfig::default())),
+            tcp: true,
+        }
+    }
+
+    /// The verbs RDMA transport (needs a device: the Soft-RoCE VM).
+    pub(crate) fn rdma() -> Self {
+        Self {
+            xprt: Arc::new(RdmaTransport::new(RdmaConfig::default())),
             tcp: true,
         }
     }
@@ -256,8 +265,8 @@ pub(crate) fn resend_executes_once(net: &Net) {
         let p = req.payload().to_vec();
         let g = g.clone();
         std::thread::spawn(move || {
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
-            while !g.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !g.load(Ordering::SeqCst) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
             }
             reply.ok(&p);
@@ -270,8 +279,8 @@ pub(crate) fn resend_executes_once(net: &Net) {
         .retries(100);
     std::thread::scope(|sc| {
         sc.spawn(|| {
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
-            while client.stats().resends < 2 && std::time::Instant::now() < deadline {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while client.stats().resends < 2 && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
             }
             go.store(true, Ordering::SeqCst);
