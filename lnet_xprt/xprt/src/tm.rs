@@ -1,0 +1,1345 @@
+//! A transfer machine over LNet: its MEs and MDs, the operations of its
+//! queued buffers, and what each LNet event means for them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use colibri_lnet_rt::ForeignMemory;
+use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
+use colibri_lnet_rt::colibri_lnet::matching::{
+    Event, EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, MemKey, MemRef, OpError,
+    Threshold, Unlink,
+};
+use colibri_net::desc::NetBufDesc;
+use colibri_net::xprt::{
+    DelReason, Delivery, EpAddr, PassiveClaim, PassiveError, QueuedBuf, TmSink, XprtTm,
+};
+use colibri_net::{NetError, QueueType, Result, TmId};
+use parking_lot::Mutex;
+use tracing::{debug, trace, warn};
+
+use crate::XprtInner;
+use crate::addr::{
+    CNT_CTL, CNT_MSG, CNT_PASSIVE_MIN, COUNTER_BITS, HDR_BULK, HDR_MSG, LnetAddr, RECV_IGNORE,
+    hdr_data, match_bits, parse_hdr,
+};
+use crate::ctl::{CTL_MAX, Ctl};
+use crate::desc::BulkTarget;
+use crate::engine::{Engine, Work, lnet_err};
+
+/// Control MDs kept attached per transfer machine.
+const CTL_MDS: usize = 2;
+/// Bytes of one control MD.
+const CTL_MD_BYTES: usize = 64 * CTL_MAX;
+
+/// A queued buffer's memory as MD memory: the runtime reads and writes
+/// its segments in place, under the buffer's data lock, until the buffer
+/// completes.
+struct BufMem {
+    q: QueuedBuf,
+    len: usize,
+}
+
+impl ForeignMemory for BufMem {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn read(&self, f: &mut dyn FnMut(&[&[u8]])) -> bool {
+        let Some(g) = self.q.data() else {
+            return false;
+        };
+        let segs: Vec<&[u8]> = g.segments().collect();
+        f(&segs);
+        true
+    }
+
+    fn write(&self, f: &mut dyn FnMut(&mut [&mut [u8]])) -> bool {
+        let Some(mut g) = self.q.data() else {
+            return false;
+        };
+        let mut segs: Vec<&mut [u8]> = g.segments_mut().collect();
+        f(&mut segs);
+        true
+    }
+}
+
+/// What an operation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Recv,
+    Send,
+    Passive,
+    Active,
+    /// A control MD of the transfer machine.
+    Ctl,
+    /// The catch-all MD that sees messages no receive buffer took.
+    Catch,
+}
+
+/// Where an operation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+enum Stage {
+    /// Nothing in LNet (a receive buffer before start, an unclaimed passive
+    /// buffer).
+    #[default]
+    Idle,
+    /// An active operation waiting for the passive side's verdict.
+    Verdict,
+    /// An MD is live.
+    Live,
+    /// Completed (or being completed).
+    Done,
+}
+
+/// The other side of a bulk transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Peer {
+    proc_: ProcessId,
+    portal: u32,
+    tmid: u16,
+}
+
+#[derive(Default)]
+struct OpSt {
+    stage: Stage,
+    md: Option<MdHandle>,
+    key: Option<MemKey>,
+    /// A deletion was asked.
+    del: bool,
+    /// The status to complete with at the MD's final event, when it ends
+    /// without success.
+    fail: Option<NetError>,
+    /// A passive claim handed back (the requester gave up): release the
+    /// claim instead of completing.
+    release: bool,
+    /// Bulk: the other side and the active operation's id.
+    peer: Option<Peer>,
+    xid: u64,
+    /// Bulk: what the descriptor names.
+    target: Option<BulkTarget>,
+    /// Bytes of the operation.
+    len: usize,
+}
+
+/// One queued buffer's operation (or a transfer machine's own MD).
+pub(crate) struct Op {
+    pub(crate) id: u64,
+    pub(crate) tm: Arc<TmShared>,
+    kind: Kind,
+    buf: Option<QueuedBuf>,
+    st: Mutex<OpSt>,
+}
+
+#[derive(Default)]
+struct TmSt {
+    engine: Option<Arc<Engine>>,
+    addr: Option<LnetAddr>,
+    own: String,
+    started: bool,
+    stopping: bool,
+    abort: bool,
+    /// Receive buffers added before start.
+    pending: Vec<Arc<Op>>,
+    /// Operations by buffer token.
+    ops: HashMap<u64, Arc<Op>>,
+    /// Claimed passive operations by (requester, xid).
+    claims: HashMap<(ProcessId, u64), Arc<Op>>,
+    /// Control and catch-all MDs.
+    infra: Vec<Arc<Op>>,
+    /// Control MD memory, by operation id.
+    ctl_mem: HashMap<u64, colibri_lnet_rt::MemRegion>,
+}
+
+/// State shared by a transfer machine's transport object and the engine.
+pub(crate) struct TmShared {
+    id: TmId,
+    sink: TmSink,
+    x: Arc<XprtInner>,
+    st: Mutex<TmSt>,
+}
+
+impl std::fmt::Debug for TmShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TmShared")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn op_err(e: OpError, dest: &str) -> NetError {
+    match e {
+        OpError::TimedOut => NetError::TimedOut,
+        OpError::Canceled => NetError::Cancelled,
+        OpError::Unreachable => NetError::Unreachable(dest.to_string()),
+        OpError::NetworkError => NetError::ConnectionReset(format!("LNet network error to {dest}")),
+        OpError::Protocol => NetError::Protocol(format!("LNet protocol error with {dest}")),
+        other => NetError::Protocol(format!("LNet: {other} ({dest})")),
+    }
+}
+
+impl TmShared {
+    pub(crate) fn sink(&self) -> &TmSink {
+        &self.sink
+    }
+
+    fn engine(&self) -> Arc<Engine> {
+        self.st
+            .lock()
+            .engine
+            .clone()
+            .unwrap_or_else(|| Arc::clone(&self.x.engines[0]))
+    }
+
+    fn new_op(self: &Arc<Self>, e: &Engine, kind: Kind, buf: Option<QueuedBuf>) -> Arc<Op> {
+        Arc::new(Op {
+            id: e.new_id(),
+            tm: Arc::clone(self),
+            kind,
+            buf,
+            st: Mutex::new(OpSt::default()),
+        })
+    }
+
+    /// Completes `op`'s buffer from the engine's thread (never inline).
+    fn complete_later(&self, e: &Engine, op: &Op, r: Result<usize>) {
+        if let Some(q) = &op.buf {
+            e.push(Work::Complete(self.sink.clone(), q.clone(), r));
+        }
+    }
+
+    /// Forgets a finished operation and completes its buffer.
+    fn finish(&self, op: &Op, r: Result<usize>) {
+        // A second completion is ignored by the core.
+        op.st.lock().stage = Stage::Done;
+        if let Some(q) = &op.buf {
+            let mut st = self.st.lock();
+            if st.ops.get(&q.token().raw()).is_some_and(|o| o.id == op.id) {
+                st.ops.remove(&q.token().raw());
+            }
+            drop(st);
+            self.sink.complete(q, r);
+        }
+    }
+
+    /// The canonical address of the sender of `ev`.
+    fn sender(&self, e: &Engine, ev: &Event) -> (Option<Peer>, String) {
+        let Some((_, portal, tmid)) = parse_hdr(ev.info.hdr_data) else {
+            return (
+                None,
+                format!("{}:{}:0:0", ev.info.initiator.nid, ev.info.initiator.pid),
+            );
+        };
+        let peer = Peer {
+            proc_: ev.info.initiator,
+            portal,
+            tmid,
+        };
+        if e.has(ev.info.initiator.nid)
+            && let Some(t) = e.local_tm(portal, tmid)
+        {
+            let own = t.st.lock().own.clone();
+            if !own.is_empty() {
+                return (Some(peer), own);
+            }
+        }
+        let a = LnetAddr {
+            nid: ev.info.initiator.nid,
+            pid: ev.info.initiator.pid,
+            portal,
+            tmid: Some(tmid),
+        };
+        (Some(peer), a.to_string())
+    }
+
+    // ------------------------------------------------------------------
+    // Attaching
+
+    fn register(&self, e: &Engine, op: &Op, len: usize) -> Option<MemKey> {
+        let q = op.buf.clone()?;
+        let key = e.lnet.register_foreign(Arc::new(BufMem { q, len }));
+        op.st.lock().key = Some(key);
+        Some(key)
+    }
+
+    fn unregister(e: &Engine, op: &Op) {
+        if let Some(k) = op.st.lock().key.take() {
+            e.lnet.deregister(k);
+        }
+    }
+
+    /// Attaches a receive buffer's ME and MD.
+    fn attach_recv(&self, e: &Engine, addr: LnetAddr, op: &Arc<Op>) -> Result<()> {
+        let q = op.buf.as_ref().ok_or(NetError::Cancelled)?;
+        let size = q.size();
+        let p = q.recv_params();
+        let key = self.register(e, op, size).ok_or(NetError::Cancelled)?;
+        e.add_op(op);
+        let tmid = addr.tmid.unwrap_or(0);
+        let r = e
+            .lnet
+            .me_attach(MeSpec {
+                portal: addr.portal,
+                match_id: ProcessId::ANY,
+                match_bits: match_bits(tmid, CNT_MSG),
+                ignore_bits: RECV_IGNORE,
+                unlink: Unlink::Unlink,
+                pos: InsertPos::After,
+            })
+            .and_then(|me| {
+                let mut spec = MdSpec::new(
+                    MemRef::new(key, 0, size as u32),
+                    MdOptions::OP_PUT.with(MdOptions::TRUNCATE),
+                )
+                .threshold(Threshold::Count(p.max_receive_msgs))
+                .unlink(Unlink::Unlink)
+                .user_ptr(op.id);
+                if p.max_receive_msgs > 1 {
+                    spec = spec.max_size(p.min_receive_size as u32);
+                }
+                e.lnet.md_attach(me, spec)
+            });
+        match r {
+            Ok(md) => {
+                let mut s = op.st.lock();
+                s.md = Some(md);
+                s.stage = Stage::Live;
+                Ok(())
+            }
+            Err(err) => {
+                e.remove_op(op.id);
+                Self::unregister(e, op);
+                Err(lnet_err(&err, "receive buffer"))
+            }
+        }
+    }
+
+    /// Attaches a control MD (or the catch-all).
+    fn attach_infra(self: &Arc<Self>, e: &Engine, addr: LnetAddr, kind: Kind) -> Result<Arc<Op>> {
+        let op = self.new_op(e, kind, None);
+        let tmid = addr.tmid.unwrap_or(0);
+        let (bits, mem, opts, thr, unlink) = if kind == Kind::Ctl {
+            let region = colibri_lnet_rt::MemRegion::zeroed(CTL_MD_BYTES);
+            let key = e.lnet.register(&region);
+            self.st.lock().ctl_mem.insert(op.id, region);
+            op.st.lock().key = Some(key);
+            (
+                match_bits(tmid, CNT_CTL),
+                MemRef::new(key, 0, CTL_MD_BYTES as u32),
+                MdOptions::OP_PUT.with(MdOptions::ACK_DISABLE),
+                Threshold::Infinite,
+                Unlink::Unlink,
+            )
+        } else {
+            (
+                match_bits(tmid, CNT_MSG),
+                MemRef::new(e.empty, 0, 0),
+                MdOptions::OP_PUT.with(MdOptions::TRUNCATE),
+                Threshold::Infinite,
+                Unlink::Retain,
+            )
+        };
+        e.add_op(&op);
+        let r = e
+            .lnet
+            .me_attach(MeSpec {
+                portal: addr.portal,
+                match_id: ProcessId::ANY,
+                match_bits: bits,
+                ignore_bits: 0,
+                unlink,
+                pos: InsertPos::After,
+            })
+            .and_then(|me| {
+                let mut spec = MdSpec::new(mem, opts)
+                    .threshold(thr)
+                    .unlink(unlink)
+                    .user_ptr(op.id);
+                if kind == Kind::Ctl {
+                    spec = spec.max_size(CTL_MAX as u32);
+                }
+                e.lnet.md_attach(me, spec)
+            });
+        match r {
+            Ok(md) => {
+                let mut s = op.st.lock();
+                s.md = Some(md);
+                s.stage = Stage::Live;
+                drop(s);
+                Ok(op)
+            }
+            Err(err) => {
+                e.remove_op(op.id);
+                if let Some(k) = op.st.lock().key.take() {
+                    e.lnet.deregister(k);
+                }
+                self.st.lock().ctl_mem.remove(&op.id);
+                Err(lnet_err(&err, "control MD"))
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Events
+
+    pub(crate) fn on_event(self: &Arc<Self>, op: &Arc<Op>, ev: &Event) {
+        let e = self.engine();
+        match op.kind {
+            Kind::Recv => self.ev_recv(&e, op, ev),
+            Kind::Send => self.ev_send(&e, op, ev),
+            Kind::Passive => self.ev_passive(&e, op, ev),
+            Kind::Active => self.ev_active(&e, op, ev),
+            Kind::Ctl => self.ev_ctl(&e, op, ev),
+            Kind::Catch => {
+                if ev.kind() == EventKind::Put && ev.info.status.is_ok() {
+                    self.sink.count_no_buffers(ev.info.rlength as usize).run();
+                }
+            }
+        }
+        if ev.unlinked {
+            Self::unregister(&e, op);
+        }
+    }
+
+    fn ev_recv(&self, e: &Engine, op: &Arc<Op>, ev: &Event) {
+        let Some(q) = &op.buf else { return };
+        match (ev.kind(), ev.info.status) {
+            (EventKind::Put, Ok(())) => {
+                let (rl, ml) = (ev.info.rlength as usize, ev.info.mlength as usize);
+                if ml < rl {
+                    // Truncated: the message did not fit (the sender is
+                    // told by the ACK's length). The buffer fails.
+                    let err = NetError::MessageTooLarge { len: rl, space: ml };
+                    if ev.unlinked {
+                        self.finish(op, Err(err));
+                    } else {
+                        let md = {
+                            let mut s = op.st.lock();
+                            s.fail = Some(err);
+                            s.md
+                        };
+                        if let Some(md) = md {
+                            let _ = e.lnet.md_unlink(md);
+                        }
+                    }
+                    return;
+                }
+                let (_, sender) = self.sender(e, ev);
+                match self
+                    .sink
+                    .claim_recv_placed(q, ev.info.offset as usize, ml, ev.unlinked)
+                {
+                    Some(claim) => {
+                        self.sink.post_msg(claim, ml, &sender);
+                        if ev.unlinked {
+                            let mut s = op.st.lock();
+                            s.stage = Stage::Done;
+                            drop(s);
+                            let mut st = self.st.lock();
+                            if st.ops.get(&q.token().raw()).is_some_and(|o| o.id == op.id) {
+                                st.ops.remove(&q.token().raw());
+                            }
+                        }
+                    }
+                    None => warn!(tm = %self.id, "message for a receive buffer no longer queued"),
+                }
+            }
+            (EventKind::Put, Err(err)) => {
+                debug!(tm = %self.id, %err, "message lost while being received");
+                if ev.unlinked {
+                    let r = op
+                        .st
+                        .lock()
+                        .fail
+                        .take()
+                        .unwrap_or_else(|| op_err(err, "sender"));
+                    self.finish(op, Err(r));
+                }
+            }
+            _ => {
+                if ev.unlinked {
+                    let r = op.st.lock().fail.take().unwrap_or(NetError::Cancelled);
+                    self.finish(op, Err(r));
+                }
+            }
+        }
+    }
+
+    fn ev_send(&self, e: &Engine, op: &Arc<Op>, ev: &Event) {
+        let dest = || {
+            op.buf
+                .as_ref()
+                .and_then(QueuedBuf::end_point)
+                .map(|ep| ep.addr().to_string())
+                .unwrap_or_default()
+        };
+        let (len, del) = {
+            let s = op.st.lock();
+            (s.len, s.del)
+        };
+        match (ev.kind(), ev.info.status) {
+            (EventKind::Ack, Ok(())) => {
+                let ml = ev.info.mlength as usize;
+                let r = if ml == len {
+                    Ok(len)
+                } else if ml == 0 {
+                    Err(NetError::NoBuffers)
+                } else {
+                    Err(NetError::MessageTooLarge { len, space: ml })
+                };
+                self.finish(op, r);
+            }
+            (EventKind::Send, Ok(())) => {}
+            (_, Err(err)) => {
+                let r = if del {
+                    NetError::Cancelled
+                } else {
+                    op_err(err, &dest())
+                };
+                self.finish(op, Err(r));
+                if !ev.unlinked
+                    && let Some(md) = op.st.lock().md
+                {
+                    // The ACK will not come.
+                    let _ = e.lnet.md_unlink(md);
+                }
+            }
+            _ => {
+                if ev.unlinked {
+                    self.finish(op, Err(NetError::Cancelled));
+                }
+            }
+        }
+    }
+
+    fn ev_passive(&self, e: &Engine, op: &Arc<Op>, ev: &Event) {
+        match (ev.kind(), ev.info.status) {
+            (EventKind::Get | EventKind::Put, Ok(())) => {
+                self.forget_claim(op);
+                self.finish(op, Ok(ev.info.mlength as usize));
+            }
+            (EventKind::Get | EventKind::Put, Err(err)) => {
+                self.forget_claim(op);
+                self.finish(op, Err(op_err(err, "bulk peer")));
+            }
+            _ if ev.unlinked => {
+                let (release, peer, xid) = {
+                    let mut s = op.st.lock();
+                    s.md = None;
+                    (std::mem::take(&mut s.release), s.peer, s.xid)
+                };
+                self.forget_claim(op);
+                if release {
+                    // The requester gave up: the buffer is available again.
+                    op.st.lock().stage = Stage::Idle;
+                    if let Some(q) = &op.buf {
+                        self.sink.release_claim(q);
+                    }
+                    return;
+                }
+                let r = op.st.lock().fail.take().unwrap_or(NetError::Cancelled);
+                if let Some(p) = peer {
+                    let from = self.from();
+                    let _ = e.send_ctl(
+                        p.proc_,
+                        p.portal,
+                        p.tmid,
+                        from,
+                        &Ctl::Abort {
+                            xid,
+                            status: r.clone(),
+                        },
+                        0,
+                    );
+                }
+                self.finish(op, Err(r));
+            }
+            _ => {}
+        }
+    }
+
+    fn ev_active(&self, e: &Engine, op: &Arc<Op>, ev: &Event) {
+        let (del, len, fail, owner) = {
+            let s = op.st.lock();
+            (
+                s.del,
+                s.len,
+                s.fail.clone(),
+                s.target
+                    .as_ref()
+                    .map(|t| t.owner.clone())
+                    .unwrap_or_default(),
+            )
+        };
+        match (ev.kind(), ev.info.status) {
+            (EventKind::Reply, Ok(())) => self.finish(op, Ok(ev.info.mlength as usize)),
+            (EventKind::Ack, Ok(())) => self.finish(op, Ok(len)),
+            (EventKind::Send, Ok(())) => {}
+            (_, Err(err)) => {
+                let r = fail.unwrap_or(if del {
+                    NetError::Cancelled
+                } else {
+                    op_err(err, &owner)
+                });
+                self.finish(op, Err(r));
+                if !ev.unlinked
+                    && let Some(md) = op.st.lock().md
+                {
+                    let _ = e.lnet.md_unlink(md);
+                }
+            }
+            _ => {
+                if ev.unlinked {
+                    self.finish(op, Err(fail.unwrap_or(NetError::Cancelled)));
+                }
+            }
+        }
+    }
+
+    fn ev_ctl(self: &Arc<Self>, e: &Engine, op: &Arc<Op>, ev: &Event) {
+        if ev.kind() == EventKind::Put && ev.info.status.is_ok() {
+            let bytes = {
+                let st = self.st.lock();
+                st.ctl_mem.get(&op.id).map(|r| {
+                    let (o, n) = (ev.info.offset as usize, ev.info.mlength as usize);
+                    r.read(|b| b.get(o..o + n).map(<[u8]>::to_vec))
+                })
+            };
+            match bytes.flatten().map(|b| Ctl::decode(&b)) {
+                Some(Ok(c)) if ev.info.mlength == ev.info.rlength => self.on_ctl(e, ev, c),
+                Some(Ok(_)) => warn!(tm = %self.id, "truncated control message dropped"),
+                Some(Err(err)) => warn!(tm = %self.id, %err, "bad control message dropped"),
+                None => {}
+            }
+        }
+        if ev.unlinked {
+            // Exhausted: put a fresh one at the end.
+            let mut st = self.st.lock();
+            st.ctl_mem.remove(&op.id);
+            st.infra.retain(|o| o.id != op.id);
+            let (started, addr) = (st.started && !st.stopping, st.addr);
+            drop(st);
+            if started && let Some(a) = addr {
+                match self.attach_infra(e, a, Kind::Ctl) {
+                    Ok(n) => self.st.lock().infra.push(n),
+                    Err(err) => warn!(tm = %self.id, %err, "control MD not replaced"),
+                }
+            }
+        }
+    }
+
+    fn from(&self) -> (u32, u16) {
+        let st = self.st.lock();
+        st.addr.map_or((0, 0), |a| (a.portal, a.tmid.unwrap_or(0)))
+    }
+
+    fn forget_claim(&self, op: &Op) {
+        let (peer, xid) = {
+            let s = op.st.lock();
+            (s.peer, s.xid)
+        };
+        if let Some(p) = peer {
+            self.st.lock().claims.remove(&(p.proc_, xid));
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // The bulk handshake
+
+    fn on_ctl(self: &Arc<Self>, e: &Engine, ev: &Event, c: Ctl) {
+        let (peer, requester) = self.sender(e, ev);
+        let Some(peer) = peer else {
+            warn!(tm = %self.id, "control message without a sender");
+            return;
+        };
+        let from = self.from();
+        trace!(tm = %self.id, ?c, %requester, "control message");
+        match c {
+            Ctl::Request {
+                xid,
+                active,
+                size,
+                desc,
+            } => {
+                let answer = |result| {
+                    let _ = e.send_ctl(
+                        peer.proc_,
+                        peer.portal,
+                        peer.tmid,
+                        from,
+                        &Ctl::Verdict { xid, result },
+                        0,
+                    );
+                };
+                let fields = match NetBufDesc::from_bytes(desc).decode() {
+                    Ok(f) => f,
+                    Err(err) => return answer(Err(err)),
+                };
+                let size = usize::try_from(size).unwrap_or(usize::MAX);
+                match self.sink.claim_passive(&fields, &requester, active, size) {
+                    Err(PassiveError { error, notice }) => {
+                        notice.run();
+                        answer(Err(error));
+                    }
+                    Ok(PassiveClaim { buf, len }) => {
+                        match self.attach_passive(e, &buf, len, peer, xid) {
+                            Ok(bits) => answer(Ok((len as u64, bits))),
+                            Err(err) => {
+                                self.sink.release_claim(&buf);
+                                answer(Err(err));
+                            }
+                        }
+                    }
+                }
+            }
+            Ctl::Verdict { xid, result } => {
+                let Some(op) = e
+                    .op(xid)
+                    .filter(|o| Arc::ptr_eq(&o.tm, self) && o.kind == Kind::Active)
+                else {
+                    // We gave up on it: the passive side waits for nothing.
+                    if result.is_ok() {
+                        let _ = e.send_ctl(
+                            peer.proc_,
+                            peer.portal,
+                            peer.tmid,
+                            from,
+                            &Ctl::Abort {
+                                xid,
+                                status: NetError::Cancelled,
+                            },
+                            0,
+                        );
+                    }
+                    return;
+                };
+                self.on_verdict(e, &op, peer, result);
+            }
+            Ctl::Abort { xid, status } => {
+                // From the passive side: our active operation ends.
+                if let Some(op) = e
+                    .op(xid)
+                    .filter(|o| Arc::ptr_eq(&o.tm, self) && o.kind == Kind::Active)
+                {
+                    let (stage, md) = {
+                        let mut s = op.st.lock();
+                        s.fail = Some(status.clone());
+                        (s.stage, s.md)
+                    };
+                    match (stage, md) {
+                        (Stage::Live, Some(md)) => {
+                            let _ = e.lnet.md_unlink(md);
+                        }
+                        (Stage::Verdict, _) => {
+                            e.remove_op(op.id);
+                            Self::unregister(e, &op);
+                            self.finish(&op, Err(status));
+                        }
+                        _ => {}
+                    }
+                    return;
+                }
+                // From the active side: hand the claim back.
+                let claimed = self.st.lock().claims.get(&(peer.proc_, xid)).cloned();
+                if let Some(op) = claimed {
+                    let md = {
+                        let mut s = op.st.lock();
+                        s.release = true;
+                        s.md
+                    };
+                    if let Some(md) = md {
+                        let _ = e.lnet.md_unlink(md);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Attaches the claimed passive buffer's ME and MD for `peer`'s
+    /// request; returns the match bits.
+    fn attach_passive(
+        &self,
+        e: &Engine,
+        q: &QueuedBuf,
+        len: usize,
+        peer: Peer,
+        xid: u64,
+    ) -> Result<u64> {
+        let op = self
+            .st
+            .lock()
+            .ops
+            .get(&q.token().raw())
+            .cloned()
+            .ok_or(NetError::NoEntry)?;
+        let addr = self.st.lock().addr.ok_or(NetError::NoEntry)?;
+        let bits = passive_bits(addr.tmid.unwrap_or(0), q);
+        let key = self.register(e, &op, len).ok_or(NetError::NoEntry)?;
+        let opts = if q.queue() == QueueType::PassiveBulkSend {
+            MdOptions::OP_GET
+        } else {
+            MdOptions::OP_PUT
+        };
+        {
+            let mut s = op.st.lock();
+            s.peer = Some(peer);
+            s.xid = xid;
+            s.len = len;
+        }
+        e.add_op(&op);
+        let r = e
+            .lnet
+            .me_attach(MeSpec {
+                portal: addr.portal,
+                match_id: ProcessId::ANY,
+                match_bits: bits,
+                ignore_bits: 0,
+                unlink: Unlink::Unlink,
+                pos: InsertPos::After,
+            })
+            .and_then(|me| {
+                e.lnet.md_attach(
+                    me,
+                    MdSpec::new(MemRef::new(key, 0, len as u32), opts)
+                        .threshold(Threshold::Count(1))
+                        .unlink(Unlink::Unlink)
+                        .user_ptr(op.id),
+                )
+            });
+        match r {
+            Ok(md) => {
+                let mut s = op.st.lock();
+                s.md = Some(md);
+                s.stage = Stage::Live;
+                drop(s);
+                self.st.lock().claims.insert((peer.proc_, xid), op);
+                Ok(bits)
+            }
+            Err(err) => {
+                e.remove_op(op.id);
+                Self::unregister(e, &op);
+                op.st.lock().peer = None;
+                Err(lnet_err(&err, "passive buffer"))
+            }
+        }
+    }
+
+    fn on_verdict(&self, e: &Engine, op: &Arc<Op>, peer: Peer, result: Result<(u64, u64)>) {
+        let (target, stage, del) = {
+            let s = op.st.lock();
+            (s.target.clone(), s.stage, s.del)
+        };
+        let Some(t) = target else { return };
+        if stage != Stage::Verdict
+            || peer.proc_ != t.proc_
+            || peer.portal != t.portal
+            || peer.tmid != t.tmid
+        {
+            warn!(tm = %self.id, "verdict from an unexpected peer or at an unexpected time ignored");
+            return;
+        }
+        let (len, bits) = match result {
+            Err(err) => {
+                e.remove_op(op.id);
+                Self::unregister(e, op);
+                self.finish(op, Err(err));
+                return;
+            }
+            Ok(x) => x,
+        };
+        let Some(q) = op.buf.clone() else { return };
+        let recv = q.queue() == QueueType::ActiveBulkRecv;
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        let bad = if recv {
+            len > q.size()
+        } else {
+            len != q.length()
+        };
+        let from = self.from();
+        let abort = |status| {
+            let _ = e.send_ctl(
+                t.proc_,
+                t.portal,
+                t.tmid,
+                from,
+                &Ctl::Abort { xid: op.id, status },
+                0,
+            );
+        };
+        if del || bad || op.st.lock().stage == Stage::Done {
+            abort(NetError::Cancelled);
+            e.remove_op(op.id);
+            Self::unregister(e, op);
+            let r = if bad {
+                NetError::Protocol(format!("verdict for {len} bytes"))
+            } else {
+                NetError::Cancelled
+            };
+            self.finish(op, Err(r));
+            return;
+        }
+        let key = op.st.lock().key;
+        let Some(key) = key else { return };
+        let r = e
+            .lnet
+            .md_bind(
+                MdSpec::new(MemRef::new(key, 0, len as u32), MdOptions::empty())
+                    .threshold(Threshold::Count(2))
+                    .unlink(Unlink::Unlink)
+                    .user_ptr(op.id),
+            )
+            .and_then(|md| {
+                {
+                    let mut s = op.st.lock();
+                    s.md = Some(md);
+                    s.stage = Stage::Live;
+                    s.len = len;
+                }
+                let r = if recv {
+                    e.lnet.get(md, t.proc_, t.portal, bits, 0)
+                } else {
+                    e.lnet.put(
+                        md,
+                        true,
+                        t.proc_,
+                        t.portal,
+                        bits,
+                        0,
+                        hdr_data(HDR_BULK, from.0, from.1),
+                    )
+                };
+                if r.is_err() {
+                    let _ = e.lnet.md_unlink(md);
+                }
+                r
+            });
+        if let Err(err) = r {
+            abort(NetError::Cancelled);
+            let ne = lnet_err(&err, &t.owner);
+            op.st.lock().fail = Some(ne.clone());
+            if op.st.lock().md.is_none() {
+                e.remove_op(op.id);
+                Self::unregister(e, op);
+                self.finish(op, Err(ne));
+            }
+        }
+    }
+
+    /// A bulk request could not be sent.
+    pub(crate) fn fail_request(&self, op: &Arc<Op>, err: OpError) {
+        let e = self.engine();
+        if op.st.lock().stage != Stage::Verdict {
+            return;
+        }
+        let owner = op
+            .st
+            .lock()
+            .target
+            .as_ref()
+            .map(|t| t.owner.clone())
+            .unwrap_or_default();
+        e.remove_op(op.id);
+        Self::unregister(&e, op);
+        self.finish(op, Err(op_err(err, &owner)));
+    }
+
+    /// No verdict came in time.
+    pub(crate) fn expire_request(&self, op: &Arc<Op>) {
+        let e = self.engine();
+        let (stage, owner) = {
+            let s = op.st.lock();
+            (
+                s.stage,
+                s.target
+                    .as_ref()
+                    .map(|t| t.owner.clone())
+                    .unwrap_or_default(),
+            )
+        };
+        if stage == Stage::Verdict || stage == Stage::Done {
+            e.remove_op(op.id);
+            Self::unregister(&e, op);
+        }
+        if stage == Stage::Verdict {
+            self.finish(
+                op,
+                Err(NetError::Unreachable(format!(
+                    "{owner}: no answer to the bulk request"
+                ))),
+            );
+        }
+    }
+}
+
+/// The match bits of a passive buffer: unique among the transfer
+/// machine's queued buffers (from its token).
+fn passive_bits(tmid: u16, q: &QueuedBuf) -> u64 {
+    let raw = q.token().raw();
+    let counter = ((raw >> 32) << 32 | (raw & 0xffff_ffff)) + CNT_PASSIVE_MIN;
+    match_bits(tmid, counter & ((1 << COUNTER_BITS) - 1))
+}
+
+/// The transport object of one transfer machine.
+#[derive(Debug)]
+pub(crate) struct LnetTm {
+    sh: Arc<TmShared>,
+}
+
+impl LnetTm {
+    pub(crate) fn new(id: TmId, sink: TmSink, x: Arc<XprtInner>) -> Self {
+        Self {
+            sh: Arc::new(TmShared {
+                id,
+                sink,
+                x,
+                st: Mutex::new(TmSt::default()),
+            }),
+        }
+    }
+
+    fn release_address(&self) {
+        let (engine, addr, infra) = {
+            let mut st = self.sh.st.lock();
+            st.started = false;
+            (st.engine.clone(), st.addr, std::mem::take(&mut st.infra))
+        };
+        if let (Some(e), Some(a)) = (engine, addr) {
+            for op in infra {
+                if let Some(md) = op.st.lock().md {
+                    let _ = e.lnet.md_unlink(md);
+                }
+            }
+            e.release(a.portal, a.tmid.unwrap_or(0), &self.sh);
+        }
+    }
+}
+
+impl XprtTm for LnetTm {
+    fn start(&self, addr: &str) -> Result<()> {
+        let want = LnetAddr::parse(addr)?;
+        let sh = &self.sh;
+        let e =
+            sh.x.engine_for(want.nid)
+                .ok_or_else(|| NetError::InvalidAddress {
+                    addr: addr.to_string(),
+                    reason: format!("no LNet node of this transport has NID {}", want.nid),
+                })?;
+        if want.pid != e.pid {
+            return Err(NetError::InvalidAddress {
+                addr: addr.to_string(),
+                reason: format!("the LNet node's PID is {}", e.pid),
+            });
+        }
+        let tmid = e.claim(want.portal, want.tmid, sh)?;
+        let a = want.with_tmid(tmid);
+        {
+            let mut st = sh.st.lock();
+            st.engine = Some(Arc::clone(&e));
+            st.addr = Some(a);
+            st.own = a.to_string();
+        }
+        let mut infra = Vec::new();
+        for kind in std::iter::repeat_n(Kind::Ctl, CTL_MDS).chain([Kind::Catch]) {
+            match sh.attach_infra(&e, a, kind) {
+                Ok(op) => infra.push(op),
+                Err(err) => {
+                    for op in infra {
+                        if let Some(md) = op.st.lock().md {
+                            let _ = e.lnet.md_unlink(md);
+                        }
+                    }
+                    e.release(a.portal, tmid, sh);
+                    return Err(err);
+                }
+            }
+        }
+        let pending = {
+            let mut st = sh.st.lock();
+            st.infra = infra;
+            st.started = true;
+            std::mem::take(&mut st.pending)
+        };
+        for op in pending {
+            if op.st.lock().del {
+                sh.complete_later(&e, &op, Err(NetError::Cancelled));
+                continue;
+            }
+            if let Err(err) = sh.attach_recv(&e, a, &op) {
+                sh.complete_later(&e, &op, Err(err));
+            }
+        }
+        e.push(Work::Started(Arc::clone(sh), a.to_string()));
+        Ok(())
+    }
+
+    fn stop(&self, abort: bool) -> Result<()> {
+        let mut st = self.sh.st.lock();
+        st.stopping = true;
+        st.abort = abort;
+        debug!(tm = %self.sh.id, abort, "stop requested");
+        Ok(())
+    }
+
+    fn stopped(&self) {
+        self.release_address();
+        let mut st = self.sh.st.lock();
+        st.ops.clear();
+        st.claims.clear();
+        st.pending.clear();
+        debug!(tm = %self.sh.id, "stopped");
+    }
+
+    fn fini(&self) {
+        self.release_address();
+        let mut st = self.sh.st.lock();
+        st.ops.clear();
+        st.claims.clear();
+        st.pending.clear();
+        st.ctl_mem.clear();
+    }
+
+    fn ep_parse(&self, addr: &str) -> Result<EpAddr> {
+        let a = LnetAddr::parse(addr)?;
+        if a.tmid.is_none() {
+            return Err(NetError::InvalidAddress {
+                addr: addr.to_string(),
+                reason: "an end point needs a TMID (not *)".into(),
+            });
+        }
+        Ok(EpAddr {
+            addr: a.to_string(),
+            data: Arc::new(a),
+        })
+    }
+
+    fn desc_extra(&self, buf: &QueuedBuf) -> Result<Vec<u8>> {
+        let st = self.sh.st.lock();
+        let (Some(e), Some(a)) = (&st.engine, st.addr) else {
+            return Err(NetError::WrongState {
+                op: "passive add",
+                state: colibri_net::TmState::Initialized,
+            });
+        };
+        let len = if buf.queue() == QueueType::PassiveBulkSend {
+            buf.length()
+        } else {
+            buf.size()
+        };
+        let t = BulkTarget {
+            proc_: ProcessId::new(a.nid, e.pid),
+            portal: a.portal,
+            tmid: a.tmid.unwrap_or(0),
+            bits: passive_bits(a.tmid.unwrap_or(0), buf),
+            len: len as u64,
+            owner: String::new(),
+        };
+        Ok(t.encode())
+    }
+
+    fn buf_add(&self, q: &QueuedBuf) -> Result<()> {
+        let sh = &self.sh;
+        let (engine, addr, started) = {
+            let st = sh.st.lock();
+            (st.engine.clone(), st.addr, st.started)
+        };
+        let e = engine.unwrap_or_else(|| Arc::clone(&sh.x.engines[0]));
+        let op = sh.new_op(&e, kind_of(q.queue()), Some(q.clone()));
+        match op.kind {
+            Kind::Recv => {
+                if let (true, Some(a)) = (started, addr) {
+                    sh.attach_recv(&e, a, &op)?;
+                } else {
+                    sh.st.lock().pending.push(Arc::clone(&op));
+                }
+            }
+            Kind::Send => {
+                let dest = q
+                    .end_point()
+                    .and_then(|ep| ep.downcast::<LnetAddr>().copied())
+                    .ok_or_else(|| {
+                        NetError::InvalidArgument("send without an LNet end point".into())
+                    })?;
+                let a = addr.ok_or(NetError::WrongState {
+                    op: "send",
+                    state: colibri_net::TmState::Initialized,
+                })?;
+                let len = q.length();
+                op.st.lock().len = len;
+                let key = sh.register(&e, &op, len).ok_or(NetError::Cancelled)?;
+                e.add_op(&op);
+                let r = e
+                    .lnet
+                    .md_bind(
+                        MdSpec::new(MemRef::new(key, 0, len as u32), MdOptions::empty())
+                            .threshold(Threshold::Count(2))
+                            .unlink(Unlink::Unlink)
+                            .user_ptr(op.id),
+                    )
+                    .and_then(|md| {
+                        {
+                            let mut s = op.st.lock();
+                            s.md = Some(md);
+                            s.stage = Stage::Live;
+                        }
+                        let r = e.lnet.put(
+                            md,
+                            true,
+                            dest.process(),
+                            dest.portal,
+                            match_bits(dest.tmid.unwrap_or(0), CNT_MSG),
+                            0,
+                            hdr_data(HDR_MSG, a.portal, a.tmid.unwrap_or(0)),
+                        );
+                        if r.is_err() {
+                            let _ = e.lnet.md_unlink(md);
+                        }
+                        r
+                    });
+                if let Err(err) = r {
+                    // Reported as the send's completion, as a failure on
+                    // the wire would be.
+                    if op.st.lock().md.is_none() {
+                        e.remove_op(op.id);
+                        TmShared::unregister(&e, &op);
+                        sh.complete_later(&e, &op, Err(lnet_err(&err, &dest.to_string())));
+                    } else {
+                        op.st.lock().fail = Some(lnet_err(&err, &dest.to_string()));
+                    }
+                }
+            }
+            Kind::Passive => {}
+            Kind::Active => {
+                let fields = q
+                    .desc()
+                    .ok_or_else(|| NetError::InvalidDescriptor("missing".into()))?;
+                let mut t = BulkTarget::decode(&fields.extra)?;
+                t.owner.clone_from(&fields.owner);
+                let owner = LnetAddr::parse(&fields.owner).map_err(|_| {
+                    NetError::InvalidDescriptor("owner is not an LNet address".into())
+                })?;
+                if owner.process() != t.proc_
+                    || owner.portal != t.portal
+                    || owner.tmid != Some(t.tmid)
+                {
+                    return Err(NetError::InvalidDescriptor(
+                        "the descriptor's LNet target does not match its owner".into(),
+                    ));
+                }
+                let a = addr.ok_or(NetError::WrongState {
+                    op: "active bulk",
+                    state: colibri_net::TmState::Initialized,
+                })?;
+                let recv = q.queue() == QueueType::ActiveBulkRecv;
+                let mem_len = if recv { q.size() } else { q.length() };
+                let size = mem_len as u64;
+                let key = sh.register(&e, &op, mem_len).ok_or(NetError::Cancelled)?;
+                let _ = key;
+                {
+                    let mut s = op.st.lock();
+                    s.stage = Stage::Verdict;
+                    s.target = Some(t.clone());
+                    s.len = mem_len;
+                }
+                e.add_op(&op);
+                let desc = NetBufDesc::encode(fields, 4096)?;
+                let req = Ctl::Request {
+                    xid: op.id,
+                    active: q.queue(),
+                    size,
+                    desc: desc.as_bytes().to_vec(),
+                };
+                e.handshakes
+                    .lock()
+                    .insert((Instant::now() + e.handshake_timeout, op.id));
+                if let Err(err) = e.send_ctl(
+                    t.proc_,
+                    t.portal,
+                    t.tmid,
+                    (a.portal, a.tmid.unwrap_or(0)),
+                    &req,
+                    op.id,
+                ) {
+                    e.remove_op(op.id);
+                    TmShared::unregister(&e, &op);
+                    op.st.lock().stage = Stage::Done;
+                    sh.complete_later(&e, &op, Err(lnet_err(&err, &t.owner)));
+                }
+            }
+            Kind::Ctl | Kind::Catch => {}
+        }
+        sh.st.lock().ops.insert(q.token().raw(), op);
+        Ok(())
+    }
+
+    fn buf_del(&self, q: &QueuedBuf, reason: DelReason) {
+        let sh = &self.sh;
+        let (op, abort, e) = {
+            let st = sh.st.lock();
+            (
+                st.ops.get(&q.token().raw()).cloned(),
+                st.abort,
+                st.engine
+                    .clone()
+                    .unwrap_or_else(|| Arc::clone(&sh.x.engines[0])),
+            )
+        };
+        let Some(op) = op else {
+            // Never started here (refused in buf_add) or already done.
+            e.push(Work::Complete(
+                sh.sink.clone(),
+                q.clone(),
+                Err(NetError::Cancelled),
+            ));
+            return;
+        };
+        if reason == DelReason::Stop && !abort && matches!(op.kind, Kind::Send | Kind::Active) {
+            // A stop without abort lets operations in flight finish.
+            let stage = op.st.lock().stage;
+            if stage != Stage::Idle {
+                return;
+            }
+        }
+        let (stage, md) = {
+            let mut s = op.st.lock();
+            s.del = true;
+            (s.stage, s.md)
+        };
+        trace!(tm = %sh.id, ?reason, ?stage, kind = ?op.kind, "del");
+        match (stage, md) {
+            (Stage::Live, Some(md)) => {
+                if e.lnet.md_unlink(md).is_err() {
+                    // Already unlinking: its final event completes it.
+                    trace!(tm = %sh.id, "MD already unlinked");
+                }
+            }
+            (Stage::Done, _) => {}
+            (Stage::Verdict, _) => {
+                // The answer may still come: it is then refused (an
+                // ABORT frees the passive buffer).
+                op.st.lock().stage = Stage::Done;
+                let owner = op.st.lock().target.as_ref().map(|t| t.owner.clone());
+                let _ = owner;
+                sh.complete_later(&e, &op, Err(NetError::Cancelled));
+            }
+            _ => {
+                sh.st.lock().pending.retain(|o| o.id != op.id);
+                op.st.lock().stage = Stage::Done;
+                sh.complete_later(&e, &op, Err(NetError::Cancelled));
+            }
+        }
+    }
+
+    fn deliver(&self, delivery: Delivery) {
+        self.sh.engine().push(Work::Deliver(delivery));
+    }
+}
+
+fn kind_of(q: QueueType) -> Kind {
+    match q {
+        QueueType::MsgRecv => Kind::Recv,
+        QueueType::MsgSend => Kind::Send,
+        QueueType::PassiveBulkRecv | QueueType::PassiveBulkSend => Kind::Passive,
+        QueueType::ActiveBulkRecv | QueueType::ActiveBulkSend => Kind::Active,
+    }
+}
