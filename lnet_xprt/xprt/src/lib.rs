@@ -91,14 +91,16 @@ pub const LNET_TRANSPORT_ID: u32 = u32::from_le_bytes(*b"LNT1");
 #[non_exhaustive]
 pub struct LnetXprtConfig {
     /// How long an active bulk operation waits for the passive side's
-    /// answer to its request before it fails with `Unreachable`.
+    /// answer to its request before it fails with `Unreachable`, and how
+    /// long a passive buffer stays claimed for a request whose GET or PUT
+    /// does not come (it is then available again).
     pub handshake_timeout: Duration,
 }
 
 impl Default for LnetXprtConfig {
     fn default() -> Self {
         Self {
-            handshake_timeout: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }

@@ -532,7 +532,11 @@ impl TmShared {
                 self.forget_claim(op);
                 if release {
                     // The requester gave up: the buffer is available again.
-                    op.st.lock().stage = Stage::Idle;
+                    {
+                        let mut s = op.st.lock();
+                        s.stage = Stage::Idle;
+                        s.peer = None;
+                    }
                     if let Some(q) = &op.buf {
                         self.sink.release_claim(q);
                     }
@@ -813,6 +817,9 @@ impl TmShared {
                 s.md = Some(md);
                 s.stage = Stage::Live;
                 drop(s);
+                e.handshakes
+                    .lock()
+                    .insert((Instant::now() + e.handshake_timeout, op.id));
                 self.st.lock().claims.insert((peer.proc_, xid), op);
                 Ok(bits)
             }
@@ -944,9 +951,25 @@ impl TmShared {
         self.finish(op, Err(op_err(err, &owner)));
     }
 
-    /// No verdict came in time.
+    /// No verdict came in time (active), or no GET or PUT after the
+    /// verdict (passive: the claim is handed back).
     pub(crate) fn expire_request(&self, op: &Arc<Op>) {
         let e = self.engine();
+        if op.kind == Kind::Passive {
+            let md = {
+                let mut s = op.st.lock();
+                if s.stage != Stage::Live || s.peer.is_none() {
+                    return;
+                }
+                s.release = true;
+                s.md
+            };
+            if let Some(md) = md {
+                debug!(tm = %self.id, "passive claim unused: handed back");
+                let _ = e.lnet.md_unlink(md);
+            }
+            return;
+        }
         let (stage, owner) = {
             let s = op.st.lock();
             (
@@ -1293,12 +1316,17 @@ impl XprtTm for LnetTm {
             ));
             return;
         };
-        if reason == DelReason::Stop && !abort && matches!(op.kind, Kind::Send | Kind::Active) {
-            // A stop without abort lets operations in flight finish.
-            let stage = op.st.lock().stage;
-            if stage != Stage::Idle {
-                return;
-            }
+        if matches!(op.kind, Kind::Send | Kind::Active)
+            && op.st.lock().stage == Stage::Live
+            && (reason == DelReason::Cancel || (reason == DelReason::Stop && !abort))
+        {
+            // A message or bulk transfer LNet already has cannot be taken
+            // back without losing what it tells: whether it arrived. A
+            // plain cancel (and a stop without abort) lets it end with its
+            // ACK, REPLY or failure, which LNet bounds by its transaction
+            // timeout; a timeout or a stop with abort unlinks the MD.
+            op.st.lock().del = true;
+            return;
         }
         let (stage, md) = {
             let mut s = op.st.lock();
@@ -1315,11 +1343,29 @@ impl XprtTm for LnetTm {
             }
             (Stage::Done, _) => {}
             (Stage::Verdict, _) => {
-                // The answer may still come: it is then refused (an
-                // ABORT frees the passive buffer).
-                op.st.lock().stage = Stage::Done;
-                let owner = op.st.lock().target.as_ref().map(|t| t.owner.clone());
-                let _ = owner;
+                // The answer may still come: it is then refused with an
+                // ABORT. One goes now too, for a request already claimed
+                // (a passive claim nobody uses also ends by itself after
+                // the handshake timeout).
+                let t = {
+                    let mut s = op.st.lock();
+                    s.stage = Stage::Done;
+                    s.target.clone()
+                };
+                if let Some(t) = t {
+                    let from = sh.from();
+                    let _ = e.send_ctl(
+                        t.proc_,
+                        t.portal,
+                        t.tmid,
+                        from,
+                        &Ctl::Abort {
+                            xid: op.id,
+                            status: NetError::Cancelled,
+                        },
+                        0,
+                    );
+                }
                 sh.complete_later(&e, &op, Err(NetError::Cancelled));
             }
             _ => {
