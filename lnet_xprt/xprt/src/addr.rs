@@ -40,30 +40,39 @@ pub const fn split_bits(bits: u64) -> (u16, u64) {
     ((bits >> COUNTER_BITS) as u16, bits & COUNTER_MASK)
 }
 
-/// Header data kinds.
+/// Header data kinds: a message.
 pub const HDR_MSG: u8 = 1;
 /// A control message.
 pub const HDR_CTL: u8 = 2;
 /// An active bulk PUT.
 pub const HDR_BULK: u8 = 3;
-const HDR_MAGIC: u64 = 0xC0B1;
+const HDR_MAGIC: u64 = 0xC1;
 
-/// The header data of our PUTs: magic (16 bits) | TMID (16) | reserved
-/// (8) | portal (8) | reserved (8) | kind (8), from the top.
-pub const fn hdr_data(kind: u8, portal: u32, tmid: u16) -> u64 {
-    (HDR_MAGIC << 48) | ((tmid as u64) << 32) | (((portal & 0xff) as u64) << 16) | kind as u64
+/// Bits of the sequence number in the header data.
+pub const SEQ_MASK: u32 = 0x00ff_ffff;
+
+/// The header data of our PUTs, from the top: magic (8 bits), sequence
+/// number of the send (24, echoed by a `NoBuffers` answer), reserved (4),
+/// TMID (12), reserved (2), portal (6), kind (8).
+pub const fn hdr_data(kind: u8, portal: u32, tmid: u16, seq: u32) -> u64 {
+    (HDR_MAGIC << 56)
+        | (((seq & SEQ_MASK) as u64) << 32)
+        | (((tmid & 0xfff) as u64) << 16)
+        | (((portal & 0x3f) as u64) << 8)
+        | kind as u64
 }
 
-/// Decodes header data: (kind, sender portal, sender TMID).
-pub const fn parse_hdr(h: u64) -> Option<(u8, u32, u16)> {
-    if h >> 48 != HDR_MAGIC {
+/// Decodes header data: (kind, sender portal, sender TMID, sequence).
+pub const fn parse_hdr(h: u64) -> Option<(u8, u32, u16, u32)> {
+    if h >> 56 != HDR_MAGIC || (h >> 28) & 0xf != 0 || (h >> 14) & 0x3 != 0 {
         return None;
     }
-    let tmid = ((h >> 32) & 0xffff) as u16;
-    if tmid > TMID_MAX {
-        return None;
-    }
-    Some(((h & 0xff) as u8, ((h >> 16) & 0xff) as u32, tmid))
+    Some((
+        (h & 0xff) as u8,
+        ((h >> 8) & 0x3f) as u32,
+        ((h >> 16) & 0xfff) as u16,
+        ((h >> 32) as u32) & SEQ_MASK,
+    ))
 }
 
 /// An LNet transport address: `NID:PID:PORTAL:TMID`, as Motr's.
@@ -231,8 +240,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn hdr_data_round_trips(kind in 0u8.., portal in 0u32..256, tmid in 0u16..=TMID_MAX) {
-            prop_assert_eq!(parse_hdr(hdr_data(kind, portal, tmid)), Some((kind, portal, tmid)));
+        fn hdr_data_round_trips(kind in 0u8.., portal in 0u32..64, tmid in 0u16..=TMID_MAX, seq in 0u32..=SEQ_MASK) {
+            prop_assert_eq!(parse_hdr(hdr_data(kind, portal, tmid, seq)), Some((kind, portal, tmid, seq)));
         }
 
         #[test]

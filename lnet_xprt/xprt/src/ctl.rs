@@ -4,7 +4,7 @@
 //! off size field (little-endian)
 //!   0    4 magic "CLNC"
 //!   4    1 version (1)
-//!   5    1 kind: 1 REQUEST, 2 VERDICT, 3 ABORT
+//!   5    1 kind: 1 REQUEST, 2 VERDICT, 3 ABORT, 4 NAK
 //!   6    2 reserved (0)
 //!   8    8 xid: the active operation (the requester's MD user value)
 //!  16    .. body
@@ -12,6 +12,7 @@
 //! VERDICT: status u16 | aux u16 (queues of WrongQueue) | 4 reserved | length u64
 //!          | match bits u64 | detail len u16 | detail bytes (UTF-8)
 //! ABORT:   status u16 | 6 reserved
+//! NAK:     status u16 | 6 reserved   (xid: the message's sequence number)
 //! ```
 
 use colibri_net::{NetError, QueueType};
@@ -52,6 +53,14 @@ pub(crate) enum Ctl {
         /// Why.
         status: NetError,
     },
+    /// A message found no receive buffer (sent by the receiver after it
+    /// counted the loss; the catch-all MD sends no ACK).
+    Nak {
+        /// The message's sequence number (from its header data).
+        xid: u64,
+        /// Why (`NoBuffers`).
+        status: NetError,
+    },
 }
 
 /// Error codes on the wire.
@@ -70,6 +79,7 @@ fn err_code(e: &NetError) -> (u16, u16, String) {
         NetError::InvalidDescriptor(s) => (7, 0, s.clone()),
         NetError::Busy(s) => (8, 0, s.clone()),
         NetError::Unreachable(s) => (9, 0, s.clone()),
+        NetError::NoBuffers => (11, 0, String::new()),
         other => (10, 0, other.to_string()),
     }
 }
@@ -95,6 +105,7 @@ fn err_decode(code: u16, aux: u16, detail: String) -> Option<NetError> {
         8 => NetError::Busy(detail),
         9 => NetError::Unreachable(detail),
         10 => NetError::Protocol(format!("passive side: {detail}")),
+        11 => NetError::NoBuffers,
         _ => return None,
     })
 }
@@ -103,7 +114,10 @@ impl Ctl {
     /// The active operation it is about.
     pub(crate) fn xid(&self) -> u64 {
         match self {
-            Self::Request { xid, .. } | Self::Verdict { xid, .. } | Self::Abort { xid, .. } => *xid,
+            Self::Request { xid, .. }
+            | Self::Verdict { xid, .. }
+            | Self::Abort { xid, .. }
+            | Self::Nak { xid, .. } => *xid,
         }
     }
 
@@ -114,6 +128,7 @@ impl Ctl {
             Self::Request { .. } => 1,
             Self::Verdict { .. } => 2,
             Self::Abort { .. } => 3,
+            Self::Nak { .. } => 4,
         };
         v.extend_from_slice(&MAGIC.to_le_bytes());
         v.extend_from_slice(&[VERSION, kind, 0, 0]);
@@ -146,7 +161,7 @@ impl Ctl {
                 v.extend_from_slice(&(d.len() as u16).to_le_bytes());
                 v.extend_from_slice(&d);
             }
-            Self::Abort { status, .. } => {
+            Self::Abort { status, .. } | Self::Nak { status, .. } => {
                 let (c, _, _) = err_code(status);
                 v.extend_from_slice(&c.to_le_bytes());
                 v.extend_from_slice(&[0; 6]);
@@ -227,11 +242,18 @@ impl Ctl {
                 };
                 Ok(Self::Verdict { xid, result })
             }
-            3 => {
+            3 | 4 => {
                 exact(24)?;
                 let status = err_decode(u16at(16)?, 0, String::new())
                     .ok_or_else(|| bad("unknown status"))?;
-                Ok(Self::Abort { xid, status })
+                if b[18..24].iter().any(|&x| x != 0) {
+                    return Err(bad("reserved bytes set"));
+                }
+                Ok(if b[5] == 3 {
+                    Self::Abort { xid, status }
+                } else {
+                    Self::Nak { xid, status }
+                })
             }
             _ => Err(bad("unknown kind")),
         }
@@ -280,6 +302,10 @@ mod tests {
             Ctl::Abort {
                 xid: 11,
                 status: NetError::Cancelled,
+            },
+            Ctl::Nak {
+                xid: 12,
+                status: NetError::NoBuffers,
             },
         ]
     }

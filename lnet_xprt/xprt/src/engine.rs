@@ -52,7 +52,12 @@ pub(crate) struct Engine {
     pub(crate) handshakes: Mutex<BTreeSet<(Instant, u64)>>,
     pub(crate) handshake_timeout: Duration,
     work: Sender<Work>,
+    /// Loss events (`NoBuffers`, refused bulk requests): run on a thread
+    /// of their own, so that a slow error callback never holds up the
+    /// counting of further losses or the node's other events.
+    notices: Sender<Option<Delivery>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    notice_thread: Mutex<Option<JoinHandle<()>>>,
     /// An empty region: the memory of the catch-all MDs.
     pub(crate) empty: MemKey,
 }
@@ -92,6 +97,18 @@ impl Engine {
         // queued; the thread drains them.
         #[allow(clippy::disallowed_methods)]
         let (work, work_rx) = crossbeam_channel::unbounded();
+        // Loss events are coalesced by the core: a few at a time.
+        #[allow(clippy::disallowed_methods)]
+        let (notices, notice_rx) = crossbeam_channel::unbounded::<Option<Delivery>>();
+        let nt = std::thread::Builder::new()
+            .name("colibri-lnet-xprt-notices".into())
+            .spawn(move || {
+                let _mark = colibri_net::wait::DeliveryThread::enter();
+                while let Ok(Some(d)) = notice_rx.recv() {
+                    d.run();
+                }
+            })
+            .map_err(NetError::from)?;
         let e = Arc::new(Self {
             lnet,
             pid,
@@ -103,7 +120,9 @@ impl Engine {
             handshakes: Mutex::new(BTreeSet::new()),
             handshake_timeout,
             work,
+            notices,
             thread: Mutex::new(None),
+            notice_thread: Mutex::new(Some(nt)),
             empty,
         });
         let me = Arc::downgrade(&e);
@@ -121,10 +140,24 @@ impl Engine {
     /// Stops the thread (pending work runs first).
     pub(crate) fn stop(&self) {
         let _ = self.work.send(Work::Stop);
-        if let Some(t) = self.thread.lock().take()
-            && t.thread().id() != std::thread::current().id()
+        let _ = self.notices.send(None);
+        for t in [self.thread.lock().take(), self.notice_thread.lock().take()]
+            .into_iter()
+            .flatten()
         {
-            let _ = t.join();
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// Runs a loss event on the notice thread.
+    pub(crate) fn notice(&self, d: Delivery) {
+        if d.is_pending()
+            && let Err(e) = self.notices.send(Some(d))
+            && let Some(d) = e.0
+        {
+            d.run();
         }
     }
 
@@ -232,7 +265,7 @@ impl Engine {
                     portal,
                     match_bits(tmid, CNT_CTL),
                     0,
-                    hdr_data(HDR_CTL, from.0, from.1),
+                    hdr_data(HDR_CTL, from.0, from.1, 0),
                 );
                 if r.is_err() {
                     let _ = self.lnet.md_unlink(md);

@@ -22,7 +22,7 @@ use tracing::{debug, trace, warn};
 use crate::XprtInner;
 use crate::addr::{
     CNT_CTL, CNT_MSG, CNT_PASSIVE_MIN, COUNTER_BITS, HDR_BULK, HDR_MSG, LnetAddr, RECV_IGNORE,
-    hdr_data, match_bits, parse_hdr,
+    SEQ_MASK, hdr_data, match_bits, parse_hdr,
 };
 use crate::ctl::{CTL_MAX, Ctl};
 use crate::desc::BulkTarget;
@@ -99,6 +99,8 @@ pub(crate) struct Peer {
     proc_: ProcessId,
     portal: u32,
     tmid: u16,
+    /// Sequence number of the message it came with.
+    seq: u32,
 }
 
 #[derive(Default)]
@@ -150,6 +152,8 @@ struct TmSt {
     infra: Vec<Arc<Op>>,
     /// Control MD memory, by operation id.
     ctl_mem: HashMap<u64, colibri_lnet_rt::MemRegion>,
+    /// Messages being sent, by sequence number.
+    sends: HashMap<u32, Arc<Op>>,
 }
 
 /// State shared by a transfer machine's transport object and the engine.
@@ -218,6 +222,12 @@ impl TmShared {
             if st.ops.get(&q.token().raw()).is_some_and(|o| o.id == op.id) {
                 st.ops.remove(&q.token().raw());
             }
+            if op.kind == Kind::Send {
+                let seq = seq_of(op.id);
+                if st.sends.get(&seq).is_some_and(|o| o.id == op.id) {
+                    st.sends.remove(&seq);
+                }
+            }
             drop(st);
             self.sink.complete(q, r);
         }
@@ -225,7 +235,7 @@ impl TmShared {
 
     /// The canonical address of the sender of `ev`.
     fn sender(&self, e: &Engine, ev: &Event) -> (Option<Peer>, String) {
-        let Some((_, portal, tmid)) = parse_hdr(ev.info.hdr_data) else {
+        let Some((_, portal, tmid, seq)) = parse_hdr(ev.info.hdr_data) else {
             return (
                 None,
                 format!("{}:{}:0:0", ev.info.initiator.nid, ev.info.initiator.pid),
@@ -235,6 +245,7 @@ impl TmShared {
             proc_: ev.info.initiator,
             portal,
             tmid,
+            seq,
         };
         if e.has(ev.info.initiator.nid)
             && let Some(t) = e.local_tm(portal, tmid)
@@ -335,7 +346,11 @@ impl TmShared {
             (
                 match_bits(tmid, CNT_MSG),
                 MemRef::new(e.empty, 0, 0),
-                MdOptions::OP_PUT.with(MdOptions::TRUNCATE),
+                // No ACK: the receiver answers with a NAK once it counted
+                // the loss, so the sender never learns of it first.
+                MdOptions::OP_PUT
+                    .with(MdOptions::TRUNCATE)
+                    .with(MdOptions::ACK_DISABLE),
                 Threshold::Infinite,
                 Unlink::Retain,
             )
@@ -393,7 +408,15 @@ impl TmShared {
             Kind::Ctl => self.ev_ctl(&e, op, ev),
             Kind::Catch => {
                 if ev.kind() == EventKind::Put && ev.info.status.is_ok() {
-                    self.sink.count_no_buffers(ev.info.rlength as usize).run();
+                    e.notice(self.sink.count_no_buffers(ev.info.rlength as usize));
+                    if let (Some(p), _) = self.sender(&e, ev) {
+                        let from = self.from();
+                        let nak = Ctl::Nak {
+                            xid: u64::from(p.seq),
+                            status: NetError::NoBuffers,
+                        };
+                        let _ = e.send_ctl(p.proc_, p.portal, p.tmid, from, &nak, 0);
+                    }
                 }
             }
         }
@@ -683,7 +706,7 @@ impl TmShared {
                 let size = usize::try_from(size).unwrap_or(usize::MAX);
                 match self.sink.claim_passive(&fields, &requester, active, size) {
                     Err(PassiveError { error, notice }) => {
-                        notice.run();
+                        e.notice(notice);
                         answer(Err(error));
                     }
                     Ok(PassiveClaim { buf, len }) => {
@@ -719,6 +742,19 @@ impl TmShared {
                     return;
                 };
                 self.on_verdict(e, &op, peer, result);
+            }
+            Ctl::Nak { xid, status } => {
+                let op = u32::try_from(xid)
+                    .ok()
+                    .and_then(|seq| self.st.lock().sends.get(&seq).cloned());
+                if let Some(op) = op {
+                    let md = op.st.lock().md;
+                    self.finish(&op, Err(status));
+                    if let Some(md) = md {
+                        // The ACK will not come.
+                        let _ = e.lnet.md_unlink(md);
+                    }
+                }
             }
             Ctl::Abort { xid, status } => {
                 // From the passive side: our active operation ends.
@@ -913,7 +949,7 @@ impl TmShared {
                         t.portal,
                         bits,
                         0,
-                        hdr_data(HDR_BULK, from.0, from.1),
+                        hdr_data(HDR_BULK, from.0, from.1, 0),
                     )
                 };
                 if r.is_err() {
@@ -1189,6 +1225,7 @@ impl XprtTm for LnetTm {
                 })?;
                 let len = q.length();
                 op.st.lock().len = len;
+                sh.st.lock().sends.insert(seq_of(op.id), Arc::clone(&op));
                 let key = sh.register(&e, &op, len).ok_or(NetError::Cancelled)?;
                 e.add_op(&op);
                 let r = e
@@ -1212,7 +1249,7 @@ impl XprtTm for LnetTm {
                             dest.portal,
                             match_bits(dest.tmid.unwrap_or(0), CNT_MSG),
                             0,
-                            hdr_data(HDR_MSG, a.portal, a.tmid.unwrap_or(0)),
+                            hdr_data(HDR_MSG, a.portal, a.tmid.unwrap_or(0), seq_of(op.id)),
                         );
                         if r.is_err() {
                             let _ = e.lnet.md_unlink(md);
@@ -1379,6 +1416,11 @@ impl XprtTm for LnetTm {
     fn deliver(&self, delivery: Delivery) {
         self.sh.engine().push(Work::Deliver(delivery));
     }
+}
+
+/// The sequence number of a send (in its header data).
+fn seq_of(id: u64) -> u32 {
+    (id as u32) & SEQ_MASK
 }
 
 fn kind_of(q: QueueType) -> Kind {
