@@ -218,7 +218,7 @@ mod tests {
             ("127.0.0.1@tcp:12345:30:4096", "TMID"),
             ("127.0.0.1@tcp:12345:30:-1", "TMID"),
             ("127.0.0.1@tcp:12345:30:", "TMID"),
-            ("127.0.0.1@tcp:12345:30:5:", "TMID"),
+            ("127.0.0.1@tcp:12345:30:5:", "NID"),
         ] {
             match LnetAddr::parse(s) {
                 Err(NetError::InvalidAddress { reason, .. }) => {

@@ -40,7 +40,7 @@
 //! let tm = dom.tm_init(ignore_tm_events())?;
 //! tm.start("127.0.9.1@tcp:12345:30:*")?;
 //! tm.wait_for_state(TmState::Started, Duration::from_secs(10))?;
-//! let me = tm.ep()?;
+//! let me = tm.ep().expect("started");
 //! // A message to ourselves.
 //! tm.add_msg_recv(dom.register(BufVec::new(1, 64))?.with_callbacks(cbs.clone()), RecvParams::default())?;
 //! let mut b = dom.register(BufVec::new(1, 64))?.with_callbacks(cbs);
