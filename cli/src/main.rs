@@ -272,7 +272,13 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         plans.iter().map(|(_, p)| p.steps()).sum::<usize>() + if lnet { 3 } else { 0 };
     let mut step = 0;
     for (polling, plan) in plans {
-        let xprt = a.xprt.transport(polling, a.workers);
+        let pair = a.xprt.pair();
+        let xprt = a.xprt.transport_at(
+            polling,
+            a.workers,
+            &[&pair.client_addr, &pair.server_addr],
+            true,
+        )?;
         let mode = if polling { "polling" } else { "blocking" };
         let mut progress = |what: &str| {
             step += 1;
@@ -283,8 +289,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 );
             }
         };
-        let rows =
-            run_plan(&plan, &*xprt, &a.xprt.pair(), &mut progress).map_err(|e| e.to_string())?;
+        let rows = run_plan(&plan, &*xprt, &pair, &mut progress).map_err(|e| e.to_string())?;
         report.sections.push(Section {
             mode,
             workers: a.workers.max(1),
@@ -370,7 +375,11 @@ fn bench_plan(a: &BenchArgs, polling: bool, pinned: Option<(usize, usize)>) -> P
     }
     // TCP is compared with a raw loopback TCP socket pair, and against
     // its own targets.
-    plan.tcp = a.xprt == Xprt::Tcp;
+    plan.tcp = matches!(a.xprt, Xprt::Tcp | Xprt::Lnet);
+    if a.xprt == Xprt::Lnet {
+        // One LNet message per transfer: buffers of 1 MiB at most.
+        plan.bulk_sizes.retain(|&s| s <= 1 << 20);
+    }
     plan.mem_targets &= !plan.tcp;
     plan
 }
