@@ -19,7 +19,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use tracing::{debug, trace, warn};
 
-use crate::addr::{CNT_CTL, HDR_CTL, TMID_MAX, hdr_data, match_bits};
+use crate::addr::{CNT_CTL, HDR_CTL, SEQ_MASK, TMID_MAX, hdr_data, match_bits};
 use crate::ctl::Ctl;
 use crate::tm::{Op, TmShared};
 
@@ -40,7 +40,6 @@ pub(crate) struct Engine {
     pub(crate) lnet: Lnet,
     pub(crate) pid: Pid,
     pub(crate) nids: Vec<Nid>,
-    next_id: AtomicU64,
     /// Operations by MD user value (operation id).
     ops: Mutex<HashMap<u64, Arc<Op>>>,
     /// Control messages being sent: their memory, by MD user value, and
@@ -48,6 +47,9 @@ pub(crate) struct Engine {
     ctl_sends: Mutex<HashMap<u64, (MemKey, u64)>>,
     /// Started transfer machines by (portal, TMID).
     tms: Mutex<HashMap<(u32, u16), Weak<TmShared>>>,
+    /// MDs left where a transfer machine stopped: they answer what still
+    /// comes for it with `Unreachable`, until another machine starts there.
+    pub(crate) tombs: Mutex<HashMap<(u32, u16), colibri_lnet_rt::colibri_lnet::matching::MdHandle>>,
     /// Bulk requests waiting for a verdict: (deadline, operation id).
     pub(crate) handshakes: Mutex<BTreeSet<(Instant, u64)>>,
     pub(crate) handshake_timeout: Duration,
@@ -113,10 +115,10 @@ impl Engine {
             lnet,
             pid,
             nids,
-            next_id: AtomicU64::new(1),
             ops: Mutex::new(HashMap::new()),
             ctl_sends: Mutex::new(HashMap::new()),
             tms: Mutex::new(HashMap::new()),
+            tombs: Mutex::new(HashMap::new()),
             handshakes: Mutex::new(BTreeSet::new()),
             handshake_timeout,
             work,
@@ -140,6 +142,9 @@ impl Engine {
     /// Stops the thread (pending work runs first).
     pub(crate) fn stop(&self) {
         let _ = self.work.send(Work::Stop);
+        // Operations refer to their machines, which refer to the engine.
+        self.ops.lock().clear();
+        self.tombs.lock().clear();
         let _ = self.notices.send(None);
         for t in [self.thread.lock().take(), self.notice_thread.lock().take()]
             .into_iter()
@@ -173,8 +178,11 @@ impl Engine {
         }
     }
 
+    /// A new operation id, unique in the process (an operation made
+    /// before its machine started moves to the engine of its node then).
     pub(crate) fn new_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed) & !CTL_SEND_BIT
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed) & !CTL_SEND_BIT
     }
 
     pub(crate) fn add_op(&self, op: &Arc<Op>) {
@@ -213,6 +221,10 @@ impl Engine {
                 .ok_or_else(|| NetError::AddrInUse(format!("every TMID of portal {portal}")))?,
         };
         tms.insert((portal, t), Arc::downgrade(tm));
+        drop(tms);
+        if let Some(md) = self.tombs.lock().remove(&(portal, t)) {
+            let _ = self.lnet.md_unlink(md);
+        }
         Ok(t)
     }
 
@@ -265,7 +277,7 @@ impl Engine {
                     portal,
                     match_bits(tmid, CNT_CTL),
                     0,
-                    hdr_data(HDR_CTL, from.0, from.1, 0),
+                    hdr_data(HDR_CTL, from.0, from.1, (op as u32) & SEQ_MASK),
                 );
                 if r.is_err() {
                     let _ = self.lnet.md_unlink(md);

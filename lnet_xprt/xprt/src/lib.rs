@@ -220,6 +220,6 @@ impl XprtDomain for LnetDomain {
     }
 
     fn tm_init(&self, tm: TmId, sink: TmSink) -> Result<Box<dyn XprtTm>> {
-        Ok(Box::new(tm::LnetTm::new(tm, sink, Arc::clone(&self.inner))))
+        Ok(Box::new(tm::LnetTm::new(tm, sink, &self.inner)))
     }
 }

@@ -76,6 +76,8 @@ pub(crate) enum Kind {
     Ctl,
     /// The catch-all MD that sees messages no receive buffer took.
     Catch,
+    /// What is left where the machine stopped (answers `Unreachable`).
+    Tomb,
 }
 
 /// Where an operation is.
@@ -160,7 +162,11 @@ struct TmSt {
 pub(crate) struct TmShared {
     id: TmId,
     sink: TmSink,
-    x: Arc<XprtInner>,
+    /// The transport (weakly: operations the engine keeps, tombs
+    /// included, must not keep the transport alive).
+    x: std::sync::Weak<XprtInner>,
+    /// The first node's engine: deliveries before start.
+    home: Arc<Engine>,
     st: Mutex<TmSt>,
 }
 
@@ -193,7 +199,7 @@ impl TmShared {
             .lock()
             .engine
             .clone()
-            .unwrap_or_else(|| Arc::clone(&self.x.engines[0]))
+            .unwrap_or_else(|| Arc::clone(&self.home))
     }
 
     fn new_op(self: &Arc<Self>, e: &Engine, kind: Kind, buf: Option<QueuedBuf>) -> Arc<Op> {
@@ -222,7 +228,7 @@ impl TmShared {
             if st.ops.get(&q.token().raw()).is_some_and(|o| o.id == op.id) {
                 st.ops.remove(&q.token().raw());
             }
-            if op.kind == Kind::Send {
+            if matches!(op.kind, Kind::Send | Kind::Active) {
                 let seq = seq_of(op.id);
                 if st.sends.get(&seq).is_some_and(|o| o.id == op.id) {
                     st.sends.remove(&seq);
@@ -406,6 +412,19 @@ impl TmShared {
             Kind::Passive => self.ev_passive(&e, op, ev),
             Kind::Active => self.ev_active(&e, op, ev),
             Kind::Ctl => self.ev_ctl(&e, op, ev),
+            Kind::Tomb => {
+                if ev.kind() == EventKind::Put
+                    && ev.info.status.is_ok()
+                    && let (Some(p), _) = self.sender(&e, ev)
+                {
+                    let from = self.from();
+                    let nak = Ctl::Nak {
+                        xid: u64::from(p.seq),
+                        status: NetError::Unreachable(String::new()),
+                    };
+                    let _ = e.send_ctl(p.proc_, p.portal, p.tmid, from, &nak, 0);
+                }
+            }
             Kind::Catch => {
                 if ev.kind() == EventKind::Put && ev.info.status.is_ok() {
                     e.notice(self.sink.count_no_buffers(ev.info.rlength as usize));
@@ -748,7 +767,36 @@ impl TmShared {
                     .ok()
                     .and_then(|seq| self.st.lock().sends.get(&seq).cloned());
                 if let Some(op) = op {
-                    let md = op.st.lock().md;
+                    let (md, stage) = {
+                        let s = op.st.lock();
+                        (s.md, s.stage)
+                    };
+                    if op.kind == Kind::Active {
+                        // A request that reached a stopped machine.
+                        if stage == Stage::Verdict {
+                            e.remove_op(op.id);
+                            Self::unregister(e, &op);
+                            let owner = op
+                                .st
+                                .lock()
+                                .target
+                                .as_ref()
+                                .map(|t| t.owner.clone())
+                                .unwrap_or_default();
+                            self.finish(&op, Err(NetError::Unreachable(owner)));
+                        }
+                        return;
+                    }
+                    let status = match status {
+                        NetError::Unreachable(_) => NetError::Unreachable(
+                            op.buf
+                                .as_ref()
+                                .and_then(QueuedBuf::end_point)
+                                .map(|ep| ep.addr().to_string())
+                                .unwrap_or_default(),
+                        ),
+                        other => other,
+                    };
                     self.finish(&op, Err(status));
                     if let Some(md) = md {
                         // The ACK will not come.
@@ -1046,22 +1094,28 @@ pub(crate) struct LnetTm {
 }
 
 impl LnetTm {
-    pub(crate) fn new(id: TmId, sink: TmSink, x: Arc<XprtInner>) -> Self {
+    pub(crate) fn new(id: TmId, sink: TmSink, x: &Arc<XprtInner>) -> Self {
         Self {
             sh: Arc::new(TmShared {
                 id,
                 sink,
-                x,
+                x: Arc::downgrade(x),
+                home: Arc::clone(&x.engines[0]),
                 st: Mutex::new(TmSt::default()),
             }),
         }
     }
 
     fn release_address(&self) {
-        let (engine, addr, infra) = {
+        let (engine, addr, infra, was) = {
             let mut st = self.sh.st.lock();
-            st.started = false;
-            (st.engine.clone(), st.addr, std::mem::take(&mut st.infra))
+            let was = std::mem::take(&mut st.started);
+            (
+                st.engine.clone(),
+                st.addr,
+                std::mem::take(&mut st.infra),
+                was,
+            )
         };
         if let (Some(e), Some(a)) = (engine, addr) {
             for op in infra {
@@ -1069,7 +1123,57 @@ impl LnetTm {
                     let _ = e.lnet.md_unlink(md);
                 }
             }
-            e.release(a.portal, a.tmid.unwrap_or(0), &self.sh);
+            let tmid = a.tmid.unwrap_or(0);
+            e.release(a.portal, tmid, &self.sh);
+            if was {
+                self.leave_tomb(&e, a.portal, tmid);
+            }
+        }
+    }
+
+    /// Attaches the MD that answers `Unreachable` for a stopped machine
+    /// (messages and bulk requests still on their way to it), unless
+    /// another machine took the address meanwhile.
+    fn leave_tomb(&self, e: &Engine, portal: u32, tmid: u16) {
+        if e.local_tm(portal, tmid).is_some() {
+            return;
+        }
+        let op = self.sh.new_op(e, Kind::Tomb, None);
+        e.add_op(&op);
+        let r = e
+            .lnet
+            .me_attach(MeSpec {
+                portal,
+                match_id: ProcessId::ANY,
+                match_bits: match_bits(tmid, 0),
+                ignore_bits: (1 << COUNTER_BITS) - 1,
+                unlink: Unlink::Unlink,
+                pos: InsertPos::After,
+            })
+            .and_then(|me| {
+                e.lnet.md_attach(
+                    me,
+                    MdSpec::new(
+                        MemRef::new(e.empty, 0, 0),
+                        MdOptions::OP_PUT
+                            .with(MdOptions::TRUNCATE)
+                            .with(MdOptions::ACK_DISABLE),
+                    )
+                    .threshold(Threshold::Infinite)
+                    .unlink(Unlink::Unlink)
+                    .user_ptr(op.id),
+                )
+            });
+        match r {
+            Ok(md) => {
+                if let Some(old) = e.tombs.lock().insert((portal, tmid), md) {
+                    let _ = e.lnet.md_unlink(old);
+                }
+            }
+            Err(err) => {
+                e.remove_op(op.id);
+                debug!(tm = %self.sh.id, %err, "no tomb left");
+            }
         }
     }
 }
@@ -1079,7 +1183,8 @@ impl XprtTm for LnetTm {
         let want = LnetAddr::parse(addr)?;
         let sh = &self.sh;
         let e =
-            sh.x.engine_for(want.nid)
+            sh.x.upgrade()
+                .and_then(|x| x.engine_for(want.nid))
                 .ok_or_else(|| NetError::InvalidAddress {
                     addr: addr.to_string(),
                     reason: format!("no LNet node of this transport has NID {}", want.nid),
@@ -1202,7 +1307,7 @@ impl XprtTm for LnetTm {
             let st = sh.st.lock();
             (st.engine.clone(), st.addr, st.started)
         };
-        let e = engine.unwrap_or_else(|| Arc::clone(&sh.x.engines[0]));
+        let e = engine.unwrap_or_else(|| Arc::clone(&sh.home));
         let op = sh.new_op(&e, kind_of(q.queue()), Some(q.clone()));
         match op.kind {
             Kind::Recv => {
@@ -1302,6 +1407,7 @@ impl XprtTm for LnetTm {
                     s.len = mem_len;
                 }
                 e.add_op(&op);
+                sh.st.lock().sends.insert(seq_of(op.id), Arc::clone(&op));
                 let desc = NetBufDesc::encode(fields, 4096)?;
                 let req = Ctl::Request {
                     xid: op.id,
@@ -1326,7 +1432,7 @@ impl XprtTm for LnetTm {
                     sh.complete_later(&e, &op, Err(lnet_err(&err, &t.owner)));
                 }
             }
-            Kind::Ctl | Kind::Catch => {}
+            Kind::Ctl | Kind::Catch | Kind::Tomb => {}
         }
         sh.st.lock().ops.insert(q.token().raw(), op);
         Ok(())
@@ -1339,9 +1445,7 @@ impl XprtTm for LnetTm {
             (
                 st.ops.get(&q.token().raw()).cloned(),
                 st.abort,
-                st.engine
-                    .clone()
-                    .unwrap_or_else(|| Arc::clone(&sh.x.engines[0])),
+                st.engine.clone().unwrap_or_else(|| Arc::clone(&sh.home)),
             )
         };
         let Some(op) = op else {
