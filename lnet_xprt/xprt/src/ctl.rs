@@ -4,7 +4,7 @@
 //! off size field (little-endian)
 //!   0    4 magic "CLNC"
 //!   4    1 version (1)
-//!   5    1 kind: 1 REQUEST, 2 VERDICT, 3 ABORT, 4 NAK
+//!   5    1 kind: 1 REQUEST, 2 VERDICT, 3 ABORT, 4 NAK, 5 DELIVERED, 6 GONE
 //!   6    2 reserved (0)
 //!   8    8 xid: the active operation (the requester's MD user value)
 //!  16    .. body
@@ -12,7 +12,10 @@
 //! VERDICT: status u16 | aux u16 (queues of WrongQueue) | 4 reserved | length u64
 //!          | match bits u64 | detail len u16 | detail bytes (UTF-8)
 //! ABORT:   status u16 | 6 reserved
-//! NAK:     status u16 | 6 reserved   (xid: the message's sequence number)
+//! NAK:     status u16 | aux u16 | 4 reserved   (xid: the message's sequence number)
+//! DELIVERED: length u64                        (xid: the message's sequence number)
+//! GONE:    8 reserved       (xid: the sequence number of a control message that reached
+//!                            a stopped machine)
 //! ```
 
 use colibri_net::{NetError, QueueType};
@@ -53,8 +56,23 @@ pub(crate) enum Ctl {
         /// Why.
         status: NetError,
     },
-    /// A message found no receive buffer (sent by the receiver after it
-    /// counted the loss; the catch-all MD sends no ACK).
+    /// A message was placed in a receive buffer and posted: the sender's
+    /// send completes (the receive MDs send no LNet ACK, so that a sender
+    /// never completes before the receiver saw the message).
+    Delivered {
+        /// The message's sequence number (from its header data).
+        xid: u64,
+        /// Bytes received.
+        len: u64,
+    },
+    /// A control message reached a machine that stopped (answered by what
+    /// it left behind).
+    Gone {
+        /// The control message's sequence number.
+        xid: u64,
+    },
+    /// A message found no receive buffer, did not fit, or reached a
+    /// stopped machine (sent by the receiver after it counted the loss).
     Nak {
         /// The message's sequence number (from its header data).
         xid: u64,
@@ -80,6 +98,8 @@ fn err_code(e: &NetError) -> (u16, u16, String) {
         NetError::Busy(s) => (8, 0, s.clone()),
         NetError::Unreachable(s) => (9, 0, s.clone()),
         NetError::NoBuffers => (11, 0, String::new()),
+        // The sizes do not fit the NAK: the sender knows its length.
+        NetError::MessageTooLarge { .. } => (12, 0, String::new()),
         other => (10, 0, other.to_string()),
     }
 }
@@ -106,6 +126,7 @@ fn err_decode(code: u16, aux: u16, detail: String) -> Option<NetError> {
         9 => NetError::Unreachable(detail),
         10 => NetError::Protocol(format!("passive side: {detail}")),
         11 => NetError::NoBuffers,
+        12 => NetError::MessageTooLarge { len: 0, space: 0 },
         _ => return None,
     })
 }
@@ -117,7 +138,9 @@ impl Ctl {
             Self::Request { xid, .. }
             | Self::Verdict { xid, .. }
             | Self::Abort { xid, .. }
-            | Self::Nak { xid, .. } => *xid,
+            | Self::Nak { xid, .. }
+            | Self::Delivered { xid, .. }
+            | Self::Gone { xid } => *xid,
         }
     }
 
@@ -129,6 +152,8 @@ impl Ctl {
             Self::Verdict { .. } => 2,
             Self::Abort { .. } => 3,
             Self::Nak { .. } => 4,
+            Self::Delivered { .. } => 5,
+            Self::Gone { .. } => 6,
         };
         v.extend_from_slice(&MAGIC.to_le_bytes());
         v.extend_from_slice(&[VERSION, kind, 0, 0]);
@@ -162,10 +187,13 @@ impl Ctl {
                 v.extend_from_slice(&d);
             }
             Self::Abort { status, .. } | Self::Nak { status, .. } => {
-                let (c, _, _) = err_code(status);
+                let (c, aux, _) = err_code(status);
                 v.extend_from_slice(&c.to_le_bytes());
-                v.extend_from_slice(&[0; 6]);
+                v.extend_from_slice(&aux.to_le_bytes());
+                v.extend_from_slice(&[0; 4]);
             }
+            Self::Delivered { len, .. } => v.extend_from_slice(&len.to_le_bytes()),
+            Self::Gone { .. } => v.extend_from_slice(&[0; 8]),
         }
         v
     }
@@ -242,11 +270,25 @@ impl Ctl {
                 };
                 Ok(Self::Verdict { xid, result })
             }
+            6 => {
+                exact(24)?;
+                if b[16..24].iter().any(|&x| x != 0) {
+                    return Err(bad("reserved bytes set"));
+                }
+                Ok(Self::Gone { xid })
+            }
+            5 => {
+                exact(24)?;
+                Ok(Self::Delivered {
+                    xid,
+                    len: u64at(16)?,
+                })
+            }
             3 | 4 => {
                 exact(24)?;
-                let status = err_decode(u16at(16)?, 0, String::new())
+                let status = err_decode(u16at(16)?, u16at(18)?, String::new())
                     .ok_or_else(|| bad("unknown status"))?;
-                if b[18..24].iter().any(|&x| x != 0) {
+                if b[20..24].iter().any(|&x| x != 0) {
                     return Err(bad("reserved bytes set"));
                 }
                 Ok(if b[5] == 3 {
@@ -307,6 +349,8 @@ mod tests {
                 xid: 12,
                 status: NetError::NoBuffers,
             },
+            Ctl::Delivered { xid: 13, len: 77 },
+            Ctl::Gone { xid: 14 },
         ]
     }
 

@@ -277,7 +277,7 @@ impl Engine {
                     portal,
                     match_bits(tmid, CNT_CTL),
                     0,
-                    hdr_data(HDR_CTL, from.0, from.1, (op as u32) & SEQ_MASK),
+                    hdr_data(HDR_CTL, from.0, from.1, (msg.xid() as u32) & SEQ_MASK),
                 );
                 if r.is_err() {
                     let _ = self.lnet.md_unlink(md);
@@ -313,11 +313,10 @@ impl Engine {
             }
             return;
         }
-        let op = if ev.unlinked {
-            self.remove_op(ev.user_ptr)
-        } else {
-            self.op(ev.user_ptr)
-        };
+        let op = self.op(ev.user_ptr);
+        if ev.unlinked && op.as_ref().is_some_and(|o| !o.awaits_answer()) {
+            self.remove_op(ev.user_ptr);
+        }
         let Some(op) = op else {
             trace!(
                 user_ptr = ev.user_ptr,

@@ -189,6 +189,14 @@ fn op_err(e: OpError, dest: &str) -> NetError {
     }
 }
 
+impl Op {
+    /// A send whose MD LNet is done with but whose receiver has not
+    /// answered yet: kept in the engine's table for its deadline.
+    pub(crate) fn awaits_answer(&self) -> bool {
+        self.kind == Kind::Send && self.st.lock().stage == Stage::Live
+    }
+}
+
 impl TmShared {
     pub(crate) fn sink(&self) -> &TmSink {
         &self.sink
@@ -222,7 +230,16 @@ impl TmShared {
     /// Forgets a finished operation and completes its buffer.
     fn finish(&self, op: &Op, r: Result<usize>) {
         // A second completion is ignored by the core.
-        op.st.lock().stage = Stage::Done;
+        let sent = {
+            let mut s = op.st.lock();
+            s.stage = Stage::Done;
+            s.md.is_none()
+        };
+        if op.kind == Kind::Send && sent {
+            // LNet is done with it: forget it (otherwise its last event
+            // does).
+            self.engine().remove_op(op.id);
+        }
         if let Some(q) = &op.buf {
             let mut st = self.st.lock();
             if st.ops.get(&q.token().raw()).is_some_and(|o| o.id == op.id) {
@@ -305,9 +322,13 @@ impl TmShared {
                 pos: InsertPos::After,
             })
             .and_then(|me| {
+                // No LNet ACK: the receiver answers once it posted the
+                // message (DELIVERED), or NAKs it.
                 let mut spec = MdSpec::new(
                     MemRef::new(key, 0, size as u32),
-                    MdOptions::OP_PUT.with(MdOptions::TRUNCATE),
+                    MdOptions::OP_PUT
+                        .with(MdOptions::TRUNCATE)
+                        .with(MdOptions::ACK_DISABLE),
                 )
                 .threshold(Threshold::Count(p.max_receive_msgs))
                 .unlink(Unlink::Unlink)
@@ -408,7 +429,7 @@ impl TmShared {
         let e = self.engine();
         match op.kind {
             Kind::Recv => self.ev_recv(&e, op, ev),
-            Kind::Send => self.ev_send(&e, op, ev),
+            Kind::Send => self.ev_send(op, ev),
             Kind::Passive => self.ev_passive(&e, op, ev),
             Kind::Active => self.ev_active(&e, op, ev),
             Kind::Ctl => self.ev_ctl(&e, op, ev),
@@ -418,9 +439,14 @@ impl TmShared {
                     && let (Some(p), _) = self.sender(&e, ev)
                 {
                     let from = self.from();
-                    let nak = Ctl::Nak {
-                        xid: u64::from(p.seq),
-                        status: NetError::Unreachable(String::new()),
+                    let xid = u64::from(p.seq);
+                    let nak = if parse_hdr(ev.info.hdr_data).is_some_and(|h| h.0 == HDR_MSG) {
+                        Ctl::Nak {
+                            xid,
+                            status: NetError::Unreachable(String::new()),
+                        }
+                    } else {
+                        Ctl::Gone { xid }
                     };
                     let _ = e.send_ctl(p.proc_, p.portal, p.tmid, from, &nak, 0);
                 }
@@ -449,10 +475,21 @@ impl TmShared {
         match (ev.kind(), ev.info.status) {
             (EventKind::Put, Ok(())) => {
                 let (rl, ml) = (ev.info.rlength as usize, ev.info.mlength as usize);
+                let (peer, sender) = self.sender(e, ev);
+                let answer = |m: Ctl| {
+                    if let Some(p) = peer {
+                        let _ = e.send_ctl(p.proc_, p.portal, p.tmid, self.from(), &m, 0);
+                    }
+                };
+                let seq = peer.map_or(0, |p| u64::from(p.seq));
                 if ml < rl {
-                    // Truncated: the message did not fit (the sender is
-                    // told by the ACK's length). The buffer fails.
+                    // Truncated: the message did not fit. The buffer fails,
+                    // and the sender is told.
                     let err = NetError::MessageTooLarge { len: rl, space: ml };
+                    answer(Ctl::Nak {
+                        xid: seq,
+                        status: err.clone(),
+                    });
                     if ev.unlinked {
                         self.finish(op, Err(err));
                     } else {
@@ -467,13 +504,19 @@ impl TmShared {
                     }
                     return;
                 }
-                let (_, sender) = self.sender(e, ev);
                 match self
                     .sink
                     .claim_recv_placed(q, ev.info.offset as usize, ml, ev.unlinked)
                 {
                     Some(claim) => {
-                        self.sink.post_msg(claim, ml, &sender);
+                        // Posted (queued for delivery) before the sender is
+                        // told, callbacks after.
+                        let d = self.sink.post_msg_deferred(claim, ml, &sender);
+                        answer(Ctl::Delivered {
+                            xid: seq,
+                            len: ml as u64,
+                        });
+                        d.run();
                         if ev.unlinked {
                             let mut s = op.st.lock();
                             s.stage = Stage::Done;
@@ -484,7 +527,13 @@ impl TmShared {
                             }
                         }
                     }
-                    None => warn!(tm = %self.id, "message for a receive buffer no longer queued"),
+                    None => {
+                        warn!(tm = %self.id, "message for a receive buffer no longer queued");
+                        answer(Ctl::Nak {
+                            xid: seq,
+                            status: NetError::NoBuffers,
+                        });
+                    }
                 }
             }
             (EventKind::Put, Err(err)) => {
@@ -508,50 +557,29 @@ impl TmShared {
         }
     }
 
-    fn ev_send(&self, e: &Engine, op: &Arc<Op>, ev: &Event) {
-        let dest = || {
-            op.buf
-                .as_ref()
-                .and_then(QueuedBuf::end_point)
-                .map(|ep| ep.addr().to_string())
-                .unwrap_or_default()
-        };
-        let (len, del) = {
-            let s = op.st.lock();
-            (s.len, s.del)
-        };
-        match (ev.kind(), ev.info.status) {
-            (EventKind::Ack, Ok(())) => {
-                let ml = ev.info.mlength as usize;
-                let r = if ml == len {
-                    Ok(len)
-                } else if ml == 0 {
-                    Err(NetError::NoBuffers)
-                } else {
-                    Err(NetError::MessageTooLarge { len, space: ml })
-                };
-                self.finish(op, r);
-            }
-            (EventKind::Send, Ok(())) => {}
-            (_, Err(err)) => {
-                let r = if del {
-                    NetError::Cancelled
-                } else {
-                    op_err(err, &dest())
-                };
-                self.finish(op, Err(r));
-                if !ev.unlinked
-                    && let Some(md) = op.st.lock().md
-                {
-                    // The ACK will not come.
-                    let _ = e.lnet.md_unlink(md);
-                }
-            }
-            _ => {
-                if ev.unlinked {
-                    self.finish(op, Err(NetError::Cancelled));
-                }
-            }
+    fn ev_send(&self, op: &Arc<Op>, ev: &Event) {
+        // The receiver's DELIVERED or NAK completes a send; LNet only
+        // reports failures to send.
+        if let Err(err) = ev.info.status {
+            let del = op.st.lock().del;
+            let r = if del {
+                NetError::Cancelled
+            } else {
+                let dest = op
+                    .buf
+                    .as_ref()
+                    .and_then(QueuedBuf::end_point)
+                    .map(|ep| ep.addr().to_string())
+                    .unwrap_or_default();
+                op_err(err, &dest)
+            };
+            self.finish(op, Err(r));
+        } else if ev.kind() == EventKind::Unlink {
+            // Unlinked before it was sent (a timeout or a stop with abort).
+            self.finish(op, Err(NetError::Cancelled));
+        }
+        if ev.unlinked {
+            op.st.lock().md = None;
         }
     }
 
@@ -664,7 +692,8 @@ impl TmShared {
             let mut st = self.st.lock();
             st.ctl_mem.remove(&op.id);
             st.infra.retain(|o| o.id != op.id);
-            let (started, addr) = (st.started && !st.stopping, st.addr);
+            // Still needed while stopping: answers to what is in flight.
+            let (started, addr) = (st.started, st.addr);
             drop(st);
             if started && let Some(a) = addr {
                 match self.attach_infra(e, a, Kind::Ctl) {
@@ -762,32 +791,34 @@ impl TmShared {
                 };
                 self.on_verdict(e, &op, peer, result);
             }
+            Ctl::Delivered { xid, len } => {
+                let op = u32::try_from(xid)
+                    .ok()
+                    .and_then(|seq| self.st.lock().sends.get(&seq).cloned())
+                    .filter(|o| o.kind == Kind::Send);
+                if let Some(op) = op {
+                    let want = op.st.lock().len;
+                    let r = if len == want as u64 {
+                        Ok(want)
+                    } else {
+                        Err(NetError::Protocol(format!(
+                            "receiver reports {len} bytes of a {want}-byte message"
+                        )))
+                    };
+                    self.finish(&op, r);
+                }
+            }
             Ctl::Nak { xid, status } => {
                 let op = u32::try_from(xid)
                     .ok()
-                    .and_then(|seq| self.st.lock().sends.get(&seq).cloned());
+                    .and_then(|seq| self.st.lock().sends.get(&seq).cloned())
+                    .filter(|o| o.kind == Kind::Send);
                 if let Some(op) = op {
-                    let (md, stage) = {
-                        let s = op.st.lock();
-                        (s.md, s.stage)
-                    };
-                    if op.kind == Kind::Active {
-                        // A request that reached a stopped machine.
-                        if stage == Stage::Verdict {
-                            e.remove_op(op.id);
-                            Self::unregister(e, &op);
-                            let owner = op
-                                .st
-                                .lock()
-                                .target
-                                .as_ref()
-                                .map(|t| t.owner.clone())
-                                .unwrap_or_default();
-                            self.finish(&op, Err(NetError::Unreachable(owner)));
-                        }
-                        return;
-                    }
+                    let len = op.st.lock().len;
                     let status = match status {
+                        NetError::MessageTooLarge { .. } => {
+                            NetError::MessageTooLarge { len, space: 0 }
+                        }
                         NetError::Unreachable(_) => NetError::Unreachable(
                             op.buf
                                 .as_ref()
@@ -798,8 +829,44 @@ impl TmShared {
                         other => other,
                     };
                     self.finish(&op, Err(status));
+                }
+            }
+            Ctl::Gone { xid } => {
+                // A request of ours reached a stopped machine...
+                let op = u32::try_from(xid)
+                    .ok()
+                    .and_then(|seq| self.st.lock().sends.get(&seq).cloned())
+                    .filter(|o| o.kind == Kind::Active);
+                if let Some(op) = op
+                    && op.st.lock().stage == Stage::Verdict
+                {
+                    e.remove_op(op.id);
+                    Self::unregister(e, &op);
+                    let owner = op
+                        .st
+                        .lock()
+                        .target
+                        .as_ref()
+                        .map(|t| t.owner.clone())
+                        .unwrap_or_default();
+                    self.finish(&op, Err(NetError::Unreachable(owner)));
+                }
+                // ...or a verdict of ours did: its claim goes back.
+                let claimed: Vec<Arc<Op>> = self
+                    .st
+                    .lock()
+                    .claims
+                    .iter()
+                    .filter(|((p, x), _)| *p == peer.proc_ && (*x & u64::from(SEQ_MASK)) == xid)
+                    .map(|(_, o)| Arc::clone(o))
+                    .collect();
+                for op in claimed {
+                    let md = {
+                        let mut s = op.st.lock();
+                        s.release = true;
+                        s.md
+                    };
                     if let Some(md) = md {
-                        // The ACK will not come.
                         let _ = e.lnet.md_unlink(md);
                     }
                 }
@@ -817,7 +884,12 @@ impl TmShared {
                     };
                     match (stage, md) {
                         (Stage::Live, Some(md)) => {
+                            // LNet may hold the MD until its transaction
+                            // timeout (a GET whose REPLY will not come); the
+                            // buffer completes now: a late REPLY finds its
+                            // memory gone (BufMem) and is dropped.
                             let _ = e.lnet.md_unlink(md);
+                            self.finish(&op, Err(status));
                         }
                         (Stage::Verdict, _) => {
                             e.remove_op(op.id);
@@ -922,6 +994,23 @@ impl TmShared {
             (s.target.clone(), s.stage, s.del)
         };
         let Some(t) = target else { return };
+        if stage == Stage::Done {
+            // Cancelled while the request was on its way: free the claim.
+            let _ = e.send_ctl(
+                peer.proc_,
+                peer.portal,
+                peer.tmid,
+                self.from(),
+                &Ctl::Abort {
+                    xid: op.id,
+                    status: NetError::Cancelled,
+                },
+                0,
+            );
+            e.remove_op(op.id);
+            Self::unregister(e, op);
+            return;
+        }
         if stage != Stage::Verdict
             || peer.proc_ != t.proc_
             || peer.portal != t.portal
@@ -1039,6 +1128,19 @@ impl TmShared {
     /// verdict (passive: the claim is handed back).
     pub(crate) fn expire_request(&self, op: &Arc<Op>) {
         let e = self.engine();
+        if op.kind == Kind::Send {
+            if op.st.lock().stage == Stage::Live {
+                let dest = op
+                    .buf
+                    .as_ref()
+                    .and_then(QueuedBuf::end_point)
+                    .map(|ep| ep.addr().to_string())
+                    .unwrap_or_default();
+                debug!(tm = %self.id, %dest, "no answer to a message");
+                self.finish(op, Err(NetError::TimedOut));
+            }
+            return;
+        }
         if op.kind == Kind::Passive {
             let md = {
                 let mut s = op.st.lock();
@@ -1337,7 +1439,7 @@ impl XprtTm for LnetTm {
                     .lnet
                     .md_bind(
                         MdSpec::new(MemRef::new(key, 0, len as u32), MdOptions::empty())
-                            .threshold(Threshold::Count(2))
+                            .threshold(Threshold::Count(1))
                             .unlink(Unlink::Unlink)
                             .user_ptr(op.id),
                     )
@@ -1347,9 +1449,12 @@ impl XprtTm for LnetTm {
                             s.md = Some(md);
                             s.stage = Stage::Live;
                         }
+                        e.handshakes
+                            .lock()
+                            .insert((Instant::now() + e.handshake_timeout, op.id));
                         let r = e.lnet.put(
                             md,
-                            true,
+                            false,
                             dest.process(),
                             dest.portal,
                             match_bits(dest.tmid.unwrap_or(0), CNT_MSG),
@@ -1480,6 +1585,13 @@ impl XprtTm for LnetTm {
                 if e.lnet.md_unlink(md).is_err() {
                     // Already unlinking: its final event completes it.
                     trace!(tm = %sh.id, "MD already unlinked");
+                }
+                if matches!(op.kind, Kind::Send | Kind::Active) {
+                    // An operation LNet may hold until its transaction
+                    // timeout: the buffer completes now (whatever LNet does
+                    // later with the MD finds the memory gone).
+                    op.st.lock().stage = Stage::Done;
+                    sh.complete_later(&e, &op, Err(NetError::Cancelled));
                 }
             }
             (Stage::Done, _) => {}

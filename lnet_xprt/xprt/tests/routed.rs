@@ -128,18 +128,12 @@ impl End {
     }
 
     fn next(&self, q: QueueType) -> BufferEvent {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let ev = self
-                .events
-                .recv_timeout(left)
-                .unwrap_or_else(|e| panic!("no {q:?} event on {}: {e}", self.addr));
-            if ev.queue() == q {
-                return ev;
-            }
-            panic!("unexpected event {ev:?} while waiting for {q:?}");
-        }
+        let ev = self
+            .events
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|e| panic!("no {q:?} event on {}: {e}", self.addr));
+        assert_eq!(ev.queue(), q, "unexpected event {ev:?}");
+        ev
     }
 
     fn finish(self) {
