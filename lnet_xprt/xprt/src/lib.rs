@@ -14,10 +14,12 @@
 //!   [`colibri_lnet_rt::ForeignMemory`].
 //! * MSG_RECV: an ME on the transfer machine's portal matching its TMID
 //!   and MD threshold = maximum messages, `MAX_SIZE` = minimum receive size
-//!   (several messages per buffer, placed by LNet). MSG_SEND: a PUT with an
-//!   ACK whose header data names the sender's portal and TMID; the ACK's
-//!   length tells the sender `NoBuffers` (a catch-all MD takes messages no
-//!   buffer took, and counts them) or `MessageTooLarge`.
+//!   (several messages per buffer, placed by LNet). MSG_SEND: a PUT whose
+//!   header data names the sender's portal, TMID and a sequence number;
+//!   the receiver answers DELIVERED once it posted the message, or a NAK:
+//!   `NoBuffers` (a catch-all MD takes messages no buffer took, and counts
+//!   them), `MessageTooLarge`, or `Unreachable` from what a stopped machine
+//!   left behind.
 //! * Bulk: the active side asks the passive transfer machine with a control
 //!   message; the passive side runs the core's checks (cookie, owner, actor,
 //!   queue pairing, sizes), attaches an ME with the buffer's unique match
