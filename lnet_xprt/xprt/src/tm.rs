@@ -29,9 +29,14 @@ use crate::desc::BulkTarget;
 use crate::engine::{Engine, Work, lnet_err};
 
 /// Control MDs kept attached per transfer machine.
-const CTL_MDS: usize = 2;
-/// Bytes of one control MD.
-const CTL_MD_BYTES: usize = 64 * CTL_MAX;
+const CTL_MDS: usize = 3;
+/// Bytes of one control MD (the most an MD may have: one LNet message):
+/// room for thousands of control messages (a burst of cancellations sends
+/// one each), so that the engine replaces an exhausted MD long before its
+/// siblings run out too (an LNet PUT that finds no MD is dropped: with
+/// 96 KiB MDs the fault-injected stress case lost aborts that way).
+/// Zeroed memory: pages are only touched as messages land.
+const CTL_MD_BYTES: usize = 1 << 20;
 
 /// A queued buffer's memory as MD memory: the runtime reads and writes
 /// its segments in place, under the buffer's data lock, until the buffer
