@@ -130,6 +130,8 @@ struct OpSt {
     target: Option<BulkTarget>,
     /// Bytes of the operation.
     len: usize,
+    /// Its entry in the engine's deadlines (an answer it waits for).
+    deadline: Option<Instant>,
 }
 
 /// One queued buffer's operation (or a transfer machine's own MD).
@@ -234,6 +236,7 @@ impl TmShared {
 
     /// Forgets a finished operation and completes its buffer.
     fn finish(&self, op: &Op, r: Result<usize>) {
+        disarm_deadline(&self.engine(), op);
         // A second completion is ignored by the core.
         let sent = {
             let mut s = op.st.lock();
@@ -607,6 +610,7 @@ impl TmShared {
                 self.forget_claim(op);
                 if release {
                     // The requester gave up: the buffer is available again.
+                    disarm_deadline(e, op);
                     {
                         let mut s = op.st.lock();
                         s.stage = Stage::Idle;
@@ -978,9 +982,7 @@ impl TmShared {
                 s.md = Some(md);
                 s.stage = Stage::Live;
                 drop(s);
-                e.handshakes
-                    .lock()
-                    .insert((Instant::now() + e.handshake_timeout, op.id));
+                arm_deadline(e, &op);
                 self.st.lock().claims.insert((peer.proc_, xid), op);
                 Ok(bits)
             }
@@ -1454,9 +1456,7 @@ impl XprtTm for LnetTm {
                             s.md = Some(md);
                             s.stage = Stage::Live;
                         }
-                        e.handshakes
-                            .lock()
-                            .insert((Instant::now() + e.handshake_timeout, op.id));
+                        arm_deadline(&e, &op);
                         let r = e.lnet.put(
                             md,
                             false,
@@ -1525,9 +1525,7 @@ impl XprtTm for LnetTm {
                     size,
                     desc: desc.as_bytes().to_vec(),
                 };
-                e.handshakes
-                    .lock()
-                    .insert((Instant::now() + e.handshake_timeout, op.id));
+                arm_deadline(&e, &op);
                 if let Err(err) = e.send_ctl(
                     t.proc_,
                     t.portal,
@@ -1636,6 +1634,22 @@ impl XprtTm for LnetTm {
 
     fn deliver(&self, delivery: Delivery) {
         self.sh.engine().push(Work::Deliver(delivery));
+    }
+}
+
+/// Puts `op` in the engine's deadlines (`handshake_timeout` from now).
+fn arm_deadline(e: &Engine, op: &Op) {
+    let d = Instant::now() + e.handshake_timeout;
+    if let Some(old) = op.st.lock().deadline.replace(d) {
+        e.handshakes.lock().remove(&(old, op.id));
+    }
+    e.handshakes.lock().insert((d, op.id));
+}
+
+/// Takes `op` out of the engine's deadlines.
+fn disarm_deadline(e: &Engine, op: &Op) {
+    if let Some(d) = op.st.lock().deadline.take() {
+        e.handshakes.lock().remove(&(d, op.id));
     }
 }
 
