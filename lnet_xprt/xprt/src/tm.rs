@@ -1572,8 +1572,9 @@ impl XprtTm for LnetTm {
             // A message or bulk transfer LNet already has cannot be taken
             // back without losing what it tells: whether it arrived. A
             // plain cancel (and a stop without abort) lets it end with its
-            // ACK, REPLY or failure, which LNet bounds by its transaction
-            // timeout; a timeout or a stop with abort unlinks the MD.
+            // answer (DELIVERED or NAK, bounded by `handshake_timeout`;
+            // ACK or REPLY, bounded by LNet's transaction timeout) or its
+            // failure; a timeout or a stop with abort ends it at once.
             op.st.lock().del = true;
             return;
         }
