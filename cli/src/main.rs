@@ -377,8 +377,8 @@ fn bench_plan(a: &BenchArgs, polling: bool, pinned: Option<(usize, usize)>) -> P
     // its own targets.
     plan.tcp = matches!(a.xprt, Xprt::Tcp | Xprt::Lnet);
     if a.xprt == Xprt::Lnet {
-        // One LNet message per transfer: buffers of 1 MiB at most.
-        plan.bulk_sizes.retain(|&s| s <= 1 << 20);
+        plan.bulk_sizes
+            .retain(|&s| s <= colibri_lnet_xprt::MAX_BUFFER);
     }
     plan.mem_targets &= !plan.tcp;
     plan

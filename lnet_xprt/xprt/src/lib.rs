@@ -85,6 +85,9 @@ pub use addr::LnetAddr;
 
 use crate::engine::Engine;
 
+/// Largest buffer: a bulk transfer of 64 one-MiB chunks.
+pub const MAX_BUFFER: usize = 64 * LNET_MTU as usize;
+
 /// Identifier stamped into this transport's descriptors ("LNT1").
 pub const LNET_TRANSPORT_ID: u32 = u32::from_le_bytes(*b"LNT1");
 
@@ -208,9 +211,9 @@ impl XprtDomain for LnetDomain {
     }
 
     fn limits(&self) -> Limits {
-        // One LNet message carries at most LNET_MTU bytes; Lustre's
-        // LNET_MAX_IOV fragments.
-        Limits::new(LNET_MTU as usize, LNET_MTU as usize, 256, 1024)
+        // A message is one LNet message (LNET_MTU, 1 MiB); bulk goes in
+        // 1 MiB chunks, 256 at most (the chunk bits of the match bits).
+        Limits::new(MAX_BUFFER, MAX_BUFFER, 256, 1024)
     }
 
     fn caps(&self) -> Caps {

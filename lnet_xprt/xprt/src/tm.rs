@@ -83,6 +83,8 @@ pub(crate) enum Kind {
     Catch,
     /// What is left where the machine stopped (answers `Unreachable`).
     Tomb,
+    /// One MD of a bulk transfer larger than one LNet message (1 MiB).
+    Chunk,
 }
 
 /// Where an operation is.
@@ -132,6 +134,11 @@ struct OpSt {
     len: usize,
     /// Its entry in the engine's deadlines (an answer it waits for).
     deadline: Option<Instant>,
+    /// A transfer in chunks: their operations, how many have not ended,
+    /// bytes moved.
+    children: Vec<Arc<Op>>,
+    left: usize,
+    moved: usize,
 }
 
 /// One queued buffer's operation (or a transfer machine's own MD).
@@ -140,6 +147,9 @@ pub(crate) struct Op {
     pub(crate) tm: Arc<TmShared>,
     kind: Kind,
     buf: Option<QueuedBuf>,
+    /// For a chunk of a bulk transfer larger than one LNet message: the
+    /// transfer.
+    parent: Option<Arc<Op>>,
     st: Mutex<OpSt>,
 }
 
@@ -197,6 +207,15 @@ fn op_err(e: OpError, dest: &str) -> NetError {
 }
 
 impl Op {
+    /// The MDs LNet may still hold for this operation (its own, or its
+    /// chunks').
+    fn live_mds(&self) -> Vec<MdHandle> {
+        let s = self.st.lock();
+        let mut v: Vec<MdHandle> = s.md.into_iter().collect();
+        v.extend(s.children.iter().filter_map(|c| c.st.lock().md));
+        v
+    }
+
     /// A send whose MD LNet is done with but whose receiver has not
     /// answered yet: kept in the engine's table for its deadline.
     pub(crate) fn awaits_answer(&self) -> bool {
@@ -223,6 +242,18 @@ impl TmShared {
             tm: Arc::clone(self),
             kind,
             buf,
+            parent: None,
+            st: Mutex::new(OpSt::default()),
+        })
+    }
+
+    fn new_chunk(self: &Arc<Self>, e: &Engine, parent: &Arc<Op>) -> Arc<Op> {
+        Arc::new(Op {
+            id: e.new_id(),
+            tm: Arc::clone(self),
+            kind: Kind::Chunk,
+            buf: None,
+            parent: Some(Arc::clone(parent)),
             st: Mutex::new(OpSt::default()),
         })
     }
@@ -314,8 +345,15 @@ impl TmShared {
     /// Attaches a receive buffer's ME and MD.
     fn attach_recv(&self, e: &Engine, addr: LnetAddr, op: &Arc<Op>) -> Result<()> {
         let q = op.buf.as_ref().ok_or(NetError::Cancelled)?;
-        let size = q.size();
+        // One MD: messages land in the first MiB of a larger buffer.
+        let size = q.size().min(MTU);
         let p = q.recv_params();
+        if p.min_receive_size > size {
+            return Err(NetError::InvalidArgument(format!(
+                "minimum receive size {} beyond the {size} bytes LNet can fill",
+                p.min_receive_size
+            )));
+        }
         let key = self.register(e, op, size).ok_or(NetError::Cancelled)?;
         e.add_op(op);
         let tmid = addr.tmid.unwrap_or(0);
@@ -441,6 +479,7 @@ impl TmShared {
             Kind::Passive => self.ev_passive(&e, op, ev),
             Kind::Active => self.ev_active(&e, op, ev),
             Kind::Ctl => self.ev_ctl(&e, op, ev),
+            Kind::Chunk => self.ev_chunk(&e, op, ev),
             Kind::Tomb => {
                 if ev.kind() == EventKind::Put
                     && ev.info.status.is_ok()
@@ -640,6 +679,118 @@ impl TmShared {
             }
             _ => {}
         }
+    }
+
+    /// An event of one chunk of a transfer larger than one LNet message:
+    /// the transfer ends when every chunk's MD did.
+    fn ev_chunk(&self, e: &Engine, op: &Arc<Op>, ev: &Event) {
+        let Some(parent) = op.parent.clone() else {
+            return;
+        };
+        let active = parent.kind == Kind::Active;
+        match (ev.kind(), ev.info.status) {
+            (EventKind::Get | EventKind::Put | EventKind::Reply, Ok(())) => {
+                parent.st.lock().moved += ev.info.mlength as usize;
+            }
+            (EventKind::Ack, Ok(())) => {
+                let n = op.st.lock().len;
+                parent.st.lock().moved += n;
+            }
+            (EventKind::Send, Ok(())) => {}
+            (_, Err(err)) => {
+                let mut s = parent.st.lock();
+                if s.fail.is_none() {
+                    s.fail = Some(if s.del {
+                        NetError::Cancelled
+                    } else {
+                        op_err(err, "bulk peer")
+                    });
+                }
+                drop(s);
+                if active
+                    && !ev.unlinked
+                    && let Some(md) = op.st.lock().md
+                {
+                    // The REPLY or ACK will not come.
+                    let _ = e.lnet.md_unlink(md);
+                }
+            }
+            (EventKind::Unlink, _) => {
+                let mut s = parent.st.lock();
+                if s.fail.is_none() {
+                    s.fail = Some(NetError::Cancelled);
+                }
+            }
+        }
+        if !ev.unlinked {
+            return;
+        }
+        op.st.lock().md = None;
+        let done = {
+            let mut s = parent.st.lock();
+            s.left = s.left.saturating_sub(1);
+            s.left == 0
+        };
+        if !done {
+            return;
+        }
+        let (moved, fail) = {
+            let mut s = parent.st.lock();
+            s.children.clear();
+            (s.moved, s.fail.take())
+        };
+        e.remove_op(parent.id);
+        if active {
+            Self::unregister(e, &parent);
+            self.finish(&parent, fail.map_or(Ok(moved), Err));
+        } else {
+            self.passive_ended(e, &parent, fail.map_or(Ok(moved), Err));
+            Self::unregister(e, &parent);
+        }
+    }
+
+    /// A claimed passive buffer's MDs all ended: with the bytes moved, or
+    /// unlinked (a requester that gave up hands the claim back; otherwise
+    /// the requester is told and the buffer completes).
+    fn passive_ended(&self, e: &Engine, op: &Arc<Op>, r: Result<usize>) {
+        let (release, peer, xid) = {
+            let mut s = op.st.lock();
+            s.md = None;
+            (std::mem::take(&mut s.release), s.peer, s.xid)
+        };
+        self.forget_claim(op);
+        if r.is_ok() {
+            self.finish(op, r);
+            return;
+        }
+        if release {
+            disarm_deadline(e, op);
+            {
+                let mut s = op.st.lock();
+                s.stage = Stage::Idle;
+                s.peer = None;
+                s.moved = 0;
+            }
+            if let Some(q) = &op.buf {
+                self.sink.release_claim(q);
+            }
+            return;
+        }
+        let r = r.map_err(|e0| op.st.lock().fail.take().unwrap_or(e0));
+        if let (Some(p), Err(err)) = (peer, &r) {
+            let _ = e.send_ctl(
+                p.proc_,
+                p.portal,
+                p.tmid,
+                self.from(),
+                &Ctl::Abort {
+                    xid,
+                    status: err.clone(),
+                },
+                0,
+            );
+        }
+        self.finish(op, r);
     }
 
     fn ev_active(&self, e: &Engine, op: &Arc<Op>, ev: &Event) {
@@ -870,12 +1021,8 @@ impl TmShared {
                     .map(|(_, o)| Arc::clone(o))
                     .collect();
                 for op in claimed {
-                    let md = {
-                        let mut s = op.st.lock();
-                        s.release = true;
-                        s.md
-                    };
-                    if let Some(md) = md {
+                    op.st.lock().release = true;
+                    for md in op.live_mds() {
                         let _ = e.lnet.md_unlink(md);
                     }
                 }
@@ -891,16 +1038,19 @@ impl TmShared {
                         s.fail = Some(status.clone());
                         (s.stage, s.md)
                     };
-                    match (stage, md) {
-                        (Stage::Live, Some(md)) => {
+                    let _ = md;
+                    match stage {
+                        Stage::Live => {
                             // LNet may hold the MD until its transaction
                             // timeout (a GET whose REPLY will not come); the
                             // buffer completes now: a late REPLY finds its
                             // memory gone (BufMem) and is dropped.
-                            let _ = e.lnet.md_unlink(md);
+                            for md in op.live_mds() {
+                                let _ = e.lnet.md_unlink(md);
+                            }
                             self.finish(&op, Err(status));
                         }
-                        (Stage::Verdict, _) => {
+                        Stage::Verdict => {
                             e.remove_op(op.id);
                             Self::unregister(e, &op);
                             self.finish(&op, Err(status));
@@ -912,12 +1062,8 @@ impl TmShared {
                 // From the active side: hand the claim back.
                 let claimed = self.st.lock().claims.get(&(peer.proc_, xid)).cloned();
                 if let Some(op) = claimed {
-                    let md = {
-                        let mut s = op.st.lock();
-                        s.release = true;
-                        s.md
-                    };
-                    if let Some(md) = md {
+                    op.st.lock().release = true;
+                    for md in op.live_mds() {
                         let _ = e.lnet.md_unlink(md);
                     }
                 }
@@ -928,7 +1074,7 @@ impl TmShared {
     /// Attaches the claimed passive buffer's ME and MD for `peer`'s
     /// request; returns the match bits.
     fn attach_passive(
-        &self,
+        self: &Arc<Self>,
         e: &Engine,
         q: &QueuedBuf,
         len: usize,
@@ -957,6 +1103,9 @@ impl TmShared {
             s.len = len;
         }
         e.add_op(&op);
+        if len > MTU {
+            return self.attach_passive_chunks(e, &op, addr, key, opts, bits, peer, xid);
+        }
         let r = e
             .lnet
             .me_attach(MeSpec {
@@ -995,7 +1144,169 @@ impl TmShared {
         }
     }
 
-    fn on_verdict(&self, e: &Engine, op: &Arc<Op>, peer: Peer, result: Result<(u64, u64)>) {
+    /// The MEs and MDs of a claimed passive buffer larger than one LNet
+    /// message: one per MiB, with consecutive match bits (Lustre's bulk).
+    #[allow(clippy::too_many_arguments)]
+    fn attach_passive_chunks(
+        self: &Arc<Self>,
+        e: &Engine,
+        op: &Arc<Op>,
+        addr: LnetAddr,
+        key: MemKey,
+        opts: MdOptions,
+        bits: u64,
+        peer: Peer,
+        xid: u64,
+    ) -> Result<u64> {
+        let len = op.st.lock().len;
+        let parts = chunks(len);
+        if parts.len() > 1 << CHUNK_BITS {
+            e.remove_op(op.id);
+            Self::unregister(e, op);
+            return Err(NetError::TooBig(format!("{len} bytes in one transfer")));
+        }
+        let mut children = Vec::with_capacity(parts.len());
+        let mut failed = None;
+        for (k, &(off, n)) in parts.iter().enumerate() {
+            let c = self.new_chunk(e, op);
+            c.st.lock().len = n;
+            e.add_op(&c);
+            let r = e
+                .lnet
+                .me_attach(MeSpec {
+                    portal: addr.portal,
+                    match_id: ProcessId::ANY,
+                    match_bits: bits + k as u64,
+                    ignore_bits: 0,
+                    unlink: Unlink::Unlink,
+                    pos: InsertPos::After,
+                })
+                .and_then(|me| {
+                    e.lnet.md_attach(
+                        me,
+                        MdSpec::new(MemRef::new(key, off as u64, n as u32), opts)
+                            .threshold(Threshold::Count(1))
+                            .unlink(Unlink::Unlink)
+                            .user_ptr(c.id),
+                    )
+                });
+            match r {
+                Ok(md) => {
+                    c.st.lock().md = Some(md);
+                    children.push(c);
+                }
+                Err(err) => {
+                    e.remove_op(c.id);
+                    failed = Some(err);
+                    break;
+                }
+            }
+        }
+        if let Some(err) = failed {
+            for c in &children {
+                if let Some(md) = c.st.lock().md.take() {
+                    let _ = e.lnet.md_unlink(md);
+                }
+                e.remove_op(c.id);
+            }
+            e.remove_op(op.id);
+            Self::unregister(e, op);
+            op.st.lock().peer = None;
+            return Err(lnet_err(&err, "passive buffer"));
+        }
+        {
+            let mut s = op.st.lock();
+            s.left = children.len();
+            s.moved = 0;
+            s.children = children;
+            s.stage = Stage::Live;
+        }
+        arm_deadline(e, op);
+        self.st
+            .lock()
+            .claims
+            .insert((peer.proc_, xid), Arc::clone(op));
+        Ok(bits)
+    }
+
+    /// GETs or PUTs of a transfer larger than one LNet message, one per
+    /// MiB, against the passive buffer's consecutive match bits.
+    fn start_active_chunks(
+        self: &Arc<Self>,
+        e: &Engine,
+        op: &Arc<Op>,
+        t: &BulkTarget,
+        key: MemKey,
+        len: usize,
+        bits: u64,
+    ) -> std::result::Result<(), colibri_lnet_rt::LnetError> {
+        let recv = op
+            .buf
+            .as_ref()
+            .is_some_and(|q| q.queue() == QueueType::ActiveBulkRecv);
+        let from = self.from();
+        let parts = chunks(len);
+        {
+            let mut s = op.st.lock();
+            s.stage = Stage::Live;
+            s.len = len;
+            s.moved = 0;
+            s.left = parts.len();
+        }
+        for (k, &(off, n)) in parts.iter().enumerate() {
+            let c = self.new_chunk(e, op);
+            c.st.lock().len = n;
+            e.add_op(&c);
+            op.st.lock().children.push(Arc::clone(&c));
+            let r = e
+                .lnet
+                .md_bind(
+                    MdSpec::new(MemRef::new(key, off as u64, n as u32), MdOptions::empty())
+                        .threshold(Threshold::Count(2))
+                        .unlink(Unlink::Unlink)
+                        .user_ptr(c.id),
+                )
+                .and_then(|md| {
+                    c.st.lock().md = Some(md);
+                    let r = if recv {
+                        e.lnet.get(md, t.proc_, t.portal, bits + k as u64, 0)
+                    } else {
+                        e.lnet.put(
+                            md,
+                            true,
+                            t.proc_,
+                            t.portal,
+                            bits + k as u64,
+                            0,
+                            hdr_data(HDR_BULK, from.0, from.1, 0),
+                        )
+                    };
+                    if r.is_err() {
+                        let _ = e.lnet.md_unlink(md);
+                    }
+                    r
+                });
+            if let Err(err) = r {
+                // Chunks already started end by themselves; the rest never
+                // will: the transfer fails now.
+                op.st.lock().left -= parts.len() - k;
+                e.remove_op(c.id);
+                for md in op.live_mds() {
+                    let _ = e.lnet.md_unlink(md);
+                }
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_verdict(
+        self: &Arc<Self>,
+        e: &Engine,
+        op: &Arc<Op>,
+        peer: Peer,
+        result: Result<(u64, u64)>,
+    ) {
         let (target, stage, del) = {
             let s = op.st.lock();
             (s.target.clone(), s.stage, s.del)
@@ -1068,6 +1379,20 @@ impl TmShared {
         }
         let key = op.st.lock().key;
         let Some(key) = key else { return };
+        if len > MTU {
+            if let Err(err) = self.start_active_chunks(e, op, &t, key, len, bits) {
+                abort(NetError::Cancelled);
+                let ne = lnet_err(&err, &t.owner);
+                let none_left = op.st.lock().left == 0;
+                if none_left {
+                    e.remove_op(op.id);
+                    Self::unregister(e, op);
+                }
+                // Completed now; chunks still in LNet end on their own.
+                self.finish(op, Err(ne));
+            }
+            return;
+        }
         let r = e
             .lnet
             .md_bind(
@@ -1149,16 +1474,15 @@ impl TmShared {
             return;
         }
         if op.kind == Kind::Passive {
-            let md = {
+            {
                 let mut s = op.st.lock();
                 if s.stage != Stage::Live || s.peer.is_none() {
                     return;
                 }
                 s.release = true;
-                s.md
-            };
-            if let Some(md) = md {
-                debug!(tm = %self.id, "passive claim unused: handed back");
+            }
+            debug!(tm = %self.id, "passive claim unused: handed back");
+            for md in op.live_mds() {
                 let _ = e.lnet.md_unlink(md);
             }
             return;
@@ -1189,11 +1513,25 @@ impl TmShared {
 }
 
 /// The match bits of a passive buffer: unique among the transfer
-/// machine's queued buffers (from its token).
+/// machine's queued buffers (from its slot index), the low 8 bits left for
+/// the chunk index of a transfer larger than one LNet message.
 fn passive_bits(tmid: u16, q: &QueuedBuf) -> u64 {
-    let raw = q.token().raw();
-    let counter = ((raw >> 32) << 32 | (raw & 0xffff_ffff)) + CNT_PASSIVE_MIN;
+    let slot = q.token().raw() & 0xffff_ffff;
+    let counter = (slot + 1) << CHUNK_BITS;
+    debug_assert!(counter >= CNT_PASSIVE_MIN);
     match_bits(tmid, counter & ((1 << COUNTER_BITS) - 1))
+}
+
+/// Bits of a passive buffer's match bits that number its chunks.
+const CHUNK_BITS: u32 = 8;
+/// Most bytes one LNet message (so one MD) carries.
+const MTU: usize = colibri_lnet_rt::colibri_lnet::wire::LNET_MTU as usize;
+
+/// The chunks of a transfer of `len` bytes: (offset, length).
+fn chunks(len: usize) -> Vec<(usize, usize)> {
+    (0..len.div_ceil(MTU).max(1))
+        .map(|k| (k * MTU, (len - k * MTU).min(MTU)))
+        .collect()
 }
 
 /// The transport object of one transfer machine.
@@ -1438,6 +1776,11 @@ impl XprtTm for LnetTm {
                     state: colibri_net::TmState::Initialized,
                 })?;
                 let len = q.length();
+                if len > MTU {
+                    return Err(NetError::TooBig(format!(
+                        "a {len}-byte message: one LNet message carries at most {MTU} bytes"
+                    )));
+                }
                 op.st.lock().len = len;
                 sh.st.lock().sends.insert(seq_of(op.id), Arc::clone(&op));
                 let key = sh.register(&e, &op, len).ok_or(NetError::Cancelled)?;
@@ -1540,7 +1883,7 @@ impl XprtTm for LnetTm {
                     sh.complete_later(&e, &op, Err(lnet_err(&err, &t.owner)));
                 }
             }
-            Kind::Ctl | Kind::Catch | Kind::Tomb => {}
+            Kind::Ctl | Kind::Catch | Kind::Tomb | Kind::Chunk => {}
         }
         sh.st.lock().ops.insert(q.token().raw(), op);
         Ok(())
@@ -1578,17 +1921,20 @@ impl XprtTm for LnetTm {
             op.st.lock().del = true;
             return;
         }
-        let (stage, md) = {
+        let stage = {
             let mut s = op.st.lock();
             s.del = true;
-            (s.stage, s.md)
+            s.stage
         };
+        let mds = op.live_mds();
         trace!(tm = %sh.id, ?reason, ?stage, kind = ?op.kind, "del");
-        match (stage, md) {
-            (Stage::Live, Some(md)) => {
-                if e.lnet.md_unlink(md).is_err() {
-                    // Already unlinking: its final event completes it.
-                    trace!(tm = %sh.id, "MD already unlinked");
+        match (stage, mds.is_empty()) {
+            (Stage::Live, false) => {
+                for md in mds {
+                    if e.lnet.md_unlink(md).is_err() {
+                        // Already unlinking: its final event completes it.
+                        trace!(tm = %sh.id, "MD already unlinked");
+                    }
                 }
                 if matches!(op.kind, Kind::Send | Kind::Active) {
                     // An operation LNet may hold until its transaction

@@ -1,7 +1,8 @@
 //! Transfer machines through an LNet router: a client on net `tcp`, a
 //! server on `tcp1`, a router node between them (all three nodes in this
 //! process, on loopback addresses, over the socket LND). Messages both
-//! ways and 1 MiB active bulk in both directions, byte for byte; then the
+//! ways and 1 MiB and 16 MiB active bulk in both directions, byte for
+//! byte; then the
 //! router killed in the middle of 1 MiB transfers: every buffer in flight
 //! completes exactly once, with a clear status, and nothing hangs; RPC
 //! `call_bulk` of 1 MiB both ways through the router.
@@ -147,7 +148,7 @@ impl End {
 }
 
 #[test]
-fn messages_and_1mib_bulk_both_ways_through_a_router() {
+fn messages_and_1_and_16_mib_bulk_both_ways_through_a_router() {
     let f = fabric(45);
     let c = end(&f.client, "127.0.45.2@tcp:12345:30:*");
     let s = end(&f.server, "127.0.46.4@tcp1:12345:31:7");
@@ -174,25 +175,32 @@ fn messages_and_1mib_bulk_both_ways_through_a_router() {
         assert_eq!(r.message().unwrap(), &data[..50]);
     }
 
-    // 1 MiB active bulk both directions, both sides active in turn.
-    for (act, pas, seed) in [(&c, &s, 1), (&s, &c, 2)] {
-        let src = pattern(MIB, seed);
-        let (_, d) = pas.tm.add_passive_send(pas.buf(&src), MIB, None).unwrap();
-        act.tm.add_active_recv(act.empty(MIB), &d).unwrap();
-        let a = act.next(QueueType::ActiveBulkRecv);
-        assert!(a.is_ok(), "{a:?}");
-        assert_eq!(a.length(), MIB);
-        assert!(a.with_data(|b| b.to_vec(0, MIB).unwrap() == src).unwrap());
-        assert!(pas.next(QueueType::PassiveBulkSend).is_ok());
+    // 1 MiB (one LNet message) and 16 MiB (16 GETs or PUTs against 16
+    // MDs) active bulk both directions, both sides active in turn.
+    for size in [MIB, 16 * MIB] {
+        for (act, pas, seed) in [(&c, &s, 1), (&s, &c, 2)] {
+            let src = pattern(size, seed);
+            let (_, d) = pas.tm.add_passive_send(pas.buf(&src), size, None).unwrap();
+            act.tm.add_active_recv(act.empty(size), &d).unwrap();
+            let a = act.next(QueueType::ActiveBulkRecv);
+            assert!(a.is_ok(), "{a:?}");
+            assert_eq!(a.length(), size);
+            assert!(a.with_data(|b| b.to_vec(0, size).unwrap() == src).unwrap());
+            let p = pas.next(QueueType::PassiveBulkSend);
+            assert!(p.is_ok(), "{p:?}");
+            assert_eq!(p.length(), size);
 
-        let up = pattern(MIB, seed + 10);
-        let (_, d) = pas.tm.add_passive_recv(pas.empty(MIB), None).unwrap();
-        act.tm.add_active_send(act.buf(&up), &d, MIB).unwrap();
-        assert!(act.next(QueueType::ActiveBulkSend).is_ok());
-        let p = pas.next(QueueType::PassiveBulkRecv);
-        assert!(p.is_ok(), "{p:?}");
-        assert_eq!(p.length(), MIB);
-        assert!(p.with_data(|b| b.to_vec(0, MIB).unwrap() == up).unwrap());
+            let up = pattern(size, seed + 10);
+            let (_, d) = pas.tm.add_passive_recv(pas.empty(size), None).unwrap();
+            act.tm.add_active_send(act.buf(&up), &d, size).unwrap();
+            let a = act.next(QueueType::ActiveBulkSend);
+            assert!(a.is_ok(), "{a:?}");
+            assert_eq!(a.length(), size);
+            let p = pas.next(QueueType::PassiveBulkRecv);
+            assert!(p.is_ok(), "{p:?}");
+            assert_eq!(p.length(), size);
+            assert!(p.with_data(|b| b.to_vec(0, size).unwrap() == up).unwrap());
+        }
     }
     let rs = f.router.runtime_stats();
     assert_eq!(rs.user_copy_bytes, 0);
@@ -210,22 +218,20 @@ fn messages_and_1mib_bulk_both_ways_through_a_router() {
     }
 }
 
-#[test]
-fn router_killed_mid_transfer_fails_each_buffer_once() {
-    let f = fabric(47);
-    let c = end(&f.client, "127.0.47.2@tcp:12345:30:*");
-    let s = end(&f.server, "127.0.48.4@tcp1:12345:30:*");
-    const N: usize = 8;
+fn router_killed_mid_transfer(base: u8, n: usize, size: usize) {
+    let f = fabric(base);
+    let c = end(&f.client, &format!("127.0.{base}.2@tcp:12345:30:*"));
+    let s = end(&f.server, &format!("127.0.{}.4@tcp1:12345:30:*", base + 1));
     let mut descs = Vec::new();
-    for i in 0..N {
+    for i in 0..n {
         let (_, d) =
-            s.tm.add_passive_send(s.buf(&pattern(MIB, i as u64)), MIB, None)
+            s.tm.add_passive_send(s.buf(&pattern(size, i as u64)), size, None)
                 .unwrap();
         descs.push(d);
     }
     let mut tokens = Vec::new();
     for d in &descs {
-        tokens.push(c.tm.add_active_recv(c.empty(MIB), d).unwrap());
+        tokens.push(c.tm.add_active_recv(c.empty(size), d).unwrap());
     }
     // Let some transfers start, then kill the router.
     let first = c.next(QueueType::ActiveBulkRecv);
@@ -235,7 +241,7 @@ fn router_killed_mid_transfer_fails_each_buffer_once() {
     *seen.entry(first.token()).or_default() += 1;
     drop(first);
     let started = Instant::now();
-    while seen.len() < N {
+    while seen.len() < n {
         let ev = c.next(QueueType::ActiveBulkRecv);
         assert!(ev.is_final());
         match ev.status() {
@@ -255,13 +261,13 @@ fn router_killed_mid_transfer_fails_each_buffer_once() {
     assert!(started.elapsed() < WAIT);
     assert!(seen.values().all(|&n| n == 1), "{seen:?}");
     assert!(tokens.iter().all(|t| seen.contains_key(t)));
-    assert!(ok < N, "the router died before any transfer failed");
+    assert!(ok < n, "the router died before any transfer failed");
     // Nothing more for the client; the server's buffers all end once too
     // (served, or cancelled by the stop).
     assert!(c.events.recv_timeout(Duration::from_millis(300)).is_err());
     s.tm.stop(true).unwrap();
     let mut server_seen = 0;
-    while server_seen < N {
+    while server_seen < n {
         let ev = s.next(QueueType::PassiveBulkSend);
         assert!(ev.is_final());
         server_seen += 1;
@@ -273,6 +279,18 @@ fn router_killed_mid_transfer_fails_each_buffer_once() {
     c.finish();
     f.client.shutdown();
     f.server.shutdown();
+}
+
+#[test]
+fn router_killed_mid_transfer_fails_each_buffer_once() {
+    router_killed_mid_transfer(47, 8, MIB);
+}
+
+/// The same with 4 MiB transfers (four GETs each): a transfer ends once,
+/// when all its chunks ended.
+#[test]
+fn router_killed_mid_chunked_transfer_fails_each_buffer_once() {
+    router_killed_mid_transfer(51, 4, 4 * MIB);
 }
 
 #[test]
