@@ -299,9 +299,15 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         plans.iter().map(|(_, p)| p.steps()).sum::<usize>() + if lnet { 3 } else { 0 };
     let mut step = 0;
     for (polling, plan) in plans {
+        let pair = a.xprt.pair();
         let xprt = match a.engine_threads {
             Some(n) if a.xprt == Xprt::Mem => scale_bench::mem_shared(polling, n)?,
-            _ => a.xprt.transport(polling, a.workers),
+            _ => a.xprt.transport_at(
+                polling,
+                a.workers,
+                &[&pair.client_addr, &pair.server_addr],
+                true,
+            )?,
         };
         let mode = if polling { "polling" } else { "blocking" };
         let mut progress = |what: &str| {
@@ -313,8 +319,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 );
             }
         };
-        let rows =
-            run_plan(&plan, &*xprt, &a.xprt.pair(), &mut progress).map_err(|e| e.to_string())?;
+        let rows = run_plan(&plan, &*xprt, &pair, &mut progress).map_err(|e| e.to_string())?;
         report.sections.push(Section {
             mode,
             workers: a.workers.max(1),
@@ -400,7 +405,11 @@ fn bench_plan(a: &BenchArgs, polling: bool, pinned: Option<(usize, usize)>) -> P
     }
     // TCP is compared with a raw loopback TCP socket pair, and against
     // its own targets.
-    plan.tcp = a.xprt == Xprt::Tcp;
+    plan.tcp = matches!(a.xprt, Xprt::Tcp | Xprt::Lnet);
+    if a.xprt == Xprt::Lnet {
+        plan.bulk_sizes
+            .retain(|&s| s <= colibri_lnet_xprt::MAX_BUFFER);
+    }
     plan.mem_targets &= !plan.tcp;
     plan
 }

@@ -22,6 +22,11 @@ pub(crate) const MAX_PING: usize = 16280;
 /// transports would take a missing one as service 0, which is almost
 /// never what was meant.
 pub(crate) fn check_addr(addr: &str) -> Result<(), String> {
+    if addr.contains('@') {
+        return colibri_lnet_xprt::LnetAddr::parse(addr)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+    }
     let parts = addr.split(':').count();
     if parts == 2 {
         return Err(format!(
@@ -114,9 +119,9 @@ struct ServeReport {
 }
 
 pub(crate) fn serve(a: &ServeArgs) -> Result<(), String> {
-    let xprt = a.xprt.transport(a.polling, 1);
     let addr = a.listen.as_deref().unwrap_or(a.xprt.default_addr(true));
     check_addr(addr).map_err(|e| format!("cannot serve at {addr}: {e}"))?;
+    let xprt = a.xprt.transport_at(a.polling, 1, &[addr], false)?;
     let deadline = match a.duration {
         Some(d) if d.is_finite() && d >= 0.0 => Some(Instant::now() + Duration::from_secs_f64(d)),
         Some(d) => {
@@ -201,11 +206,17 @@ pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
             a.size
         ));
     }
-    let xprt = a.xprt.transport(a.polling, 1);
+    let own = a.xprt.default_addr(false);
+    let xprt = match &a.addr {
+        Some(_) => a.xprt.transport_at(a.polling, 1, &[own], false)?,
+        None => a
+            .xprt
+            .transport_at(a.polling, 1, &[own, a.xprt.local_server_addr()], true)?,
+    };
     let local = match &a.addr {
         Some(_) => None,
         None => {
-            let s = RpcMachine::start_on(&*xprt, "127.0.0.1:0:1", RpcConfig::default())
+            let s = RpcMachine::start_on(&*xprt, a.xprt.local_server_addr(), RpcConfig::default())
                 .map_err(|e| format!("cannot start the local server: {e}"))?;
             ping::install_server(&s);
             Some(s)

@@ -80,6 +80,8 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
         // bulk_mem: a fresh service each time, any port.
         Xprt::Mem => format!("127.0.0.1:0:{}", SVC.fetch_add(1, Ordering::Relaxed)),
         Xprt::Tcp | Xprt::Rdma => "127.0.0.1:0:1".to_string(),
+        // LNet: one node, transfer machines at 0@lo with a free TMID.
+        Xprt::Lnet => "0@lo:12345:30:*".to_string(),
     };
     if !a.quiet {
         eprintln!(

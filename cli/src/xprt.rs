@@ -9,7 +9,15 @@ use colibri_bench::PairConfig;
 use colibri_bulk_mem::{MemConfig, MemTransport};
 use colibri_bulk_rdma::{RdmaConfig, RdmaTransport};
 use colibri_bulk_tcp::{TcpConfig, TcpTransport};
+use colibri_lnet_rt::colibri_lnet::ids::Nid;
+use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
+use colibri_lnet_rt::{Lnet, LnetConfig};
+use colibri_lnet_xprt::{LnetAddr, LnetTransport, LnetXprtConfig};
 use colibri_net::Transport;
+
+/// The port LNet nodes of this program listen on (every node the same, as
+/// Lustre's `accept_port`; unprivileged, so any user can run it).
+pub(crate) const LNET_PORT: u16 = 7988;
 
 /// A transport the program can use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -22,6 +30,11 @@ pub(crate) enum Xprt {
     /// The verbs RDMA transport: needs an RDMA device (the Soft-RoCE VM,
     /// `../shared/rdma-vm/run.sh --net lo -- colibri ...`).
     Rdma,
+    /// The LNet transport over Lustre's socket LND (addresses
+    /// `NID:PID:PORTAL:TMID`; each process runs an LNet node per NID it
+    /// uses, listening on port 7988; benchmarks run two nodes in this
+    /// process, compared with a raw TCP socket pair).
+    Lnet,
 }
 
 impl Xprt {
@@ -31,7 +44,62 @@ impl Xprt {
             Self::Mem => "mem",
             Self::Tcp => "tcp",
             Self::Rdma => "rdma",
+            Self::Lnet => "lnet",
         }
+    }
+
+    /// Builds the transport for transfer machines at the addresses `own`
+    /// (LNet: one node per NID among them; `in_process`: the nodes listen
+    /// on any free port and know each other, so that nothing outside is
+    /// needed; otherwise they listen on [`LNET_PORT`] and find peers
+    /// there).
+    pub(crate) fn transport_at(
+        self,
+        polling: bool,
+        workers: usize,
+        own: &[&str],
+        in_process: bool,
+    ) -> Result<Arc<dyn Transport>, String> {
+        if self != Self::Lnet {
+            return Ok(self.transport(polling, workers));
+        }
+        let mut nids: Vec<Nid> = Vec::new();
+        for a in own {
+            let a = LnetAddr::parse(a).map_err(|e| e.to_string())?;
+            if !a.nid.is_lo() && !nids.contains(&a.nid) {
+                nids.push(a.nid);
+            }
+        }
+        let mut nodes = Vec::new();
+        for &nid in &nids {
+            let mut cfg = LnetConfig::new(&[nid]);
+            cfg.accept_port = if in_process { 0 } else { LNET_PORT };
+            // Any source port: the program runs without privilege.
+            cfg.accept = AcceptPolicy::All;
+            cfg.node.transaction_timeout = std::time::Duration::from_secs(20);
+            nodes.push(Lnet::start(cfg).map_err(|e| format!("LNet node {nid}: {e}"))?);
+        }
+        if in_process {
+            for a in &nodes {
+                for b in &nodes {
+                    let nb = b.nids()[0];
+                    if a.nids()[0] != nb
+                        && let Some(at) = b.listen_addr(nb)
+                    {
+                        a.set_peer_addr(nb, at);
+                    }
+                }
+            }
+        }
+        if nodes.is_empty() {
+            let mut cfg =
+                LnetConfig::new(&["127.0.0.1@tcp".parse().map_err(|e| format!("{e}"))?]);
+            cfg.accept_port = 0;
+            nodes.push(Lnet::start(cfg).map_err(|e| e.to_string())?);
+        }
+        Ok(Arc::new(
+            LnetTransport::new(nodes, LnetXprtConfig::default()).map_err(|e| e.to_string())?,
+        ))
     }
 
     /// Builds the transport: `polling` workers spin before they sleep,
@@ -67,6 +135,11 @@ impl Xprt {
             } else {
                 RdmaConfig::blocking()
             })),
+            // LNet needs the addresses: see `transport_at`. An unstarted
+            // node set is useless, so this builds one loopback node.
+            Self::Lnet => self
+                .transport_at(polling, workers, &["0@lo:12345:30:*"], true)
+                .unwrap_or_else(|_| Arc::new(MemTransport::new(MemConfig::default()))),
         }
     }
 
@@ -80,6 +153,16 @@ impl Xprt {
             (Self::Tcp, false) => "127.0.0.1:0:2",
             (Self::Rdma, true) => "127.0.0.1:4042:1",
             (Self::Rdma, false) => "127.0.0.1:0:2",
+            (Self::Lnet, true) => "127.0.0.1@tcp:12345:30:1",
+            (Self::Lnet, false) => "127.0.0.2@tcp:12345:30:*",
+        }
+    }
+
+    /// Where `ping` starts its own server when given no address.
+    pub(crate) fn local_server_addr(self) -> &'static str {
+        match self {
+            Self::Mem | Self::Tcp | Self::Rdma => "127.0.0.1:0:1",
+            Self::Lnet => "127.0.0.3@tcp:12345:30:1",
         }
     }
 
@@ -87,6 +170,12 @@ impl Xprt {
     pub(crate) fn pair(self) -> PairConfig {
         match self {
             Self::Mem | Self::Tcp | Self::Rdma => PairConfig::mem(),
+            // Two nodes: every message crosses the socket LND.
+            Self::Lnet => PairConfig {
+                client_addr: "127.0.62.1@tcp:12345:30:*".into(),
+                server_addr: "127.0.62.2@tcp:12345:31:*".into(),
+                cpus: None,
+            },
         }
     }
 
@@ -94,7 +183,7 @@ impl Xprt {
     pub(crate) fn crosses_processes(self) -> bool {
         match self {
             Self::Mem => false,
-            Self::Tcp | Self::Rdma => true,
+            Self::Tcp | Self::Rdma | Self::Lnet => true,
         }
     }
 }

@@ -21,6 +21,21 @@ fn ping_an_in_process_server() {
     assert!(text.contains("5 sent, 5 received, 0% lost"), "{text}");
 }
 
+/// `ping --xprt lnet` with its own server: two LNet nodes of the process
+/// (127.0.0.2@tcp and 127.0.0.3@tcp) over the socket LND.
+#[test]
+fn ping_an_in_process_server_over_lnet() {
+    let out = colibri(&["ping", "--xprt", "lnet", "-c", "5", "-i", "0", "-s", "1K"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("5 sent, 5 received, 0% lost"), "{text}");
+    assert!(text.contains("127.0.0.3@tcp:12345:30:1"), "{text}");
+}
+
 #[test]
 fn ping_json_and_an_unreachable_server() {
     let out = colibri(&["ping", "--json", "-q", "-c", "2", "-i", "0"]);
@@ -345,8 +360,8 @@ fn banner(child: &mut std::process::Child) -> (String, String) {
 }
 
 #[test]
-fn soak_checks_every_add_on_both_transports() {
-    for xprt in ["mem", "tcp"] {
+fn soak_checks_every_add_on_every_transport() {
+    for xprt in ["mem", "tcp", "lnet"] {
         let out = colibri(&[
             "soak",
             "--xprt",

@@ -318,6 +318,36 @@ impl TmSink {
             .unwrap_or(Err(ClaimError::NotStarted))
     }
 
+    /// For a network that places messages itself (LNet's MDs; see
+    /// [`Caps::network_owned`](crate::xprt::Caps::network_owned)): records
+    /// a message of `len` bytes the network already wrote at `offset` of
+    /// the message receive buffer `buf`, whatever the core's own placement
+    /// rules would have chosen, even on a buffer being cancelled (the
+    /// bytes are there). `fin` says the network will place no more
+    /// messages in the buffer: its event is then the final one. Hand the
+    /// claim to [`TmSink::post_msg`] as any other. `None` when the buffer
+    /// is no longer queued or the region is out of its bounds.
+    pub fn claim_recv_placed(
+        &self,
+        buf: &QueuedBuf,
+        offset: usize,
+        len: usize,
+        fin: bool,
+    ) -> Option<RecvClaim> {
+        self.with(|tm| tm.claim_recv_placed(buf, offset, len, fin))
+            .flatten()
+    }
+
+    /// Counts a message that arrived with no receive buffer to take it
+    /// (MSG_RECV failed events, [`TmHandle::no_buffer_drops`](crate::TmHandle::no_buffer_drops)),
+    /// as [`TmSink::claim_recv`] does when it fails with
+    /// [`ClaimError::NoBuffers`], for a network that found no buffer
+    /// itself. Returns the receiver's coalesced `NoBuffers` error event
+    /// (empty when one is pending or the transfer machine is not started).
+    pub fn count_no_buffers(&self, len: usize) -> Delivery {
+        self.with(|tm| tm.count_no_buffers(len)).unwrap_or_default()
+    }
+
     /// Like [`TmSink::claim_recv`], but a failure has no effect at all:
     /// nothing counted or reported, no buffer failed. For a transport
     /// that can free a receive buffer first (by running completions it

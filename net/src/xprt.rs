@@ -125,6 +125,14 @@ pub struct Caps {
     pub timeouts: bool,
     /// The transfer machine's threads can be confined to CPUs.
     pub confine: bool,
+    /// The network owns every queued buffer from its add (LNet: an MD is
+    /// attached to each receive and passive buffer): the core never
+    /// completes a queued buffer itself on a cancel, a timeout or a stop,
+    /// it hands every one to [`XprtTm::buf_del`], in use or not, and the
+    /// transport completes it once the network let go of its memory. A
+    /// message receive buffer then ends only with the transport's final
+    /// report (see [`TmSink::claim_recv_placed`]).
+    pub network_owned: bool,
 }
 
 impl Caps {
@@ -136,6 +144,7 @@ impl Caps {
             multi_message: false,
             timeouts: false,
             confine: false,
+            network_owned: false,
         }
     }
 
@@ -164,6 +173,14 @@ impl Caps {
     #[must_use]
     pub const fn with_confine(mut self) -> Self {
         self.confine = true;
+        self
+    }
+
+    /// Declares that the network owns every queued buffer
+    /// ([`Caps::network_owned`]).
+    #[must_use]
+    pub const fn with_network_owned(mut self) -> Self {
+        self.network_owned = true;
         self
     }
 }

@@ -635,3 +635,77 @@ fn try_claim_recv_has_no_effect_when_it_fails() {
     assert!(ev.recv_timeout(Duration::from_secs(5)).unwrap().is_ok());
     shutdown(&fake, tm, dom);
 }
+
+/// A network that owns queued buffers (`Caps::network_owned`, LNet): the
+/// core hands even idle buffers' cancellations to the transport, which
+/// completes them; placed messages land where the network put them, and
+/// only the transport's final report ends a receive buffer, even while it
+/// is being cancelled.
+#[test]
+fn network_owned_buffers_are_ended_by_the_transport() {
+    let fake = Fake::new(Caps::new(1).with_multi_message().with_network_owned());
+    let (dom, tm) = started(&fake);
+    let (cbs, ev) = event_channel(16);
+    let t = tm
+        .add_msg_recv(
+            dom.register(BufVec::new(1, 100))
+                .unwrap()
+                .with_callbacks(Arc::clone(&cbs)),
+            RecvParams::multi(10, 5),
+        )
+        .unwrap();
+    let q = fake.script.lock().queued.pop().unwrap();
+    let sink = fake.sink();
+    // Two messages where the network placed them (not where the core
+    // would have: at 40, then 0).
+    let c = sink.claim_recv_placed(&q, 40, 8, false).unwrap();
+    sink.post_msg(c, 8, "ep:a");
+    let e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!((e.offset(), e.length(), e.is_final()), (40, 8, false));
+    drop(e);
+    // A cancel of the (idle) buffer goes to the transport, not completed
+    // by the core.
+    assert!(tm.del(t).unwrap());
+    fake.pump();
+    assert!(ev.recv_timeout(Duration::from_millis(50)).is_err());
+    assert_eq!(fake.script.lock().dels.len(), 1);
+    // A message the network placed before it let go still arrives, and is
+    // not final: the network says which one is.
+    let c = sink.claim_recv_placed(&q, 0, 4, false).unwrap();
+    sink.post_msg(c, 4, "ep:b");
+    let e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!((e.offset(), e.is_final()), (0, false));
+    drop(e);
+    assert!(
+        sink.claim_recv_placed(&q, 96, 8, false).is_none(),
+        "out of bounds"
+    );
+    // The network let go: the transport completes it, once.
+    fake.script.lock().dels.clear();
+    sink.complete(&q, Err(NetError::Cancelled));
+    let e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(e.is_final() && e.error().unwrap().is_cancelled());
+    assert_eq!(e.msgs_received(), 2);
+    drop(e);
+    assert!(sink.claim_recv_placed(&q, 0, 4, true).is_none(), "gone");
+    // A message no buffer took, counted as the core counts its own.
+    let notice = sink.count_no_buffers(32);
+    assert!(notice.is_pending());
+    drop(notice);
+    assert_eq!(tm.no_buffer_drops(), 1);
+    assert_eq!(tm.stats(QueueType::MsgRecv, false).f_events, 2);
+    // A passive buffer never used is also the transport's to end at stop.
+    let (_, _d) = tm.add_passive_recv(buf64(&dom, &cbs), None).unwrap();
+    tm.stop(false).unwrap();
+    let dels: Vec<_> = std::mem::take(&mut fake.script.lock().dels);
+    assert_eq!(dels.len(), 1, "the idle passive buffer went to buf_del");
+    assert_eq!(dels[0].1, DelReason::Stop);
+    sink.complete(&dels[0].0, Err(NetError::Cancelled));
+    fake.pump();
+    tm.wait_stopped(Duration::from_secs(5)).unwrap();
+    let e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(e.is_final());
+    drop(e);
+    tm.fini().unwrap();
+    dom.fini().unwrap();
+}

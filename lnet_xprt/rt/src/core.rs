@@ -22,7 +22,7 @@ use colibri_lnet::wire::PingInfo;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
-use crate::mem::{MemTable, Resolved, RouterBuffers};
+use crate::mem::{MemTable, Resolved, RouterBuffers, copy_pieces};
 use crate::stats::{Counters, add};
 
 const TARGET: &str = "colibri_lnet_rt";
@@ -341,7 +341,8 @@ impl Shared {
             }
             RxAction::Inline { rx, len, .. } => {
                 let v = self.lo_copy(&tx.payload, |src| {
-                    src.get(..len as usize).map(<[u8]>::to_vec)
+                    let mut v = vec![0; len as usize];
+                    (copy_pieces(src, &mut [&mut v[..]]) == v.len()).then_some(v)
                 });
                 match v.flatten() {
                     Some(v) => {
@@ -357,8 +358,7 @@ impl Shared {
             RxAction::Forward { rx, pool, len } => {
                 let buf = self.lo_copy(&tx.payload, |src| {
                     let mut b = self.rbufs.take(pool, len as usize);
-                    let n = b.len().min(src.len());
-                    b[..n].copy_from_slice(&src[..n]);
+                    let n = copy_pieces(src, &mut [&mut b[..]]);
                     (n == len as usize).then_some(b)
                 });
                 match buf.flatten() {
@@ -383,46 +383,45 @@ impl Shared {
         self.run(inputs, |_, _| ());
     }
 
-    /// Runs `f` on the transmit's payload bytes (`None` if they cannot be
-    /// found), under the source region's read lock.
-    fn lo_copy<R>(&self, p: &Payload, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    /// Runs `f` on the transmit's payload bytes, in pieces (`None` if
+    /// they cannot be found), under the source memory's read lock.
+    fn lo_copy<R>(&self, p: &Payload, f: impl FnOnce(&[&[u8]]) -> R) -> Option<R> {
         match p {
             Payload::None => Some(f(&[])),
-            Payload::Inline(v) => Some(f(v)),
+            Payload::Inline(v) => Some(f(&[v])),
             Payload::Rx { rx, len } => {
                 let b = self.rbufs.get(*rx)?;
-                Some(f(b.get(..*len as usize)?))
+                Some(f(&[b.get(..*len as usize)?]))
             }
-            Payload::Mem(r) => {
-                let src = self.mem.resolve(*r)?;
-                let g = src.region.lock_read();
-                Some(f(&g[src.start..src.end()]))
-            }
+            Payload::Mem(r) => self.mem.resolve(*r)?.read(f),
         }
     }
 
     /// Moves the payload into `dst` (the one copy of the loopback LND).
-    /// The runtime thread is the only one that holds two region locks at
+    /// The runtime thread is the only one that holds two memory locks at
     /// once, so taking the source's and then the destination's cannot
-    /// deadlock; one region as both is a `copy_within`.
+    /// deadlock; one region as both is a `copy_within` (one foreign memory
+    /// as both is refused: its lock is taken once).
     fn lo_move(&self, p: &Payload, dst: &Resolved) -> bool {
         if let Payload::Mem(r) = p
             && let Some(src) = self.mem.resolve(*r)
-            && src.region.same(&dst.region)
+            && src.same_memory(dst)
         {
+            let Some(region) = src.region() else {
+                return false;
+            };
             if src.len < dst.len {
                 return false;
             }
-            let mut g = dst.region.lock_write();
-            g.copy_within(src.start..src.start + dst.len, dst.start);
+            region.write(|g| g.copy_within(src.start..src.start + dst.len, dst.start));
             return true;
         }
-        self.lo_copy(p, |bytes| match bytes.get(..dst.len) {
-            Some(b) => {
-                dst.region.lock_write()[dst.start..dst.end()].copy_from_slice(b);
-                true
-            }
-            None => false,
+        self.lo_copy(p, |bytes| {
+            let have: usize = bytes.iter().map(|b| b.len()).sum();
+            have >= dst.len
+                && dst
+                    .write(|d| copy_pieces(bytes, d) == dst.len)
+                    .unwrap_or(false)
         })
         .unwrap_or(false)
     }

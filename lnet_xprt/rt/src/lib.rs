@@ -148,7 +148,7 @@ use parking_lot::Mutex;
 pub use crate::config::LnetConfig;
 use crate::core::{Lnd, RtMsg, Shared};
 pub use crate::error::LnetError;
-pub use crate::mem::MemRegion;
+pub use crate::mem::{ForeignMemory, MemRegion};
 use crate::sock::{SockCfg, SockLnd};
 pub use crate::stats::RuntimeStats;
 
@@ -378,6 +378,16 @@ impl Lnet {
     #[must_use]
     pub fn register(&self, region: &MemRegion) -> MemKey {
         self.shared().mem.register(region)
+    }
+
+    /// Registers memory the application keeps behind its own lock, in
+    /// segments ([`ForeignMemory`]): MDs over its key are that memory, read
+    /// and written in place by the runtime (scatter-gather socket calls, no
+    /// copy). Forget it with [`Lnet::deregister`] (which then returns
+    /// `None`).
+    #[must_use]
+    pub fn register_foreign(&self, mem: Arc<dyn ForeignMemory>) -> MemKey {
+        self.shared().mem.register_foreign(mem)
     }
 
     /// Forgets a region. MDs still naming it fail their operations

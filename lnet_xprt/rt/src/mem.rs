@@ -95,61 +95,241 @@ impl MemRegion {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    pub(crate) fn lock_read(&self) -> RwLockReadGuard<'_, Box<[u8]>> {
+    fn lock_read(&self) -> RwLockReadGuard<'_, Box<[u8]>> {
         self.inner.read()
     }
 
-    pub(crate) fn lock_write(&self) -> RwLockWriteGuard<'_, Box<[u8]>> {
+    fn lock_write(&self) -> RwLockWriteGuard<'_, Box<[u8]>> {
         self.inner.write()
     }
 }
 
-/// A [`MemRef`] resolved to its region and a checked byte range.
+/// Memory the application owns and keeps behind its own lock, made of
+/// segments (scatter-gather), registered with
+/// [`crate::Lnet::register_foreign`]: the runtime reads payloads from it
+/// and reads sockets straight into it, through these calls, each held for
+/// one system call or one copy (loopback) at most.
+///
+/// A transport whose buffers live in another library's memory (the
+/// messaging layer's registered buffers) uses it so that an MD is that
+/// memory, with no copy. The memory may go away (the calls then return
+/// false): an operation that needs it fails as with deregistered memory.
+/// The runtime never holds two foreign memories' locks at once except on
+/// the loopback thread (source, then destination), and never the same
+/// one twice.
+pub trait ForeignMemory: Send + Sync {
+    /// Total length in bytes (the sum of the segments).
+    fn len(&self) -> usize;
+
+    /// Whether the memory has no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Runs `f` on the segments, in order; false (without calling `f`)
+    /// when the memory is gone.
+    fn read(&self, f: &mut dyn FnMut(&[&[u8]])) -> bool;
+
+    /// Runs `f` on the segments, mutably, in order; false (without
+    /// calling `f`) when the memory is gone.
+    fn write(&self, f: &mut dyn FnMut(&mut [&mut [u8]])) -> bool;
+}
+
+/// What a key names: a region, or foreign memory.
+#[derive(Clone)]
+pub(crate) enum Backing {
+    Region(MemRegion),
+    Foreign(Arc<dyn ForeignMemory>),
+}
+
+impl std::fmt::Debug for Backing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Region(r) => r.fmt(f),
+            Self::Foreign(m) => f.debug_struct("Foreign").field("len", &m.len()).finish(),
+        }
+    }
+}
+
+impl Backing {
+    fn len(&self) -> usize {
+        match self {
+            Self::Region(r) => r.len(),
+            Self::Foreign(m) => m.len(),
+        }
+    }
+}
+
+/// A [`MemRef`] resolved to its memory and a checked byte range.
 #[derive(Clone, Debug)]
 pub(crate) struct Resolved {
-    pub(crate) region: MemRegion,
+    pub(crate) mem: Backing,
     pub(crate) start: usize,
     pub(crate) len: usize,
 }
 
+/// The pieces of `[start, start + len)` over `segs`.
+fn pieces<'a>(segs: &[&'a [u8]], start: usize, len: usize) -> Vec<&'a [u8]> {
+    let mut out = Vec::with_capacity(segs.len().min(8));
+    let (mut skip, mut left) = (start, len);
+    for s in segs {
+        if left == 0 {
+            break;
+        }
+        if skip >= s.len() {
+            skip -= s.len();
+            continue;
+        }
+        let n = (s.len() - skip).min(left);
+        out.push(&s[skip..skip + n]);
+        left -= n;
+        skip = 0;
+    }
+    out
+}
+
+/// The pieces of `[start, start + len)` over `segs`, mutably.
+fn pieces_mut<'a>(segs: &'a mut [&mut [u8]], start: usize, len: usize) -> Vec<&'a mut [u8]> {
+    let mut out = Vec::with_capacity(segs.len().min(8));
+    let (mut skip, mut left) = (start, len);
+    for s in segs.iter_mut() {
+        if left == 0 {
+            break;
+        }
+        if skip >= s.len() {
+            skip -= s.len();
+            continue;
+        }
+        let n = (s.len() - skip).min(left);
+        out.push(&mut s[skip..skip + n]);
+        left -= n;
+        skip = 0;
+    }
+    out
+}
+
+/// Copies `src` pieces into `dst` pieces (as many bytes as both hold);
+/// returns the bytes copied.
+pub(crate) fn copy_pieces(src: &[&[u8]], dst: &mut [&mut [u8]]) -> usize {
+    let (mut si, mut so, mut copied) = (0, 0, 0);
+    for d in dst.iter_mut() {
+        let mut doff = 0;
+        while doff < d.len() && si < src.len() {
+            let s = &src[si][so..];
+            let n = s.len().min(d.len() - doff);
+            d[doff..doff + n].copy_from_slice(&s[..n]);
+            doff += n;
+            so += n;
+            copied += n;
+            if so == src[si].len() {
+                si += 1;
+                so = 0;
+            }
+        }
+    }
+    copied
+}
+
 impl Resolved {
-    pub(crate) fn end(&self) -> usize {
-        self.start + self.len
+    /// Runs `f` on the range's bytes (one piece for a region, one per
+    /// segment crossed for foreign memory); `None` if the memory is gone.
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&[&[u8]]) -> R) -> Option<R> {
+        match &self.mem {
+            Backing::Region(r) => {
+                let g = r.lock_read();
+                Some(f(&[&g[self.start..self.start + self.len]]))
+            }
+            Backing::Foreign(m) => {
+                let mut f = Some(f);
+                let mut out = None;
+                m.read(&mut |segs| {
+                    if let Some(f) = f.take() {
+                        out = Some(f(&pieces(segs, self.start, self.len)));
+                    }
+                });
+                out
+            }
+        }
+    }
+
+    /// Runs `f` on the range's bytes, mutably; `None` if the memory is gone.
+    pub(crate) fn write<R>(&self, f: impl FnOnce(&mut [&mut [u8]]) -> R) -> Option<R> {
+        match &self.mem {
+            Backing::Region(r) => {
+                let mut g = r.lock_write();
+                Some(f(&mut [&mut g[self.start..self.start + self.len]]))
+            }
+            Backing::Foreign(m) => {
+                let mut f = Some(f);
+                let mut out = None;
+                m.write(&mut |segs| {
+                    if let Some(f) = f.take() {
+                        out = Some(f(&mut pieces_mut(segs, self.start, self.len)));
+                    }
+                });
+                out
+            }
+        }
+    }
+
+    /// Whether two ranges are in the same memory.
+    pub(crate) fn same_memory(&self, other: &Self) -> bool {
+        match (&self.mem, &other.mem) {
+            (Backing::Region(a), Backing::Region(b)) => a.same(b),
+            (Backing::Foreign(a), Backing::Foreign(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// The region, for a range of a [`MemRegion`].
+    pub(crate) fn region(&self) -> Option<&MemRegion> {
+        match &self.mem {
+            Backing::Region(r) => Some(r),
+            Backing::Foreign(_) => None,
+        }
     }
 }
 
-/// The registered regions, by key.
+/// The registered memory, by key.
 #[derive(Debug, Default)]
 pub(crate) struct MemTable {
     next: AtomicU64,
-    regions: RwLock<HashMap<MemKey, MemRegion>>,
+    regions: RwLock<HashMap<MemKey, Backing>>,
 }
 
 impl MemTable {
     pub(crate) fn register(&self, region: &MemRegion) -> MemKey {
+        self.insert(Backing::Region(region.clone()))
+    }
+
+    pub(crate) fn register_foreign(&self, mem: Arc<dyn ForeignMemory>) -> MemKey {
+        self.insert(Backing::Foreign(mem))
+    }
+
+    fn insert(&self, b: Backing) -> MemKey {
         let key = MemKey(self.next.fetch_add(1, Ordering::Relaxed) + 1);
-        self.regions.write().insert(key, region.clone());
+        self.regions.write().insert(key, b);
         key
     }
 
+    /// Forgets a key; the region, when it named one.
     pub(crate) fn deregister(&self, key: MemKey) -> Option<MemRegion> {
-        self.regions.write().remove(&key)
+        match self.regions.write().remove(&key)? {
+            Backing::Region(r) => Some(r),
+            Backing::Foreign(_) => None,
+        }
     }
 
-    pub(crate) fn get(&self, key: MemKey) -> Option<MemRegion> {
-        self.regions.read().get(&key).cloned()
-    }
-
-    /// The region and range `r` names, if it is registered and in bounds.
+    /// The range `r` names, if it is registered and in bounds.
     pub(crate) fn resolve(&self, r: MemRef) -> Option<Resolved> {
-        let region = self.get(r.key)?;
+        let mem = self.regions.read().get(&r.key).cloned()?;
         let start = usize::try_from(r.offset).ok()?;
         let len = r.len as usize;
         let end = start.checked_add(len)?;
-        if end > region.len() {
+        if end > mem.len() {
             return None;
         }
-        Some(Resolved { region, start, len })
+        Some(Resolved { mem, start, len })
     }
 }
 

@@ -52,7 +52,7 @@ impl TmInner {
         reason: DelReason,
     ) {
         let q = QueuedBuf(Arc::clone(slot));
-        if slot.flag(F_IN_USE) {
+        if slot.flag(F_IN_USE) || self.dom.caps.network_owned {
             self.xprt.buf_del(&q, reason);
             return;
         }
@@ -294,6 +294,8 @@ impl TmInner {
         out: &mut Out,
     ) -> (bool, bool) {
         let leaving = slot.flag(F_CANCEL) || core.state == TmState::Stopping;
+        // A network that places messages itself says which one is final.
+        let leaving_fin = leaving && !self.dom.caps.network_owned;
         while let Some((_, entry)) = {
             let next = rs.next_drain;
             rs.ready.take(|(k, _)| *k == next)
@@ -304,7 +306,7 @@ impl TmInner {
             };
             rs.delivered += 1;
             let last = rs.inflight.is_empty() && rs.ready.is_empty();
-            let fin = r.fin || (last && leaving);
+            let fin = r.fin || (last && leaving_fin);
             out.push(EvData {
                 status: r.status,
                 offset: r.offset,
@@ -373,6 +375,49 @@ impl TmInner {
             }
         }
         Err(victim)
+    }
+
+    /// Records a message the network already placed at `offset` of
+    /// `q` (`fin`: the network will place no more in it).
+    pub(crate) fn claim_recv_placed(
+        &self,
+        q: &QueuedBuf,
+        offset: usize,
+        len: usize,
+        fin: bool,
+    ) -> Option<RecvClaim> {
+        let core = self.core.lock();
+        let slot = Self::live(&core, q)?;
+        if slot.queue != QueueType::MsgRecv || offset.checked_add(len)? > slot.size {
+            return None;
+        }
+        let mut rs = slot.rs.lock();
+        let seq = rs.next_seq;
+        rs.next_seq += 1;
+        rs.reserved = rs.reserved.max(offset + len);
+        rs.claimed += 1;
+        rs.closed |= fin;
+        rs.inflight.push((seq, Claim { offset, len, fin }));
+        slot.set(F_IN_USE);
+        Some(RecvClaim {
+            buf: QueuedBuf(Arc::clone(slot)),
+            offset,
+            len,
+            seq,
+        })
+    }
+
+    /// Counts a message lost for lack of a receive buffer, as
+    /// `claim_recv` does, and returns the coalesced loss event.
+    pub(crate) fn count_no_buffers(self: &Arc<Self>, len: usize) -> Delivery {
+        let mut core = self.core.lock();
+        if core.state != TmState::Started {
+            return Delivery::default();
+        }
+        core.stats[QueueType::MsgRecv.index()].f_events += 1;
+        core.no_buffers += 1;
+        debug!(tm = %self.id, len, "message dropped: no receive buffer");
+        self.loss_event(core, NetError::NoBuffers)
     }
 
     pub(crate) fn claim_recv(self: &Arc<Self>, len: usize) -> Result<RecvClaim, ClaimError> {

@@ -1,5 +1,6 @@
 //! Scenarios that every transport runs (`rpc.rs` over bulk_mem,
-//! `rpc_tcp.rs` over TCP), and the helpers they share.
+//! `rpc_tcp.rs` over TCP, `rpc_lnet.rs` over LNet), and the helpers they
+//! share.
 //!
 //! Every scenario is bounded in time (calls carry timeouts, waits have
 //! deadlines) and checks that both machines hand their domains back with
@@ -31,7 +32,12 @@ pub(crate) struct Net {
     xprt: Arc<dyn Transport>,
     /// True over a transport between processes (TCP, RDMA).
     pub(crate) tcp: bool,
+    /// Over LNet: the NIDs of the nodes machines alternate between.
+    lnet: Option<&'static [&'static str]>,
 }
+
+/// NIDs of the LNet nodes of `Net::lnet`.
+const LNET_NIDS: [&str; 2] = ["127.0.50.1@tcp", "127.0.50.2@tcp"];
 
 impl Net {
     /// The in-memory transport, one worker per transfer machine.
@@ -49,6 +55,7 @@ impl Net {
                 ..MemConfig::default()
             })),
             tcp: false,
+            lnet: None,
         }
     }
 
@@ -57,6 +64,43 @@ impl Net {
         Self {
             xprt: Arc::new(TcpTransport::new(TcpConfig::default())),
             tcp: true,
+            lnet: None,
+        }
+    }
+
+    /// The LNet transport over the socket LND: two LNet nodes of this
+    /// process (shared by the tests of the binary), machines alternately
+    /// on each.
+    pub(crate) fn lnet() -> Self {
+        use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
+        use colibri_lnet_rt::{Lnet, LnetConfig};
+        static XPRT: std::sync::OnceLock<colibri_lnet_xprt::LnetTransport> =
+            std::sync::OnceLock::new();
+        let x = XPRT.get_or_init(|| {
+            let nodes: Vec<Lnet> = LNET_NIDS
+                .iter()
+                .map(|n| {
+                    let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
+                    cfg.accept_port = 0;
+                    cfg.accept = AcceptPolicy::All;
+                    cfg.node.transaction_timeout = Duration::from_secs(10);
+                    Lnet::start(cfg).expect("LNet node")
+                })
+                .collect();
+            for a in &nodes {
+                for b in &nodes {
+                    let nb = b.nids()[0];
+                    if a.nids()[0] != nb {
+                        a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
+                    }
+                }
+            }
+            colibri_lnet_xprt::LnetTransport::new(nodes, Default::default()).expect("transport")
+        });
+        Self {
+            xprt: Arc::new(x.clone()),
+            tcp: false,
+            lnet: Some(&LNET_NIDS),
         }
     }
 
@@ -65,6 +109,7 @@ impl Net {
         Self {
             xprt: Arc::new(RdmaTransport::new(RdmaConfig::default())),
             tcp: true,
+            lnet: None,
         }
     }
 
@@ -80,7 +125,15 @@ impl Net {
     /// gets its own free port.
     pub(crate) fn machine(&self, cfg: RpcConfig) -> RpcMachine {
         static SERVICE: AtomicU64 = AtomicU64::new(100);
-        let addr = format!("127.0.0.1:0:{}", SERVICE.fetch_add(1, Ordering::Relaxed));
+        let n = SERVICE.fetch_add(1, Ordering::Relaxed);
+        let addr = match self.lnet {
+            Some(nids) => format!(
+                "{}:12345:{}:*",
+                nids[(n % nids.len() as u64) as usize],
+                20 + n % 16
+            ),
+            None => format!("127.0.0.1:0:{n}"),
+        };
         RpcMachine::start_on(&*self.xprt, &addr, cfg).expect("start")
     }
 }

@@ -4,7 +4,7 @@
 //! node names).
 
 use std::collections::HashMap;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -12,7 +12,8 @@ use colibri_lnet::credits::PoolKind;
 use colibri_lnet::fault::HealthError;
 use colibri_lnet::node::{Payload, PayloadOutcome, RxAction, RxId};
 use colibri_lnet::socklnd::{
-    ConnId, Frame, FrameReceiver, KsockMsgHeader, SocketError, TxFailure, Want, payload_checksum,
+    ConnId, Crc32, Frame, FrameReceiver, KsockMsgHeader, SocketError, TxFailure, Want,
+    payload_checksum,
 };
 use colibri_lnet::time::Time;
 use crossbeam_channel::Receiver;
@@ -311,7 +312,14 @@ impl Scheduler {
     fn source(&self, p: &Payload) -> Option<Src> {
         match p {
             Payload::None => Some(Src::None),
-            Payload::Mem(r) => self.s.mem.resolve(*r).map(Src::Mem),
+            // Foreign memory that went away fails here, as deregistered
+            // memory does, rather than in the middle of the frame.
+            Payload::Mem(r) => self
+                .s
+                .mem
+                .resolve(*r)
+                .filter(|m| m.read(|_| ()).is_some())
+                .map(Src::Mem),
             Payload::Rx { rx, len } => {
                 let b = self.s.rbufs.get(*rx)?;
                 (b.len() >= *len as usize).then_some(Src::Router(b, *len as usize))
@@ -333,7 +341,7 @@ impl Scheduler {
                     Some(src) => {
                         let mut item = item;
                         if self.lnd.cfg.tun.enable_csum && item.id.is_some() {
-                            let csum = with_src(&src, &item.payload, payload_checksum);
+                            let csum = with_src(&src, &item.payload, pieces_checksum).unwrap_or(0);
                             item.head[4..8].copy_from_slice(&csum.to_le_bytes());
                         }
                         sc.tx = Some(TxProgress {
@@ -362,14 +370,33 @@ impl Scheduler {
                 let w = t.written;
                 let stream = &mut sc.stream;
                 with_src(&t.src, &t.item.payload, |payload| {
-                    let total = head_len + payload.len();
-                    let bufs: [IoSlice<'_>; 2] = if w < head_len {
-                        [IoSlice::new(&head[w..]), IoSlice::new(payload)]
-                    } else {
-                        [IoSlice::new(&payload[w - head_len..]), IoSlice::new(&[])]
-                    };
+                    let plen: usize = payload.iter().map(|p| p.len()).sum();
+                    let total = head_len + plen;
+                    let mut bufs: Vec<IoSlice<'_>> = Vec::with_capacity(payload.len() + 1);
+                    if w < head_len {
+                        bufs.push(IoSlice::new(&head[w..]));
+                    }
+                    let mut skip = w.saturating_sub(head_len);
+                    for p in payload {
+                        if skip >= p.len() {
+                            skip -= p.len();
+                            continue;
+                        }
+                        if bufs.len() == MAX_IOV {
+                            break;
+                        }
+                        bufs.push(IoSlice::new(&p[skip..]));
+                        skip = 0;
+                    }
                     stream.write_vectored(&bufs).map(|n| (n, total))
                 })
+            };
+            let Some(r) = r else {
+                return Err(CloseWhy {
+                    reason: "writing: the payload's memory went away".into(),
+                    err: SocketError::Other(None),
+                    on_write: true,
+                });
             };
             match r {
                 Ok((0, _)) => {
@@ -609,7 +636,7 @@ impl Scheduler {
         sc.conn.rx_busy.store(false, Ordering::Relaxed);
         let csum = if p.whole {
             Some(match &p.dest {
-                Dest::Mem(r) => payload_checksum(&r.region.lock_read()[r.start..r.end()]),
+                Dest::Mem(r) => r.read(pieces_checksum).unwrap_or(0),
                 Dest::Router(v, _) | Dest::Inline(v) => payload_checksum(v),
                 Dest::None => payload_checksum(&[]),
             })
@@ -728,23 +755,53 @@ fn eof(sc: &SchedConn) -> CloseWhy {
     }
 }
 
-/// Runs `f` on an outgoing payload's bytes.
-fn with_src<R>(src: &Src, p: &Payload, f: impl FnOnce(&[u8]) -> R) -> R {
+/// Most slices given to one vectored read or write (`IOV_MAX`).
+const MAX_IOV: usize = 1024;
+
+/// Lustre's payload checksum over pieces.
+fn pieces_checksum(pieces: &[&[u8]]) -> u32 {
+    if let [one] = pieces {
+        return payload_checksum(one);
+    }
+    let mut c = Crc32::new();
+    for p in pieces {
+        c.update(p);
+    }
+    c.value()
+}
+
+/// Runs `f` on an outgoing payload's bytes, in pieces; `None` if its
+/// memory went away.
+fn with_src<R>(src: &Src, p: &Payload, f: impl FnOnce(&[&[u8]]) -> R) -> Option<R> {
     match (src, p) {
-        (Src::Mem(r), _) => f(&r.region.lock_read()[r.start..r.end()]),
-        (Src::Router(b, len), _) => f(&b[..*len]),
-        (Src::Inline, Payload::Inline(v)) => f(v),
-        _ => f(&[]),
+        (Src::Mem(r), _) => r.read(f),
+        (Src::Router(b, len), _) => Some(f(&[&b[..*len]])),
+        (Src::Inline, Payload::Inline(v)) => Some(f(&[v])),
+        _ => Some(f(&[])),
     }
 }
 
 /// One read from the socket straight into the destination, at `done`.
 fn read_into(stream: &mut mio::net::TcpStream, dest: &mut Dest, done: usize) -> io::Result<usize> {
     match dest {
-        Dest::Mem(r) => {
-            let mut g = r.region.lock_write();
-            stream.read(&mut g[r.start + done..r.end()])
-        }
+        Dest::Mem(r) => r
+            .write(|pieces| {
+                let mut bufs: Vec<IoSliceMut<'_>> = Vec::with_capacity(pieces.len());
+                let mut skip = done;
+                for p in pieces.iter_mut() {
+                    if skip >= p.len() {
+                        skip -= p.len();
+                        continue;
+                    }
+                    if bufs.len() == MAX_IOV {
+                        break;
+                    }
+                    bufs.push(IoSliceMut::new(&mut p[skip..]));
+                    skip = 0;
+                }
+                stream.read_vectored(&mut bufs)
+            })
+            .unwrap_or_else(|| Err(io::Error::other("the payload's memory went away"))),
         Dest::Router(v, _) | Dest::Inline(v) => stream.read(&mut v[done..]),
         Dest::None => Ok(0),
     }

@@ -1,0 +1,394 @@
+//! Control messages between transfer machines: the bulk handshake.
+//!
+//! ```text
+//! off size field (little-endian)
+//!   0    4 magic "CLNC"
+//!   4    1 version (1)
+//!   5    1 kind: 1 REQUEST, 2 VERDICT, 3 ABORT, 4 NAK, 5 DELIVERED, 6 GONE
+//!   6    2 reserved (0)
+//!   8    8 xid: the active operation (the requester's MD user value)
+//!  16    .. body
+//! REQUEST: active queue u8 | 7 reserved | active size u64 | desc len u16 | desc bytes
+//! VERDICT: status u16 | aux u16 (queues of WrongQueue) | 4 reserved | length u64
+//!          | match bits u64 | detail len u16 | detail bytes (UTF-8)
+//! ABORT:   status u16 | 6 reserved
+//! NAK:     status u16 | aux u16 | 4 reserved   (xid: the message's sequence number)
+//! DELIVERED: length u64                        (xid: the message's sequence number)
+//! GONE:    8 reserved       (xid: the sequence number of a control message that reached
+//!                            a stopped machine)
+//! ```
+
+use colibri_net::{NetError, QueueType};
+
+const MAGIC: u32 = u32::from_le_bytes(*b"CLNC");
+const VERSION: u8 = 1;
+const HEAD: usize = 16;
+
+/// Largest control message (a request with a 1 KiB descriptor fits).
+pub(crate) const CTL_MAX: usize = 1536;
+
+/// A control message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Ctl {
+    /// An active side asks for the passive buffer a descriptor names.
+    Request {
+        /// The active operation.
+        xid: u64,
+        /// Its queue.
+        active: QueueType,
+        /// Capacity (active receive) or bytes to send (active send).
+        size: u64,
+        /// The descriptor's bytes.
+        desc: Vec<u8>,
+    },
+    /// The passive side's answer.
+    Verdict {
+        /// The active operation.
+        xid: u64,
+        /// `Ok((length, match bits))` to GET or PUT, or the refusal.
+        result: Result<(u64, u64), NetError>,
+    },
+    /// The passive buffer is gone (cancelled, timed out, stopped), or the
+    /// active side gave up: the other side ends its part.
+    Abort {
+        /// The active operation.
+        xid: u64,
+        /// Why.
+        status: NetError,
+    },
+    /// A message was placed in a receive buffer and posted: the sender's
+    /// send completes (the receive MDs send no LNet ACK, so that a sender
+    /// never completes before the receiver saw the message).
+    Delivered {
+        /// The message's sequence number (from its header data).
+        xid: u64,
+        /// Bytes received.
+        len: u64,
+    },
+    /// A control message reached a machine that stopped (answered by what
+    /// it left behind).
+    Gone {
+        /// The control message's sequence number.
+        xid: u64,
+    },
+    /// A message found no receive buffer, did not fit, or reached a
+    /// stopped machine (sent by the receiver after it counted the loss).
+    Nak {
+        /// The message's sequence number (from its header data).
+        xid: u64,
+        /// Why (`NoBuffers`).
+        status: NetError,
+    },
+}
+
+/// Error codes on the wire.
+fn err_code(e: &NetError) -> (u16, u16, String) {
+    match e {
+        NetError::Cancelled => (1, 0, String::new()),
+        NetError::TimedOut => (2, 0, String::new()),
+        NetError::NoEntry => (3, 0, String::new()),
+        NetError::WrongQueue { passive, active } => (
+            4,
+            u16::from(passive.code()) | (u16::from(active.code()) << 8),
+            String::new(),
+        ),
+        NetError::AccessDenied { requester, allowed } => (5, 0, format!("{requester}\n{allowed}")),
+        NetError::TooBig(s) => (6, 0, s.clone()),
+        NetError::InvalidDescriptor(s) => (7, 0, s.clone()),
+        NetError::Busy(s) => (8, 0, s.clone()),
+        NetError::Unreachable(s) => (9, 0, s.clone()),
+        NetError::NoBuffers => (11, 0, String::new()),
+        // The sizes do not fit the NAK: the sender knows its length.
+        NetError::MessageTooLarge { .. } => (12, 0, String::new()),
+        other => (10, 0, other.to_string()),
+    }
+}
+
+fn err_decode(code: u16, aux: u16, detail: String) -> Option<NetError> {
+    Some(match code {
+        1 => NetError::Cancelled,
+        2 => NetError::TimedOut,
+        3 => NetError::NoEntry,
+        4 => NetError::WrongQueue {
+            passive: QueueType::from_code((aux & 0xff) as u8)?,
+            active: QueueType::from_code((aux >> 8) as u8)?,
+        },
+        5 => {
+            let (r, a) = detail.split_once('\n')?;
+            NetError::AccessDenied {
+                requester: r.to_string(),
+                allowed: a.to_string(),
+            }
+        }
+        6 => NetError::TooBig(detail),
+        7 => NetError::InvalidDescriptor(detail),
+        8 => NetError::Busy(detail),
+        9 => NetError::Unreachable(detail),
+        10 => NetError::Protocol(format!("passive side: {detail}")),
+        11 => NetError::NoBuffers,
+        12 => NetError::MessageTooLarge { len: 0, space: 0 },
+        _ => return None,
+    })
+}
+
+impl Ctl {
+    /// The active operation it is about.
+    pub(crate) fn xid(&self) -> u64 {
+        match self {
+            Self::Request { xid, .. }
+            | Self::Verdict { xid, .. }
+            | Self::Abort { xid, .. }
+            | Self::Nak { xid, .. }
+            | Self::Delivered { xid, .. }
+            | Self::Gone { xid } => *xid,
+        }
+    }
+
+    /// The bytes on the wire.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(64);
+        let kind = match self {
+            Self::Request { .. } => 1,
+            Self::Verdict { .. } => 2,
+            Self::Abort { .. } => 3,
+            Self::Nak { .. } => 4,
+            Self::Delivered { .. } => 5,
+            Self::Gone { .. } => 6,
+        };
+        v.extend_from_slice(&MAGIC.to_le_bytes());
+        v.extend_from_slice(&[VERSION, kind, 0, 0]);
+        v.extend_from_slice(&self.xid().to_le_bytes());
+        match self {
+            Self::Request {
+                active, size, desc, ..
+            } => {
+                v.extend_from_slice(&[active.code(), 0, 0, 0, 0, 0, 0, 0]);
+                v.extend_from_slice(&size.to_le_bytes());
+                let n = desc.len().min(CTL_MAX - HEAD - 18);
+                v.extend_from_slice(&(n as u16).to_le_bytes());
+                v.extend_from_slice(&desc[..n]);
+            }
+            Self::Verdict { result, .. } => {
+                let (code, aux, detail, len, bits) = match result {
+                    Ok((len, bits)) => (0, 0, String::new(), *len, *bits),
+                    Err(e) => {
+                        let (c, a, d) = err_code(e);
+                        (c, a, d, 0, 0)
+                    }
+                };
+                v.extend_from_slice(&code.to_le_bytes());
+                v.extend_from_slice(&aux.to_le_bytes());
+                v.extend_from_slice(&[0; 4]);
+                v.extend_from_slice(&len.to_le_bytes());
+                v.extend_from_slice(&bits.to_le_bytes());
+                let mut d = detail.into_bytes();
+                d.truncate(CTL_MAX - HEAD - 26);
+                v.extend_from_slice(&(d.len() as u16).to_le_bytes());
+                v.extend_from_slice(&d);
+            }
+            Self::Abort { status, .. } | Self::Nak { status, .. } => {
+                let (c, aux, _) = err_code(status);
+                v.extend_from_slice(&c.to_le_bytes());
+                v.extend_from_slice(&aux.to_le_bytes());
+                v.extend_from_slice(&[0; 4]);
+            }
+            Self::Delivered { len, .. } => v.extend_from_slice(&len.to_le_bytes()),
+            Self::Gone { .. } => v.extend_from_slice(&[0; 8]),
+        }
+        v
+    }
+
+    /// Decodes a control message; every field is checked.
+    ///
+    /// # Errors
+    /// `Protocol` naming what is wrong.
+    pub(crate) fn decode(b: &[u8]) -> Result<Self, NetError> {
+        let bad = |why: &str| NetError::Protocol(format!("control message: {why}"));
+        let u16at = |o: usize| -> Result<u16, NetError> {
+            b.get(o..o + 2)
+                .map(|s| u16::from_le_bytes([s[0], s[1]]))
+                .ok_or_else(|| bad("truncated"))
+        };
+        let u64at = |o: usize| -> Result<u64, NetError> {
+            b.get(o..o + 8)
+                .and_then(|s| s.try_into().ok())
+                .map(u64::from_le_bytes)
+                .ok_or_else(|| bad("truncated"))
+        };
+        if b.len() < HEAD || b.len() > CTL_MAX {
+            return Err(bad("bad length"));
+        }
+        if u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != MAGIC {
+            return Err(bad("bad magic"));
+        }
+        if b[4] != VERSION {
+            return Err(bad("unknown version"));
+        }
+        if b[6] != 0 || b[7] != 0 {
+            return Err(bad("reserved bytes set"));
+        }
+        let xid = u64at(8)?;
+        let exact = |n: usize| {
+            if b.len() == n {
+                Ok(())
+            } else {
+                Err(bad("length does not match the contents"))
+            }
+        };
+        match b[5] {
+            1 => {
+                let active = b
+                    .get(16)
+                    .and_then(|&c| QueueType::from_code(c))
+                    .filter(|q| q.is_active())
+                    .ok_or_else(|| bad("not an active queue"))?;
+                if b.get(17..24).is_none_or(|r| r.iter().any(|&x| x != 0)) {
+                    return Err(bad("reserved bytes set"));
+                }
+                let size = u64at(24)?;
+                let n = usize::from(u16at(32)?);
+                exact(34 + n)?;
+                Ok(Self::Request {
+                    xid,
+                    active,
+                    size,
+                    desc: b[34..].to_vec(),
+                })
+            }
+            2 => {
+                let code = u16at(16)?;
+                let aux = u16at(18)?;
+                let len = u64at(24)?;
+                let bits = u64at(32)?;
+                let n = usize::from(u16at(40)?);
+                exact(42 + n)?;
+                let detail = String::from_utf8(b[42..].to_vec()).map_err(|_| bad("detail"))?;
+                let result = if code == 0 {
+                    Ok((len, bits))
+                } else {
+                    Err(err_decode(code, aux, detail).ok_or_else(|| bad("unknown status"))?)
+                };
+                Ok(Self::Verdict { xid, result })
+            }
+            6 => {
+                exact(24)?;
+                if b[16..24].iter().any(|&x| x != 0) {
+                    return Err(bad("reserved bytes set"));
+                }
+                Ok(Self::Gone { xid })
+            }
+            5 => {
+                exact(24)?;
+                Ok(Self::Delivered {
+                    xid,
+                    len: u64at(16)?,
+                })
+            }
+            3 | 4 => {
+                exact(24)?;
+                let status = err_decode(u16at(16)?, u16at(18)?, String::new())
+                    .ok_or_else(|| bad("unknown status"))?;
+                if b[20..24].iter().any(|&x| x != 0) {
+                    return Err(bad("reserved bytes set"));
+                }
+                Ok(if b[5] == 3 {
+                    Self::Abort { xid, status }
+                } else {
+                    Self::Nak { xid, status }
+                })
+            }
+            _ => Err(bad("unknown kind")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn samples() -> Vec<Ctl> {
+        vec![
+            Ctl::Request {
+                xid: 7,
+                active: QueueType::ActiveBulkRecv,
+                size: 1 << 20,
+                desc: vec![1, 2, 3],
+            },
+            Ctl::Verdict {
+                xid: 8,
+                result: Ok((100, 0xabc)),
+            },
+            Ctl::Verdict {
+                xid: 9,
+                result: Err(NetError::WrongQueue {
+                    passive: QueueType::PassiveBulkRecv,
+                    active: QueueType::ActiveBulkRecv,
+                }),
+            },
+            Ctl::Verdict {
+                xid: 9,
+                result: Err(NetError::AccessDenied {
+                    requester: "a".into(),
+                    allowed: "b".into(),
+                }),
+            },
+            Ctl::Verdict {
+                xid: 10,
+                result: Err(NetError::TooBig("x".into())),
+            },
+            Ctl::Verdict {
+                xid: 10,
+                result: Err(NetError::NoEntry),
+            },
+            Ctl::Abort {
+                xid: 11,
+                status: NetError::Cancelled,
+            },
+            Ctl::Nak {
+                xid: 12,
+                status: NetError::NoBuffers,
+            },
+            Ctl::Delivered { xid: 13, len: 77 },
+            Ctl::Gone { xid: 14 },
+        ]
+    }
+
+    #[test]
+    fn round_trips() {
+        for c in samples() {
+            assert_eq!(Ctl::decode(&c.encode()).unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn every_truncation_and_extension_is_refused() {
+        for c in samples() {
+            let b = c.encode();
+            for n in 0..b.len() {
+                assert!(Ctl::decode(&b[..n]).is_err(), "{c:?} cut at {n}");
+            }
+            let mut long = b.clone();
+            long.push(0);
+            assert!(Ctl::decode(&long).is_err());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = Ctl::decode(&b);
+        }
+
+        #[test]
+        fn flipped_headers_are_refused_or_decode_consistently(i in 0usize..16, bit in 0u8..8) {
+            for c in samples() {
+                let mut b = c.encode();
+                b[i] ^= 1 << bit;
+                if let Ok(d) = Ctl::decode(&b) {
+                    prop_assert_eq!(Ctl::decode(&d.encode()).unwrap(), d);
+                }
+            }
+        }
+    }
+}

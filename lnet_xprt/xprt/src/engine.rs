@@ -1,0 +1,394 @@
+//! One engine per LNet node: the thread that reads the node's events and
+//! runs the transfer machines' callbacks, the table of operations by MD
+//! user value, and the node's transfer machines by portal and TMID.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use colibri_lnet_rt::colibri_lnet::ids::{Nid, Pid, ProcessId};
+use colibri_lnet_rt::colibri_lnet::matching::{
+    Event, MdOptions, MdSpec, MemKey, MemRef, Threshold, Unlink,
+};
+use colibri_lnet_rt::{Lnet, LnetError, MemRegion};
+use colibri_net::xprt::{Delivery, QueuedBuf, TmSink};
+use colibri_net::{NetError, Result};
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+use tracing::{debug, trace, warn};
+
+use crate::addr::{CNT_CTL, HDR_CTL, SEQ_MASK, TMID_MAX, hdr_data, match_bits};
+use crate::ctl::Ctl;
+use crate::tm::{Op, TmShared};
+
+/// Work for an engine's thread.
+pub(crate) enum Work {
+    /// Run callbacks the core decided.
+    Deliver(Delivery),
+    /// Post STARTED for a transfer machine.
+    Started(Arc<TmShared>, String),
+    /// Complete a buffer (decided under a transfer machine's lock).
+    Complete(TmSink, QueuedBuf, Result<usize>),
+    /// Leave.
+    Stop,
+}
+
+/// An LNet node seen by the transport.
+pub(crate) struct Engine {
+    pub(crate) lnet: Lnet,
+    pub(crate) pid: Pid,
+    pub(crate) nids: Vec<Nid>,
+    /// Operations by MD user value (operation id).
+    ops: Mutex<HashMap<u64, Arc<Op>>>,
+    /// Control messages being sent: their memory, by MD user value, and
+    /// the active operation a request is for.
+    ctl_sends: Mutex<HashMap<u64, (MemKey, u64)>>,
+    /// Started transfer machines by (portal, TMID).
+    tms: Mutex<HashMap<(u32, u16), Weak<TmShared>>>,
+    /// MDs left where a transfer machine stopped: they answer what still
+    /// comes for it with `Unreachable`, until another machine starts there.
+    pub(crate) tombs: Mutex<HashMap<(u32, u16), colibri_lnet_rt::colibri_lnet::matching::MdHandle>>,
+    /// Bulk requests waiting for a verdict: (deadline, operation id).
+    pub(crate) handshakes: Mutex<BTreeSet<(Instant, u64)>>,
+    pub(crate) handshake_timeout: Duration,
+    work: Sender<Work>,
+    /// Loss events (`NoBuffers`, refused bulk requests): run on a thread
+    /// of their own, so that a slow error callback never holds up the
+    /// counting of further losses or the node's other events.
+    notices: Sender<Option<Delivery>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    notice_thread: Mutex<Option<JoinHandle<()>>>,
+    /// An empty region: the memory of the catch-all MDs.
+    pub(crate) empty: MemKey,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("nids", &self.nids)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Bit of an MD user value that marks a control message's MD.
+const CTL_SEND_BIT: u64 = 1 << 63;
+
+/// LNet errors of API calls as the messaging layer's.
+pub(crate) fn lnet_err(e: &LnetError, dest: &str) -> NetError {
+    match e.errno() {
+        22 => NetError::InvalidArgument(format!("LNet: {e}")),
+        14 => NetError::Protocol(format!("LNet memory: {e}")),
+        _ => NetError::Unreachable(format!("{dest} ({e})")),
+    }
+}
+
+impl Engine {
+    /// Starts the engine of `lnet` (which must deliver its events to its
+    /// queue: the engine consumes them).
+    pub(crate) fn start(lnet: Lnet, handshake_timeout: Duration) -> Result<Arc<Self>> {
+        let events = lnet.event_queue().ok_or_else(|| {
+            NetError::InvalidArgument(
+                "the LNet node delivers its events to a handler; start it with Lnet::start".into(),
+            )
+        })?;
+        let (pid, nids) = lnet.with_node(|n| (n.config().pid, n.nids()));
+        let empty = lnet.register(&MemRegion::zeroed(0));
+        // Work items: deliveries and completions, bounded by the buffers
+        // queued; the thread drains them.
+        #[allow(clippy::disallowed_methods)]
+        let (work, work_rx) = crossbeam_channel::unbounded();
+        // Loss events are coalesced by the core: a few at a time.
+        #[allow(clippy::disallowed_methods)]
+        let (notices, notice_rx) = crossbeam_channel::unbounded::<Option<Delivery>>();
+        let nt = std::thread::Builder::new()
+            .name("colibri-lnet-xprt-notices".into())
+            .spawn(move || {
+                let _mark = colibri_net::wait::DeliveryThread::enter();
+                while let Ok(Some(d)) = notice_rx.recv() {
+                    d.run();
+                }
+            })
+            .map_err(NetError::from)?;
+        let e = Arc::new(Self {
+            lnet,
+            pid,
+            nids,
+            ops: Mutex::new(HashMap::new()),
+            ctl_sends: Mutex::new(HashMap::new()),
+            tms: Mutex::new(HashMap::new()),
+            tombs: Mutex::new(HashMap::new()),
+            handshakes: Mutex::new(BTreeSet::new()),
+            handshake_timeout,
+            work,
+            notices,
+            thread: Mutex::new(None),
+            notice_thread: Mutex::new(Some(nt)),
+            empty,
+        });
+        let me = Arc::downgrade(&e);
+        let t = std::thread::Builder::new()
+            .name("colibri-lnet-xprt".into())
+            .spawn(move || {
+                let _mark = colibri_net::wait::DeliveryThread::enter();
+                run(&me, &events, &work_rx);
+            })
+            .map_err(NetError::from)?;
+        *e.thread.lock() = Some(t);
+        Ok(e)
+    }
+
+    /// Stops the thread (pending work runs first).
+    pub(crate) fn stop(&self) {
+        let _ = self.work.send(Work::Stop);
+        // Operations refer to their machines, which refer to the engine.
+        self.ops.lock().clear();
+        self.tombs.lock().clear();
+        let _ = self.notices.send(None);
+        for t in [self.thread.lock().take(), self.notice_thread.lock().take()]
+            .into_iter()
+            .flatten()
+        {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// Runs a loss event on the notice thread.
+    pub(crate) fn notice(&self, d: Delivery) {
+        if d.is_pending()
+            && let Err(e) = self.notices.send(Some(d))
+            && let Some(d) = e.0
+        {
+            d.run();
+        }
+    }
+
+    pub(crate) fn push(&self, w: Work) {
+        if let Err(e) = self.work.send(w) {
+            // The engine is gone: run what must run.
+            match e.0 {
+                Work::Deliver(d) => d.run(),
+                Work::Started(tm, own) => tm.sink().post_started(&own),
+                Work::Complete(s, q, r) => s.complete(&q, r),
+                Work::Stop => {}
+            }
+        }
+    }
+
+    /// A new operation id, unique in the process (an operation made
+    /// before its machine started moves to the engine of its node then).
+    pub(crate) fn new_id(&self) -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed) & !CTL_SEND_BIT
+    }
+
+    pub(crate) fn add_op(&self, op: &Arc<Op>) {
+        self.ops.lock().insert(op.id, Arc::clone(op));
+    }
+
+    pub(crate) fn op(&self, id: u64) -> Option<Arc<Op>> {
+        self.ops.lock().get(&id).cloned()
+    }
+
+    pub(crate) fn remove_op(&self, id: u64) -> Option<Arc<Op>> {
+        self.ops.lock().remove(&id)
+    }
+
+    pub(crate) fn has(&self, nid: Nid) -> bool {
+        nid.is_lo() || self.nids.contains(&nid)
+    }
+
+    /// Claims (portal, TMID) for `tm`; `None` picks the highest free TMID
+    /// (as Motr).
+    pub(crate) fn claim(&self, portal: u32, tmid: Option<u16>, tm: &Arc<TmShared>) -> Result<u16> {
+        let mut tms = self.tms.lock();
+        tms.retain(|_, w| w.strong_count() > 0);
+        let t = match tmid {
+            Some(t) => {
+                if tms.contains_key(&(portal, t)) {
+                    return Err(NetError::AddrInUse(format!(
+                        "portal {portal} TMID {t} of this LNet node"
+                    )));
+                }
+                t
+            }
+            None => (0..=TMID_MAX)
+                .rev()
+                .find(|t| !tms.contains_key(&(portal, *t)))
+                .ok_or_else(|| NetError::AddrInUse(format!("every TMID of portal {portal}")))?,
+        };
+        tms.insert((portal, t), Arc::downgrade(tm));
+        drop(tms);
+        if let Some(md) = self.tombs.lock().remove(&(portal, t)) {
+            let _ = self.lnet.md_unlink(md);
+        }
+        Ok(t)
+    }
+
+    pub(crate) fn release(&self, portal: u32, tmid: u16, tm: &TmShared) {
+        let mut tms = self.tms.lock();
+        if tms
+            .get(&(portal, tmid))
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), tm))
+        {
+            tms.remove(&(portal, tmid));
+        }
+    }
+
+    pub(crate) fn local_tm(&self, portal: u32, tmid: u16) -> Option<Arc<TmShared>> {
+        self.tms.lock().get(&(portal, tmid)).and_then(Weak::upgrade)
+    }
+
+    /// Sends a control message (a PUT without ACK from memory of its own)
+    /// to the transfer machine `(to, portal, tmid)`, from `(portal, tmid)`.
+    /// `op` is the active operation a request is for (0 otherwise): a
+    /// failed send fails it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn send_ctl(
+        &self,
+        to: ProcessId,
+        portal: u32,
+        tmid: u16,
+        from: (u32, u16),
+        msg: &Ctl,
+        op: u64,
+    ) -> std::result::Result<(), LnetError> {
+        let bytes = msg.encode();
+        let len = bytes.len() as u32;
+        let key = self.lnet.register(&MemRegion::from_vec(bytes));
+        let id = self.new_id() | CTL_SEND_BIT;
+        self.ctl_sends.lock().insert(id, (key, op));
+        let r = self
+            .lnet
+            .md_bind(
+                MdSpec::new(MemRef::new(key, 0, len), MdOptions::empty())
+                    .threshold(Threshold::Count(1))
+                    .unlink(Unlink::Unlink)
+                    .user_ptr(id),
+            )
+            .and_then(|md| {
+                let r = self.lnet.put(
+                    md,
+                    false,
+                    to,
+                    portal,
+                    match_bits(tmid, CNT_CTL),
+                    0,
+                    hdr_data(HDR_CTL, from.0, from.1, (msg.xid() as u32) & SEQ_MASK),
+                );
+                if r.is_err() {
+                    let _ = self.lnet.md_unlink(md);
+                }
+                r
+            });
+        if r.is_err() {
+            self.ctl_sends.lock().remove(&id);
+            self.lnet.deregister(key);
+        }
+        r
+    }
+
+    fn on_event(self: &Arc<Self>, ev: &Event) {
+        trace!(kind = ?ev.kind(), md = ?ev.md, unlinked = ev.unlinked, status = ?ev.info.status, "LNet event");
+        if ev.user_ptr & CTL_SEND_BIT != 0 {
+            let Some((key, op)) = (if ev.unlinked {
+                self.ctl_sends.lock().remove(&ev.user_ptr)
+            } else {
+                self.ctl_sends.lock().get(&ev.user_ptr).copied()
+            }) else {
+                return;
+            };
+            if ev.unlinked {
+                self.lnet.deregister(key);
+            }
+            if let Err(e) = ev.info.status
+                && op != 0
+                && let Some(op) = self.op(op)
+            {
+                debug!(%e, "bulk request not sent");
+                op.tm.fail_request(&op, e);
+            }
+            return;
+        }
+        let op = self.op(ev.user_ptr);
+        if ev.unlinked && op.as_ref().is_some_and(|o| !o.awaits_answer()) {
+            self.remove_op(ev.user_ptr);
+        }
+        let Some(op) = op else {
+            trace!(
+                user_ptr = ev.user_ptr,
+                "event for an operation no longer known"
+            );
+            return;
+        };
+        op.tm.on_event(&op, ev);
+    }
+
+    /// Fails bulk requests whose verdict did not come in time.
+    fn expire_handshakes(&self, now: Instant) {
+        let due: Vec<u64> = {
+            let mut h = self.handshakes.lock();
+            let mut due = Vec::new();
+            while let Some(&(d, id)) = h.first() {
+                if d > now {
+                    break;
+                }
+                h.pop_first();
+                due.push(id);
+            }
+            due
+        };
+        for id in due {
+            if let Some(op) = self.op(id) {
+                op.tm.expire_request(&op);
+            }
+        }
+    }
+}
+
+fn run(me: &Weak<Engine>, events: &Receiver<Event>, work: &Receiver<Work>) {
+    let tick = Duration::from_millis(100);
+    let mut next_check = Instant::now() + tick;
+    loop {
+        let timeout = next_check.saturating_duration_since(Instant::now());
+        crossbeam_channel::select! {
+            recv(events) -> ev => match ev {
+                Ok(ev) => {
+                    let Some(e) = me.upgrade() else { return };
+                    e.on_event(&ev);
+                }
+                Err(_) => {
+                    // The runtime is gone: only work remains.
+                    match work.recv() {
+                        Ok(Work::Stop) | Err(_) => return,
+                        Ok(w) => do_work(me, w),
+                    }
+                }
+            },
+            recv(work) -> w => match w {
+                Ok(Work::Stop) | Err(_) => return,
+                Ok(w) => do_work(me, w),
+            },
+            default(timeout) => {}
+        }
+        let now = Instant::now();
+        if now >= next_check {
+            next_check = now + tick;
+            if let Some(e) = me.upgrade() {
+                e.expire_handshakes(now);
+            }
+        }
+    }
+}
+
+fn do_work(_me: &Weak<Engine>, w: Work) {
+    match w {
+        Work::Deliver(d) => d.run(),
+        Work::Started(tm, own) => tm.sink().post_started(&own),
+        Work::Complete(sink, q, r) => sink.complete(&q, r),
+        Work::Stop => warn!("stop handled by the loop"),
+    }
+}
