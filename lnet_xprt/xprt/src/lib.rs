@@ -70,6 +70,8 @@ pub mod addr;
 mod ctl;
 mod desc;
 mod engine;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod tm;
 
 use std::sync::Arc;
