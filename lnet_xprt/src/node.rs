@@ -1422,7 +1422,20 @@ impl Node {
     /// # Errors
     /// Invalid target.
     pub fn ping(&mut self, now: Time, nid: Nid) -> Result<(), NodeError> {
-        self.send_ping(now, nid, INTERFACES_FOR_PING, PingPurpose::User)?;
+        self.ping_from(now, nid, None)
+    }
+
+    /// Like [`Node::ping`], sent from the local NI `source` when given
+    /// (`lnetctl ping --source`): the ping leaves through that NI, and is
+    /// not resent through another.
+    ///
+    /// # Errors
+    /// Invalid target; `source` is not one of this node's NIDs.
+    pub fn ping_from(&mut self, now: Time, nid: Nid, source: Option<Nid>) -> Result<(), NodeError> {
+        if source.is_some_and(|s| !self.is_local_nid(s)) {
+            return Err(NodeError::Invalid("ping source is not a local NI"));
+        }
+        self.send_ping(now, nid, INTERFACES_FOR_PING, PingPurpose::User, source)?;
         self.after_input(now);
         Ok(())
     }
@@ -1443,6 +1456,7 @@ impl Node {
         nid: Nid,
         max_nis: u32,
         purpose: PingPurpose,
+        source: Option<Nid>,
     ) -> Result<(), NodeError> {
         if nid.is_any() {
             return Err(NodeError::Invalid("ping target"));
@@ -1480,6 +1494,10 @@ impl Node {
             PING_MATCHBITS,
         );
         let mut msg = self.request(now, header, Payload::None, md, target);
+        if let Some(src) = source {
+            msg.src_nid = Some(src);
+            msg.no_resend = true;
+        }
         if let PingPurpose::Recovery(side) = purpose {
             // Recovery pings use exactly this NID, are never resent, and a
             // local NI is pinged through itself (lnet.md 7.3).
@@ -1658,7 +1676,7 @@ impl Node {
                     self.fail_msg(now, msg, e);
                 }
                 Action::SendPing { to, max_nis, .. } => {
-                    if let Err(e) = self.send_ping(now, to, max_nis, PingPurpose::Discovery) {
+                    if let Err(e) = self.send_ping(now, to, max_nis, PingPurpose::Discovery, None) {
                         tracing::warn!(target: "colibri_lnet::node", %to, error = %e, "cannot send discovery ping");
                         let more = self
                             .disc
@@ -3134,9 +3152,13 @@ impl Node {
         // Router checker.
         if self.routes.poll_timeout().is_some_and(|t| t <= now) {
             for p in self.routes.handle_timeout(now) {
-                if let Err(e) =
-                    self.send_ping(now, p.gateway, INTERFACES_FOR_PING, PingPurpose::Router)
-                {
+                if let Err(e) = self.send_ping(
+                    now,
+                    p.gateway,
+                    INTERFACES_FOR_PING,
+                    PingPurpose::Router,
+                    None,
+                ) {
                     tracing::debug!(target: "colibri_lnet::node", gw = %p.gateway, error = %e, "router ping not sent");
                     self.routes.on_router_ping_failed(now, p.gateway);
                 }
@@ -3150,6 +3172,7 @@ impl Node {
                     p.nid,
                     INTERFACES_FOR_PING,
                     PingPurpose::Recovery(p.side),
+                    None,
                 ) {
                     tracing::debug!(target: "colibri_lnet::node", nid = %p.nid, error = %e, "recovery ping not sent");
                 }

@@ -664,3 +664,40 @@ fn topology_text() {
         Err(SimError::DuplicateNid(_))
     ));
 }
+
+/// `lnetctl ping --source`: the ping leaves through the NI asked for, on a
+/// node with two NIs on the same net; a NID that is not the node's own is
+/// refused.
+#[test]
+fn ping_from_a_chosen_source_ni() {
+    for (source, other) in [
+        ("10.0.0.1@tcp", "10.0.0.3@tcp"),
+        ("10.0.0.3@tcp", "10.0.0.1@tcp"),
+    ] {
+        let mut sim = Sim::new(
+            Topology::new(5)
+                .node("a", &["10.0.0.1@tcp", "10.0.0.3@tcp"])
+                .node("b", &["10.0.0.2@tcp"])
+                .configure("a", |c| c.discovery = false)
+                .configure("b", |c| c.discovery = false),
+        )
+        .unwrap();
+        let b = nid("10.0.0.2@tcp");
+        sim.with_node("a", |n, now| n.ping_from(now, b, Some(nid(source))))
+            .unwrap();
+        sim.run_until_idle().unwrap();
+        let result = sim.node_mut("a").poll_ping_result().expect("ping finished");
+        assert!(result.result.is_ok(), "{result:?}");
+        let to_b: Vec<_> = sim.trace().iter().filter(|r| r.to == b).collect();
+        assert!(!to_b.is_empty());
+        assert!(to_b.iter().all(|r| r.from == nid(source)), "{to_b:?}");
+        assert!(!to_b.iter().any(|r| r.from == nid(other)));
+    }
+    let mut sim = pair(1);
+    let e = sim
+        .with_node("a", |n, now| {
+            n.ping_from(now, nid("10.0.0.2@tcp"), Some(nid("10.0.0.9@tcp")))
+        })
+        .unwrap_err();
+    assert!(matches!(e, NodeError::Invalid(_)), "{e:?}");
+}

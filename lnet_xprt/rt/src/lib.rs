@@ -513,10 +513,24 @@ impl Lnet {
     /// [`LnetError::TimedOut`], [`LnetError::Ping`] (no reply within the
     /// transaction timeout, bad reply), invalid NID.
     pub fn ping(&self, nid: Nid, timeout: Duration) -> Result<PingInfo, LnetError> {
+        self.ping_from(nid, None, timeout)
+    }
+
+    /// Like [`Lnet::ping`], sent from the local NI `source` when given
+    /// (`lnetctl ping --source`).
+    ///
+    /// # Errors
+    /// As [`Lnet::ping`]; `source` not a local NID.
+    pub fn ping_from(
+        &self,
+        nid: Nid,
+        source: Option<Nid>,
+        timeout: Duration,
+    ) -> Result<PingInfo, LnetError> {
         let s = self.live()?;
         let (tx, rx) = crossbeam_channel::bounded(1);
         s.run(Vec::new(), |c, now| {
-            c.node.ping(now, nid)?;
+            c.node.ping_from(now, nid, source)?;
             c.add_ping_waiter(nid, tx);
             Ok::<(), LnetError>(())
         })?;

@@ -780,17 +780,21 @@ impl Daemon {
         source: Option<&str>,
         partial: &mut dyn FnMut(Doc) -> bool,
     ) -> Result<Doc, Failure> {
-        if let Some(src) = source {
-            let src = nid_arg(src, "manage", "ping")?;
-            if !self.lnet.nids().contains(&src) {
-                return Err(Failure::new(
-                    "manage",
-                    "ping",
-                    errno::EINVAL,
-                    format!("source {src} is not a local NI"),
-                ));
+        let source = match source {
+            Some(src) => {
+                let src = nid_arg(src, "manage", "ping")?;
+                if !self.lnet.nids().contains(&src) {
+                    return Err(Failure::new(
+                        "manage",
+                        "ping",
+                        errno::EINVAL,
+                        format!("source {src} is not a local NI"),
+                    ));
+                }
+                Some(src)
             }
-        }
+            None => None,
+        };
         let targets = nids
             .iter()
             .map(|n| nid_arg(n, "manage", "ping"))
@@ -806,7 +810,7 @@ impl Daemon {
         let timeout = Duration::from_millis(timeout_ms.max(1));
         let mut out = Vec::new();
         for nid in targets {
-            match self.lnet.ping(nid, timeout) {
+            match self.lnet.ping_from(nid, source, timeout) {
                 Ok(info) => out.push(ping_doc(&info)),
                 Err(e) => {
                     if !out.is_empty() {
