@@ -13,6 +13,10 @@ use std::time::Duration;
 
 /// How long a condition may take to become true on a loaded machine.
 const SETTLE: Duration = Duration::from_secs(60);
+/// How long an NI's recovery may take: recovery pings back off (1, 2,
+/// 4, … s) while they fail, and each success gives back only
+/// `health_sensitivity` points.
+const RECOVER: Duration = Duration::from_secs(180);
 
 fn ips(list: &[&str]) -> Vec<std::net::Ipv4Addr> {
     list.iter().map(|s| s.parse().unwrap()).collect()
@@ -364,7 +368,7 @@ fn multi_rail_spreads_and_fails_over() {
     // The rule removed: recovery pings bring c2 back, traffic spreads.
     client.ok(&["fault", "drop", "del", "--all"]);
     let t0 = std::time::Instant::now();
-    wait_for(SETTLE, "c2 recovered", || {
+    wait_for(RECOVER, "c2 recovered", || {
         let h = ni_counts(&client, &[c2])[0].1;
         if h == 1000 { Ok(()) } else { Err(h) }
     });
@@ -497,4 +501,165 @@ fn restarted_node_is_reconnected() {
     assert!(rpcs > 0 && errors == 0);
     client.stop();
     server.stop();
+}
+
+/// A `peer:` section naming DLC-configured peers (shown by `peer
+/// show` with its credits; gateways found only through routes are not).
+fn peers(nids: &[&str]) -> String {
+    let mut s = "peer:\n".to_owned();
+    for nid in nids {
+        s.push_str(&format!(
+            "    - primary nid: {nid}\n      peer ni:\n        - nid: {nid}\n"
+        ));
+    }
+    s
+}
+
+/// Scenario 1 (the part `lnet_xprt/rt/tests/multiprocess.rs` does not
+/// do): a routed fabric under sixteen 1 MiB PUTs at a time, where the
+/// client gives the router eight credits, the router has four large
+/// buffers for the client's eight messages and gives the server two
+/// credits.
+/// Messages wait for credits and router buffers (the minimum credits go
+/// below zero) and are all delivered when they come back (every queue
+/// drained, every credit returned); 1 MiB GETs through the same router
+/// bring back exactly the target's bytes.
+#[test]
+fn routed_with_credits_and_router_buffers_running_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = common_free_port(&ips(&[
+        "127.0.30.2",
+        "127.0.30.3",
+        "127.0.31.3",
+        "127.0.31.4",
+    ]));
+    let g = global(port);
+    let tight = |net: &str, nid: &str, peer: u32| {
+        format!(
+            "    - net type: {net}\n      local NI(s):\n        - nid: {nid}\n          tunables:\n              peer_credits: {peer}\n              credits: {}\n",
+            2 * peer
+        )
+    };
+    let router = Node::start(
+        dir.path(),
+        "router",
+        &format!(
+            "net:\n{}{}{}routing:\n    enable: 1\nbuffers:\n    tiny: 4\n    small: 4\n    large: 4\n{g}",
+            tight("tcp", "127.0.30.3@tcp", 8),
+            tight("tcp1", "127.0.31.3@tcp1", 2),
+            peers(&["127.0.30.2@tcp", "127.0.31.4@tcp1"])
+        ),
+    );
+    let server = Node::start(
+        dir.path(),
+        "server",
+        &format!(
+            "net:\n{}{}{g}",
+            tight("tcp1", "127.0.31.4@tcp1", 2),
+            routes("tcp", &["127.0.31.3@tcp1"])
+        ),
+    );
+    let client = Node::start(
+        dir.path(),
+        "client",
+        &format!(
+            "net:\n{}{}{}{g}",
+            tight("tcp", "127.0.30.2@tcp", 8),
+            peers(&["127.0.30.3@tcp"]),
+            routes("tcp1", &["127.0.30.3@tcp"])
+        ),
+    );
+    let srv = "127.0.31.4@tcp1";
+    wait_for(SETTLE, "first ping through the router", || {
+        let o = lnet(Some(&client.ctl), &["ping", srv, "--timeout", "5"]);
+        if o.code == Some(0) {
+            Ok(())
+        } else {
+            Err(o.stderr)
+        }
+    });
+    // The router's large pool runs out (the minimum is kept, so a few
+    // rounds of traffic may be needed on a slow machine)...
+    let large = |n: &Node| {
+        let v = n.json(&["routing", "show"]);
+        v["routing"][0]["cpt[0]"]["large"].clone()
+    };
+    let mut total = 0;
+    let l = wait_for(SETTLE, "a message waiting for a router buffer", || {
+        let (rpcs, errors) = brw(&client, srv, "1M", "2", "16");
+        assert!(rpcs > 0 && errors == 0, "{rpcs} {errors}");
+        total += rpcs;
+        let l = large(&router);
+        if l["mincredits"].as_i64().unwrap() < 0 {
+            Ok(l)
+        } else {
+            Err(l)
+        }
+    });
+    eprintln!("large pool {l} after {total} PUTs");
+    assert_eq!(num(&l, &["nbuffers"]), 4, "{l}");
+    // ...and every buffer comes back.
+    wait_for(SETTLE, "router buffers returned", || {
+        let l = large(&router);
+        if l["credits"] == l["nbuffers"] {
+            Ok(())
+        } else {
+            Err(l)
+        }
+    });
+    // Peer credits: the client's two towards the router ran out, and the
+    // router's queues towards the server; all back, nothing queued.
+    let drained = |n: &Node, nid: &str| {
+        let v = n.json(&["peer", "show", "--verbose"]);
+        let p = peer_ni(&v, nid).clone();
+        let max = p["max_ni_tx_credits"].as_i64().unwrap();
+        let min = p["min_tx_credits"].as_i64().unwrap();
+        let avail = p["available_tx_credits"].as_i64().unwrap();
+        let queued = p["tx_q_num_of_buf"].as_i64().unwrap();
+        (max, min, avail, queued, p)
+    };
+    for (n, nid, credits) in [
+        (&client, "127.0.30.3@tcp", 8),
+        (&router, "127.0.31.4@tcp1", 2),
+    ] {
+        let (max, min, ..) = drained(n, nid);
+        assert_eq!(max, credits);
+        assert!(
+            min < 0,
+            "{}: sends to {nid} waited for credits: {min}",
+            n.name
+        );
+        wait_for(SETTLE, "peer credits returned", || {
+            let (max, _, avail, queued, p) = drained(n, nid);
+            if avail == max && queued == 0 {
+                Ok(())
+            } else {
+                Err(p)
+            }
+        });
+    }
+    // GET+REPLY through the same router: the 1 MiB replies are the
+    // target's pattern byte for byte.
+    let v = client.json(&[
+        "selftest",
+        "brw",
+        "--to",
+        srv,
+        "--size",
+        "1M",
+        "--duration",
+        "2",
+        "--concurrency",
+        "4",
+        "--read",
+        "--check",
+        "--interval",
+        "0",
+    ]);
+    let st = &v["selftest"];
+    assert!(num(st, &["rpcs"]) > 0 && num(st, &["errors"]) == 0, "{v}");
+    assert_eq!(num(&st["nodes"][0], &["check errors"]), 0, "{v}");
+    for n in [client, server, router] {
+        n.stop();
+    }
 }
