@@ -578,38 +578,14 @@ fn routed_with_credits_and_router_buffers_running_out() {
             Err(o.stderr)
         }
     });
-    // The router's large pool runs out (the minimum is kept, so a few
-    // rounds of traffic may be needed on a slow machine)...
+    // The router's large pool, the client's credits towards the router
+    // and the router's towards the server run out (minimums are kept, so
+    // a few rounds of traffic may be needed on a slow machine)...
     let large = |n: &Node| {
         let v = n.json(&["routing", "show"]);
         v["routing"][0]["cpt[0]"]["large"].clone()
     };
-    let mut total = 0;
-    let l = wait_for(SETTLE, "a message waiting for a router buffer", || {
-        let (rpcs, errors) = brw(&client, srv, "1M", "2", "16");
-        assert!(rpcs > 0 && errors == 0, "{rpcs} {errors}");
-        total += rpcs;
-        let l = large(&router);
-        if l["mincredits"].as_i64().unwrap() < 0 {
-            Ok(l)
-        } else {
-            Err(l)
-        }
-    });
-    eprintln!("large pool {l} after {total} PUTs");
-    assert_eq!(num(&l, &["nbuffers"]), 4, "{l}");
-    // ...and every buffer comes back.
-    wait_for(SETTLE, "router buffers returned", || {
-        let l = large(&router);
-        if l["credits"] == l["nbuffers"] {
-            Ok(())
-        } else {
-            Err(l)
-        }
-    });
-    // Peer credits: the client's two towards the router ran out, and the
-    // router's queues towards the server; all back, nothing queued.
-    let drained = |n: &Node, nid: &str| {
+    let credits = |n: &Node, nid: &str| {
         let v = n.json(&["peer", "show", "--verbose"]);
         let p = peer_ni(&v, nid).clone();
         let max = p["max_ni_tx_credits"].as_i64().unwrap();
@@ -618,19 +594,36 @@ fn routed_with_credits_and_router_buffers_running_out() {
         let queued = p["tx_q_num_of_buf"].as_i64().unwrap();
         (max, min, avail, queued, p)
     };
-    for (n, nid, credits) in [
-        (&client, "127.0.30.3@tcp", 8),
-        (&router, "127.0.31.4@tcp1", 2),
-    ] {
-        let (max, min, ..) = drained(n, nid);
-        assert_eq!(max, credits);
-        assert!(
-            min < 0,
-            "{}: sends to {nid} waited for credits: {min}",
-            n.name
-        );
+    let (to_router, to_server) = ("127.0.30.3@tcp", "127.0.31.4@tcp1");
+    let mut total = 0;
+    let l = wait_for(SETTLE, "messages waiting for buffers and credits", || {
+        let (rpcs, errors) = brw(&client, srv, "1M", "2", "16");
+        assert!(rpcs > 0 && errors == 0, "{rpcs} {errors}");
+        total += rpcs;
+        let l = large(&router);
+        let c = credits(&client, to_router).1;
+        let r = credits(&router, to_server).1;
+        if l["mincredits"].as_i64().unwrap() < 0 && c < 0 && r < 0 {
+            Ok(l)
+        } else {
+            Err((l, c, r))
+        }
+    });
+    eprintln!("large pool {l} after {total} PUTs");
+    assert_eq!(num(&l, &["nbuffers"]), 4, "{l}");
+    // ...and everything comes back: every buffer and credit, no queue.
+    wait_for(SETTLE, "router buffers returned", || {
+        let l = large(&router);
+        if l["credits"] == l["nbuffers"] {
+            Ok(())
+        } else {
+            Err(l)
+        }
+    });
+    for (n, nid, max_credits) in [(&client, to_router, 8), (&router, to_server, 2)] {
+        assert_eq!(credits(n, nid).0, max_credits);
         wait_for(SETTLE, "peer credits returned", || {
-            let (max, _, avail, queued, p) = drained(n, nid);
+            let (max, _, avail, queued, p) = credits(n, nid);
             if avail == max && queued == 0 {
                 Ok(())
             } else {
