@@ -13,9 +13,10 @@ use std::time::Duration;
 
 /// How long a condition may take to become true on a loaded machine.
 const SETTLE: Duration = Duration::from_secs(60);
-/// How long an NI's recovery may take: recovery pings back off (1, 2,
-/// 4, … s) while they fail, and each success gives back only
-/// `health_sensitivity` points.
+/// How long an NI's or a gateway's recovery may take: recovery pings
+/// back off (1, 2, 4, … s) while they fail, each success gives back only
+/// `health_sensitivity` points, and a route the router checker found down
+/// waits for its next check (60 s).
 const RECOVER: Duration = Duration::from_secs(180);
 
 fn ips(list: &[&str]) -> Vec<std::net::Ipv4Addr> {
@@ -192,7 +193,7 @@ fn two_routers_one_killed_mid_stream() {
     // Router A back (a new incarnation): routing returns to both.
     drop(ra);
     let ra = Node::start(dir.path(), "ra", &ra_yaml);
-    wait_for(SETTLE, "routing through A again", || {
+    wait_for(RECOVER, "routing through A again", || {
         let (rpcs, errors) = brw(&client, srv, "256K", "1", "4");
         let a = ra.stat("route_count");
         if a > 0 && errors == 0 {
