@@ -692,11 +692,15 @@ impl HealthMonitor {
         let mut verdict = Verdict::default();
         if c.status == HealthStatus::Ok {
             verdict.local_status = self.change_local(now, c.local_ni, true);
+            // Any success on the local NI, sent or received, resets its
+            // recovery back-off (`lnet_health_check`: `ni_ping_count = 0`
+            // for every OK message), so a recovering NI whose pings now
+            // succeed is pinged every second, not ever more rarely.
+            if let Some(l) = self.local.get_mut(&c.local_ni) {
+                l.ping_count = 0;
+            }
             if let Some(peer) = c.peer_ni {
                 if c.direction == Direction::Receive {
-                    if let Some(l) = self.local.get_mut(&c.local_ni) {
-                        l.ping_count = 0;
-                    }
                     let p = self.peer.entry(peer).or_default();
                     p.ping_count = 0;
                     p.last_alive = Some(now);
@@ -761,6 +765,10 @@ impl HealthMonitor {
         match (ping.side, success) {
             (NiSide::Local, ok) => {
                 verdict.local_status = self.change_local(now, ping.nid, ok);
+                if ok && let Some(l) = self.local.get_mut(&ping.nid) {
+                    // As any OK message on the NI (`lnet_health_check`).
+                    l.ping_count = 0;
+                }
             }
             (NiSide::Peer, true) => {
                 let p = self.peer.entry(ping.nid).or_default();
@@ -1152,6 +1160,62 @@ mod tests {
             "repeated call is harmless"
         );
         assert_eq!(h.stats().recovery_pings, 12);
+    }
+
+    #[test]
+    fn local_recovery_success_resets_the_back_off() {
+        let mut h = two_rail();
+        for _ in 0..5 {
+            h.on_completion(
+                t(10),
+                &Completion::send(HealthStatus::LocalError, nid(L1), None, 0),
+            );
+        }
+        assert_eq!(h.local_health(nid(L1)).value(), 500);
+        let ping = RecoveryPing {
+            side: NiSide::Local,
+            nid: nid(L1),
+        };
+        // Four failed pings: the back-off grows to 16 s.
+        for _ in 0..4 {
+            let now = h.poll_timeout().unwrap();
+            assert_eq!(h.handle_timeout(now), vec![ping]);
+            h.on_recovery_ping_result(now, ping, false);
+        }
+        assert_eq!(h.ni_health(NiSide::Local, nid(L1)).unwrap().ping_count, 4);
+        assert_eq!(h.local_health(nid(L1)).value(), 100);
+        // The next ping succeeds: the one after it was scheduled when it
+        // left (16 s), every later one is a second apart until the NI is
+        // back at full health.
+        let mut now = h.poll_timeout().unwrap();
+        let mut gaps = Vec::new();
+        loop {
+            assert_eq!(h.handle_timeout(now), vec![ping]);
+            h.on_recovery_ping_result(now, ping, true);
+            assert_eq!(h.ni_health(NiSide::Local, nid(L1)).unwrap().ping_count, 0);
+            let Some(next) = h.poll_timeout() else { break };
+            if h.local_health(nid(L1)).is_max() {
+                break;
+            }
+            gaps.push(next.saturating_duration_since(now).as_secs());
+            now = next;
+        }
+        assert_eq!(gaps.first(), Some(&16), "{gaps:?}");
+        assert!(gaps[1..].iter().all(|g| *g == 1), "{gaps:?}");
+        assert!(h.local_health(nid(L1)).is_max());
+        // Any successful message on the NI resets it too.
+        h.on_completion(
+            t(100),
+            &Completion::send(HealthStatus::LocalError, nid(L1), None, 0),
+        );
+        let now = h.poll_timeout().unwrap();
+        h.handle_timeout(now);
+        assert_eq!(h.ni_health(NiSide::Local, nid(L1)).unwrap().ping_count, 1);
+        h.on_completion(
+            now,
+            &Completion::send(HealthStatus::Ok, nid(L1), Some(nid(P1)), 2),
+        );
+        assert_eq!(h.ni_health(NiSide::Local, nid(L1)).unwrap().ping_count, 0);
     }
 
     #[test]
