@@ -41,6 +41,9 @@ const RETRY_DELAY_MAX: Duration = Duration::from_millis(16);
 pub(crate) const ACK_DELAY: Duration = Duration::from_millis(10);
 /// How long start and stop wait for the transfer machine.
 const TM_WAIT: Duration = Duration::from_secs(30);
+/// How long a shutdown lets messages already handed to the transport (a
+/// reply sent just before) leave before it aborts them.
+const SEND_GRACE: Duration = Duration::from_secs(2);
 
 /// An encoded item waiting in a formation queue.
 pub(crate) struct QItem {
@@ -1884,6 +1887,18 @@ impl RpcMachine {
         inner.starved.lock().clear();
         let mut result = Ok(());
         if let Some(tm) = self.tm.take() {
+            // Messages already handed to the transport (a reply sent just
+            // before the shutdown) get a bounded grace to leave: over a
+            // transport where the receiver pulls the bytes (RDMA) an
+            // immediate abort would cancel a reply the caller considers
+            // sent.
+            let grace = Instant::now() + SEND_GRACE;
+            while tm.state() == TmState::Started
+                && tm.queue_len(QueueType::MsgSend) > 0
+                && Instant::now() < grace
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             if matches!(
                 tm.state(),
                 TmState::Started | TmState::Starting | TmState::Initialized
