@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use colibri_lnet_rt::colibri_lnet::ids::{Nid, Pid, ProcessId};
 use colibri_lnet_rt::colibri_lnet::matching::{
-    Event, MdOptions, MdSpec, MemKey, MemRef, Threshold, Unlink,
+    Event, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, MemKey, MemRef, Threshold, Unlink,
 };
 use colibri_lnet_rt::{Lnet, LnetError, MemRegion};
 use colibri_net::xprt::{Delivery, QueuedBuf, TmSink};
@@ -49,7 +49,7 @@ pub(crate) struct Engine {
     tms: Mutex<HashMap<(u32, u16), Weak<TmShared>>>,
     /// MDs left where a transfer machine stopped: they answer what still
     /// comes for it with `Unreachable`, until another machine starts there.
-    pub(crate) tombs: Mutex<HashMap<(u32, u16), colibri_lnet_rt::colibri_lnet::matching::MdHandle>>,
+    pub(crate) tombs: Mutex<HashMap<(u32, u16), MdHandle>>,
     /// Bulk requests waiting for a verdict: (deadline, operation id).
     pub(crate) handshakes: Mutex<BTreeSet<(Instant, u64)>>,
     pub(crate) handshake_timeout: Duration,
@@ -242,6 +242,54 @@ impl Engine {
         self.tms.lock().get(&(portal, tmid)).and_then(Weak::upgrade)
     }
 
+    /// `LNetMEAttach` + `LNetMDAttach`: an ME on `portal` matching `bits`
+    /// (but for `ignore`) from anyone, appended, with `md` on it; the ME
+    /// goes when the MD does (`unlink`).
+    pub(crate) fn attach(
+        &self,
+        portal: u32,
+        bits: u64,
+        ignore: u64,
+        unlink: Unlink,
+        md: MdSpec,
+    ) -> std::result::Result<MdHandle, LnetError> {
+        let me = self.lnet.me_attach(MeSpec {
+            portal,
+            match_id: ProcessId::ANY,
+            match_bits: bits,
+            ignore_bits: ignore,
+            unlink,
+            pos: InsertPos::After,
+        })?;
+        self.lnet.md_attach(me, md)
+    }
+
+    /// `LNetMDBind` of a free MD over `mem` (`threshold` events, unlinked
+    /// after the last, reported with `user`), then `bound` (which records
+    /// the MD) and `start` (the PUT or GET from it); an MD whose operation
+    /// did not start is unlinked again.
+    pub(crate) fn bind_and_start(
+        &self,
+        mem: MemRef,
+        threshold: u32,
+        user: u64,
+        bound: impl FnOnce(MdHandle),
+        start: impl FnOnce(MdHandle) -> std::result::Result<(), LnetError>,
+    ) -> std::result::Result<(), LnetError> {
+        let md = self.lnet.md_bind(
+            MdSpec::new(mem, MdOptions::empty())
+                .threshold(Threshold::Count(threshold))
+                .unlink(Unlink::Unlink)
+                .user_ptr(user),
+        )?;
+        bound(md);
+        let r = start(md);
+        if r.is_err() {
+            let _ = self.lnet.md_unlink(md);
+        }
+        r
+    }
+
     /// Sends a control message (a PUT without ACK from memory of its own)
     /// to the transfer machine `(to, portal, tmid)`, from `(portal, tmid)`.
     /// `op` is the active operation a request is for (0 otherwise): a
@@ -261,16 +309,13 @@ impl Engine {
         let key = self.lnet.register(&MemRegion::from_vec(bytes));
         let id = self.new_id() | CTL_SEND_BIT;
         self.ctl_sends.lock().insert(id, (key, op));
-        let r = self
-            .lnet
-            .md_bind(
-                MdSpec::new(MemRef::new(key, 0, len), MdOptions::empty())
-                    .threshold(Threshold::Count(1))
-                    .unlink(Unlink::Unlink)
-                    .user_ptr(id),
-            )
-            .and_then(|md| {
-                let r = self.lnet.put(
+        let r = self.bind_and_start(
+            MemRef::new(key, 0, len),
+            1,
+            id,
+            |_| {},
+            |md| {
+                self.lnet.put(
                     md,
                     false,
                     to,
@@ -278,12 +323,9 @@ impl Engine {
                     match_bits(tmid, CNT_CTL),
                     0,
                     hdr_data(HDR_CTL, from.0, from.1, (msg.xid() as u32) & SEQ_MASK),
-                );
-                if r.is_err() {
-                    let _ = self.lnet.md_unlink(md);
-                }
-                r
-            });
+                )
+            },
+        );
         if r.is_err() {
             self.ctl_sends.lock().remove(&id);
             self.lnet.deregister(key);
