@@ -175,9 +175,9 @@ struct BenchArgs {
     /// Worker threads per transfer machine.
     #[arg(long, default_value_t = 1)]
     workers: usize,
-    /// mem: serve every transfer machine from one shared engine of this
-    /// many threads instead of workers of their own (--workers then does
-    /// not apply, nor does pinning).
+    /// mem and tcp: serve every transfer machine (mem) or domain (tcp)
+    /// from one shared engine of this many threads instead of threads of
+    /// their own (--workers then does not apply, nor does pinning).
     #[arg(long)]
     engine_threads: Option<usize>,
     /// A short run (seconds), for checking that everything works.
@@ -301,7 +301,10 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
     for (polling, plan) in plans {
         let pair = a.xprt.pair();
         let xprt = match a.engine_threads {
-            Some(n) if a.xprt == Xprt::Mem => scale_bench::mem_shared(polling, n)?,
+            Some(n) if matches!(a.xprt, Xprt::Mem | Xprt::Tcp) => {
+                scale_bench::shared_engine(a.xprt, polling, n)?
+                    .ok_or("--engine-threads: this transport has no shared engine")?
+            }
             _ => a.xprt.transport_at(
                 polling,
                 a.workers,
