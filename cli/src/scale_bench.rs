@@ -119,7 +119,7 @@ pub(crate) fn run(
             shared: &[1, 10, 100, 1000],
             own: &[1, 10, 100],
             sim: &[2, 16, 64, 256, 1024],
-            messages: 50_000,
+            messages: 200_000,
             sim_rounds: 10,
         }
     };
