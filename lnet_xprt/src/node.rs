@@ -145,6 +145,13 @@ pub struct NiConfig {
     pub credits: u32,
     /// Per-peer-NI tx credits (`peer_credits`, default 8).
     pub peer_credits: u32,
+    /// Per-peer-NI router credits of a router (`peer_buffer_credits`;
+    /// 0, the default, means `peer_credits`).
+    pub peer_buffer_credits: u32,
+    /// The LND's `conns_per_peer` for this NI (`lnd tunables`; 0, the
+    /// default, leaves it to the LND). The core does not use it; it travels
+    /// with the NI for the LND and for `net show`/`export`.
+    pub conns_per_peer: u32,
 }
 
 impl NiConfig {
@@ -155,6 +162,8 @@ impl NiConfig {
             nid,
             credits: 256,
             peer_credits: 8,
+            peer_buffer_credits: 0,
+            conns_per_peer: 0,
         }
     }
 }
@@ -559,6 +568,9 @@ pub struct NodeStats {
     /// Highest `msgs_alloc` seen (`msgs_max`); a reset starts it again
     /// from the messages alive then.
     pub msgs_max: u64,
+    /// Response trackers alive now (`rst_alloc`): PUTs waiting for their
+    /// ACK and GETs for their REPLY, under the transaction timeout.
+    pub rst_alloc: u64,
 }
 
 /// Messages by LNet type (`lnetctl net show -v 3` / `peer show -v 2`
@@ -1047,7 +1059,7 @@ impl Node {
         let tunables = NetTunables {
             credits: ni.credits,
             peer_credits: ni.peer_credits,
-            peer_buffer_credits: 0,
+            peer_buffer_credits: ni.peer_buffer_credits,
         };
         self.credits.set_tunables(ni.nid.net(), tunables)?;
         self.rtr_credits.set_tunables(ni.nid.net(), tunables)?;
@@ -1125,6 +1137,7 @@ impl Node {
     pub fn stats(&self) -> NodeStats {
         NodeStats {
             msgs_alloc: self.msgs_alive(),
+            rst_alloc: self.trackers.len() as u64,
             ..self.stats
         }
     }
@@ -3745,9 +3758,8 @@ mod tests {
     #[test]
     fn peer_credits_queue_sends_fifo() {
         let mut cfg = NodeConfig::new(vec![NiConfig {
-            nid: nid("10.0.0.1@tcp"),
-            credits: 256,
             peer_credits: 2,
+            ..NiConfig::new(nid("10.0.0.1@tcp"))
         }]);
         cfg.discovery = false;
         let mut n = Node::new(cfg).unwrap();
