@@ -1420,6 +1420,12 @@ impl Node {
         Ok(())
     }
 
+    /// The peer NIs with counted traffic since the last reset (every NID
+    /// a message went to or came from, next hops and end peers).
+    pub fn traffic_peer_nis(&self) -> impl Iterator<Item = Nid> + '_ {
+        self.peer_ni_stats.keys().copied()
+    }
+
     /// Traffic with peer NI `nid` (`lnetctl peer show -v`), if any was
     /// counted since the last [`Node::reset_stats`].
     #[must_use]

@@ -643,18 +643,24 @@ impl Daemon {
                 })
                 .collect();
             // Gateways known only from routes are peers too (Lustre
-            // creates a peer for every gateway a route names).
-            let mut gws: Vec<Nid> = n.routes().routes().map(|r| r.gateway()).collect();
-            gws.sort_unstable();
-            gws.dedup();
-            for gw in gws {
-                if table.peer_of(gw).is_none() && only.is_none_or(|o| o == gw) {
+            // creates a peer for every gateway a route names), and so are
+            // NIDs we only exchanged messages with (Lustre creates a peer
+            // on the first send or receive).
+            let gws = n.routes().routes().map(|r| r.gateway());
+            let mut more: Vec<Nid> = gws.chain(n.traffic_peer_nis()).collect();
+            more.sort_unstable();
+            more.dedup();
+            for nid in more {
+                if table.peer_of(nid).is_none()
+                    && !n.is_local_nid(nid)
+                    && only.is_none_or(|o| o == nid)
+                {
                     docs.push(peer_doc(
                         n,
-                        gw,
+                        nid,
                         false,
                         PeerState::Init.name(),
-                        &[gw],
+                        &[nid],
                         verbose,
                         detail,
                     ));
