@@ -593,7 +593,9 @@ impl NodeConf {
                     });
                 }
                 "max_intf" => {
-                    self.global.insert("max_interfaces".into(), int(v, &at)?);
+                    let val = int(v, &at)?;
+                    check_global("max_interfaces", val, &at)?;
+                    self.global.insert("max_interfaces".into(), val);
                 }
                 name => {
                     let Some((_, default, effect)) = GLOBALS.iter().find(|g| g.0 == name) else {
@@ -1106,6 +1108,36 @@ global:
     recovery_limit: 0
     max_recovery_ping_interval: 900
 ";
+
+    #[test]
+    fn globals_are_checked_and_warn_only_without_effect() {
+        let ni = "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 10.0.0.1@tcp\n";
+        for bad in [
+            "max_interfaces: 8",
+            "max_intf: 8",
+            "response_tracking: 4",
+            "drop_asym_route: 2",
+            "max_recovery_ping_interval: 0",
+            "alive_router_check_interval: -1",
+        ] {
+            let e = NodeConf::from_yaml(&format!("{ni}global:\n    {bad}\n")).unwrap_err();
+            assert_eq!(e.errno(), 22, "{bad}: {e}");
+        }
+        let (c, warn) = NodeConf::from_yaml(&format!(
+            "{ni}global:\n    numa_range: 3\n    router_sensitivity: 50\n    drop_asym_route: 1\n    response_tracking: 1\n    recovery_limit: 20\n    max_recovery_ping_interval: 30\n    max_interfaces: 64\n    alive_router_check_interval: 5\n"
+        ))
+        .unwrap();
+        assert_eq!(warn.len(), 2, "{warn:?}");
+        assert!(warn[0].contains("numa_range") && warn[0].contains("NUMA"));
+        assert!(warn[1].contains("router_sensitivity") && warn[1].contains("deprecated"));
+        let n = c.to_lnet_config().node;
+        assert!(n.drop_asym_route);
+        assert_eq!(n.response_tracking.level(), 1);
+        assert_eq!(n.recovery_limit, Some(Duration::from_secs(20)));
+        assert_eq!(n.max_recovery_ping_interval, Duration::from_secs(30));
+        assert_eq!(n.max_interfaces, 64);
+        assert_eq!(n.router_check_interval, Duration::from_secs(5));
+    }
 
     #[test]
     fn lnetctl_export_is_accepted_with_warnings() {
