@@ -296,6 +296,39 @@ fn max_recovery_ping_interval_caps_the_recovery_back_off() {
 }
 
 #[test]
+fn recovery_limit_stops_recovering_a_peer_ni_not_seen_for_that_long() {
+    // a routes (so a single-NI peer's health is tracked, lnet.md 7.2); b
+    // answers a ping, then its NI goes down: a's PUT fails REMOTE_DROPPED
+    // and b's NI enters recovery.
+    let run = |limit: Option<u64>| {
+        let mut sim = pair(11, 10);
+        sim.with_node("a", |n, now| n.set_routing(now, true))
+            .unwrap();
+        if let Some(l) = limit {
+            sim.node_mut("a")
+                .set_recovery_params(Some(Duration::from_secs(l)), Duration::from_secs(900))
+                .unwrap();
+        }
+        sim.with_node("a", |n, now| n.ping(now, nid("10.0.0.2@tcp")))
+            .unwrap();
+        sim.run_for(Duration::from_secs(1)).unwrap();
+        assert!(sim.node_mut("a").poll_ping_result().unwrap().result.is_ok());
+        sim.set_ni_down(nid("10.0.0.2@tcp"), true);
+        put(&mut sim, "a", "10.0.0.2@tcp", 9, false);
+        sim.run_for(Duration::from_secs(1)).unwrap();
+        let at = sim.node("a").stats().send_count;
+        sim.run_for(Duration::from_secs(60)).unwrap();
+        sim.node("a").stats().send_count - at
+    };
+    let forever = run(None);
+    let limited = run(Some(3));
+    // Forever: pings at +1, +2, +4, +8, +16, +32 s. Limited to 3 s after
+    // b was last seen: one or two more, then none.
+    assert!(forever >= 4, "{forever} recovery pings without a limit");
+    assert!(limited <= 2, "{limited} recovery pings with a 3 s limit");
+}
+
+#[test]
 fn router_check_interval_is_settable() {
     let topo = Topology::parse(
         "seed 8\n\
