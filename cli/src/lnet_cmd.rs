@@ -72,7 +72,15 @@ enum LnetCmd {
     /// Router buffer pools and whether the node routes.
     #[command(subcommand)]
     Routing(ShowOnly),
-    /// `set routing|discovery|retry_count|transaction_timeout|health_sensitivity|recovery_interval|drop_asym_route|tiny_buffers|small_buffers|large_buffers VALUE`.
+    /// `set NAME VALUE`: routing, tiny_buffers, small_buffers, large_buffers
+    /// and lnetctl's globals (discovery, retry_count, transaction_timeout,
+    /// health_sensitivity, drop_asym_route, response_tracking,
+    /// recovery_limit, max_recovery_ping_interval, max_interfaces), plus
+    /// alive_router_check_interval.
+    ///
+    /// numa_range (no NUMA here), recovery_interval and router_sensitivity
+    /// (deprecated in Lustre) are kept and shown but change nothing: a
+    /// warning says so.
     Set {
         /// The setting.
         name: String,
