@@ -186,6 +186,22 @@ fn drop_asym_route_between_running_nodes() {
 
     // Off: the ping goes through r1 and comes back through r2.
     ping().unwrap();
+    // The server is a peer of the client now, on a net the client has no
+    // NI on: no credits (Lustre gives such peer NIs none).
+    let p = run(
+        &client,
+        Command::PeerShow {
+            nid: Some("127.0.42.4@tcp1".into()),
+            verbose: true,
+            detail: 0,
+        },
+    )
+    .unwrap()
+    .to_yaml();
+    assert!(
+        p.contains("max_ni_tx_credits: 0") && p.contains("available_rtr_credits: 0"),
+        "{p}"
+    );
     let before = server.lnet().stats().drop_count;
 
     set(&server, "drop_asym_route", "1").unwrap();
@@ -273,10 +289,9 @@ fn response_tracking_on_a_running_node() {
     cfg.node.transaction_timeout = Duration::from_secs(2);
     cfg.node.retry_count = 0;
     let lnet = Lnet::start(cfg).unwrap();
+    // To our other NID (the loopback LND); nobody serves portal 30: PUTs
+    // are dropped, the ACK never comes.
     let other = ProcessId::lustre(nid("127.0.45.2@tcp"));
-    let a = lnet.listen_addr(nid("127.0.45.2@tcp")).unwrap();
-    lnet.set_peer_addr(nid("127.0.45.2@tcp"), a);
-    // Nobody serves portal 30: PUTs are dropped, the ACK never comes.
     let put = |lnet: &Lnet| {
         let region = MemRegion::from_vec(vec![7; 100]);
         let md = bind(lnet, &region);
