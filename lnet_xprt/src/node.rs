@@ -2777,7 +2777,8 @@ impl Node {
         if for_me && self.asymmetric(header.src_nid, from) {
             // lnet_parse with lnet_drop_asym_route: no route back.
             self.note_drop(ni, from, ty, len);
-            tracing::debug!(target: "colibri_lnet::node", src = %header.src_nid, gw = %from, "asymmetric route: dropped");
+            // An error on Lustre's console too: a configuration problem.
+            tracing::warn!(target: "colibri_lnet::node", gw = %from, src = %header.src_nid, msg_type = ?ty, "dropping asymmetrical route");
             return Ok(discard(len));
         }
         let id = self.new_rx_id();
