@@ -125,6 +125,10 @@ pub enum NodeError {
     /// The NI already exists.
     #[error("{0} is already a local NI")]
     DuplicateNi(Nid),
+    /// One more NI would give the node more interfaces (`0@lo` included)
+    /// than `max_interfaces` (Lustre's `-ENOSPC`, "too many NIs").
+    #[error("too many NIs ({0} with 0@lo), check max_interfaces")]
+    TooManyNis(u32),
     /// The target cannot be sent to (`LNET_NID_ANY`, portal out of range, …).
     #[error("invalid target or argument: {0}")]
     Invalid(&'static str),
@@ -1055,6 +1059,11 @@ impl Node {
         }
         if self.nis.iter().any(|n| n.cfg.nid == ni.nid) {
             return Err(NodeError::DuplicateNi(ni.nid));
+        }
+        // lnet_startup_lndni: the NIs and 0@lo within lnet_interfaces_max.
+        let total = u32::try_from(self.nis.len() + 2).unwrap_or(u32::MAX);
+        if total > self.cfg.max_interfaces {
+            return Err(NodeError::TooManyNis(total));
         }
         let tunables = NetTunables {
             credits: ni.credits,

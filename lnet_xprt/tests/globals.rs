@@ -10,6 +10,7 @@ use colibri_lnet::ids::ProcessId;
 use colibri_lnet::matching::{EventKind, MdHandle, MdOptions, MdSpec, OpError, Threshold};
 use colibri_lnet::node::ResponseTracking;
 use colibri_lnet::sim::{Sim, Topology};
+use colibri_lnet::time::Time;
 
 /// client (tcp) — r1, r2 (tcp, o2ib1) — server (o2ib1). The client goes
 /// out through r1 only; the server's only route back is through r2.
@@ -393,6 +394,25 @@ fn max_interfaces_bounds_what_is_taken_from_a_peer() {
     let r = sim.node_mut("a").poll_ping_result().unwrap();
     assert_eq!(r.result.unwrap().nis.len(), 17);
     assert!(sim.node_mut("a").set_max_interfaces(15).is_err());
+
+    // A node's own NIs (0@lo included) stay within it too.
+    let n = sim.node_mut("a");
+    n.set_max_interfaces(16).unwrap();
+    for i in 2..=15 {
+        let nid = nid(&format!("10.0.2.{i}@tcp"));
+        n.add_ni(Time::ZERO, colibri_lnet::node::NiConfig::new(nid))
+            .unwrap();
+    }
+    let e = n
+        .add_ni(
+            Time::ZERO,
+            colibri_lnet::node::NiConfig::new(nid("10.0.2.99@tcp")),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, colibri_lnet::node::NodeError::TooManyNis(17)),
+        "{e}"
+    );
 }
 
 #[test]
