@@ -904,6 +904,8 @@ pub fn check_global(name: &str, val: i64, at: &str) -> Result<(), ConfError> {
         "discovery" | "drop_asym_route" => (0..=1).contains(&val),
         "transaction_timeout" | "recovery_interval" => (1..=i64::from(u32::MAX)).contains(&val),
         "response_tracking" => (0..=3).contains(&val),
+        "router_sensitivity" => (0..=100).contains(&val),
+        "health_sensitivity" => (0..=1000).contains(&val),
         "max_recovery_ping_interval" => (1..=i64::from(u32::MAX)).contains(&val),
         "max_interfaces" => (16..=i64::from(u32::MAX)).contains(&val),
         "recovery_limit" | "alive_router_check_interval" => {
@@ -1119,6 +1121,8 @@ global:
             "drop_asym_route: 2",
             "max_recovery_ping_interval: 0",
             "alive_router_check_interval: -1",
+            "router_sensitivity: 101",
+            "health_sensitivity: 1001",
         ] {
             let e = NodeConf::from_yaml(&format!("{ni}global:\n    {bad}\n")).unwrap_err();
             assert_eq!(e.errno(), 22, "{bad}: {e}");

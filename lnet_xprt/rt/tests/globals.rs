@@ -384,6 +384,8 @@ fn net_add_with_tunables_makes_them_effective() {
         "credits: 64",
         "conns_per_peer: 2",
         "sent_stats:",
+        // The NI's credit queue has its 64 credits.
+        "available: 64",
     ] {
         assert!(y.contains(want), "{want} in {y}");
     }
