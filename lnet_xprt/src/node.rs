@@ -565,7 +565,8 @@ pub struct NodeStats {
     /// Payload bytes of the messages dropped (`drop_length`).
     pub drop_length: u64,
     /// Messages alive now (`msgs_alloc`): outgoing messages not finished
-    /// (waiting for credits, in an LND, delayed, waiting for a resend) and
+    /// (waiting for discovery or credits, in an LND, delayed, waiting for
+    /// a resend) and
     /// received ones between header and payload end (being read, parked,
     /// forwarded).
     pub msgs_alloc: u64,
@@ -1152,7 +1153,8 @@ impl Node {
     }
 
     fn msgs_alive(&self) -> u64 {
-        (self.msgs.len() + self.rx_states.len() + self.delayed_rx.len()) as u64
+        (self.msgs.len() + self.disc.parked_total() + self.rx_states.len() + self.delayed_rx.len())
+            as u64
     }
 
     /// A received message dropped on local NI `ni` (`ANY` when not known)

@@ -416,6 +416,26 @@ fn max_interfaces_bounds_what_is_taken_from_a_peer() {
 }
 
 #[test]
+fn messages_waiting_for_discovery_are_alive() {
+    // Discovery on: the PUT waits for the peer's discovery (its ping).
+    let topo = Topology::new(12)
+        .node("a", &["10.0.0.1@tcp"])
+        .node("b", &["10.0.0.2@tcp"])
+        .latency("tcp", Duration::from_millis(10));
+    let mut sim = Sim::new(topo).unwrap();
+    put(&mut sim, "a", "10.0.0.2@tcp", 4, false);
+    // The parked PUT.
+    assert_eq!(sim.node("a").stats().msgs_alloc, 1);
+    // The parked PUT and the discovery ping on the wire.
+    sim.run_for(Duration::from_millis(1)).unwrap();
+    let s = sim.node("a").stats();
+    assert_eq!(s.msgs_alloc, 2, "{s:?}");
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    assert_eq!(sim.node("a").stats().msgs_alloc, 0);
+    assert!(sim.node("a").stats().msgs_max >= 2);
+}
+
+#[test]
 fn counters_by_type_and_messages_alive() {
     let mut sim = pair(10, 10);
     let inbox = sim.register_mem("b", vec![0; 16]);
