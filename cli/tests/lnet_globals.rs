@@ -109,6 +109,65 @@ fn globals_take_effect_between_processes() {
         }
     });
 
+    // response_tracking: the server drops the selftest's PUTs (portal
+    // 52), so each waits for an ACK that never comes until the selftest
+    // gives up (6 s) and unlinks it. Tracked (3, the default): a response
+    // tracker exists meanwhile; GETs only (1): none. (The router checker
+    // is stopped meanwhile: its pings are tracked too.)
+    client.ok(&["set", "alive_router_check_interval", "0"]);
+    server.ok(&[
+        "fault",
+        "drop",
+        "add",
+        "--source",
+        "*",
+        "--dest",
+        "*",
+        "--rate",
+        "1",
+        "--message",
+        "put",
+        "--portal",
+        "52",
+    ]);
+    let brw = [
+        "selftest",
+        "brw",
+        "--to",
+        "127.0.51.4@tcp1",
+        "--size",
+        "4K",
+        "--duration",
+        "1",
+        "--concurrency",
+        "1",
+        "--write",
+        "--interval",
+        "0",
+    ];
+    let rst = || client.stat("rst_alloc");
+    let bg = Bg::start(&client.ctl, &brw);
+    wait_for(WAIT, "a tracker for the PUT waiting for its ACK", || {
+        let n = rst();
+        if n >= 1 { Ok(()) } else { Err(n) }
+    });
+    let o = bg.join();
+    assert!(o.stdout.contains("brw errors: 1"), "{}", o.stdout);
+    assert_eq!(rst(), 0, "unlinked with its MD");
+    client.ok(&["set", "response_tracking", "1"]);
+    let bg = Bg::start(&client.ctl, &brw);
+    let mut polls = 0;
+    while !bg.finished() {
+        assert_eq!(rst(), 0, "PUTs are not tracked");
+        polls += 1;
+    }
+    assert!(polls > 0);
+    let o = bg.join();
+    assert!(o.stdout.contains("brw errors: 1"), "{}", o.stdout);
+    assert_eq!(client.stat("response_timeout_count"), 0);
+    client.ok(&["set", "response_tracking", "3"]);
+    server.ok(&["fault", "drop", "reset"]);
+
     // A global without meaning here: accepted, with a warning saying why.
     let o = lnet(Some(&client.ctl), &["set", "numa_range", "5"]);
     assert_eq!(o.code, Some(0), "{}", o.stderr);

@@ -839,6 +839,9 @@ enum PingPurpose {
     Recovery(NiSide),
     /// Router checker ping of a gateway.
     Router,
+    /// A user ping given up on ([`Node::abandon_ping`]): its end is
+    /// nobody's business.
+    Abandoned,
 }
 
 /// Internal MDs used by LNet itself.
@@ -1676,6 +1679,43 @@ impl Node {
         self.send_ping(now, nid, max, PingPurpose::User, source)?;
         self.after_input(now);
         Ok(())
+    }
+
+    /// The caller stopped waiting for its oldest ping to `nid` still under
+    /// way (`lnet_ping` unlinks its MD when its timeout passes): the ping's
+    /// MD is unlinked and its response tracker dropped, so it counts no
+    /// response timeout later, and it gives no [`PingResult`]. Returns
+    /// whether there was one.
+    pub fn abandon_ping(&mut self, now: Time, nid: Nid) -> bool {
+        let is_user_ping = |internal: &BTreeMap<MdHandle, InternalMd>, md: &MdHandle| {
+            matches!(
+                internal.get(md),
+                Some(InternalMd::PingSink { to, purpose: PingPurpose::User }) if *to == nid
+            )
+        };
+        // Trackers are numbered in creation order: the first is the oldest.
+        let Some((&k, t)) = self
+            .trackers
+            .iter()
+            .find(|(_, t)| is_user_ping(&self.internal, &t.md))
+        else {
+            return false;
+        };
+        let md = t.md;
+        self.trackers.remove(&k);
+        self.internal.insert(
+            md,
+            InternalMd::PingSink {
+                to: nid,
+                purpose: PingPurpose::Abandoned,
+            },
+        );
+        match self.table.md_unlink(md) {
+            Ok(Some(ev)) => self.route_event(now, ev),
+            Ok(None) | Err(_) => {}
+        }
+        self.after_input(now);
+        true
     }
 
     /// The next completed ping.
@@ -2581,6 +2621,7 @@ impl Node {
     ) {
         match purpose {
             PingPurpose::User => self.ping_results.push_back(PingResult { nid: to, result }),
+            PingPurpose::Abandoned => {}
             PingPurpose::Router => match result {
                 Ok(info) => self.routes.on_router_ping_reply(now, to, &info),
                 Err(e) => {

@@ -465,3 +465,50 @@ fn counters_by_type_and_messages_alive() {
     assert_eq!((s.msgs_max, s.send_count), (0, 0));
     assert_eq!(sim.node("a").ni_info(a).unwrap().sent.total(), 0);
 }
+
+#[test]
+fn unlinking_a_tracked_put_waiting_for_its_ack_drops_its_tracker() {
+    let mut sim = pair(13, 10);
+    let p = put(&mut sim, "a", "10.0.0.2@tcp", 9, true);
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    assert_eq!(sim.node("a").stats().rst_alloc, 1);
+    sim.with_node("a", |n, _| n.md_unlink(p)).unwrap();
+    assert_eq!(sim.node("a").stats().rst_alloc, 0);
+    sim.run_for(Duration::from_secs(20)).unwrap();
+    assert_eq!(sim.node("a").stats().response_timeout_count, 0);
+}
+
+#[test]
+fn a_ping_given_up_on_leaves_nothing_behind() {
+    use colibri_lnet::fault::{DropRuleSpec, FaultMatch, MsgMask, Trigger};
+    use colibri_lnet::wire::MsgType;
+    let mut sim = pair(14, 10);
+    // b drops every GET: pings are never answered.
+    sim.with_node("b", |n, now| {
+        n.add_drop_rule(
+            now,
+            DropRuleSpec {
+                matcher: FaultMatch::ANY.types(MsgMask::of(MsgType::Get)),
+                trigger: Trigger::Rate(1),
+                health_mask: 0,
+            },
+        )
+    })
+    .unwrap();
+    let b = nid("10.0.0.2@tcp");
+    sim.with_node("a", |n, now| n.ping(now, b)).unwrap();
+    sim.with_node("a", |n, now| n.ping(now, b)).unwrap();
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    assert_eq!(sim.node("a").stats().rst_alloc, 2);
+    // The first is given up on: gone at once, no result, no timeout later.
+    assert!(sim.with_node("a", |n, now| n.abandon_ping(now, b)));
+    assert_eq!(sim.node("a").stats().rst_alloc, 1);
+    sim.run_for(Duration::from_secs(20)).unwrap();
+    let s = sim.node("a").stats();
+    assert_eq!(s.response_timeout_count, 1, "only the other ping timed out");
+    let r = sim.node_mut("a").poll_ping_result().unwrap();
+    assert!(r.result.is_err());
+    assert!(sim.node_mut("a").poll_ping_result().is_none());
+    assert!(!sim.with_node("a", |n, now| n.abandon_ping(now, b)));
+    assert_eq!(s.rst_alloc, 0);
+}

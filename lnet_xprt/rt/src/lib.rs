@@ -542,7 +542,26 @@ impl Lnet {
         match rx.recv_timeout(timeout) {
             Ok(Ok(info)) => Ok(info),
             Ok(Err(error)) => Err(LnetError::Ping { nid, error }),
-            Err(RecvTimeoutError::Timeout) => Err(LnetError::TimedOut),
+            Err(RecvTimeoutError::Timeout) => {
+                // lnet_ping unlinks its MD when the caller's timeout
+                // passes: the ping ends now (no response timeout later).
+                // Results reach waiters under the node lock, so a result
+                // that came meanwhile is seen here and our ping is not
+                // confused with another one to the same NID. Our waiter,
+                // its receiver gone, is skipped by the next result.
+                let late = s.run(Vec::new(), |c, now| match rx.try_recv() {
+                    Ok(r) => Some(r),
+                    Err(_) => {
+                        c.node.abandon_ping(now, nid);
+                        None
+                    }
+                });
+                match late {
+                    Some(Ok(info)) => Ok(info),
+                    Some(Err(error)) => Err(LnetError::Ping { nid, error }),
+                    None => Err(LnetError::TimedOut),
+                }
+            }
             Err(RecvTimeoutError::Disconnected) => Err(LnetError::Shutdown),
         }
     }

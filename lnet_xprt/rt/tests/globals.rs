@@ -307,6 +307,18 @@ fn response_tracking_on_a_running_node() {
     );
     assert_eq!(lnet.stats().response_timeout_count, 1);
 
+    // Tracked, unlinked while waiting for its ACK: ends at once, the
+    // tracker goes with it.
+    let (md, _r) = put(&lnet);
+    let evs = events_until(&lnet, |e| e.iter().any(|e| e.md == md));
+    assert_eq!(kinds(&evs, md), vec![EventKind::Send]);
+    assert_eq!(lnet.stats().rst_alloc, 1);
+    lnet.md_unlink(md).unwrap();
+    assert_eq!(lnet.stats().rst_alloc, 0);
+    let evs = until_final(&lnet, md);
+    assert!(evs.iter().any(|e| e.md == md && e.unlinked));
+    assert_eq!(lnet.stats().response_timeout_count, 1);
+
     // GETs only: the PUT is not tracked; it waits until it is unlinked,
     // which ends it at once.
     lnet.set_response_tracking(ResponseTracking::Get).unwrap();
@@ -324,6 +336,25 @@ fn response_tracking_on_a_running_node() {
     let evs = until_final(&lnet, md);
     assert!(evs.iter().any(|e| e.md == md && e.unlinked));
     assert!(t0.elapsed() < Duration::from_secs(1));
+
+    // A ping whose caller gives up ends then (lnet_ping unlinks its MD):
+    // no tracker left, no response timeout counted later.
+    use colibri_lnet_rt::colibri_lnet::fault::{DropRuleSpec, FaultMatch, MsgMask, Trigger};
+    use colibri_lnet_rt::colibri_lnet::wire::MsgType;
+    lnet.add_drop_rule(DropRuleSpec {
+        matcher: FaultMatch::ANY.types(MsgMask::of(MsgType::Get)),
+        trigger: Trigger::Rate(1),
+        health_mask: 0,
+    })
+    .unwrap();
+    let timeouts = lnet.stats().response_timeout_count;
+    let e = lnet
+        .ping(nid("127.0.45.2@tcp"), Duration::from_millis(500))
+        .unwrap_err();
+    assert_eq!(e.errno(), 110, "{e}");
+    assert_eq!(lnet.stats().rst_alloc, 0);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(lnet.stats().response_timeout_count, timeouts);
     lnet.shutdown();
 }
 
