@@ -1710,9 +1710,10 @@ impl Node {
                 purpose: PingPurpose::Abandoned,
             },
         );
-        match self.table.md_unlink(md) {
-            Ok(Some(ev)) => self.route_event(now, ev),
-            Ok(None) | Err(_) => {}
+        // Busy (its GET still with the LND): its last event comes later
+        // and is routed to nobody.
+        if let Ok(Some(ev)) = self.table.md_unlink(md) {
+            self.route_event(now, ev);
         }
         self.after_input(now);
         true
