@@ -85,6 +85,8 @@ impl RawPeers {
             gid,
             mtu: 5,
             rd_atom: 16,
+            // No receive slots: the transfer machine sends everything on TCP.
+            slots: 0,
         })
         .encode(&mut out);
         s.write_all(&out).expect("write HELLO");

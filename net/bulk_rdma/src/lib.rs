@@ -84,6 +84,12 @@ pub struct RdmaConfig {
     /// How long an aborted request may wait for the peer's reply before
     /// the connection is declared dead.
     pub abort_timeout: Duration,
+    /// Eager receive slots (of `wire::SLOT_SIZE` bytes) posted per
+    /// connection for the peer's SENDs, capped by the device's `max_qp_wr`
+    /// and a quarter of the CQ (all connections together hold at most half
+    /// of it). 0 turns the eager path off: every frame travels on the TCP
+    /// connection and every message is READ by its receiver.
+    pub eager_slots: usize,
     /// Size limits (the segment size is further capped by the device).
     pub limits: Limits,
 }
@@ -100,6 +106,7 @@ impl Default for RdmaConfig {
             connect_timeout: Duration::from_secs(20),
             peer_timeout: Some(Duration::from_secs(60)),
             abort_timeout: Duration::from_secs(30),
+            eager_slots: 32,
             limits: Limits::new(64 << 20, 16 << 20, 4096, 1024),
         }
     }
