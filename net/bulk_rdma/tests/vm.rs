@@ -527,3 +527,82 @@ fn memlock_limit_is_a_clear_registration_error() {
         "{err}"
     );
 }
+
+/// The eager path under load: both sides send each other 240 messages at
+/// once, far more than the 32 receive slots of a connection (so credits
+/// must come back, piggybacked or in CREDIT frames, for the senders to go
+/// on: a SEND without a posted receive would be an RNR and reset the
+/// connection), mixing 64-byte and slot-filling messages (SENDs, one of
+/// them inline) with one byte more than a slot holds (READ by the
+/// receiver). Every message arrives intact and every send succeeds, once;
+/// the same with small queues (4 send slots, a 64-entry CQ: 16 receive
+/// slots) and with the eager path turned off.
+#[test]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"]
+fn eager_flood_both_ways_never_runs_dry() {
+    use colibri_bulk_rdma::wire::MAX_EAGER;
+    const N: usize = 240;
+    let small = RdmaConfig {
+        sq_depth: 4,
+        cq_depth: 64,
+        ..RdmaConfig::blocking()
+    };
+    let off = RdmaConfig {
+        eager_slots: 0,
+        ..RdmaConfig::default()
+    };
+    for cfg in [RdmaConfig::default(), small, off] {
+        let f = Rdma(cfg);
+        let a = Node::start(&f);
+        let b = Node::start(&f);
+        let sizes = [64, MAX_EAGER, MAX_EAGER + 1];
+        let msg = |from: u8, i: usize| {
+            let mut m = pattern(u64::from(from) * 1000 + i as u64, sizes[i % 3]);
+            m[..4].copy_from_slice(&(i as u32).to_le_bytes());
+            m[4] = from;
+            m
+        };
+        for n in [&a, &b] {
+            for _ in 0..N {
+                n.tm.add_msg_recv(
+                    n.buf_vec(BufVec::with_len(MAX_EAGER + 1, 1 << 12)),
+                    RecvParams::default(),
+                )
+                .unwrap();
+            }
+        }
+        let (to_b, to_a) = (a.ep(&b.addr), b.ep(&a.addr));
+        for i in 0..N {
+            a.tm.add_msg_send(a.buf_with(&msg(1, i), 1 << 12), &to_b, sizes[i % 3])
+                .unwrap();
+            b.tm.add_msg_send(b.buf_with(&msg(2, i), 1 << 12), &to_a, sizes[i % 3])
+                .unwrap();
+        }
+        for (n, from) in [(&a, 2u8), (&b, 1u8)] {
+            let mut seen = vec![false; N];
+            let mut sent = 0;
+            for _ in 0..2 * N {
+                let ev = n.next_event();
+                assert!(ev.is_final());
+                ev.status().unwrap_or_else(|e| panic!("{:?}: {e}", ev.queue()));
+                match ev.queue() {
+                    QueueType::MsgSend => sent += 1,
+                    QueueType::MsgRecv => {
+                        let m = ev.message().unwrap();
+                        let i = u32::from_le_bytes(m[..4].try_into().unwrap()) as usize;
+                        assert!(i < N && !seen[i], "message {i} twice or out of range");
+                        assert_eq!(m, msg(from, i), "message {i} from {from}");
+                        seen[i] = true;
+                    }
+                    q => panic!("event on {q:?}"),
+                }
+            }
+            assert_eq!(sent, N);
+        }
+        a.expect_quiet();
+        b.expect_quiet();
+        drop((to_b, to_a));
+        a.shutdown();
+        b.shutdown();
+    }
+}
