@@ -1741,7 +1741,9 @@ impl Loop {
     /// outstanding.
     fn reap(&mut self, t: usize) {
         if self.conns.get(&t).is_some_and(|c| {
-            c.state == State::Dead && c.sq_used == 0 && c.eager.as_ref().is_none_or(|e| e.posted == 0)
+            c.state == State::Dead
+                && c.sq_used == 0
+                && c.eager.as_ref().is_none_or(|e| e.posted == 0)
         }) && let Some(c) = self.conns.remove(&t)
             && let Some(e) = &c.eager
         {

@@ -31,8 +31,8 @@ use sideway::ibverbs::device_context::{DeviceContext, Mtu};
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState,
-    SetInlineData, SetScatterGatherEntry, WorkRequestFlags,
+    BasicQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState, SetInlineData,
+    SetScatterGatherEntry, WorkRequestFlags,
 };
 
 /// The port every queue pair uses.
@@ -464,10 +464,7 @@ impl Qp {
         // then SENDs go from the registered slots only.
         let (mut qp, inline) = match build(p.max_inline) {
             Ok(qp) => (qp, p.max_inline),
-            Err(_) if p.max_inline > 0 => (
-                build(0).map_err(|e| io_err("ibv_create_qp", e))?,
-                0,
-            ),
+            Err(_) if p.max_inline > 0 => (build(0).map_err(|e| io_err("ibv_create_qp", e))?, 0),
             Err(e) => return Err(io_err("ibv_create_qp", e)),
         };
         let access = AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead;

@@ -565,7 +565,13 @@ mod tests {
         .encode_with_credits(17, &mut b);
         let (f, c, n) = Frame::decode_with_credits(&b).unwrap().unwrap();
         assert_eq!((c, n), (17, b.len()));
-        assert_eq!(f, Frame::Reply { xid: 3, status: Ok(1) });
+        assert_eq!(
+            f,
+            Frame::Reply {
+                xid: 3,
+                status: Ok(1)
+            }
+        );
         Frame::set_credits(&mut b, 5);
         assert_eq!(Frame::decode_with_credits(&b).unwrap().unwrap().1, 5);
         // More credits than any ring holds, a credit frame with an xid.
