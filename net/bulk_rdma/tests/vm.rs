@@ -584,8 +584,9 @@ fn eager_flood_both_ways_never_runs_dry() {
             for _ in 0..2 * N {
                 let ev = n.next_event();
                 assert!(ev.is_final());
-                ev.status()
-                    .unwrap_or_else(|e| panic!("{:?}: {e}", ev.queue()));
+                if let Err(e) = ev.status() {
+                    panic!("{:?}: {e}", ev.queue());
+                }
                 match ev.queue() {
                     QueueType::MsgSend => sent += 1,
                     QueueType::MsgRecv => {
