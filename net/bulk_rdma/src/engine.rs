@@ -33,6 +33,14 @@ use crate::tm::{SERVICES, TmShared};
 use crate::verbs::{Cq, Device, Mr, Qp, QpParams, Wc, Wr};
 use crate::wire::{BulkOp, Frame, MAX_EAGER, SLOT_SIZE, Seg};
 
+/// Largest RDMA WRITE work request (a passive side's part of a GET). A
+/// software device (rxe) moves a whole WRITE inside `ibv_post_send`, on
+/// the engine thread; posting 1 MiB in 256 KiB chunks, one per round of
+/// the loop, lets the engine poll its CQ and handle frames (the next
+/// request, an abort) between them. READs are served by the peer's
+/// responder, asynchronously, and are not split.
+const WRITE_CHUNK: u64 = 256 << 10;
+
 /// Bytes of a SEND asked to go inline (the device may refuse: then 0).
 const INLINE: u32 = 256;
 
@@ -1385,14 +1393,18 @@ impl Loop {
                     return;
                 };
                 let lim = self.dev.limits();
-                let sge = if op == BulkOp::Get {
-                    lim.max_sge
+                // WRITEs in chunks: on a software device (rxe) the whole
+                // WRITE runs inside `ibv_post_send`, on the engine thread;
+                // chunks posted one per round let the engine handle its
+                // CQ and frames between them.
+                let (sge, max_msg) = if op == BulkOp::Get {
+                    (lim.max_sge, lim.max_msg_sz.min(WRITE_CHUNK))
                 } else {
-                    lim.max_sge_rd
+                    (lim.max_sge_rd, lim.max_msg_sz)
                 };
                 match reg
                     .pieces(0, len)
-                    .and_then(|p| plan(segs, &p, len, sge, lim.max_msg_sz))
+                    .and_then(|p| plan(segs, &p, len, sge, max_msg))
                 {
                     Ok(wrs) => {
                         let iop = InOp {
@@ -1642,10 +1654,17 @@ impl Loop {
             if c.state != State::Ready {
                 continue;
             }
+            let mut writes = 0;
             while c.sq_used < sq && self.cq_used < cqd {
+                if writes > 0 && c.wr_queue.front().is_some_and(|w| !w.read) {
+                    // One WRITE per connection and round (see WRITE_CHUNK).
+                    any = true;
+                    break;
+                }
                 let Some(wr) = c.wr_queue.pop_front() else {
                     break;
                 };
+                writes += usize::from(!wr.read);
                 let qp = c.qp.as_mut().expect("QP of a ready conn");
                 match qp.post(std::slice::from_ref(&wr)) {
                     Ok(()) => {
