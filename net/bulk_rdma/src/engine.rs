@@ -75,6 +75,8 @@ pub(crate) enum Cmd {
     Del(QueuedBuf, DelReason),
     /// Run the core's callbacks.
     Deliver(Delivery),
+    /// Pin the engine thread to this CPU (`confine`).
+    Pin(usize),
 }
 
 impl std::fmt::Debug for Cmd {
@@ -86,6 +88,7 @@ impl std::fmt::Debug for Cmd {
             Self::Active(..) => "Active",
             Self::Del(..) => "Del",
             Self::Deliver(_) => "Deliver",
+            Self::Pin(_) => "Pin",
         })
     }
 }
@@ -480,6 +483,11 @@ impl Loop {
                 Cmd::Active(sh, buf) => self.start_active(&sh, buf),
                 Cmd::Del(buf, reason) => self.del(&buf, reason),
                 Cmd::Deliver(d) => d.run(),
+                Cmd::Pin(cpu) => {
+                    if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+                        warn!(cpu, "could not pin the rdma engine thread");
+                    }
+                }
             }
         }
         any

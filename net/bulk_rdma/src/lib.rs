@@ -88,7 +88,10 @@ pub struct RdmaConfig {
     /// connection for the peer's SENDs, capped by the device's `max_qp_wr`
     /// and a quarter of the CQ (all connections together hold at most half
     /// of it). 0 turns the eager path off: every frame travels on the TCP
-    /// connection and every message is READ by its receiver.
+    /// connection and every message is READ by its receiver. The default
+    /// is 32, or `COLIBRI_RDMA_EAGER_SLOTS` from the environment (to
+    /// compare both protocols with the same binary, as `bench-vm.sh`
+    /// does).
     pub eager_slots: usize,
     /// Size limits (the segment size is further capped by the device).
     pub limits: Limits,
@@ -106,7 +109,10 @@ impl Default for RdmaConfig {
             connect_timeout: Duration::from_secs(20),
             peer_timeout: Some(Duration::from_secs(60)),
             abort_timeout: Duration::from_secs(30),
-            eager_slots: 32,
+            eager_slots: std::env::var("COLIBRI_RDMA_EAGER_SLOTS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(32),
             limits: Limits::new(64 << 20, 16 << 20, 4096, 1024),
         }
     }
@@ -196,6 +202,7 @@ impl XprtDomain for RdmaDomain {
             .with_sync_delivery()
             .with_multi_message()
             .with_timeouts()
+            .with_confine()
     }
 
     fn buf_register(&self, bufvec: &BufVec) -> Result<Option<XprtData>> {
