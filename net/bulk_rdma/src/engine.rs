@@ -41,6 +41,9 @@ use crate::wire::{BulkOp, Frame, MAX_EAGER, SLOT_SIZE, Seg};
 /// responder, asynchronously, and are not split.
 const WRITE_CHUNK: u64 = 256 << 10;
 
+/// Requests sent in a row on the eager path while replies wait.
+const REPLY_AFTER: u32 = 4;
+
 /// Bytes of a SEND asked to go inline (the device may refuse: then 0).
 const INLINE: u32 = 256;
 
@@ -279,6 +282,13 @@ struct Eager {
     credits: u32,
     /// Encoded frames waiting for a credit, a send slot and room.
     queue: VecDeque<Vec<u8>>,
+    /// REPLY frames waiting likewise. They go after the requests (a
+    /// request is what the peer's application waits for; a reply only
+    /// completes a buffer here), at most `REPLY_AFTER` requests in a row
+    /// while replies wait.
+    replies: VecDeque<Vec<u8>>,
+    /// Requests sent in a row while replies waited.
+    streak: u32,
     /// The peer's queue pair is ready to receive: for the connecting side
     /// at the peer's HELLO, for the accepting side at the first frame
     /// after it (the peer walks its queue pair to RTS before sending it).
@@ -304,6 +314,8 @@ impl Eager {
             peer_slots: 0,
             credits: 0,
             queue: VecDeque::new(),
+            replies: VecDeque::new(),
+            streak: 0,
             peer_ready: false,
         })
     }
@@ -403,7 +415,12 @@ impl Loop {
         loop {
             let mut worked = std::mem::take(&mut had_events);
             worked |= self.run_cmds();
-            worked |= self.poll_cq();
+            if self.poll_cq() {
+                worked = true;
+                // What the callbacks just asked for (an echo, the next
+                // request) goes out in this round, ahead of the replies.
+                self.run_cmds();
+            }
             worked |= self.post_all();
             let now = Instant::now();
             if now.duration_since(self.last_sweep) >= Duration::from_millis(50) {
@@ -794,7 +811,11 @@ impl Loop {
         f.encode(&mut b);
         match c.eager.as_mut() {
             Some(e) if e.peer_slots > 0 && force.unwrap_or_else(|| e.carries(b.len())) => {
-                e.queue.push_back(b);
+                if matches!(f, Frame::Reply { .. }) {
+                    e.replies.push_back(b);
+                } else {
+                    e.queue.push_back(b);
+                }
                 true
             }
             e => {
@@ -979,9 +1000,20 @@ impl Loop {
         let sq = self.params.sq_depth as usize;
         let cqd = self.cq.depth();
         let mut any = false;
-        while e.credits > 0 && c.sq_used < sq && self.cq_used < cqd && !e.queue.is_empty() {
+        while e.credits > 0
+            && c.sq_used < sq
+            && self.cq_used < cqd
+            && !(e.queue.is_empty() && e.replies.is_empty())
+        {
             let Some(slot) = e.free_send.pop() else { break };
-            let mut f = e.queue.pop_front().expect("non-empty");
+            let reply = e.queue.is_empty() || (!e.replies.is_empty() && e.streak >= REPLY_AFTER);
+            let mut f = if reply {
+                e.streak = 0;
+                e.replies.pop_front().expect("non-empty")
+            } else {
+                e.streak += u32::from(!e.replies.is_empty());
+                e.queue.pop_front().expect("non-empty")
+            };
             Frame::set_credits(&mut f, std::mem::take(&mut e.to_return));
             let off = slot as usize * SLOT_SIZE;
             let dst = &mut e.smem[off..off + f.len()];
@@ -1739,6 +1771,7 @@ impl Loop {
             // Frames not posted are dropped with the connection; posted
             // receives and SENDs come back flushed.
             e.queue.clear();
+            e.replies.clear();
             e.idle.clear();
         }
         let unposted: Vec<u64> = c.wr_queue.drain(..).map(|w| w.wr_id).collect();
