@@ -297,10 +297,10 @@ struct Eager {
 
 impl Eager {
     fn new(dev: &Device, slots: u32, send_slots: u32) -> Result<Self> {
-        let rmem = vec![0u8; slots as usize * SLOT_SIZE].into_boxed_slice();
-        let smem = vec![0u8; send_slots as usize * SLOT_SIZE].into_boxed_slice();
-        let rmr = dev.register_local(&rmem)?;
-        let smr = dev.register_local(&smem)?;
+        let mut rmem = vec![0u8; slots as usize * SLOT_SIZE].into_boxed_slice();
+        let mut smem = vec![0u8; send_slots as usize * SLOT_SIZE].into_boxed_slice();
+        let rmr = dev.register_local(&mut rmem)?;
+        let smr = dev.register_local(&mut smem)?;
         Ok(Self {
             rmr,
             smr,
@@ -969,7 +969,8 @@ impl Loop {
             let Some(i) = e.idle.pop() else { break };
             let wr_id = self.next_wr;
             self.next_wr += 1;
-            let addr = e.rmem.as_ptr() as u64 + u64::from(i) * SLOT_SIZE as u64;
+            // From a mutable pointer: the device writes the slot.
+            let addr = e.rmem.as_mut_ptr() as u64 + u64::from(i) * SLOT_SIZE as u64;
             if let Err(err) = qp.post_recv(wr_id, addr, SLOT_SIZE as u32, e.rmr.lkey()) {
                 e.idle.push(i);
                 return Err(err);
