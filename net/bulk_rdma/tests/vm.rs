@@ -608,3 +608,69 @@ fn eager_flood_both_ways_never_runs_dry() {
         b.shutdown();
     }
 }
+
+/// Two transfer machines of one domain (one device context, one engine:
+/// the control connection goes to the engine's own listener and both
+/// queue pairs live in the same context) exchange a small message (eager
+/// SEND), a large one (READ) and a GET (WRITE).
+#[test]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"]
+fn two_machines_of_one_domain() {
+    use colibri_net::wait::{event_channel, tm_event_channel};
+    use colibri_net::{TmEventKind, TmState};
+    let f = Rdma(RdmaConfig::default());
+    let a = Node::start(&f);
+    let (tcb, tev) = tm_event_channel(16);
+    let tm2 = a.dom.tm_init(tcb).unwrap();
+    tm2.start(&f.addr()).unwrap();
+    let addr2 = match tev.recv_timeout(Duration::from_secs(60)).unwrap().kind {
+        TmEventKind::StateChange {
+            state: TmState::Started,
+            status: Ok(()),
+            ep: Some(ep),
+        } => ep.addr().to_string(),
+        other => panic!("expected STARTED, got {other:?}"),
+    };
+    let (cbs2, ev2) = event_channel(64);
+    let dest = a.ep(&addr2);
+    for len in [100, 20_000] {
+        let r = a
+            .dom
+            .register(BufVec::with_len(len, 1 << 12))
+            .unwrap()
+            .with_callbacks(cbs2.clone());
+        tm2.add_msg_recv(r, RecvParams::default()).unwrap();
+        let data = pattern(len as u64, len);
+        a.tm.add_msg_send(a.buf_with(&data, 1 << 12), &dest, len)
+            .unwrap();
+        let ev = ev2.recv_timeout(Duration::from_secs(60)).unwrap();
+        assert_eq!(ev.message().unwrap(), data, "message of {len} bytes");
+        drop(ev);
+        assert!(a.next_event_on(QueueType::MsgSend).status().is_ok());
+    }
+    let data = pattern(9, 300_000);
+    let mut p = a
+        .dom
+        .register(BufVec::with_len(data.len(), 1 << 16))
+        .unwrap();
+    p.bufvec_mut().copy_in(0, &data).unwrap();
+    let (_, d) = tm2
+        .add_passive_send(p.with_callbacks(cbs2.clone()), data.len(), None)
+        .unwrap();
+    a.tm.add_active_recv(a.buf_vec(BufVec::with_len(data.len(), 1 << 16)), &d)
+        .unwrap();
+    let ev = a.next_event_on(QueueType::ActiveBulkRecv);
+    assert_eq!(ev.message().unwrap(), data);
+    drop(ev);
+    assert!(
+        ev2.recv_timeout(Duration::from_secs(60))
+            .unwrap()
+            .status()
+            .is_ok()
+    );
+    drop(dest);
+    tm2.stop(true).unwrap();
+    let _ = tev.recv_timeout(Duration::from_secs(60));
+    tm2.fini().unwrap();
+    a.shutdown();
+}
