@@ -6,7 +6,12 @@
 #   ../shared/rdma-vm/run.sh --net lo --timeout 1800 -- net/bulk_rdma/bench-vm.sh [ROUNDS] [MODE]
 #
 # MODE is colibri's engine mode: polling (default; the engine spins 1 ms
-# before it sleeps) or blocking.
+# before it sleeps) or blocking. COLIBRI names the colibri binary
+# (default target/release/colibri). With EAGER_OFF=1, every round also
+# runs it with the eager path turned off (COLIBRI_RDMA_EAGER_SLOTS=0: the
+# protocol before the eager path, every frame on TCP and every message
+# READ), interleaved, and the summary shows both against the same
+# perftest figures.
 # Each round runs ib_write_bw and ib_read_bw (1 MiB, two processes, TCP
 # exchange on 127.0.0.1) and ib_send_lat (64 B), then
 # `colibri bench --xprt rdma` (64 B message round trip, 1 MiB active GET and
@@ -58,6 +63,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
     echo "$w $rd $lat" >>"$L/perf"
     "$BIN" bench --xprt rdma --mode "$MODE" --tests rtt,bulk --sizes 64 --bulk-sizes 1M \
         --iters 2000 --bulk-bytes 64M --runs 1 --no-pin --json --quiet >"$L/colibri-$r.json"
+    if [[ -n "${EAGER_OFF:-}" ]]; then
+        COLIBRI_RDMA_EAGER_SLOTS=0 "$BIN" bench --xprt rdma --mode "$MODE" --tests rtt,bulk --sizes 64 --bulk-sizes 1M \
+            --iters 2000 --bulk-bytes 64M --runs 1 --no-pin --json --quiet >"$L/eager-off-$r.json"
+    fi
 done
 
 python3 - "$L" "$ROUNDS" "$MODE" <<'EOF'
@@ -76,21 +85,31 @@ def num(s):
 wbw = med([num(p[0]) for p in perf if len(p) > 0])
 rbw = med([num(p[1]) for p in perf if len(p) > 1])
 lat = med([num(p[2]) for p in perf if len(p) > 2])
-ours = {"rtt": [], "bulk-read": [], "bulk-write": []}
-for r in range(1, rounds + 1):
-    rep = json.load(open(f"{d}/colibri-{r}.json"))
-    for s in rep["sections"]:
-        for row in s["rows"]:
-            if row["test"] in ours:
-                ours[row["test"]].append(row["ours"]["median"])
-rtt = med(ours["rtt"])
-get = med(ours["bulk-read"]) * 1000  # GB/s -> MB/s
-put = med(ours["bulk-write"]) * 1000
-print(f"rounds {rounds}; medians; MB/s = 10^6 B/s; colibri mode {sys.argv[3]}")
-print(f"{'test':34} {'ours':>10} {'baseline':>10} {'ratio':>7}  target")
+import os
+def figures(prefix):
+    ours = {"rtt": [], "bulk-read": [], "bulk-write": []}
+    for r in range(1, rounds + 1):
+        try:
+            rep = json.load(open(f"{d}/{prefix}-{r}.json"))
+        except (OSError, ValueError):
+            continue
+        for s in rep["sections"]:
+            for row in s["rows"]:
+                if row["test"] in ours:
+                    ours[row["test"]].append(row["ours"]["median"])
+    per = " / ".join(f"{x:.1f}" for x in ours["rtt"])
+    print(f"{prefix}: per round rtt us {per}; GET MB/s "
+          + " / ".join(f"{x * 1000:.1f}" for x in ours["bulk-read"]) + "; PUT MB/s "
+          + " / ".join(f"{x * 1000:.1f}" for x in ours["bulk-write"]))
+    # GB/s -> MB/s
+    return med(ours["rtt"]), med(ours["bulk-read"]) * 1000, med(ours["bulk-write"]) * 1000
 def line(name, o, b, ratio, target, ok):
     print(f"{name:34} {o:>10.2f} {b:>10.2f} {ratio:>7.3f}  {target} {'met' if ok else 'MISSED'}")
-line("1 MiB GET MB/s vs ib_write_bw", get, wbw, get / wbw, ">= 0.9", get / wbw >= 0.9)
-line("1 MiB PUT MB/s vs ib_read_bw", put, rbw, put / rbw, ">= 0.9", put / rbw >= 0.9)
-line("64 B round trip us vs 2 x send_lat", rtt, 2 * lat, rtt / (2 * lat), "<= 1.5", rtt / (2 * lat) <= 1.5)
+print(f"rounds {rounds}; medians; MB/s = 10^6 B/s; colibri mode {sys.argv[3]}")
+for prefix in ["colibri"] + (["eager-off"] if os.path.exists(f"{d}/eager-off-1.json") else []):
+    rtt, get, put = figures(prefix)
+    print(f"{'test (' + prefix + ')':34} {'ours':>10} {'baseline':>10} {'ratio':>7}  target")
+    line("1 MiB GET MB/s vs ib_write_bw", get, wbw, get / wbw, ">= 0.9", get / wbw >= 0.9)
+    line("1 MiB PUT MB/s vs ib_read_bw", put, rbw, put / rbw, ">= 0.9", put / rbw >= 0.9)
+    line("64 B round trip us vs 2 x send_lat", rtt, 2 * lat, rtt / (2 * lat), "<= 1.5", rtt / (2 * lat) <= 1.5)
 EOF

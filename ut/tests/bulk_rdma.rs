@@ -4,10 +4,14 @@
 //! Every case needs an RDMA device, so the cases are `#[ignore]`d: on a
 //! machine without one they are listed as ignored; in the Soft-RoCE VM
 //! (`.ci/run`, through `../shared/rdma-vm/run.sh --net lo`) they run with
-//! `--include-ignored`. Twice: the default configuration (the engine spins
-//! briefly, then arms the CQ and blocks), and an engine that blocks at once
-//! with queue pairs of 4 send slots, so that transfers wait for send-queue
-//! room and completions must re-arm and wake it. The second run also has
+//! `--include-ignored`. Three times: the default configuration (the engine
+//! spins briefly, then arms the CQ and blocks; frames and small messages
+//! travel as RDMA SENDs on the eager path), an engine that blocks at once
+//! with queue pairs of 4 send slots and a 64-entry CQ, so that transfers
+//! wait for send-queue room, completions must re-arm and wake it, and only
+//! the first two connections of an engine get eager receive slots (the
+//! others fall back to TCP), and the eager path turned off (every frame on
+//! TCP, every message READ by its receiver). The second run also has
 //! stalling peers (raw sockets speaking the control protocol), for the
 //! cases that end operations in flight.
 
@@ -85,6 +89,8 @@ impl RawPeers {
             gid,
             mtu: 5,
             rd_atom: 16,
+            // No receive slots: the transfer machine sends everything on TCP.
+            slots: 0,
         })
         .encode(&mut out);
         s.write_all(&out).expect("write HELLO");
@@ -190,6 +196,17 @@ mod blocking_small_queues_stalling_peers {
             abort_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(60),
             ..RdmaConfig::blocking()
+        }),
+        ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"
+    );
+}
+
+mod eager_off {
+    use super::*;
+    colibri_ut::conformance_tests!(
+        Rdma(RdmaConfig {
+            eager_slots: 0,
+            ..RdmaConfig::default()
         }),
         ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"
     );

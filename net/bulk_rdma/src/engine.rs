@@ -30,8 +30,27 @@ use tracing::{debug, trace, warn};
 use crate::RdmaConfig;
 use crate::plan::{Reg, plan, reg_of};
 use crate::tm::{SERVICES, TmShared};
-use crate::verbs::{Cq, Device, Qp, QpParams, Wc, Wr};
-use crate::wire::{BulkOp, Frame, Seg};
+use crate::verbs::{Cq, Device, Mr, Qp, QpParams, Wc, Wr};
+use crate::wire::{BulkOp, Frame, MAX_EAGER, SLOT_SIZE, Seg};
+
+/// Largest RDMA WRITE work request (a passive side's part of a GET). A
+/// software device (rxe) moves a whole WRITE inside `ibv_post_send`, on
+/// the engine thread; posting 1 MiB in 256 KiB chunks, one per round of
+/// the loop, lets the engine poll its CQ and handle frames (the next
+/// request, an abort) between them. READs are served by the peer's
+/// responder, asynchronously, and are not split.
+const WRITE_CHUNK: u64 = 256 << 10;
+
+/// Requests sent in a row on the eager path while replies wait.
+const REPLY_AFTER: u32 = 4;
+
+/// Bytes of a SEND asked to go inline (the device may refuse: then 0).
+const INLINE: u32 = 256;
+
+thread_local! {
+    /// The engine whose thread this is (null elsewhere).
+    static ENGINE_THREAD: std::cell::Cell<*const Engine> = const { std::cell::Cell::new(std::ptr::null()) };
+}
 
 const WAKER: Token = Token(0);
 const CQ: Token = Token(1);
@@ -59,6 +78,8 @@ pub(crate) enum Cmd {
     Del(QueuedBuf, DelReason),
     /// Run the core's callbacks.
     Deliver(Delivery),
+    /// Pin the engine thread to this CPU (`confine`).
+    Pin(usize),
 }
 
 impl std::fmt::Debug for Cmd {
@@ -70,6 +91,7 @@ impl std::fmt::Debug for Cmd {
             Self::Active(..) => "Active",
             Self::Del(..) => "Del",
             Self::Deliver(_) => "Deliver",
+            Self::Pin(_) => "Pin",
         })
     }
 }
@@ -107,10 +129,20 @@ impl Engine {
         });
         let lim = dev.limits();
         let sq_depth = cfg.sq_depth.min(lim.max_qp_wr).min(depth / 2).max(1);
+        // Eager receive slots per connection: at most the device's queue
+        // depth and a quarter of the CQ (all connections together hold at
+        // most half of it in receives: `recv_total`).
+        let rq_depth = cfg
+            .eager_slots
+            .min(lim.max_qp_wr)
+            .min(depth / 4)
+            .min(usize::from(u16::MAX));
         let mut lp = Loop {
             eng: Arc::clone(&eng),
             params: QpParams {
                 sq_depth: u32::try_from(sq_depth).unwrap_or(u32::MAX),
+                rq_depth: u32::try_from(rq_depth).unwrap_or(0),
+                max_inline: if rq_depth > 0 { INLINE } else { 0 },
                 max_sge: u32::try_from(lim.max_sge).unwrap_or(1),
                 timeout: cfg.qp_timeout,
                 retry_cnt: cfg.retry_cnt,
@@ -132,6 +164,7 @@ impl Engine {
             next_xid: 1,
             next_wr: 1,
             cq_used: 0,
+            recv_total: 0,
             wcs: Vec::with_capacity(64),
             rtmp: vec![0u8; 64 << 10],
             last_sweep: Instant::now(),
@@ -140,6 +173,7 @@ impl Engine {
             .name(name)
             .spawn(move || {
                 let _mark = colibri_net::wait::DeliveryThread::enter();
+                ENGINE_THREAD.with(|e| e.set(Arc::as_ptr(&lp.eng)));
                 lp.run();
             })
             .map_err(|e| NetError::io(&e))?;
@@ -147,9 +181,14 @@ impl Engine {
         Ok(eng)
     }
 
-    /// Queues a command and wakes the thread.
+    /// Queues a command and wakes the thread (unless the engine thread
+    /// itself queues it, from a callback: it looks at its commands before
+    /// it sleeps).
     pub(crate) fn push(&self, c: Cmd) {
         self.cmds.lock().push(c);
+        if ENGINE_THREAD.with(|e| std::ptr::eq(e.get(), self)) {
+            return;
+        }
         if let Err(e) = self.waker.wake() {
             warn!(error = %e, "rdma engine wake failed");
         }
@@ -201,6 +240,90 @@ struct Conn {
     sq_used: usize,
     ever_ready: bool,
     deadline: Option<Instant>,
+    /// The eager path (after `qp`: the queue pair is destroyed before the
+    /// rings it names).
+    eager: Option<Eager>,
+}
+
+/// Who a posted work request belongs to.
+#[derive(Debug, Clone, Copy)]
+enum WrOwner {
+    /// An incoming operation's READ or WRITE: (connection, request xid).
+    Op(usize, u64),
+    /// An eager receive slot of the connection.
+    Recv(usize, u32),
+    /// An eager SEND from a send slot of the connection.
+    Send(usize, u32),
+}
+
+/// The eager path of a connection: frames as RDMA SENDs into the peer's
+/// ring of pre-posted receive slots, with credits (DESIGN.md section 3).
+struct Eager {
+    /// MRs before the memory they cover (dropped first).
+    rmr: Mr,
+    smr: Mr,
+    /// Receive ring: `slots` × `SLOT_SIZE`, registered for local write.
+    rmem: Box<[u8]>,
+    /// Send ring: `free_send` slots of `SLOT_SIZE`.
+    smem: Box<[u8]>,
+    /// Our receive slots (announced in our HELLO).
+    slots: u32,
+    /// Receives posted and not yet completed.
+    posted: usize,
+    /// Slots whose frame was handled, waiting to be re-posted.
+    idle: Vec<u32>,
+    /// Re-posted slots not yet reported to the peer.
+    to_return: u32,
+    /// Send slots not in use.
+    free_send: Vec<u32>,
+    /// The peer's slots (its HELLO); 0: every frame goes on TCP.
+    peer_slots: u32,
+    /// SENDs we may post now (free slots of the peer).
+    credits: u32,
+    /// Encoded frames waiting for a credit, a send slot and room.
+    queue: VecDeque<Vec<u8>>,
+    /// REPLY frames waiting likewise. They go after the requests (a
+    /// request is what the peer's application waits for; a reply only
+    /// completes a buffer here), at most `REPLY_AFTER` requests in a row
+    /// while replies wait.
+    replies: VecDeque<Vec<u8>>,
+    /// Requests sent in a row while replies waited.
+    streak: u32,
+    /// The peer's queue pair is ready to receive: for the connecting side
+    /// at the peer's HELLO, for the accepting side at the first frame
+    /// after it (the peer walks its queue pair to RTS before sending it).
+    peer_ready: bool,
+}
+
+impl Eager {
+    fn new(dev: &Device, slots: u32, send_slots: u32) -> Result<Self> {
+        let mut rmem = vec![0u8; slots as usize * SLOT_SIZE].into_boxed_slice();
+        let mut smem = vec![0u8; send_slots as usize * SLOT_SIZE].into_boxed_slice();
+        let rmr = dev.register_local(&mut rmem)?;
+        let smr = dev.register_local(&mut smem)?;
+        Ok(Self {
+            rmr,
+            smr,
+            rmem,
+            smem,
+            slots,
+            posted: 0,
+            idle: (0..slots).rev().collect(),
+            to_return: 0,
+            free_send: (0..send_slots).rev().collect(),
+            peer_slots: 0,
+            credits: 0,
+            queue: VecDeque::new(),
+            replies: VecDeque::new(),
+            streak: 0,
+            peer_ready: false,
+        })
+    }
+
+    /// Whether a frame of `len` bytes goes as a SEND.
+    fn carries(&self, len: usize) -> bool {
+        self.peer_slots > 0 && len <= SLOT_SIZE
+    }
 }
 
 /// An operation this side started (message send, active bulk): it waits
@@ -213,6 +336,9 @@ struct OutOp {
     frame: Option<Frame>,
     /// Deadline of an ABORT sent.
     abort_by: Option<Instant>,
+    /// The request went as a SEND (its ABORT follows it on the same
+    /// channel, so it can never overtake it).
+    eager: bool,
     /// Keeps the registration (and so the keys sent) alive.
     _reg: Arc<Reg>,
 }
@@ -252,12 +378,15 @@ struct Loop {
     outs: HashMap<u64, OutOp>,
     by_token: HashMap<BufToken, u64>,
     ins: HashMap<(usize, u64), InOp>,
-    /// Posted work requests: wr_id → (connection, request xid).
-    wrs: HashMap<u64, (usize, u64)>,
+    /// Posted work requests.
+    wrs: HashMap<u64, WrOwner>,
     next_token: usize,
     next_xid: u64,
     next_wr: u64,
+    /// CQ entries held by posted work requests (sends and receives).
     cq_used: usize,
+    /// Eager receive slots of every connection (at most half the CQ).
+    recv_total: usize,
     wcs: Vec<Wc>,
     rtmp: Vec<u8>,
     last_sweep: Instant,
@@ -282,10 +411,16 @@ impl Loop {
         let mut events = Events::with_capacity(256);
         let mut spin_until = Instant::now();
         let mut had_events = false;
+        let mut spins = 0u32;
         loop {
             let mut worked = std::mem::take(&mut had_events);
             worked |= self.run_cmds();
-            worked |= self.poll_cq();
+            if self.poll_cq() {
+                worked = true;
+                // What the callbacks just asked for (an echo, the next
+                // request) goes out in this round, ahead of the replies.
+                self.run_cmds();
+            }
             worked |= self.post_all();
             let now = Instant::now();
             if now.duration_since(self.last_sweep) >= Duration::from_millis(50) {
@@ -302,8 +437,21 @@ impl Loop {
                     .unwrap_or(now + Duration::from_secs(3600));
             }
             let timeout = if worked || now < spin_until {
+                // Spinning: commands and the CQ are looked at every round;
+                // the sockets (TCP frames, accepts) every 16th, as an
+                // `epoll_wait` costs far more than a CQ poll (a system
+                // call: tens of microseconds under emulation).
+                spins = spins.wrapping_add(1);
+                if !spins.is_multiple_of(16) {
+                    continue;
+                }
                 Some(Duration::ZERO)
             } else {
+                // A command the engine queued for itself (a callback run by
+                // the sweep) raised no wake-up: never sleep on one.
+                if !self.eng.cmds.lock().is_empty() {
+                    continue;
+                }
                 if let Err(e) = self.cq.arm() {
                     warn!(error = %e, "arming the CQ failed; polling");
                 }
@@ -352,6 +500,11 @@ impl Loop {
                 Cmd::Active(sh, buf) => self.start_active(&sh, buf),
                 Cmd::Del(buf, reason) => self.del(&buf, reason),
                 Cmd::Deliver(d) => d.run(),
+                Cmd::Pin(cpu) => {
+                    if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+                        warn!(cpu, "could not pin the rdma engine thread");
+                    }
+                }
             }
         }
         any
@@ -466,6 +619,7 @@ impl Loop {
     }
 
     fn start_send(&mut self, sh: &Arc<TmShared>, buf: QueuedBuf) {
+        trace!(len = buf.length(), "message send");
         if !sh.sink.begin_use(&buf) {
             return;
         }
@@ -489,20 +643,41 @@ impl Loop {
             );
             return;
         };
-        let segs = match reg.remote(len as u64) {
-            Ok(s) => s,
-            Err(e) => {
-                sh.sink.complete(&buf, Err(e));
-                return;
-            }
-        };
         let xid = self.xid();
-        let frame = Frame::Msg {
-            xid,
-            sender: sh.own(),
-            receiver: dest,
-            len: len as u64,
-            segs,
+        let frame = if self.cfg.eager_slots > 0 && len <= MAX_EAGER {
+            // Small: the bytes travel in the frame (a SEND into a slot of
+            // the peer), copied out of the buffer now; no keys are sent.
+            let data = buf
+                .data()
+                .ok_or(NetError::Cancelled)
+                .and_then(|bv| bv.to_vec(0, len));
+            match data {
+                Ok(data) => Frame::Eager {
+                    xid,
+                    sender: sh.own(),
+                    receiver: dest,
+                    data,
+                },
+                Err(e) => {
+                    sh.sink.complete(&buf, Err(e));
+                    return;
+                }
+            }
+        } else {
+            let segs = match reg.remote(len as u64) {
+                Ok(s) => s,
+                Err(e) => {
+                    sh.sink.complete(&buf, Err(e));
+                    return;
+                }
+            };
+            Frame::Msg {
+                xid,
+                sender: sh.own(),
+                receiver: dest,
+                len: len as u64,
+                segs,
+            }
         };
         self.submit(sh, buf, reg, sock_of(&dest), dest, xid, frame);
     }
@@ -594,6 +769,7 @@ impl Loop {
                 conn,
                 frame: Some(frame),
                 abort_by: None,
+                eager: false,
                 _reg: reg,
             },
         );
@@ -614,8 +790,40 @@ impl Loop {
             return;
         };
         let Some(f) = op.frame.take() else { return };
-        if let Some(c) = self.conns.get_mut(&conn) {
-            f.encode(&mut c.wbuf);
+        let eager = self.queue_frame(conn, &f, None);
+        if let Some(op) = self.outs.get_mut(&xid) {
+            op.eager = eager;
+        }
+    }
+
+    /// Queues a frame for the peer of a ready connection: as a SEND when
+    /// the eager path is up and the frame fits a slot (or `force` says
+    /// so: an ABORT follows its request's channel), else on TCP, carrying
+    /// the credits not yet returned. Returns whether it goes as a SEND.
+    fn queue_frame(&mut self, t: usize, f: &Frame, force: Option<bool>) -> bool {
+        let Some(c) = self.conns.get_mut(&t) else {
+            return false;
+        };
+        if c.state != State::Ready {
+            return false;
+        }
+        let mut b = Vec::new();
+        f.encode(&mut b);
+        match c.eager.as_mut() {
+            Some(e) if e.peer_slots > 0 && force.unwrap_or_else(|| e.carries(b.len())) => {
+                if matches!(f, Frame::Reply { .. }) {
+                    e.replies.push_back(b);
+                } else {
+                    e.queue.push_back(b);
+                }
+                true
+            }
+            e => {
+                let credits = e.map_or(0, |e| std::mem::take(&mut e.to_return));
+                Frame::set_credits(&mut b, credits);
+                c.wbuf.extend_from_slice(&b);
+                false
+            }
         }
     }
 
@@ -664,10 +872,8 @@ impl Loop {
             return;
         }
         op.abort_by = Some(Instant::now() + self.cfg.abort_timeout);
-        let conn = op.conn;
-        if let Some(c) = self.conns.get_mut(&conn) {
-            Frame::Abort { xid, status }.encode(&mut c.wbuf);
-        }
+        let (conn, eager) = (op.conn, op.eager);
+        self.queue_frame(conn, &Frame::Abort { xid, status }, Some(eager));
         self.flush(conn);
     }
 
@@ -692,11 +898,10 @@ impl Loop {
                 return; // not connected yet
             }
             // Connected: make our queue pair and say HELLO.
-            match Qp::new(&self.dev, &self.cq, self.params) {
-                Ok(qp) => {
-                    c.psn = (t as u32).wrapping_mul(0x9e37_79b9) & 0xff_ffff;
-                    let info = self.dev.endpoint(qp.qpn(), c.psn);
-                    c.qp = Some(qp);
+            let psn = (t as u32).wrapping_mul(0x9e37_79b9) & 0xff_ffff;
+            match self.make_qp(t, psn) {
+                Ok(info) => {
+                    let c = self.conns.get_mut(&t).expect("conn being set up");
                     Frame::Hello(info).encode(&mut c.wbuf);
                     c.state = State::Hello;
                 }
@@ -707,6 +912,127 @@ impl Loop {
             }
         }
         self.flush(t);
+    }
+
+    /// Creates the connection's queue pair (INIT) and its eager rings,
+    /// and posts the receive slots (before the peer can learn our queue
+    /// pair). Returns what our HELLO says.
+    fn make_qp(&mut self, t: usize, psn: u32) -> Result<crate::wire::QpInfo> {
+        let qp = Qp::new(&self.dev, &self.cq, self.params)?;
+        let mut info = self.dev.endpoint(qp.qpn(), psn);
+        let room = (self.cq.depth() / 2).saturating_sub(self.recv_total);
+        let slots = (self.params.rq_depth as usize).min(room);
+        let eager = if self.params.rq_depth > 0 {
+            let send_slots = self.params.rq_depth.min(self.params.sq_depth);
+            match Eager::new(&self.dev, u32::try_from(slots).unwrap_or(0), send_slots) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    warn!(error = %e, "no eager rings: frames go on TCP");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let c = self.conns.get_mut(&t).expect("conn being set up");
+        c.psn = psn;
+        c.qp = Some(qp);
+        if let Some(e) = eager {
+            self.recv_total += e.slots as usize;
+            c.eager = Some(e);
+        }
+        self.repost(t)?;
+        let c = self.conns.get_mut(&t).expect("conn being set up");
+        if let Some(e) = c.eager.as_mut() {
+            // The first receives are the peer's initial credits, not
+            // returns.
+            e.to_return = 0;
+            info.slots = u16::try_from(e.posted).unwrap_or(u16::MAX);
+        }
+        Ok(info)
+    }
+
+    /// Posts the idle receive slots of a connection while the CQ has room;
+    /// each becomes a credit to return.
+    fn repost(&mut self, t: usize) -> Result<()> {
+        let Some(c) = self.conns.get_mut(&t) else {
+            return Ok(());
+        };
+        if c.state == State::Dead {
+            return Ok(());
+        }
+        let (Some(e), Some(qp)) = (c.eager.as_mut(), c.qp.as_mut()) else {
+            return Ok(());
+        };
+        let cqd = self.cq.depth();
+        while self.cq_used < cqd {
+            let Some(i) = e.idle.pop() else { break };
+            let wr_id = self.next_wr;
+            self.next_wr += 1;
+            // From a mutable pointer: the device writes the slot.
+            let addr = e.rmem.as_mut_ptr() as u64 + u64::from(i) * SLOT_SIZE as u64;
+            if let Err(err) = qp.post_recv(wr_id, addr, SLOT_SIZE as u32, e.rmr.lkey()) {
+                e.idle.push(i);
+                return Err(err);
+            }
+            self.wrs.insert(wr_id, WrOwner::Recv(t, i));
+            self.cq_used += 1;
+            e.posted += 1;
+            e.to_return += 1;
+        }
+        Ok(())
+    }
+
+    /// Posts the queued eager frames of a connection as SENDs while it has
+    /// credits, free send slots and room on its send queue and the CQ.
+    fn pump_eager(&mut self, t: usize) -> Result<bool> {
+        let Some(c) = self.conns.get_mut(&t) else {
+            return Ok(false);
+        };
+        if c.state != State::Ready {
+            return Ok(false);
+        }
+        let (Some(e), Some(qp)) = (c.eager.as_mut(), c.qp.as_mut()) else {
+            return Ok(false);
+        };
+        if !e.peer_ready {
+            return Ok(false);
+        }
+        let sq = self.params.sq_depth as usize;
+        let cqd = self.cq.depth();
+        let mut any = false;
+        while e.credits > 0
+            && c.sq_used < sq
+            && self.cq_used < cqd
+            && !(e.queue.is_empty() && e.replies.is_empty())
+        {
+            let Some(slot) = e.free_send.pop() else { break };
+            let reply = e.queue.is_empty() || (!e.replies.is_empty() && e.streak >= REPLY_AFTER);
+            let mut f = if reply {
+                e.streak = 0;
+                e.replies.pop_front().expect("non-empty")
+            } else {
+                e.streak += u32::from(!e.replies.is_empty());
+                e.queue.pop_front().expect("non-empty")
+            };
+            Frame::set_credits(&mut f, std::mem::take(&mut e.to_return));
+            let off = slot as usize * SLOT_SIZE;
+            let dst = &mut e.smem[off..off + f.len()];
+            dst.copy_from_slice(&f);
+            let wr_id = self.next_wr;
+            self.next_wr += 1;
+            if let Err(err) = qp.post_send(wr_id, dst, e.smr.lkey()) {
+                e.free_send.push(slot);
+                return Err(err);
+            }
+            self.wrs.insert(wr_id, WrOwner::Send(t, slot));
+            trace!(t, len = f.len(), credits = e.credits, "eager SEND posted");
+            e.credits -= 1;
+            c.sq_used += 1;
+            self.cq_used += 1;
+            any = true;
+        }
+        Ok(any)
     }
 
     fn flush(&mut self, t: usize) {
@@ -793,21 +1119,36 @@ impl Loop {
             if c.state == State::Dead {
                 return Ok(());
             }
-            let Some((f, n)) = Frame::decode(&c.rbuf)? else {
+            let Some((f, credits, n)) = Frame::decode_with_credits(&c.rbuf)? else {
                 return Ok(());
             };
             c.rbuf.drain(..n);
-            self.frame(t, f)?;
+            self.frame(t, f, credits)?;
         }
     }
 
-    fn frame(&mut self, t: usize, f: Frame) -> Result<()> {
+    /// Handles one frame (from the TCP connection or an eager slot),
+    /// which returns `credits` of our SENDs.
+    fn frame(&mut self, t: usize, f: Frame, credits: u32) -> Result<()> {
         let c = self.conns.get_mut(&t).expect("conn of a frame");
         let proto = |w: &str| Err(NetError::Protocol(format!("rdma control: {w}")));
+        if c.state == State::Ready
+            && let Some(e) = c.eager.as_mut()
+        {
+            // Any frame after the HELLOs: the peer's queue pair is at RTS
+            // (it sends nothing before), so it can take our SENDs.
+            e.peer_ready = true;
+            e.credits = e.credits.saturating_add(credits);
+        }
         match (c.state, c.outgoing, f) {
             (State::Hello, true, Frame::Hello(info)) => {
                 let qp = c.qp.as_mut().expect("QP of an outgoing conn in HELLO");
                 qp.connect(c.psn, &info, self.params)?;
+                if let Some(e) = c.eager.as_mut() {
+                    e.peer_slots = u32::from(info.slots);
+                    e.credits = e.peer_slots;
+                    e.peer_ready = true;
+                }
                 c.state = State::Ready;
                 c.ever_ready = true;
                 c.deadline = None;
@@ -818,11 +1159,16 @@ impl Loop {
                 Ok(())
             }
             (State::Hello, false, Frame::Hello(info)) => {
-                let mut qp = Qp::new(&self.dev, &self.cq, self.params)?;
-                c.psn = (t as u32).wrapping_mul(0x85eb_ca6b) & 0xff_ffff;
-                qp.connect(c.psn, &info, self.params)?;
-                Frame::Hello(self.dev.endpoint(qp.qpn(), c.psn)).encode(&mut c.wbuf);
-                c.qp = Some(qp);
+                let psn = (t as u32).wrapping_mul(0x85eb_ca6b) & 0xff_ffff;
+                let ours = self.make_qp(t, psn)?;
+                let c = self.conns.get_mut(&t).expect("conn of a frame");
+                let qp = c.qp.as_mut().expect("QP just made");
+                qp.connect(psn, &info, self.params)?;
+                Frame::Hello(ours).encode(&mut c.wbuf);
+                if let Some(e) = c.eager.as_mut() {
+                    e.peer_slots = u32::from(info.slots);
+                    e.credits = e.peer_slots;
+                }
                 c.state = State::Ready;
                 c.ever_ready = true;
                 c.deadline = None;
@@ -888,6 +1234,21 @@ impl Loop {
                 }
                 Ok(())
             }
+            (
+                State::Ready,
+                _,
+                Frame::Eager {
+                    xid,
+                    sender,
+                    receiver,
+                    data,
+                },
+            ) => {
+                self.learn(t, sender);
+                self.incoming_eager(t, xid, sender, receiver, &data);
+                Ok(())
+            }
+            (State::Ready, _, Frame::Credit) => Ok(()),
             (st, out, f) => proto(&format!(
                 "unexpected {} in state {st:?} on an {} connection",
                 match f {
@@ -896,6 +1257,8 @@ impl Loop {
                     Frame::Bulk { .. } => "GET/PUT",
                     Frame::Reply { .. } => "REPLY",
                     Frame::Abort { .. } => "ABORT",
+                    Frame::Eager { .. } => "EAGER",
+                    Frame::Credit => "CREDIT",
                 },
                 if out { "outgoing" } else { "accepted" }
             )),
@@ -912,10 +1275,53 @@ impl Loop {
     }
 
     fn reply(&mut self, t: usize, xid: u64, status: Result<u64>) {
-        if let Some(c) = self.conns.get_mut(&t)
-            && c.state == State::Ready
-        {
-            Frame::Reply { xid, status }.encode(&mut c.wbuf);
+        self.queue_frame(t, &Frame::Reply { xid, status }, None);
+    }
+
+    /// A small message carried in its frame: claimed, copied into the
+    /// receive buffer and posted at once, then answered.
+    fn incoming_eager(
+        &mut self,
+        t: usize,
+        xid: u64,
+        sender: InetAddr,
+        receiver: InetAddr,
+        data: &[u8],
+    ) {
+        let Some(tm) = tm_of(&receiver, &self.eng) else {
+            self.reply(t, xid, Err(NetError::Unreachable(receiver.to_string())));
+            return;
+        };
+        let sink = tm.sink.clone();
+        let len = data.len();
+        match sink.claim_recv(len) {
+            Ok(claim) => {
+                let copied = claim
+                    .buf
+                    .data()
+                    .ok_or(NetError::Cancelled)
+                    .and_then(|mut bv| bv.copy_in(claim.offset, data));
+                match copied {
+                    Ok(()) => {
+                        sink.post_msg(claim, len, &sender.to_string());
+                        self.reply(t, xid, Ok(len as u64));
+                    }
+                    Err(e) => {
+                        sink.release_recv(claim);
+                        self.reply(t, xid, Err(e));
+                    }
+                }
+            }
+            Err(ClaimError::NoBuffers { notice }) => {
+                self.reply(t, xid, Err(NetError::NoBuffers));
+                notice.run();
+            }
+            Err(ClaimError::TooLarge { victim, space }) => {
+                let e = NetError::MessageTooLarge { len, space };
+                self.reply(t, xid, Err(e.clone()));
+                sink.complete(&victim, Err(e));
+            }
+            Err(_) => self.reply(t, xid, Err(NetError::Unreachable(receiver.to_string()))),
         }
     }
 
@@ -1028,14 +1434,18 @@ impl Loop {
                     return;
                 };
                 let lim = self.dev.limits();
-                let sge = if op == BulkOp::Get {
-                    lim.max_sge
+                // WRITEs in chunks: on a software device (rxe) the whole
+                // WRITE runs inside `ibv_post_send`, on the engine thread;
+                // chunks posted one per round let the engine handle its
+                // CQ and frames between them.
+                let (sge, max_msg) = if op == BulkOp::Get {
+                    (lim.max_sge, lim.max_msg_sz.min(WRITE_CHUNK))
                 } else {
-                    lim.max_sge_rd
+                    (lim.max_sge_rd, lim.max_msg_sz)
                 };
                 match reg
                     .pieces(0, len)
-                    .and_then(|p| plan(segs, &p, len, sge, lim.max_msg_sz))
+                    .and_then(|p| plan(segs, &p, len, sge, max_msg))
                 {
                     Ok(wrs) => {
                         let iop = InOp {
@@ -1079,7 +1489,7 @@ impl Loop {
         for w in wrs {
             let wr_id = self.next_wr;
             self.next_wr += 1;
-            self.wrs.insert(wr_id, (t, xid));
+            self.wrs.insert(wr_id, WrOwner::Op(t, xid));
             c.wr_queue.push_back(Wr {
                 wr_id,
                 read,
@@ -1140,9 +1550,14 @@ impl Loop {
     }
 
     fn completion(&mut self, wc: Wc) {
-        let Some((t, xid)) = self.wrs.remove(&wc.wr_id) else {
-            warn!(wr_id = wc.wr_id, "completion of an unknown work request");
-            return;
+        let (t, xid) = match self.wrs.remove(&wc.wr_id) {
+            Some(WrOwner::Op(t, xid)) => (t, xid),
+            Some(WrOwner::Recv(t, slot)) => return self.received(t, slot, wc),
+            Some(WrOwner::Send(t, slot)) => return self.sent(t, slot, wc),
+            None => {
+                warn!(wr_id = wc.wr_id, "completion of an unknown work request");
+                return;
+            }
         };
         self.cq_used = self.cq_used.saturating_sub(1);
         if let Some(c) = self.conns.get_mut(&t) {
@@ -1172,11 +1587,107 @@ impl Loop {
         self.reap(t);
     }
 
+    /// A SEND of the peer landed in receive slot `slot` (or the receive
+    /// was flushed): handle its frame and queue the slot for re-posting.
+    fn received(&mut self, t: usize, slot: u32, wc: Wc) {
+        self.cq_used = self.cq_used.saturating_sub(1);
+        let Some(c) = self.conns.get_mut(&t) else {
+            return;
+        };
+        let Some(e) = c.eager.as_mut() else {
+            return;
+        };
+        e.posted = e.posted.saturating_sub(1);
+        if !wc.ok() || c.state != State::Ready {
+            if !wc.ok() && !wc.flushed() {
+                let peer = c.peer;
+                let e = NetError::ConnectionReset(format!(
+                    "{peer}: eager receive failed: {}",
+                    wc.status_text()
+                ));
+                self.fence(t, e);
+            }
+            self.reap(t);
+            return;
+        }
+        let n = wc.byte_len as usize;
+        trace!(t, slot, n, "eager frame received");
+        let off = slot as usize * SLOT_SIZE;
+        let got = if n <= SLOT_SIZE {
+            Frame::decode_with_credits(&e.rmem[off..off + n])
+        } else {
+            Ok(None)
+        };
+        e.idle.push(slot);
+        let r = match got {
+            Ok(Some((f, credits, used))) if used == n => self.frame(t, f, credits),
+            Ok(_) => Err(NetError::Protocol(format!(
+                "rdma eager: a SEND of {n} bytes is not one frame"
+            ))),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            self.fence(t, e);
+            return;
+        }
+        self.flush(t);
+    }
+
+    /// An eager SEND of ours retired: its send slot is free again.
+    fn sent(&mut self, t: usize, slot: u32, wc: Wc) {
+        self.cq_used = self.cq_used.saturating_sub(1);
+        let Some(c) = self.conns.get_mut(&t) else {
+            return;
+        };
+        c.sq_used = c.sq_used.saturating_sub(1);
+        if let Some(e) = c.eager.as_mut() {
+            e.free_send.push(slot);
+        }
+        if !wc.ok() && !wc.flushed() {
+            let peer = c.peer;
+            let e = NetError::ConnectionReset(format!(
+                "{peer}: eager SEND failed: {}",
+                wc.status_text()
+            ));
+            self.fence(t, e);
+        }
+        self.reap(t);
+    }
+
     /// Posts queued work requests while the send queues and the CQ have
     /// room. One request per post call, so a failure names exactly the
     /// request that was not posted.
     fn post_all(&mut self) -> bool {
         let mut any = false;
+        // The eager path first: re-posted receive slots, then the frames
+        // waiting for credits (replies and requests are small and unblock
+        // the peer), then explicit credit returns.
+        let ready: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.state == State::Ready && c.eager.is_some())
+            .map(|(&t, _)| t)
+            .collect();
+        for t in ready {
+            let r = self.repost(t).and_then(|()| self.pump_eager(t));
+            match r {
+                Ok(sent) => any |= sent,
+                Err(e) => {
+                    self.fence(t, NetError::ConnectionReset(format!("{e}")));
+                    continue;
+                }
+            }
+            let c = self.conns.get_mut(&t).expect("ready conn");
+            let e = c.eager.as_mut().expect("eager conn");
+            if e.to_return > 0 && e.to_return >= (e.slots / 2).max(1) {
+                // Nothing carried them back: say so on TCP (a SEND would
+                // take a slot of the peer, which it would have to return).
+                let credits = std::mem::take(&mut e.to_return);
+                Frame::Credit.encode_with_credits(credits, &mut c.wbuf);
+                self.flush(t);
+                any = true;
+            }
+        }
         let sq = self.params.sq_depth as usize;
         let cqd = self.cq.depth();
         let mut failed = Vec::new();
@@ -1184,10 +1695,17 @@ impl Loop {
             if c.state != State::Ready {
                 continue;
             }
+            let mut writes = 0;
             while c.sq_used < sq && self.cq_used < cqd {
+                if writes > 0 && c.wr_queue.front().is_some_and(|w| !w.read) {
+                    // One WRITE per connection and round (see WRITE_CHUNK).
+                    any = true;
+                    break;
+                }
                 let Some(wr) = c.wr_queue.pop_front() else {
                     break;
                 };
+                writes += usize::from(!wr.read);
                 let qp = c.qp.as_mut().expect("QP of a ready conn");
                 match qp.post(std::slice::from_ref(&wr)) {
                     Ok(()) => {
@@ -1211,7 +1729,7 @@ impl Loop {
 
     /// A work request that will never produce a completion: count it down.
     fn unpost(&mut self, wr_id: u64, e: NetError) {
-        let Some((t, xid)) = self.wrs.remove(&wr_id) else {
+        let Some(WrOwner::Op(t, xid)) = self.wrs.remove(&wr_id) else {
             return;
         };
         if let Some(op) = self.ins.get_mut(&(t, xid)) {
@@ -1250,6 +1768,13 @@ impl Loop {
         c.wbuf.clear();
         c.rbuf.clear();
         c.pending.clear();
+        if let Some(e) = c.eager.as_mut() {
+            // Frames not posted are dropped with the connection; posted
+            // receives and SENDs come back flushed.
+            e.queue.clear();
+            e.replies.clear();
+            e.idle.clear();
+        }
         let unposted: Vec<u64> = c.wr_queue.drain(..).map(|w| w.wr_id).collect();
         if c.outgoing && self.out_conns.get(&c.peer) == Some(&t) {
             self.out_conns.remove(&c.peer);
@@ -1304,12 +1829,14 @@ impl Loop {
     /// Drops a fenced connection once none of its work requests is
     /// outstanding.
     fn reap(&mut self, t: usize) {
-        if self
-            .conns
-            .get(&t)
-            .is_some_and(|c| c.state == State::Dead && c.sq_used == 0)
+        if self.conns.get(&t).is_some_and(|c| {
+            c.state == State::Dead
+                && c.sq_used == 0
+                && c.eager.as_ref().is_none_or(|e| e.posted == 0)
+        }) && let Some(c) = self.conns.remove(&t)
+            && let Some(e) = &c.eager
         {
-            self.conns.remove(&t);
+            self.recv_total = self.recv_total.saturating_sub(e.slots as usize);
         }
     }
 
@@ -1371,8 +1898,9 @@ impl Loop {
             );
             // Leak the queue pairs rather than destroy them under the
             // device's feet.
-            for (_, c) in self.conns.drain() {
-                std::mem::forget(c.qp);
+            for (_, mut c) in self.conns.drain() {
+                std::mem::forget(c.qp.take());
+                std::mem::forget(c.eager.take());
             }
         }
         for (_, c) in self.cmds_left() {
@@ -1438,6 +1966,7 @@ impl Conn {
             sq_used: 0,
             ever_ready: false,
             deadline,
+            eager: None,
         }
     }
 }

@@ -1,22 +1,27 @@
 //! # colibri-bulk-rdma: the verbs RDMA transport
 //!
 //! Transfer machines of different processes (or domains) exchange messages
-//! and do bulk transfers over RDMA reliable-connected queue pairs. Every
-//! payload byte moves by a one-sided RDMA READ or WRITE between registered
+//! and do bulk transfers over RDMA reliable-connected queue pairs. Bulk
+//! payloads move by a one-sided RDMA READ or WRITE between registered
 //! buffers, run by the side that *receives the request* after the core has
 //! validated it:
 //!
-//! * a message: the receiver claims space in a receive buffer, then READs
-//!   the message out of the sender's buffer straight into it;
+//! * a small message (up to [`wire::MAX_EAGER`] bytes) travels whole in an
+//!   RDMA SEND into a receive slot the receiver posted for the connection
+//!   (the eager path, with credits so the slots never run out); the
+//!   receiver claims space in a receive buffer and copies it in;
+//! * a larger message: the receiver claims space in a receive buffer, then
+//!   READs the message out of the sender's buffer straight into it;
 //! * an active receive (GET): the passive side checks the descriptor
 //!   (`claim_passive`), then WRITEs its buffer into the active one;
 //! * an active send (PUT): the passive side checks the descriptor, then
 //!   READs the active buffer into its own.
 //!
-//! Requests, replies and aborts travel on an out-of-band TCP connection per
+//! Requests, replies and aborts travel as RDMA SENDs on the eager path
+//! (or, when they do not fit a slot, on an out-of-band TCP connection per
 //! peer, which also sets the queue pairs up and stays open as the liveness
 //! channel: a peer process that dies closes it, and everything in flight
-//! with it fails once, after its work requests retired. See `DESIGN.md` in
+//! with it fails once, after its work requests retired). See `DESIGN.md` in
 //! the crate for the protocol.
 //!
 //! Addresses are `a.b.c.d:port:service`, as for the TCP transport: the TCP
@@ -84,6 +89,15 @@ pub struct RdmaConfig {
     /// How long an aborted request may wait for the peer's reply before
     /// the connection is declared dead.
     pub abort_timeout: Duration,
+    /// Eager receive slots (of `wire::SLOT_SIZE` bytes) posted per
+    /// connection for the peer's SENDs, capped by the device's `max_qp_wr`
+    /// and a quarter of the CQ (all connections together hold at most half
+    /// of it). 0 turns the eager path off: every frame travels on the TCP
+    /// connection and every message is READ by its receiver. The default
+    /// is 32, or `COLIBRI_RDMA_EAGER_SLOTS` from the environment (to
+    /// compare both protocols with the same binary, as `bench-vm.sh`
+    /// does).
+    pub eager_slots: usize,
     /// Size limits (the segment size is further capped by the device).
     pub limits: Limits,
 }
@@ -100,6 +114,10 @@ impl Default for RdmaConfig {
             connect_timeout: Duration::from_secs(20),
             peer_timeout: Some(Duration::from_secs(60)),
             abort_timeout: Duration::from_secs(30),
+            eager_slots: std::env::var("COLIBRI_RDMA_EAGER_SLOTS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(32),
             limits: Limits::new(64 << 20, 16 << 20, 4096, 1024),
         }
     }
@@ -189,6 +207,7 @@ impl XprtDomain for RdmaDomain {
             .with_sync_delivery()
             .with_multi_message()
             .with_timeouts()
+            .with_confine()
     }
 
     fn buf_register(&self, bufvec: &BufVec) -> Result<Option<XprtData>> {

@@ -215,4 +215,20 @@ impl XprtTm for RdmaTm {
     fn deliver(&self, delivery: Delivery) {
         self.sh.engine.push(Cmd::Deliver(delivery));
     }
+
+    /// Pins the domain's engine thread (which runs every callback of its
+    /// transfer machines) to the first CPU of `cpus`, as `bulk_tcp` does.
+    fn confine(&self, cpus: &[usize]) -> Result<()> {
+        let avail = core_affinity::get_core_ids().map_or(0, |c| c.len());
+        if let Some(bad) = cpus.iter().find(|&&c| c >= avail.max(1)) {
+            return Err(NetError::InvalidArgument(format!(
+                "CPU {bad} does not exist ({avail} available)"
+            )));
+        }
+        let Some(&first) = cpus.first() else {
+            return Err(NetError::InvalidArgument("empty CPU set".into()));
+        };
+        self.sh.engine.push(Cmd::Pin(first));
+        Ok(())
+    }
 }

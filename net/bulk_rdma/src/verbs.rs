@@ -31,7 +31,7 @@ use sideway::ibverbs::device_context::{DeviceContext, Mtu};
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState,
+    BasicQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState, SetInlineData,
     SetScatterGatherEntry, WorkRequestFlags,
 };
 
@@ -178,7 +178,27 @@ impl Device {
             gid: self.gid,
             mtu: u8::try_from(self.mtu).unwrap_or(1),
             rd_atom: u8::try_from(self.limits.max_qp_rd_atom).unwrap_or(u8::MAX),
+            slots: 0,
         }
+    }
+
+    /// Registers `len` bytes of the engine's own memory (the eager slot
+    /// rings) for local access only: no peer can reach it by RDMA.
+    /// Takes `mem` mutably: the device writes into it.
+    pub(crate) fn register_local(&self, mem: &mut [u8]) -> Result<Mr, NetError> {
+        // SAFETY: `mem` is a boxed slice owned by a connection of the
+        // engine, which keeps it (at a fixed address) until the queue pair
+        // using it is destroyed and every work request naming it retired;
+        // the MR is dropped before the memory (field order of the owner).
+        let mr = unsafe {
+            self.pd.reg_mr(
+                mem.as_mut_ptr() as usize,
+                mem.len(),
+                AccessFlags::LocalWrite,
+            )
+        };
+        mr.map(Mr)
+            .map_err(|e| io_err(&format!("ibv_reg_mr of {} bytes", mem.len()), e))
     }
 
     /// Registers `len` bytes at `addr` for local write and remote read and
@@ -242,11 +262,18 @@ impl Mr {
 pub(crate) struct Wc {
     pub wr_id: u64,
     pub status: u32,
+    /// Bytes received (receive completions).
+    pub byte_len: u32,
 }
 
 impl Wc {
     pub(crate) fn ok(&self) -> bool {
         self.status == WorkCompletionStatus::Success as u32
+    }
+
+    /// A work request flushed because its queue pair went to ERROR.
+    pub(crate) fn flushed(&self) -> bool {
+        self.status == WorkCompletionStatus::WorkRequestFlushedError as u32
     }
 
     pub(crate) fn status_text(&self) -> String {
@@ -315,6 +342,7 @@ impl Cq {
             out.push(Wc {
                 wr_id: wc.wr_id(),
                 status: wc.status(),
+                byte_len: wc.byte_len(),
             });
             n += 1;
         }
@@ -383,15 +411,23 @@ impl Drop for Cq {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QpParams {
     pub sq_depth: u32,
+    /// Receive queue depth (the eager slots posted on it); 0: none.
+    pub rq_depth: u32,
+    /// Bytes a SEND may carry inline (asked of the device; 0 if it
+    /// refuses).
+    pub max_inline: u32,
     pub max_sge: u32,
     pub timeout: u8,
     pub retry_cnt: u8,
 }
 
-/// An RC queue pair (send queue only: this transport posts no receives).
+/// An RC queue pair: READs, WRITEs and eager SENDs on its send queue,
+/// the eager receive slots on its receive queue.
 pub(crate) struct Qp {
     qp: BasicQueuePair,
     dev: Arc<Device>,
+    /// Inline bytes the queue pair was created with.
+    inline: u32,
 }
 
 impl fmt::Debug for Qp {
@@ -416,17 +452,25 @@ pub(crate) struct Wr {
 impl Qp {
     /// A new RC queue pair on `cq`, moved to INIT.
     pub(crate) fn new(dev: &Arc<Device>, cq: &Cq, p: QpParams) -> Result<Self, NetError> {
-        let mut qp = dev
-            .pd
-            .create_qp_builder()
-            .setup_send_cq(cq.generic.clone())
-            .setup_recv_cq(cq.generic.clone())
-            .setup_max_send_wr(p.sq_depth)
-            .setup_max_recv_wr(1)
-            .setup_max_send_sge(p.max_sge)
-            .setup_max_recv_sge(1)
-            .build()
-            .map_err(|e| io_err("ibv_create_qp", e))?;
+        let build = |inline: u32| {
+            dev.pd
+                .create_qp_builder()
+                .setup_send_cq(cq.generic.clone())
+                .setup_recv_cq(cq.generic.clone())
+                .setup_max_send_wr(p.sq_depth)
+                .setup_max_recv_wr(p.rq_depth.max(1))
+                .setup_max_send_sge(p.max_sge)
+                .setup_max_recv_sge(1)
+                .setup_max_inline_data(inline)
+                .build()
+        };
+        // A device that cannot inline that much refuses the queue pair:
+        // then SENDs go from the registered slots only.
+        let (mut qp, inline) = match build(p.max_inline) {
+            Ok(qp) => (qp, p.max_inline),
+            Err(_) if p.max_inline > 0 => (build(0).map_err(|e| io_err("ibv_create_qp", e))?, 0),
+            Err(e) => return Err(io_err("ibv_create_qp", e)),
+        };
         let access = AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead;
         let mut a = QueuePairAttribute::new();
         a.setup_state(QueuePairState::Init)
@@ -437,6 +481,7 @@ impl Qp {
         Ok(Self {
             qp,
             dev: Arc::clone(dev),
+            inline,
         })
     }
 
@@ -518,6 +563,48 @@ impl Qp {
         }
     }
 
+    /// Posts one receive of `len` bytes at `addr` (an eager slot).
+    pub(crate) fn post_recv(
+        &mut self,
+        wr_id: u64,
+        addr: u64,
+        len: u32,
+        lkey: u32,
+    ) -> Result<(), NetError> {
+        let mut g = self.qp.start_post_recv();
+        let h = g.construct_wr(wr_id);
+        // SAFETY: `addr..addr + len` is one slot of the connection's
+        // receive ring, registered with `lkey`; the ring outlives the
+        // queue pair (the connection drops the QP first) and the slot is
+        // not read until this receive's completion was polled.
+        unsafe { h.setup_sge(lkey, addr, len) };
+        g.post().map_err(|e| io_err("ibv_post_recv", e))
+    }
+
+    /// Posts one signalled SEND of `frame`, which lies in a registered
+    /// send slot at `addr` with `lkey` (inline when it fits).
+    pub(crate) fn post_send(
+        &mut self,
+        wr_id: u64,
+        frame: &[u8],
+        lkey: u32,
+    ) -> Result<(), NetError> {
+        let mut g = self.qp.start_post_send();
+        let h = g
+            .construct_wr(wr_id, WorkRequestFlags::Signaled)
+            .setup_send();
+        if frame.len() <= self.inline as usize {
+            h.setup_inline_data(frame);
+        } else {
+            let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+            // SAFETY: `frame` is a send slot of the connection's registered
+            // send ring (`lkey`), held (not reused) until this SEND's
+            // completion was polled; the ring outlives the queue pair.
+            unsafe { h.setup_sge(lkey, frame.as_ptr() as u64, len) };
+        }
+        g.post().map_err(|e| io_err("ibv_post_send (SEND)", e))
+    }
+
     /// Posts `wrs` (all signalled) in one call.
     pub(crate) fn post(&mut self, wrs: &[Wr]) -> Result<(), NetError> {
         if wrs.is_empty() {
@@ -563,6 +650,8 @@ mod tests {
         let cq = Cq::new(&dev, 64).unwrap();
         let p = QpParams {
             sq_depth: 8,
+            rq_depth: 4,
+            max_inline: 64,
             max_sge: 2,
             timeout: 17,
             retry_cnt: 7,

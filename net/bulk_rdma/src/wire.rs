@@ -2,17 +2,22 @@
 //! encoding and their checks. No I/O here. Public for tests that play a
 //! misbehaving peer (and for fuzzing); applications never need it.
 //!
+//! The same frames travel on the TCP control connection and, once the
+//! queue pairs are connected, as RDMA SENDs into the peer's ring of
+//! pre-posted receive slots (the eager path: one frame per SEND, filling
+//! the received bytes exactly).
+//!
 //! Every frame is a 24-byte little-endian header and `body_len` bytes:
 //!
 //! | off | size | field |
 //! |---|---|---|
 //! | 0 | 4 | magic `"CLRD"` |
-//! | 4 | 1 | version (1) |
-//! | 5 | 1 | opcode: 1 HELLO, 2 MSG, 3 GET, 4 PUT, 5 REPLY, 6 ABORT |
+//! | 4 | 1 | version (2) |
+//! | 5 | 1 | opcode: 1 HELLO, 2 MSG, 3 GET, 4 PUT, 5 REPLY, 6 ABORT, 7 EAGER, 8 CREDIT |
 //! | 6 | 2 | status: 0, or a failure code (REPLY, ABORT) |
 //! | 8 | 8 | xid: chosen by the requester, echoed in REPLY and ABORT |
 //! | 16 | 4 | body_len |
-//! | 20 | 4 | zero |
+//! | 20 | 4 | credits: receive slots the sender re-posted since it last said so |
 //!
 //! Bodies: see [`Frame`]. Segments are `(addr u64, len u32, rkey u32)`.
 
@@ -24,7 +29,7 @@ use colibri_wire::{Reader, Writer};
 /// Frame magic.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CLRD");
 /// Protocol version.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Header length.
 pub const HEADER_LEN: usize = 24;
 /// Largest body accepted (descriptor plus a segment list).
@@ -46,7 +51,21 @@ pub struct QpInfo {
     pub mtu: u8,
     /// RDMA READs this side's responder serves at once.
     pub rd_atom: u8,
+    /// Receive slots of [`SLOT_SIZE`] bytes this side posted on its queue
+    /// pair for the peer's SENDs (the peer's initial credits); 0: the peer
+    /// must send every frame on the TCP connection.
+    pub slots: u16,
 }
+
+/// Bytes of one eager receive slot: the largest frame that travels as an
+/// RDMA SEND (larger ones go on the TCP connection).
+pub const SLOT_SIZE: usize = 4096;
+
+/// Fixed part of an EAGER frame: the header and both addresses.
+pub const EAGER_OVERHEAD: usize = HEADER_LEN + 20;
+
+/// The largest message carried inline in an EAGER frame that fits a slot.
+pub const MAX_EAGER: usize = SLOT_SIZE - EAGER_OVERHEAD;
 
 /// A remote segment: where the peer's bytes are and the key to reach them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +136,21 @@ pub enum Frame {
         /// The status the passive side should complete with.
         status: NetError,
     },
+    /// A small message carried in the frame itself: the receiver copies it
+    /// into the claimed region and answers with a REPLY.
+    Eager {
+        /// Request id.
+        xid: u64,
+        /// The sending transfer machine.
+        sender: InetAddr,
+        /// The receiving transfer machine.
+        receiver: InetAddr,
+        /// The message.
+        data: Vec<u8>,
+    },
+    /// Nothing but the header's credits (sent when slots were re-posted
+    /// and no other frame carried them back).
+    Credit,
 }
 
 const OP_HELLO: u8 = 1;
@@ -125,6 +159,8 @@ const OP_GET: u8 = 3;
 const OP_PUT: u8 = 4;
 const OP_REPLY: u8 = 5;
 const OP_ABORT: u8 = 6;
+const OP_EAGER: u8 = 7;
+const OP_CREDIT: u8 = 8;
 
 fn put_addr(w: &mut Writer<&mut Vec<u8>>, a: &InetAddr) {
     w.put_u32(u32::from(a.ip));
@@ -142,8 +178,21 @@ fn put_segs(w: &mut Writer<&mut Vec<u8>>, segs: &[Seg]) {
 }
 
 impl Frame {
-    /// Appends the encoded frame to `out`.
+    /// Appends the encoded frame to `out` (no credits).
     pub fn encode(&self, out: &mut Vec<u8>) {
+        self.encode_with_credits(0, out);
+    }
+
+    /// Writes `credits` into the header of the encoded frame at the start
+    /// of `frame` (for a frame encoded before the credits were known).
+    pub fn set_credits(frame: &mut [u8], credits: u32) {
+        if frame.len() >= HEADER_LEN {
+            frame[20..24].copy_from_slice(&credits.to_le_bytes());
+        }
+    }
+
+    /// Appends the encoded frame, returning `credits` slots, to `out`.
+    pub fn encode_with_credits(&self, credits: u32, out: &mut Vec<u8>) {
         let start = out.len();
         let (op, xid, status, detail) = match self {
             Self::Hello(_) => (OP_HELLO, 0, 0, Vec::new()),
@@ -165,6 +214,8 @@ impl Frame {
                 let (c, d) = encode_status(status);
                 (OP_ABORT, *xid, c, d)
             }
+            Self::Eager { xid, .. } => (OP_EAGER, *xid, 0, Vec::new()),
+            Self::Credit => (OP_CREDIT, 0, 0, Vec::new()),
         };
         let mut w = Writer::new(&mut *out);
         w.put_u32(MAGIC);
@@ -173,7 +224,7 @@ impl Frame {
         w.put_u16(status);
         w.put_u64(xid);
         w.put_u32(0); // body_len, patched below
-        w.put_u32(0);
+        w.put_u32(credits);
         match self {
             Self::Hello(q) => {
                 w.put_u32(q.qpn);
@@ -181,7 +232,7 @@ impl Frame {
                 w.put_bytes(&q.gid);
                 w.put_u8(q.mtu);
                 w.put_u8(q.rd_atom);
-                w.put_u16(0);
+                w.put_u16(q.slots);
             }
             Self::Msg {
                 sender,
@@ -215,17 +266,37 @@ impl Frame {
                 w.put_bytes(&detail);
             }
             Self::Abort { .. } => w.put_bytes(&detail),
+            Self::Eager {
+                sender,
+                receiver,
+                data,
+                ..
+            } => {
+                put_addr(&mut w, sender);
+                put_addr(&mut w, receiver);
+                w.put_bytes(data);
+            }
+            Self::Credit => {}
         }
         let body = u32::try_from(out.len() - start - HEADER_LEN).unwrap_or(u32::MAX);
         out[start + 16..start + 20].copy_from_slice(&body.to_le_bytes());
     }
 
     /// Decodes one frame from the start of `buf`: `Ok(None)` when the
-    /// frame is not complete yet, else the frame and the bytes it used.
+    /// frame is not complete yet, else the frame and the bytes it used
+    /// (the header's credits are dropped: see [`Frame::decode_with_credits`]).
     ///
     /// # Errors
     /// `Protocol` for anything malformed (the connection is then closed).
     pub fn decode(buf: &[u8]) -> Result<Option<(Self, usize)>> {
+        Ok(Self::decode_with_credits(buf)?.map(|(f, _, n)| (f, n)))
+    }
+
+    /// As [`Frame::decode`], with the credits the frame returns.
+    ///
+    /// # Errors
+    /// `Protocol` for anything malformed (the connection is then closed).
+    pub fn decode_with_credits(buf: &[u8]) -> Result<Option<(Self, u32, usize)>> {
         if buf.len() < HEADER_LEN {
             return Ok(None);
         }
@@ -238,15 +309,15 @@ impl Frame {
         let status = r.u16().map_err(short)?;
         let xid = r.u64().map_err(short)?;
         let body_len = r.u32().map_err(short)? as usize;
-        let zero = r.u32().map_err(short)?;
+        let credits = r.u32().map_err(short)?;
         if magic != MAGIC {
             return Err(bad("bad magic"));
         }
         if version != VERSION {
             return Err(bad(&format!("version {version}")));
         }
-        if zero != 0 {
-            return Err(bad("reserved field not zero"));
+        if credits > u32::from(u16::MAX) {
+            return Err(bad(&format!("{credits} credits")));
         }
         if body_len > MAX_BODY {
             return Err(bad(&format!("body of {body_len} bytes")));
@@ -300,7 +371,7 @@ impl Frame {
                 let gid = *r.array::<16>().map_err(trunc)?;
                 let mtu = r.u8().map_err(trunc)?;
                 let rd_atom = r.u8().map_err(trunc)?;
-                let _ = r.u16().map_err(trunc)?;
+                let slots = r.u16().map_err(trunc)?;
                 if !(1..=5).contains(&mtu) {
                     return Err(bad(&format!("path MTU code {mtu}")));
                 }
@@ -310,6 +381,7 @@ impl Frame {
                     gid,
                     mtu,
                     rd_atom,
+                    slots,
                 })
             }
             OP_MSG => {
@@ -370,12 +442,30 @@ impl Frame {
                 r = Reader::new(&[]);
                 Self::Abort { xid, status: st }
             }
+            OP_EAGER => {
+                let sender = addr(&mut r)?;
+                let receiver = addr(&mut r)?;
+                let data = r.rest().to_vec();
+                r = Reader::new(&[]);
+                Self::Eager {
+                    xid,
+                    sender,
+                    receiver,
+                    data,
+                }
+            }
+            OP_CREDIT => {
+                if xid != 0 {
+                    return Err(bad("xid on a credit frame"));
+                }
+                Self::Credit
+            }
             other => return Err(bad(&format!("opcode {other}"))),
         };
         if !r.is_empty() {
             return Err(bad("trailing bytes in body"));
         }
-        Ok(Some((frame, HEADER_LEN + body_len)))
+        Ok(Some((frame, credits, HEADER_LEN + body_len)))
     }
 }
 
@@ -420,6 +510,7 @@ mod tests {
             gid: [3; 16],
             mtu: 5,
             rd_atom: 16,
+            slots: 32,
         }));
         round(&Frame::Msg {
             xid: 9,
@@ -449,6 +540,60 @@ mod tests {
             xid: 13,
             status: NetError::TimedOut,
         });
+        round(&Frame::Eager {
+            xid: 14,
+            sender: a("127.0.0.1:5:6"),
+            receiver: a("127.0.0.2:7:8"),
+            data: b"hello".to_vec(),
+        });
+        round(&Frame::Eager {
+            xid: 15,
+            sender: a("127.0.0.1:5:6"),
+            receiver: a("127.0.0.2:7:8"),
+            data: Vec::new(),
+        });
+        round(&Frame::Credit);
+    }
+
+    #[test]
+    fn credits_travel_in_the_header() {
+        let mut b = Vec::new();
+        Frame::Reply {
+            xid: 3,
+            status: Ok(1),
+        }
+        .encode_with_credits(17, &mut b);
+        let (f, c, n) = Frame::decode_with_credits(&b).unwrap().unwrap();
+        assert_eq!((c, n), (17, b.len()));
+        assert_eq!(
+            f,
+            Frame::Reply {
+                xid: 3,
+                status: Ok(1)
+            }
+        );
+        Frame::set_credits(&mut b, 5);
+        assert_eq!(Frame::decode_with_credits(&b).unwrap().unwrap().1, 5);
+        // More credits than any ring holds, a credit frame with an xid.
+        Frame::set_credits(&mut b, 70_000);
+        assert!(matches!(Frame::decode(&b), Err(NetError::Protocol(_))));
+        let mut c = Vec::new();
+        Frame::Credit.encode_with_credits(4, &mut c);
+        c[8] = 1;
+        assert!(matches!(Frame::decode(&c), Err(NetError::Protocol(_))));
+    }
+
+    #[test]
+    fn the_largest_eager_message_fills_a_slot() {
+        let mut b = Vec::new();
+        Frame::Eager {
+            xid: 1,
+            sender: a("127.0.0.1:5:6"),
+            receiver: a("127.0.0.2:7:8"),
+            data: vec![7; MAX_EAGER],
+        }
+        .encode(&mut b);
+        assert_eq!(b.len(), SLOT_SIZE);
     }
 
     #[test]
@@ -466,7 +611,7 @@ mod tests {
             }],
         }
         .encode(&mut b);
-        for (off, val) in [(0, 0u8), (4, 9), (5, 77), (6, 1), (20, 1), (19, 0x7f)] {
+        for (off, val) in [(0, 0u8), (4, 9), (5, 77), (6, 1), (22, 1), (19, 0x7f)] {
             let mut c = b.clone();
             c[off] = val;
             assert!(
@@ -483,12 +628,22 @@ mod tests {
 
     proptest! {
         #[test]
+        fn eager_frames_round_trip(xid in any::<u64>(), credits in 0u32..=65_535, data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let f = Frame::Eager { xid, sender: a("127.0.0.1:5:6"), receiver: a("127.0.0.3:1:2"), data };
+            let mut b = Vec::new();
+            f.encode_with_credits(credits, &mut b);
+            let (g, c, n) = Frame::decode_with_credits(&b).unwrap().unwrap();
+            prop_assert_eq!(g, f);
+            prop_assert_eq!((c, n), (credits, b.len()));
+        }
+
+        #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Frame::decode(&bytes);
         }
 
         #[test]
-        fn decode_of_valid_header_with_noise_body(op in 1u8..7, body in proptest::collection::vec(any::<u8>(), 0..120)) {
+        fn decode_of_valid_header_with_noise_body(op in 1u8..9, body in proptest::collection::vec(any::<u8>(), 0..120)) {
             let mut b = Vec::new();
             b.extend_from_slice(&MAGIC.to_le_bytes());
             b.push(VERSION);

@@ -527,3 +527,150 @@ fn memlock_limit_is_a_clear_registration_error() {
         "{err}"
     );
 }
+
+/// The eager path under load: both sides send each other 240 messages at
+/// once, far more than the 32 receive slots of a connection (so credits
+/// must come back, piggybacked or in CREDIT frames, for the senders to go
+/// on: a SEND without a posted receive would be an RNR and reset the
+/// connection), mixing 64-byte and slot-filling messages (SENDs, one of
+/// them inline) with one byte more than a slot holds (READ by the
+/// receiver). Every message arrives intact and every send succeeds, once;
+/// the same with small queues (4 send slots, a 64-entry CQ: 16 receive
+/// slots) and with the eager path turned off.
+#[test]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"]
+fn eager_flood_both_ways_never_runs_dry() {
+    use colibri_bulk_rdma::wire::MAX_EAGER;
+    const N: usize = 240;
+    let small = RdmaConfig {
+        sq_depth: 4,
+        cq_depth: 64,
+        ..RdmaConfig::blocking()
+    };
+    let off = RdmaConfig {
+        eager_slots: 0,
+        ..RdmaConfig::default()
+    };
+    for cfg in [RdmaConfig::default(), small, off] {
+        let f = Rdma(cfg);
+        let a = Node::start(&f);
+        let b = Node::start(&f);
+        let sizes = [64, MAX_EAGER, MAX_EAGER + 1];
+        let msg = |from: u8, i: usize| {
+            let mut m = pattern(u64::from(from) * 1000 + i as u64, sizes[i % 3]);
+            m[..4].copy_from_slice(&(i as u32).to_le_bytes());
+            m[4] = from;
+            m
+        };
+        for n in [&a, &b] {
+            for _ in 0..N {
+                n.tm.add_msg_recv(
+                    n.buf_vec(BufVec::with_len(MAX_EAGER + 1, 1 << 12)),
+                    RecvParams::default(),
+                )
+                .unwrap();
+            }
+        }
+        let (to_b, to_a) = (a.ep(&b.addr), b.ep(&a.addr));
+        for i in 0..N {
+            a.tm.add_msg_send(a.buf_with(&msg(1, i), 1 << 12), &to_b, sizes[i % 3])
+                .unwrap();
+            b.tm.add_msg_send(b.buf_with(&msg(2, i), 1 << 12), &to_a, sizes[i % 3])
+                .unwrap();
+        }
+        for (n, from) in [(&a, 2u8), (&b, 1u8)] {
+            let mut seen = vec![false; N];
+            let mut sent = 0;
+            for _ in 0..2 * N {
+                let ev = n.next_event();
+                assert!(ev.is_final());
+                if let Err(e) = ev.status() {
+                    panic!("{:?}: {e}", ev.queue());
+                }
+                match ev.queue() {
+                    QueueType::MsgSend => sent += 1,
+                    QueueType::MsgRecv => {
+                        let m = ev.message().unwrap();
+                        let i = u32::from_le_bytes(m[..4].try_into().unwrap()) as usize;
+                        assert!(i < N && !seen[i], "message {i} twice or out of range");
+                        assert_eq!(m, msg(from, i), "message {i} from {from}");
+                        seen[i] = true;
+                    }
+                    q => panic!("event on {q:?}"),
+                }
+            }
+            assert_eq!(sent, N);
+        }
+        a.expect_quiet();
+        b.expect_quiet();
+        drop((to_b, to_a));
+        a.shutdown();
+        b.shutdown();
+    }
+}
+
+/// Two transfer machines of one domain (one device context, one engine:
+/// the control connection goes to the engine's own listener and both
+/// queue pairs live in the same context) exchange a small message (eager
+/// SEND), a large one (READ) and a GET (WRITE).
+#[test]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"]
+fn two_machines_of_one_domain() {
+    use colibri_net::wait::{event_channel, tm_event_channel};
+    use colibri_net::{TmEventKind, TmState};
+    let f = Rdma(RdmaConfig::default());
+    let a = Node::start(&f);
+    let (tcb, tev) = tm_event_channel(16);
+    let tm2 = a.dom.tm_init(tcb).unwrap();
+    tm2.start(&f.addr()).unwrap();
+    let addr2 = match tev.recv_timeout(Duration::from_secs(60)).unwrap().kind {
+        TmEventKind::StateChange {
+            state: TmState::Started,
+            status: Ok(()),
+            ep: Some(ep),
+        } => ep.addr().to_string(),
+        other => panic!("expected STARTED, got {other:?}"),
+    };
+    let (cbs2, ev2) = event_channel(64);
+    let dest = a.ep(&addr2);
+    for len in [100, 20_000] {
+        let r = a
+            .dom
+            .register(BufVec::with_len(len, 1 << 12))
+            .unwrap()
+            .with_callbacks(cbs2.clone());
+        tm2.add_msg_recv(r, RecvParams::default()).unwrap();
+        let data = pattern(len as u64, len);
+        a.tm.add_msg_send(a.buf_with(&data, 1 << 12), &dest, len)
+            .unwrap();
+        let ev = ev2.recv_timeout(Duration::from_secs(60)).unwrap();
+        assert_eq!(ev.message().unwrap(), data, "message of {len} bytes");
+        drop(ev);
+        assert!(a.next_event_on(QueueType::MsgSend).status().is_ok());
+    }
+    let data = pattern(9, 300_000);
+    let mut p = a
+        .dom
+        .register(BufVec::with_len(data.len(), 1 << 16))
+        .unwrap();
+    p.bufvec_mut().copy_in(0, &data).unwrap();
+    let (_, d) = tm2
+        .add_passive_send(p.with_callbacks(cbs2.clone()), data.len(), None)
+        .unwrap();
+    a.tm.add_active_recv(a.buf_vec(BufVec::with_len(data.len(), 1 << 16)), &d)
+        .unwrap();
+    let ev = a.next_event_on(QueueType::ActiveBulkRecv);
+    assert_eq!(ev.message().unwrap(), data);
+    drop(ev);
+    assert!(
+        ev2.recv_timeout(Duration::from_secs(60))
+            .unwrap()
+            .status()
+            .is_ok()
+    );
+    drop(dest);
+    tm2.stop(true).unwrap();
+    let _ = tev.recv_timeout(Duration::from_secs(60));
+    tm2.fini().unwrap();
+    a.shutdown();
+}
