@@ -30,7 +30,9 @@ const TARGET: &str = "colibri_lnet_rt";
 /// An LND driven by the runtime (the socket LND; loopback is built in).
 pub(crate) trait Lnd: Send + Sync {
     /// Takes a transmit; `Err` completes it at once with that status.
-    fn send(&self, s: &Shared, tx: Transmit) -> Result<(), HealthStatus>;
+    /// Transmits the LND finished at once (written by the calling thread)
+    /// complete through `done`.
+    fn send(&self, s: &Shared, tx: Transmit, done: &mut Vec<Input>) -> Result<(), HealthStatus>;
     /// The action for a parked message; `false` if no connection holds it.
     fn resume(&self, s: &Shared, rx: RxId, action: RxAction) -> bool;
     /// Periodic work: keepalives, timeouts, reconnections.
@@ -256,7 +258,9 @@ impl Shared {
             }
             let id = tx.id;
             let r = match self.lnd.get() {
-                Some(lnd) if !self.shutdown.load(Ordering::Acquire) => lnd.send(self, tx),
+                Some(lnd) if !self.shutdown.load(Ordering::Acquire) => {
+                    lnd.send(self, tx, &mut inputs)
+                }
                 _ => {
                     tracing::debug!(target: TARGET, to = %tx.to, "no LND for this transmit");
                     Err(HealthStatus::LocalDropped)

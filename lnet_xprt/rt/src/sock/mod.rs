@@ -129,6 +129,15 @@ pub(crate) struct Conn {
     /// A message is half read.
     pub(crate) rx_busy: AtomicBool,
     pub(crate) closing: AtomicBool,
+    /// The right to write to the socket: held across every write, by the
+    /// scheduler or by a thread sending on an idle connection itself
+    /// ([`SockLnd::write_inline`]); it holds that thread's handle on the
+    /// socket (`None` until the scheduler has the connection, and again
+    /// once it closed it).
+    pub(crate) writer: Mutex<Option<std::net::TcpStream>>,
+    /// A message a sending thread left half written (the socket was
+    /// full): the scheduler finishes it before anything else.
+    pub(crate) handoff: Mutex<Option<sched::TxProgress>>,
 }
 
 impl Conn {
@@ -469,8 +478,9 @@ impl SockLnd {
         &self.scheds[i % self.scheds.len()]
     }
 
-    /// Puts a message on a connection and wakes its scheduler if it was idle.
-    fn post(&self, conn: &Conn, item: TxItem, now: Time) {
+    /// Puts a message on a connection; true if the queue was empty (its
+    /// scheduler, or the caller, must start writing).
+    fn post(conn: &Conn, item: TxItem, now: Time) -> bool {
         let len = item.wire_len();
         let was_empty = {
             let mut q = conn.txq.lock();
@@ -480,27 +490,110 @@ impl SockLnd {
         };
         conn.queued_bytes.fetch_add(len, Ordering::Relaxed);
         conn.last_post.store(now.as_nanos(), Ordering::Relaxed);
-        if was_empty {
-            if !conn.tx_busy.load(Ordering::Acquire) {
-                conn.last_tx.store(now.as_nanos(), Ordering::Relaxed);
-            }
-            self.sched(conn.sched).send(SchedCmd::Kick(conn.id));
+        if was_empty && !conn.tx_busy.load(Ordering::Acquire) {
+            conn.last_tx.store(now.as_nanos(), Ordering::Relaxed);
         }
+        was_empty
     }
 
-    /// Places `item` on the best connection of `p`, or gives it back.
+    /// Has the connection's scheduler write what is queued.
+    fn kick(&self, conn: &Conn) {
+        self.sched(conn.sched).send(SchedCmd::Kick(conn.id));
+    }
+
+    /// Places `item` on the best connection of `p` and wakes its
+    /// scheduler if the connection was idle, or gives the item back.
     #[allow(clippy::result_large_err)]
     fn place(&self, p: &Peer, item: TxItem, now: Time) -> Result<(), TxItem> {
-        let min_bulk = self.cfg.tun.min_bulk;
+        if let Some(c) = Self::place_idle(p, item, now, self.cfg.tun.min_bulk)? {
+            self.kick(&c);
+        }
+        Ok(())
+    }
+
+    /// Places `item` on the best connection of `p`; the connection if it
+    /// was idle (someone must start writing), or the item back.
+    #[allow(clippy::result_large_err)]
+    fn place_idle(
+        p: &Peer,
+        item: TxItem,
+        now: Time,
+        min_bulk: u32,
+    ) -> Result<Option<Arc<Conn>>, TxItem> {
         let chosen = p.conns.choose(item.kind(), min_bulk, |id| {
             p.refs.get(&id).map(|c| c.load()).unwrap_or_default()
         });
         match chosen.and_then(|id| p.refs.get(&id)) {
             Some(c) if !c.closing.load(Ordering::Acquire) => {
-                self.post(c, item, now);
-                Ok(())
+                Ok(Self::post(c, item, now).then(|| Arc::clone(c)))
             }
             _ => Err(item),
+        }
+    }
+
+    /// Writes what an idle connection has queued from the calling thread
+    /// (an application's, or a scheduler answering on another
+    /// connection), as far as the socket takes it, instead of waking the
+    /// connection's scheduler for it: a message to an idle peer then
+    /// costs no thread hand-off, as a write to a socket does not. Only
+    /// when nobody else is writing (the writer lock is free and no
+    /// message is half written); a message the socket could not take
+    /// whole is handed to the scheduler, which finishes it first. Called
+    /// without the peer table's lock. Completions go to `done`.
+    fn write_inline(&self, s: &Shared, conn: &Arc<Conn>, done: &mut Vec<Input>) {
+        const MOST: usize = 8;
+        let Some(mut w) = conn.writer.try_lock() else {
+            // Someone writes: it looks at the queue again when it stops.
+            return self.kick(conn);
+        };
+        let Some(stream) = w.as_mut() else {
+            drop(w);
+            return self.kick(conn);
+        };
+        if conn.tx_busy.swap(true, Ordering::AcqRel) {
+            // The scheduler has a message half written.
+            drop(w);
+            return self.kick(conn);
+        }
+        let csum = self.cfg.tun.enable_csum;
+        let mut left = MOST;
+        loop {
+            let item = if left == 0 {
+                None
+            } else {
+                conn.txq.lock().pop_front()
+            };
+            let Some(item) = item else {
+                if left > 0 {
+                    conn.tx_busy.store(false, Ordering::Release);
+                }
+                break;
+            };
+            left -= 1;
+            let Some(mut t) = sched::start_tx(s, csum, item, done, conn) else {
+                continue;
+            };
+            match sched::write_tx(stream, &mut t, s, conn) {
+                Ok(true) => sched::finish_tx(s, conn, &t, done),
+                Ok(false) => {
+                    *conn.handoff.lock() = Some(t);
+                    drop(w);
+                    return self.kick(conn);
+                }
+                Err(why) => {
+                    *conn.handoff.lock() = Some(t);
+                    drop(w);
+                    self.sched(conn.sched)
+                        .send(SchedCmd::CloseWrite(conn.id, why));
+                    return;
+                }
+            }
+        }
+        drop(w);
+        // More came while we wrote (its poster found us writing), or we
+        // stopped at MOST: the scheduler carries on.
+        if !conn.txq.lock().is_empty() {
+            self.kick(conn);
         }
     }
 
@@ -584,6 +677,8 @@ impl SockLnd {
                         tx_busy: AtomicBool::new(false),
                         rx_busy: AtomicBool::new(false),
                         closing: AtomicBool::new(false),
+                        writer: Mutex::new(None),
+                        handoff: Mutex::new(None),
                     });
                     p.refs.insert(id, conn.clone());
                     p.keepalive.on_alive(now);
@@ -730,7 +825,7 @@ impl SockLnd {
 }
 
 impl Lnd for SockLnd {
-    fn send(&self, s: &Shared, tx: Transmit) -> Result<(), HealthStatus> {
+    fn send(&self, s: &Shared, tx: Transmit, done: &mut Vec<Input>) -> Result<(), HealthStatus> {
         if self.stopping.load(Ordering::Acquire) {
             return Err(HealthStatus::LocalDropped);
         }
@@ -744,13 +839,22 @@ impl Lnd for SockLnd {
         let now = s.now();
         let peer_nid = tx.to;
         let item = TxItem::lnet(tx, now);
-        let mut peers = ni.peers.lock();
-        let p = peers
-            .entry(peer_nid)
-            .or_insert_with(|| self.new_peer(ni.conns_per_peer, peer_nid, now));
-        if let Err(item) = self.place(p, item, now) {
-            p.pending.push_back(item);
-            self.start_connect(&ni, peer_nid, p, now);
+        let idle = {
+            let mut peers = ni.peers.lock();
+            let p = peers
+                .entry(peer_nid)
+                .or_insert_with(|| self.new_peer(ni.conns_per_peer, peer_nid, now));
+            match Self::place_idle(p, item, now, self.cfg.tun.min_bulk) {
+                Ok(idle) => idle,
+                Err(item) => {
+                    p.pending.push_back(item);
+                    self.start_connect(&ni, peer_nid, p, now);
+                    None
+                }
+            }
+        };
+        if let Some(conn) = idle {
+            self.write_inline(s, &conn, done);
         }
         Ok(())
     }

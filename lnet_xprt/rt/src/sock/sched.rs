@@ -39,6 +39,9 @@ pub(crate) enum SchedCmd {
     Resume(ConnId, RxId, RxAction),
     /// Close with this reason.
     Close(ConnId, String),
+    /// A write by another thread failed: close (what was being written
+    /// is in the connection's hand-off).
+    CloseWrite(ConnId, CloseWhy),
     /// Close everything and stop.
     Stop,
 }
@@ -89,7 +92,7 @@ enum RxStage {
 }
 
 /// A message being written.
-struct TxProgress {
+pub(crate) struct TxProgress {
     item: TxItem,
     src: Src,
     written: usize,
@@ -117,7 +120,7 @@ struct SchedConn {
 }
 
 /// Why a connection ends.
-struct CloseWhy {
+pub(crate) struct CloseWhy {
     reason: String,
     err: SocketError,
     /// A write failed (rather than the connection as a whole).
@@ -215,6 +218,7 @@ impl Scheduler {
                             },
                         );
                     }
+                    SchedCmd::CloseWrite(id, why) => self.close(id, why),
                     SchedCmd::Stop => stop = true,
                 }
             }
@@ -250,6 +254,14 @@ impl Scheduler {
                 .log_close(format!("closed connection to {}: {e}", conn.peer));
             self.fail_conn(&conn, None, &CloseWhy::io(&e, "setting non-blocking"));
             return;
+        }
+        // A second handle on the socket for threads that write to an idle
+        // connection themselves (`SockLnd::write_inline`).
+        match stream.try_clone() {
+            Ok(w) => *conn.writer.lock() = Some(w),
+            Err(e) => {
+                tracing::debug!(target: TARGET, error = %e, "no second handle: the scheduler writes alone");
+            }
         }
         let mut stream = mio::net::TcpStream::from_std(stream);
         if let Err(e) = self.poll.registry().register(
@@ -307,29 +319,17 @@ impl Scheduler {
         }
     }
 
-    /// Resolves a message's payload when it starts; `None` if its memory
-    /// is gone.
-    fn source(&self, p: &Payload) -> Option<Src> {
-        match p {
-            Payload::None => Some(Src::None),
-            // Foreign memory that went away fails here, as deregistered
-            // memory does, rather than in the middle of the frame.
-            Payload::Mem(r) => self
-                .s
-                .mem
-                .resolve(*r)
-                .filter(|m| m.read(|_| ()).is_some())
-                .map(Src::Mem),
-            Payload::Rx { rx, len } => {
-                let b = self.s.rbufs.get(*rx)?;
-                (b.len() >= *len as usize).then_some(Src::Router(b, *len as usize))
-            }
-            Payload::Inline(_) => Some(Src::Inline),
-        }
-    }
-
     fn write(&mut self, sc: &mut SchedConn) -> Result<(), CloseWhy> {
         let conn = sc.conn.clone();
+        // Another thread writing to the idle connection: it looks at the
+        // queue again when it is done.
+        let Some(_writer) = conn.writer.try_lock() else {
+            return Ok(());
+        };
+        if sc.tx.is_none() {
+            sc.tx = conn.handoff.lock().take();
+        }
+        let csum = self.lnd.cfg.tun.enable_csum;
         loop {
             if sc.tx.is_none() {
                 let Some(item) = conn.txq.lock().pop_front() else {
@@ -337,102 +337,16 @@ impl Scheduler {
                     return Ok(());
                 };
                 conn.tx_busy.store(true, Ordering::Release);
-                match self.source(&item.payload) {
-                    Some(src) => {
-                        let mut item = item;
-                        if self.lnd.cfg.tun.enable_csum && item.id.is_some() {
-                            let csum = with_src(&src, &item.payload, pieces_checksum).unwrap_or(0);
-                            item.head[4..8].copy_from_slice(&csum.to_le_bytes());
-                        }
-                        sc.tx = Some(TxProgress {
-                            item,
-                            src,
-                            written: 0,
-                        });
-                    }
-                    None => {
-                        tracing::warn!(target: TARGET, payload = ?item.payload,
-                            "payload memory gone; message not sent");
-                        conn.queued_bytes
-                            .fetch_sub(item.wire_len(), Ordering::Relaxed);
-                        if let Some(id) = item.id {
-                            self.inputs
-                                .push(Input::TxDone(id, Err(HealthError::LocalError)));
-                        }
-                        continue;
-                    }
-                }
+                sc.tx = start_tx(&self.s, csum, item, &mut self.inputs, &conn);
+                continue;
             }
             let Some(t) = sc.tx.as_mut() else { continue };
-            let head_len = t.item.head_len;
-            let r = {
-                let head = &t.item.head[..head_len];
-                let w = t.written;
-                let stream = &mut sc.stream;
-                with_src(&t.src, &t.item.payload, |payload| {
-                    let plen: usize = payload.iter().map(|p| p.len()).sum();
-                    let total = head_len + plen;
-                    let mut bufs: Vec<IoSlice<'_>> = Vec::with_capacity(payload.len() + 1);
-                    if w < head_len {
-                        bufs.push(IoSlice::new(&head[w..]));
-                    }
-                    let mut skip = w.saturating_sub(head_len);
-                    for p in payload {
-                        if skip >= p.len() {
-                            skip -= p.len();
-                            continue;
-                        }
-                        if bufs.len() == MAX_IOV {
-                            break;
-                        }
-                        bufs.push(IoSlice::new(&p[skip..]));
-                        skip = 0;
-                    }
-                    stream.write_vectored(&bufs).map(|n| (n, total))
-                })
-            };
-            let Some(r) = r else {
-                return Err(CloseWhy {
-                    reason: "writing: the payload's memory went away".into(),
-                    err: SocketError::Other(None),
-                    on_write: true,
-                });
-            };
-            match r {
-                Ok((0, _)) => {
-                    return Err(CloseWhy {
-                        reason: "writing: the socket took no bytes".into(),
-                        err: SocketError::ConnReset,
-                        on_write: true,
-                    });
-                }
-                Ok((n, total)) => {
-                    t.written += n;
-                    conn.last_tx.store(self.now().as_nanos(), Ordering::Relaxed);
-                    if t.written >= total {
-                        let Some(done) = sc.tx.take() else { continue };
-                        self.sent(&conn, done);
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(CloseWhy::io(&e, "writing")),
+            if !write_tx(&mut sc.stream, t, &self.s, &conn)? {
+                return Ok(());
             }
-        }
-    }
-
-    fn sent(&mut self, conn: &Conn, done: TxProgress) {
-        let c = &self.s.counters;
-        let plen = u64::from(done.item.payload.len());
-        conn.queued_bytes
-            .fetch_sub(done.item.wire_len(), Ordering::Relaxed);
-        add(&c.frames_sent, 1);
-        add(&c.socket_write_bytes, plen);
-        if matches!(done.item.payload, Payload::Inline(_)) {
-            add(&c.inline_write_bytes, plen);
-        }
-        if let Some(id) = done.item.id {
-            self.inputs.push(Input::TxDone(id, Ok(())));
+            if let Some(done) = sc.tx.take() {
+                finish_tx(&self.s, &conn, &done, &mut self.inputs);
+            }
         }
     }
 
@@ -688,6 +602,11 @@ impl Scheduler {
         };
         let _ = self.poll.registry().deregister(&mut sc.stream);
         let _ = sc.stream.shutdown(std::net::Shutdown::Both);
+        // After a writer in another thread is done; none starts again.
+        *sc.conn.writer.lock() = None;
+        if sc.tx.is_none() {
+            sc.tx = sc.conn.handoff.lock().take();
+        }
         self.lnd.log_close(format!(
             "closed connection {} to {} ({}) on {}: {}",
             id.0, sc.conn.peer, sc.conn.ctype, sc.conn.ni, why.reason
@@ -739,6 +658,136 @@ impl Scheduler {
         }
         conn.tx_busy.store(false, Ordering::Release);
         conn.rx_busy.store(false, Ordering::Release);
+    }
+}
+
+/// Starts writing `item`: resolves its payload (and puts its checksum in
+/// its header); `None` if the payload's memory is gone (the message fails,
+/// through `inputs`).
+pub(super) fn start_tx(
+    s: &Shared,
+    csum: bool,
+    item: TxItem,
+    inputs: &mut Vec<Input>,
+    conn: &Conn,
+) -> Option<TxProgress> {
+    let src = match &item.payload {
+        Payload::None => Some(Src::None),
+        // Foreign memory that went away fails here, as deregistered
+        // memory does, rather than in the middle of the frame.
+        Payload::Mem(r) => s
+            .mem
+            .resolve(*r)
+            .filter(|m| m.read(|_| ()).is_some())
+            .map(Src::Mem),
+        Payload::Rx { rx, len } => s
+            .rbufs
+            .get(*rx)
+            .filter(|b| b.len() >= *len as usize)
+            .map(|b| Src::Router(b, *len as usize)),
+        Payload::Inline(_) => Some(Src::Inline),
+    };
+    let Some(src) = src else {
+        tracing::warn!(target: TARGET, payload = ?item.payload,
+            "payload memory gone; message not sent");
+        conn.queued_bytes
+            .fetch_sub(item.wire_len(), Ordering::Relaxed);
+        if let Some(id) = item.id {
+            inputs.push(Input::TxDone(id, Err(HealthError::LocalError)));
+        }
+        return None;
+    };
+    let mut item = item;
+    if csum && item.id.is_some() {
+        let c = with_src(&src, &item.payload, pieces_checksum).unwrap_or(0);
+        item.head[4..8].copy_from_slice(&c.to_le_bytes());
+    }
+    Some(TxProgress {
+        item,
+        src,
+        written: 0,
+    })
+}
+
+/// Writes as much of `t` as the socket takes, header and payload with one
+/// vectored write each time: `Ok(true)` once it is all written,
+/// `Ok(false)` when the socket is full.
+pub(super) fn write_tx(
+    stream: &mut impl Write,
+    t: &mut TxProgress,
+    s: &Shared,
+    conn: &Conn,
+) -> Result<bool, CloseWhy> {
+    let head_len = t.item.head_len;
+    loop {
+        let r = {
+            let head = &t.item.head[..head_len];
+            let w = t.written;
+            with_src(&t.src, &t.item.payload, |payload| {
+                let plen: usize = payload.iter().map(|p| p.len()).sum();
+                let total = head_len + plen;
+                let mut bufs: Vec<IoSlice<'_>> = Vec::with_capacity(payload.len() + 1);
+                if w < head_len {
+                    bufs.push(IoSlice::new(&head[w..]));
+                }
+                let mut skip = w.saturating_sub(head_len);
+                for p in payload {
+                    if skip >= p.len() {
+                        skip -= p.len();
+                        continue;
+                    }
+                    if bufs.len() == MAX_IOV {
+                        break;
+                    }
+                    bufs.push(IoSlice::new(&p[skip..]));
+                    skip = 0;
+                }
+                stream.write_vectored(&bufs).map(|n| (n, total))
+            })
+        };
+        let Some(r) = r else {
+            return Err(CloseWhy {
+                reason: "writing: the payload's memory went away".into(),
+                err: SocketError::Other(None),
+                on_write: true,
+            });
+        };
+        match r {
+            Ok((0, _)) => {
+                return Err(CloseWhy {
+                    reason: "writing: the socket took no bytes".into(),
+                    err: SocketError::ConnReset,
+                    on_write: true,
+                });
+            }
+            Ok((n, total)) => {
+                t.written += n;
+                conn.last_tx.store(s.now().as_nanos(), Ordering::Relaxed);
+                if t.written >= total {
+                    return Ok(true);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(CloseWhy::io(&e, "writing")),
+        }
+    }
+}
+
+/// A message is all written: counted, and its completion goes to
+/// `inputs`.
+pub(super) fn finish_tx(s: &Shared, conn: &Conn, done: &TxProgress, inputs: &mut Vec<Input>) {
+    let c = &s.counters;
+    let plen = u64::from(done.item.payload.len());
+    conn.queued_bytes
+        .fetch_sub(done.item.wire_len(), Ordering::Relaxed);
+    add(&c.frames_sent, 1);
+    add(&c.socket_write_bytes, plen);
+    if matches!(done.item.payload, Payload::Inline(_)) {
+        add(&c.inline_write_bytes, plen);
+    }
+    if let Some(id) = done.item.id {
+        inputs.push(Input::TxDone(id, Ok(())));
     }
 }
 
