@@ -477,7 +477,7 @@ fn bench_scale_smoke() {
             );
         }
         let engine = v["shared_engine"].as_array().unwrap();
-        assert_eq!(engine.len(), if xprt == "mem" { 2 } else { 0 }, "{v}");
+        assert_eq!(engine.len(), 2, "{v}");
         let sim = v["lnet_sim"].as_array().unwrap();
         assert_eq!(sim.len(), 2, "{v}");
         assert!(sim[1]["messages"].as_u64().unwrap() > sim[0]["messages"].as_u64().unwrap());
