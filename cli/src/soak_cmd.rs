@@ -9,6 +9,10 @@ use serde::Serialize;
 
 use crate::xprt::Xprt;
 
+/// Where the LNet soak's two sides start their transfer machines: two
+/// nodes of this process, listening on free loopback ports.
+const LNET_NIDS: [&str; 2] = ["127.0.64.1@tcp:12345:30:*", "127.0.64.2@tcp:12345:30:*"];
+
 /// Options of `colibri soak`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct SoakArgs {
@@ -56,6 +60,8 @@ struct Out {
     failed: u64,
     delayed: u64,
     seconds: f64,
+    /// The longest end-of-epoch stop, in seconds.
+    longest_stop: f64,
     /// (seconds since start, resident MiB).
     rss_mib: Vec<(f64, f64)>,
 }
@@ -80,8 +86,10 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
         // bulk_mem: a fresh service each time, any port.
         Xprt::Mem => format!("127.0.0.1:0:{}", SVC.fetch_add(1, Ordering::Relaxed)),
         Xprt::Tcp | Xprt::Rdma => "127.0.0.1:0:1".to_string(),
-        // LNet: one node, transfer machines at 0@lo with a free TMID.
-        Xprt::Lnet => "0@lo:12345:30:*".to_string(),
+        // LNet: two nodes in this process, the two sides' transfer
+        // machines on different nodes (every message and bulk transfer
+        // crosses the socket LND), each at a free TMID.
+        Xprt::Lnet => LNET_NIDS[SVC.fetch_add(1, Ordering::Relaxed) as usize % 2].to_string(),
     };
     if !a.quiet {
         eprintln!(
@@ -112,8 +120,13 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
             );
         }
     };
-    let rep = soak(xprt.transport(false, 1), &addr, &cfg, &mut progress)
-        .map_err(|e| format!("soak failed: {e}"))?;
+    let transport = if xprt == Xprt::Lnet {
+        xprt.transport_at(false, 1, &LNET_NIDS, true)?
+    } else {
+        xprt.transport(false, 1)
+    };
+    let rep =
+        soak(transport, &addr, &cfg, &mut progress).map_err(|e| format!("soak failed: {e}"))?;
     let out = Out {
         transport: xprt.name(),
         seed: a.seed,
@@ -128,6 +141,7 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
         failed: rep.faults.failed,
         delayed: rep.faults.delayed,
         seconds: crate::round_sig(rep.elapsed.as_secs_f64()),
+        longest_stop: crate::round_sig(rep.longest_stop.as_secs_f64()),
         rss_mib: rep
             .rss
             .iter()
@@ -152,7 +166,8 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
     writeln!(
         stdout,
         "soak passed: {} transport, seed {}, {} ops ({} adds, {} deletions) in {:.1} s, {} epochs, \
-         every add one final event, {} payloads checked intact, faults lost/failed/delayed {}/{}/{}\n\
+         every add one final event, {} payloads checked intact, faults lost/failed/delayed {}/{}/{}, \
+         longest stop {:.2} s\n\
          resident MiB: {}",
         out.transport,
         out.seed,
@@ -165,6 +180,7 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
         out.lost,
         out.failed,
         out.delayed,
+        out.longest_stop,
         samples.join(", ")
     )
     .map_err(|e| e.to_string())

@@ -74,6 +74,9 @@ pub struct SoakReport {
     pub epochs: u64,
     /// What the fault injector did.
     pub faults: FaultStats,
+    /// The longest time both machines took to reach STOPPED at the end of
+    /// an epoch (a stop without abort waits for operations in flight).
+    pub longest_stop: Duration,
     /// (time since start, resident bytes) samples.
     pub rss: Vec<(Duration, u64)>,
     /// How long it ran.
@@ -336,6 +339,7 @@ pub fn soak(
         // End of the epoch: stop both, check everything came back.
         drop(eps);
         let abort = r.below(2) == 0;
+        let t0 = Instant::now();
         for s in &sides {
             s.tm().stop(abort).map_err(|e| fail(format!("stop: {e}")))?;
         }
@@ -348,6 +352,7 @@ pub fn soak(
                 )));
             }
         }
+        rep.longest_stop = rep.longest_stop.max(t0.elapsed());
         for (i, s) in sides.iter_mut().enumerate() {
             if let Some(tm) = s.tm.take()
                 && let Err(e) = tm.fini()

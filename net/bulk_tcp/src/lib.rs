@@ -224,6 +224,7 @@ impl XprtDomain for TcpDomain {
             .with_multi_message()
             .with_timeouts()
             .with_confine()
+            .with_reset_peer()
     }
 
     fn tm_init(&self, tm: TmId, sink: TmSink) -> Result<Box<dyn XprtTm>> {
