@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use colibri_ut::soak::{SoakConfig, SoakReport, rss_bytes, soak};
+use colibri_ut::soak_two_process::{serve_peer, soak_two_process};
 use serde::Serialize;
 
 use crate::xprt::Xprt;
@@ -37,6 +38,16 @@ pub(crate) struct SoakArgs {
     /// Inject no faults.
     #[arg(long)]
     no_faults: bool,
+    /// Run the peer transfer machine in a child process (this program,
+    /// driven over a pipe; tcp and rdma), with its own fault injector and
+    /// its own checks; every --kill-every-th epoch the child is killed
+    /// with traffic in flight and a new one started.
+    #[arg(long)]
+    two_process: bool,
+    /// With --two-process: kill the peer process every this many epochs
+    /// (0: never).
+    #[arg(long, default_value_t = 5)]
+    kill_every: u64,
     /// Print machine-readable JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -45,9 +56,41 @@ pub(crate) struct SoakArgs {
     quiet: bool,
 }
 
+/// Options of the hidden `colibri soak-peer`: the child process of
+/// `colibri soak --two-process`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PeerArgs {
+    /// Transport.
+    #[arg(long, value_enum)]
+    xprt: Xprt,
+    /// Seed of the parent's soak.
+    #[arg(long)]
+    seed: u64,
+    /// Inject no faults.
+    #[arg(long)]
+    no_faults: bool,
+}
+
+/// Serves the peer side of a two-process soak on standard input and
+/// output.
+pub(crate) fn soak_peer(a: &PeerArgs) -> Result<(), String> {
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let mut out = std::io::stdout().lock();
+    serve_peer(
+        a.xprt.transport(false, 1),
+        "127.0.0.1:0:1",
+        a.seed,
+        !a.no_faults,
+        &mut input,
+        &mut out,
+    )
+}
+
 #[derive(Debug, Serialize)]
 struct Out {
     transport: &'static str,
+    two_process: bool,
     seed: u64,
     faults: bool,
     ops: u64,
@@ -55,10 +98,18 @@ struct Out {
     dels: u64,
     finals: u64,
     payloads_checked: u64,
+    /// Two processes: the peer process's adds, payloads checked, and the
+    /// peer processes killed with traffic in flight.
+    peer_adds: u64,
+    peer_payloads_checked: u64,
+    peer_kills: u64,
     epochs: u64,
     lost: u64,
     failed: u64,
     delayed: u64,
+    duplicated: u64,
+    truncated: u64,
+    reset: u64,
     seconds: f64,
     /// The longest end-of-epoch stop, in seconds.
     longest_stop: f64,
@@ -72,6 +123,12 @@ fn secs(s: f64, what: &str) -> Result<Duration, String> {
 
 /// Runs the soak; an error names the broken invariant and the seed.
 pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
+    if a.two_process && !matches!(a.xprt, Xprt::Tcp | Xprt::Rdma) {
+        return Err(format!(
+            "--two-process runs over tcp or rdma, not {}",
+            a.xprt.name()
+        ));
+    }
     let cfg = SoakConfig {
         seed: a.seed,
         max_ops: a.ops,
@@ -93,8 +150,13 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
     };
     if !a.quiet {
         eprintln!(
-            "soak: {} transport, seed {}, faults {}, up to {} operations or {:.0} s; resident {:.1} MiB",
+            "soak: {} transport{}, seed {}, faults {}, up to {} operations or {:.0} s; resident {:.1} MiB",
             xprt.name(),
+            if a.two_process {
+                " between two processes"
+            } else {
+                ""
+            },
             a.seed,
             if cfg.faults { "on" } else { "off" },
             a.ops,
@@ -107,7 +169,7 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
     let mut progress = |r: &SoakReport| {
         if !quiet {
             eprintln!(
-                "[{:>7.1}s] {} ops, {} adds, {} final events, {} epochs, lost/failed/delayed {}/{}/{}, resident {:.1} MiB",
+                "[{:>7.1}s] {} ops, {} adds, {} final events, {} epochs, lost/failed/delayed/duplicated/truncated/reset {}/{}/{}/{}/{}/{}, resident {:.1} MiB",
                 started.elapsed().as_secs_f64(),
                 r.ops,
                 r.adds,
@@ -116,6 +178,9 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
                 r.faults.lost,
                 r.faults.failed,
                 r.faults.delayed,
+                r.faults.duplicated,
+                r.faults.truncated,
+                r.faults.reset,
                 rss_bytes() as f64 / 1048576.0
             );
         }
@@ -125,10 +190,38 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
     } else {
         xprt.transport(false, 1)
     };
-    let rep =
-        soak(transport, &addr, &cfg, &mut progress).map_err(|e| format!("soak failed: {e}"))?;
+    let rep = if a.two_process {
+        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+        let (seed, faults) = (a.seed, cfg.faults);
+        let peer_cmd = move || {
+            let mut c = std::process::Command::new(&exe);
+            c.args([
+                "soak-peer",
+                "--xprt",
+                xprt.name(),
+                "--seed",
+                &seed.to_string(),
+            ]);
+            if !faults {
+                c.arg("--no-faults");
+            }
+            c
+        };
+        soak_two_process(
+            transport,
+            &addr,
+            &peer_cmd,
+            &cfg,
+            a.kill_every,
+            &mut progress,
+        )
+    } else {
+        soak(transport, &addr, &cfg, &mut progress)
+    }
+    .map_err(|e| format!("soak failed: {e}"))?;
     let out = Out {
         transport: xprt.name(),
+        two_process: a.two_process,
         seed: a.seed,
         faults: cfg.faults,
         ops: rep.ops,
@@ -136,10 +229,16 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
         dels: rep.dels,
         finals: rep.finals,
         payloads_checked: rep.payloads_checked,
+        peer_adds: rep.peer_adds,
+        peer_payloads_checked: rep.peer_payloads_checked,
+        peer_kills: rep.peer_kills,
         epochs: rep.epochs,
         lost: rep.faults.lost,
         failed: rep.faults.failed,
         delayed: rep.faults.delayed,
+        duplicated: rep.faults.duplicated,
+        truncated: rep.faults.truncated,
+        reset: rep.faults.reset,
         seconds: crate::round_sig(rep.elapsed.as_secs_f64()),
         longest_stop: crate::round_sig(rep.longest_stop.as_secs_f64()),
         rss_mib: rep
@@ -165,11 +264,19 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
         .collect();
     writeln!(
         stdout,
-        "soak passed: {} transport, seed {}, {} ops ({} adds, {} deletions) in {:.1} s, {} epochs, \
-         every add one final event, {} payloads checked intact, faults lost/failed/delayed {}/{}/{}, \
-         longest stop {:.2} s\n\
+        "soak passed: {} transport{}, seed {}, {} ops ({} adds, {} deletions) in {:.1} s, {} epochs, \
+         every add one final event, {} payloads checked intact, faults lost/failed/delayed/duplicated/truncated/reset \
+         {}/{}/{}/{}/{}/{}, longest stop {:.2} s\n\
          resident MiB: {}",
         out.transport,
+        if out.two_process {
+            format!(
+                " between two processes (peer: {} adds, {} payloads checked, {} killed)",
+                out.peer_adds, out.peer_payloads_checked, out.peer_kills
+            )
+        } else {
+            String::new()
+        },
         out.seed,
         out.ops,
         out.adds,
@@ -180,6 +287,9 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
         out.lost,
         out.failed,
         out.delayed,
+        out.duplicated,
+        out.truncated,
+        out.reset,
         out.longest_stop,
         samples.join(", ")
     )

@@ -56,7 +56,6 @@ use tracing::{debug, error};
 use crate::buffer::BufferCallbacks;
 use crate::bufvec::BufVec;
 use crate::desc::NetBufDesc;
-use crate::ep::EndPoint;
 use crate::error::{NetError, Result};
 use crate::queue::QueueType;
 use crate::sink::{Delivery, QueuedBuf, TmSink};
@@ -635,8 +634,9 @@ fn failed_after() -> NetError {
 /// buffer's memory is allowed).
 struct OwnCopy {
     queue: QueueType,
-    /// Destination of a message.
-    ep: Option<EndPoint>,
+    /// Destination of a message (an address: an end point held here would
+    /// keep the transfer machine from finalising until the copy is made).
+    ep: Option<String>,
     /// Descriptor of an active bulk transfer.
     desc: Option<NetBufDesc>,
     /// Bytes to send (a prefix of the original's), or the capacity of
@@ -654,7 +654,7 @@ impl OwnCopy {
     fn of(buf: &QueuedBuf, cut: usize) -> Option<Self> {
         let queue = buf.queue();
         let (ep, desc) = match queue {
-            QueueType::MsgSend => (Some(buf.end_point()?), None),
+            QueueType::MsgSend => (Some(buf.end_point()?.addr().to_string()), None),
             _ => (
                 None,
                 Some(NetBufDesc::encode(buf.desc()?, usize::MAX).ok()?),
@@ -710,12 +710,22 @@ impl OwnCopy {
             }
         })));
         let n = self.data.len();
+        let ep = match &self.ep {
+            Some(addr) => match h.ep_create(addr) {
+                Ok(ep) => Some(ep),
+                Err(_) => return false,
+            },
+            None => None,
+        };
         OWN_ADD.with(|f| f.set(true));
-        let r = match (self.queue, &self.ep, &self.desc) {
+        let r = match (self.queue, &ep, &self.desc) {
             (QueueType::MsgSend, Some(ep), _) => h.add_msg_send(nb, ep, n).map(|_| ()),
             (QueueType::ActiveBulkSend, _, Some(d)) => h.add_active_send(nb, d, n).map(|_| ()),
             (QueueType::ActiveBulkRecv, _, Some(d)) => h.add_active_recv(nb, d).map(|_| ()),
-            _ => Ok(()),
+            _ => {
+                OWN_ADD.with(|f| f.set(false));
+                return false;
+            }
         };
         OWN_ADD.with(|f| f.set(false));
         match r {

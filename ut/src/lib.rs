@@ -33,6 +33,7 @@ use colibri_net::Transport;
 pub mod cases;
 pub mod harness;
 pub mod soak;
+pub mod soak_two_process;
 
 pub use harness::{Node, Rng, pattern};
 
