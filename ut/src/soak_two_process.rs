@@ -641,4 +641,60 @@ mod tests {
         assert!(unhex("abc").is_err());
         assert!(unhex("zz").is_err());
     }
+
+    /// The peer side answers as the protocol says, checks its epoch and
+    /// refuses what it does not know.
+    #[test]
+    fn peer_answers_and_checks_its_epoch() {
+        let xprt: Arc<dyn Transport> = Arc::new(colibri_bulk_mem::MemTransport::default());
+        let mut input: &[u8] =
+            b"start\nrecv 2 0\nrecv 1 5\npsend 7 100\nprecv\ndel\nstop 1\nstart\nstop 0\nquit\n";
+        let mut out = Vec::new();
+        serve_peer(
+            Arc::clone(&xprt),
+            "127.0.0.1:0:77",
+            1,
+            true,
+            &mut input,
+            &mut out,
+        )
+        .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 7, "{text}");
+        assert!(lines[0].starts_with("addr 127.0.0.1:"), "{text}");
+        assert!(
+            lines[1].starts_with("desc ") && lines[2].starts_with("desc "),
+            "{text}"
+        );
+        // Four adds, four final events (the stop with abort ended them).
+        assert!(lines[3].starts_with("ok 4 4 "), "{text}");
+        assert!(lines[4].starts_with("addr "), "{text}");
+        assert!(lines[5].starts_with("ok 0 0 "), "{text}");
+        assert_eq!(lines[6], "bye");
+        // A command out of place or unknown is an error, not a hang.
+        let mut input: &[u8] = b"send 1 10\n";
+        let mut out = Vec::new();
+        let e = serve_peer(
+            Arc::clone(&xprt),
+            "127.0.0.1:0:78",
+            1,
+            false,
+            &mut input,
+            &mut out,
+        )
+        .unwrap_err();
+        assert!(e.contains("unexpected command"), "{e}");
+        // Its input ending (the parent gone) ends it.
+        let mut input: &[u8] = b"start\nrecv 1 0\n";
+        serve_peer(
+            xprt,
+            "127.0.0.1:0:79",
+            1,
+            false,
+            &mut input,
+            &mut Vec::new(),
+        )
+        .unwrap();
+    }
 }
