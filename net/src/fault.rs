@@ -513,29 +513,30 @@ impl XprtTm for FaultTm {
         }
         let job = match self.sh.verdict(buf) {
             Verdict::Pass => return self.inner.buf_add(buf),
-            Verdict::Duplicate => {
-                self.inner.buf_add(buf)?;
-                if let Some(copy) = OwnCopy::of(buf, buf.length()) {
+            // The original is set aside: the job marks it in use while it
+            // makes the copy, so that no stop completes before the copy's
+            // buffer is added (or dropped).
+            Verdict::Duplicate => match OwnCopy::of(buf, buf.length()) {
+                Some(copy) => {
                     self.sh.counters.duplicated.fetch_add(1, Ordering::Relaxed);
-                    self.sh.worker.push(
-                        Instant::now(),
-                        Job::Copy {
-                            sink: self.sink.clone(),
-                            copy,
-                            original: None,
-                            worker: Arc::downgrade(&self.sh.worker),
-                        },
-                    );
+                    Job::Copy {
+                        sink: self.sink.clone(),
+                        copy,
+                        original: buf.clone(),
+                        then: Then::Resubmit(Arc::clone(&self.released)),
+                        worker: Arc::downgrade(&self.sh.worker),
+                    }
                 }
-                return Ok(());
-            }
+                None => return self.inner.buf_add(buf),
+            },
             Verdict::Truncate(cut) => match OwnCopy::of(buf, cut) {
                 Some(copy) if cut > 0 || buf.queue() == QueueType::ActiveBulkRecv => {
                     self.sh.counters.truncated.fetch_add(1, Ordering::Relaxed);
                     Job::Copy {
                         sink: self.sink.clone(),
                         copy,
-                        original: Some(buf.clone()),
+                        original: buf.clone(),
+                        then: Then::Fail,
                         worker: Arc::downgrade(&self.sh.worker),
                     }
                 }
@@ -738,6 +739,15 @@ impl OwnCopy {
     }
 }
 
+/// What becomes of the original of a copy.
+enum Then {
+    /// Handed to the real transport (marked in this set, so that its
+    /// `buf_add` passes).
+    Resubmit(Arc<Mutex<HashSet<BufToken>>>),
+    /// Failed as cut short once the copy completed.
+    Fail,
+}
+
 /// Work the wrapper's thread does at a given time.
 enum Job {
     /// Completes an operation the wrapper decided (if it is still queued).
@@ -752,13 +762,22 @@ enum Job {
         buf: QueuedBuf,
         released: Arc<Mutex<HashSet<BufToken>>>,
     },
-    /// Adds the wrapper's copy of an operation; once it is done, fails the
-    /// original (if any: a truncation) as cut short.
+    /// Adds the wrapper's copy of an operation, with the original marked
+    /// in use meanwhile; then hands the original to the real transport (a
+    /// duplicate) or fails it as cut short once the copy is done (a
+    /// truncation).
     Copy {
         sink: TmSink,
         copy: OwnCopy,
-        original: Option<QueuedBuf>,
+        original: QueuedBuf,
+        then: Then,
         worker: Weak<Worker>,
+    },
+    /// Completes an operation the wrapper has in use.
+    Finish {
+        sink: TmSink,
+        buf: QueuedBuf,
+        status: Result<usize>,
     },
     /// Breaks the connections with a peer.
     Reset {
@@ -791,17 +810,24 @@ impl Job {
                 sink,
                 copy,
                 original,
+                then,
                 worker,
             } => {
+                if !sink.begin_use(&original) {
+                    // Deleted, timed out or stopped meanwhile: the core
+                    // completed it; no copy either.
+                    return;
+                }
                 let error = copy.original_error();
+                let fail = matches!(then, Then::Fail);
                 let (s2, o2, e2) = (sink.clone(), original.clone(), error.clone());
                 let added = copy.add(&sink, move || {
                     // On a delivery thread: the original is failed from the
                     // wrapper's thread.
-                    if let Some(o) = &o2 {
-                        let job = Job::Complete {
+                    if fail {
+                        let job = Job::Finish {
                             sink: s2.clone(),
-                            buf: o.clone(),
+                            buf: o2.clone(),
                             status: Err(e2.clone()),
                         };
                         match worker.upgrade() {
@@ -810,13 +836,22 @@ impl Job {
                         }
                     }
                 });
-                if !added
-                    && let Some(o) = &original
-                    && sink.begin_use(o)
-                {
-                    sink.complete(o, Err(error));
+                match then {
+                    Then::Resubmit(released) => {
+                        // Idle again (completed now if a stop or deletion
+                        // came meanwhile), then to the real transport.
+                        sink.release_claim(&original);
+                        let token = original.token();
+                        released.lock().insert(token);
+                        if !sink.resubmit(&original) {
+                            released.lock().remove(&token);
+                        }
+                    }
+                    Then::Fail if !added => sink.complete(&original, Err(error)),
+                    Then::Fail => {}
                 }
             }
+            Self::Finish { sink, buf, status } => sink.complete(&buf, status),
             Self::Reset { tm, addr, sh } => {
                 if let Some(tm) = tm.upgrade()
                     && tm.reset_peer(&addr)

@@ -50,7 +50,9 @@ fn lnet_soak_heap_stays_flat() {
             let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
             cfg.accept_port = 0;
             cfg.accept = AcceptPolicy::All;
-            cfg.node.transaction_timeout = Duration::from_secs(20);
+            // A stop without abort waits for transactions in flight to a
+            // peer whose machine stopped first: keep that short.
+            cfg.node.transaction_timeout = Duration::from_secs(5);
             Lnet::start(cfg).expect("LNet node")
         })
         .collect();
@@ -62,6 +64,7 @@ fn lnet_soak_heap_stays_flat() {
             }
         }
     }
+    let handles = nodes.clone();
     let xprt = Arc::new(LnetTransport::new(nodes, LnetXprtConfig::default()).expect("transport"));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let addr = || {
@@ -74,21 +77,46 @@ fn lnet_soak_heap_stays_flat() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(12);
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
     let cfg = SoakConfig {
         seed: 32,
         max_ops: u64::MAX,
         max_time: Duration::from_secs(secs),
-        faults: true,
-        epoch_ops: 2_000,
+        faults: env("SOAK_HEAP_FAULTS", 1) == 1,
+        epoch_ops: env("SOAK_HEAP_EPOCH", 2_000),
         sample_every: Duration::from_secs(60),
     };
-    let mut samples: Vec<(Duration, isize)> = Vec::new();
-    let rep = soak(xprt, &addr, &cfg, &mut |r| {
-        samples.push((r.elapsed, LIVE.load(Ordering::Relaxed)));
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    // Sampled by a thread of its own every 200 ms (the soak's progress
+    // calls pause while a stop waits for LNet transactions).
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let t0 = std::time::Instant::now();
+    let (rep, samples) = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut v: Vec<(Duration, isize)> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if v.len() % 10 == 0 {
+                    println!(
+                        "keys {:?}",
+                        handles.iter().map(Lnet::registered_keys).collect::<Vec<_>>()
+                    );
+                }
+                v.push((t0.elapsed(), LIVE.load(Ordering::Relaxed)));
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            v
+        });
+        let rep = soak(xprt, &addr, &cfg, &mut |_| {});
+        stop.store(true, Ordering::Relaxed);
+        (rep, sampler.join().unwrap())
+    });
+    let rep = rep.unwrap_or_else(|e| panic!("{e}"));
     println!("{rep:?}");
-    for (t, b) in &samples {
+    for (t, b) in samples.iter().step_by(10) {
         println!(
             "{:>5.1}s live heap {:.2} MiB",
             t.as_secs_f64(),

@@ -396,6 +396,12 @@ impl Lnet {
         self.shared().mem.deregister(key)
     }
 
+    /// How many memory keys are registered now (a leak check: an idle
+    /// node with nothing attached holds only what its users keep).
+    pub fn registered_keys(&self) -> usize {
+        self.shared().mem.len()
+    }
+
     fn check_mem(&self, r: MemRef) -> Result<(), LnetError> {
         if self.shared().mem.resolve(r).is_some() {
             Ok(())
