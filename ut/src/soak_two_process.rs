@@ -317,7 +317,9 @@ impl PeerProc {
             .map_err(|e| format!("could not start the peer process: {e}"))?;
         let stdin = child.stdin.take().map(BufWriter::new);
         let stdout = child.stdout.take().ok_or("no stdout")?;
-        let (tx, rx) = crossbeam_channel::unbounded();
+        // The parent reads each answer before it asks again: at most one
+        // waits here.
+        let (tx, rx) = crossbeam_channel::bounded(16);
         std::thread::Builder::new()
             .name("soak-peer-reader".into())
             .spawn(move || {
@@ -594,9 +596,8 @@ pub fn soak_two_process(
             peer.flush().map_err(&fail)?;
             tm.stop(abort).map_err(|e| fail(format!("stop: {e}")))?;
             check_stopped("our side", &dom, tm, &ledger, &mut added).map_err(&fail)?;
-            let a = match peer.answers.recv_timeout(ANSWER_WAIT) {
-                Ok(a) => a,
-                Err(_) => return Err(fail("peer did not answer its stop".into())),
+            let Ok(a) = peer.answers.recv_timeout(ANSWER_WAIT) else {
+                return Err(fail("peer did not answer its stop".into()));
             };
             let Some(nums) = a.strip_prefix("ok ") else {
                 return Err(fail(format!("peer: {a}")));
