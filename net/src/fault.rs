@@ -32,6 +32,12 @@
 //!
 //! let plan = FaultPlan::new(42)
 //!     .rule(FaultRule::new(FaultAction::Lose, Pick::Rate(0.1)).on(&[QueueType::MsgSend]))
+//!     .rule(FaultRule::new(FaultAction::Duplicate, Pick::Rate(0.01)))
+//!     .rule(FaultRule::new(FaultAction::Truncate, Pick::Every(100)))
+//!     .rule(FaultRule::new(
+//!         FaultAction::Reset { within: Duration::from_millis(2) },
+//!         Pick::Rate(0.005),
+//!     ))
 //!     .rule(FaultRule::new(
 //!         FaultAction::Delay { min: Duration::ZERO, max: Duration::from_millis(5) },
 //!         Pick::Every(3),
