@@ -459,6 +459,17 @@ impl Lnet {
         Ok(s.run(Vec::new(), |c, _| c.node.md_unlink(md))?)
     }
 
+    /// `LNetMEUnlink`: removes an ME (and unlinks its MD, if any). An ME
+    /// whose `md_attach` failed stays in its portal's match list until it
+    /// is unlinked this way.
+    ///
+    /// # Errors
+    /// Unknown ME (`ENOENT`).
+    pub fn me_unlink(&self, me: MeHandle) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| c.node.me_unlink(me))?)
+    }
+
     /// `LNetSetLazyPortal` / `LNetClearLazyPortal`.
     ///
     /// # Errors

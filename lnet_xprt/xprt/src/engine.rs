@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use colibri_lnet_rt::colibri_lnet::ids::{Nid, Pid, ProcessId};
 use colibri_lnet_rt::colibri_lnet::matching::{
-    Event, MdOptions, MdSpec, MemKey, MemRef, Threshold, Unlink,
+    Event, MdHandle, MdOptions, MdSpec, MeHandle, MemKey, MemRef, Threshold, Unlink,
 };
 use colibri_lnet_rt::{Lnet, LnetError, MemRegion};
 use colibri_net::xprt::{Delivery, QueuedBuf, TmSink};
@@ -49,7 +49,7 @@ pub(crate) struct Engine {
     tms: Mutex<HashMap<(u32, u16), Weak<TmShared>>>,
     /// MDs left where a transfer machine stopped: they answer what still
     /// comes for it with `Unreachable`, until another machine starts there.
-    pub(crate) tombs: Mutex<HashMap<(u32, u16), colibri_lnet_rt::colibri_lnet::matching::MdHandle>>,
+    pub(crate) tombs: Mutex<HashMap<(u32, u16), MdHandle>>,
     /// Bulk requests waiting for a verdict: (deadline, operation id).
     pub(crate) handshakes: Mutex<BTreeSet<(Instant, u64)>>,
     pub(crate) handshake_timeout: Duration,
@@ -85,6 +85,19 @@ pub(crate) fn lnet_err(e: &LnetError, dest: &str) -> NetError {
 }
 
 impl Engine {
+    /// `md_attach` on a fresh ME; when it fails (the buffer's memory went
+    /// meanwhile, the node stopped) the ME is unlinked, or it would stay
+    /// in its portal's match list for good.
+    pub(crate) fn md_attach_or_unlink(
+        &self,
+        me: MeHandle,
+        spec: MdSpec,
+    ) -> std::result::Result<MdHandle, LnetError> {
+        self.lnet.md_attach(me, spec).inspect_err(|_| {
+            let _ = self.lnet.me_unlink(me);
+        })
+    }
+
     /// Starts the engine of `lnet` (which must deliver its events to its
     /// queue: the engine consumes them).
     pub(crate) fn start(lnet: Lnet, handshake_timeout: Duration) -> Result<Arc<Self>> {

@@ -382,7 +382,7 @@ impl TmShared {
                 if p.max_receive_msgs > 1 {
                     spec = spec.max_size(p.min_receive_size as u32);
                 }
-                e.lnet.md_attach(me, spec)
+                e.md_attach_or_unlink(me, spec)
             });
         match r {
             Ok(md) => {
@@ -436,7 +436,10 @@ impl TmShared {
                 match_id: ProcessId::ANY,
                 match_bits: bits,
                 ignore_bits: 0,
-                unlink,
+                // The ME goes with its MD, which is unlinked when the
+                // machine stops (a retained catch-all ME stayed in the
+                // portal's match list for good, one per start).
+                unlink: Unlink::Unlink,
                 pos: InsertPos::After,
             })
             .and_then(|me| {
@@ -447,7 +450,7 @@ impl TmShared {
                 if kind == Kind::Ctl {
                     spec = spec.max_size(CTL_MAX as u32);
                 }
-                e.lnet.md_attach(me, spec)
+                e.md_attach_or_unlink(me, spec)
             });
         match r {
             Ok(md) => {
@@ -1117,7 +1120,7 @@ impl TmShared {
                 pos: InsertPos::After,
             })
             .and_then(|me| {
-                e.lnet.md_attach(
+                e.md_attach_or_unlink(
                     me,
                     MdSpec::new(MemRef::new(key, 0, len as u32), opts)
                         .threshold(Threshold::Count(1))
@@ -1182,7 +1185,7 @@ impl TmShared {
                     pos: InsertPos::After,
                 })
                 .and_then(|me| {
-                    e.lnet.md_attach(
+                    e.md_attach_or_unlink(
                         me,
                         MdSpec::new(MemRef::new(key, off as u64, n as u32), opts)
                             .threshold(Threshold::Count(1))
@@ -1598,7 +1601,7 @@ impl LnetTm {
                 pos: InsertPos::After,
             })
             .and_then(|me| {
-                e.lnet.md_attach(
+                e.md_attach_or_unlink(
                     me,
                     MdSpec::new(
                         MemRef::new(e.empty, 0, 0),
