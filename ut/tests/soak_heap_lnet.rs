@@ -45,16 +45,13 @@ static GLOBAL: Counting = Counting;
 
 const NIDS: [&str; 2] = ["127.0.43.1@tcp", "127.0.43.2@tcp"];
 
+/// (memory keys registered, match entries attached) of each node.
+type Counts = Vec<(usize, usize)>;
+
 /// Runs the soak for `secs` seconds (`SOAK_HEAP_SECS` overrides);
-/// returns the live heap samples, and the memory keys of each node before
-/// and after.
-fn run(
-    secs: u64,
-) -> (
-    Vec<(Duration, isize)>,
-    Vec<(usize, usize)>,
-    Vec<(usize, usize)>,
-) {
+/// returns the live heap samples, and the counts of each node before and
+/// after.
+fn run(secs: u64) -> (Vec<(Duration, isize)>, Counts, Counts) {
     let nodes: Vec<Lnet> = NIDS
         .iter()
         .map(|n| {
