@@ -173,6 +173,10 @@ struct BenchArgs {
     /// Interleaved runs per figure.
     #[arg(long)]
     runs: Option<usize>,
+    /// lnet: the client and server transfer machines on two nets with a
+    /// router node between them (one hop), instead of on one net.
+    #[arg(long)]
+    routed: bool,
     /// CPUs for the client and server threads (two numbers).
     #[arg(long, value_delimiter = ',', num_args = 2, default_values_t = [1, 0])]
     cpus: Vec<usize>,
@@ -182,9 +186,9 @@ struct BenchArgs {
     /// Worker threads per transfer machine.
     #[arg(long, default_value_t = 1)]
     workers: usize,
-    /// mem: serve every transfer machine from one shared engine of this
-    /// many threads instead of workers of their own (--workers then does
-    /// not apply, nor does pinning).
+    /// mem and tcp: serve every transfer machine (mem) or domain (tcp)
+    /// from one shared engine of this many threads instead of threads of
+    /// their own (--workers then does not apply, nor does pinning).
     #[arg(long)]
     engine_threads: Option<usize>,
     /// A short run (seconds), for checking that everything works.
@@ -233,6 +237,8 @@ impl Machine {
 #[derive(Debug, Serialize)]
 struct Section {
     mode: &'static str,
+    /// lnet: through a router node (`--routed`).
+    routed: bool,
     workers: usize,
     pinned: Option<(usize, usize)>,
     rows: Vec<Row>,
@@ -306,9 +312,15 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         plans.iter().map(|(_, p)| p.steps()).sum::<usize>() + if lnet { 3 } else { 0 };
     let mut step = 0;
     for (polling, plan) in plans {
-        let pair = a.xprt.pair();
+        if a.routed && a.xprt != Xprt::Lnet {
+            return Err("--routed: only for --xprt lnet".into());
+        }
+        let pair = a.xprt.pair(a.routed);
         let xprt = match a.engine_threads {
-            Some(n) if a.xprt == Xprt::Mem => scale_bench::mem_shared(polling, n)?,
+            Some(n) if matches!(a.xprt, Xprt::Mem | Xprt::Tcp) => {
+                scale_bench::shared_engine(a.xprt, polling, n)?
+                    .ok_or("--engine-threads: this transport has no shared engine")?
+            }
             _ => a.xprt.transport_at(
                 polling,
                 a.workers,
@@ -329,6 +341,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         let rows = run_plan(&plan, &*xprt, &pair, &mut progress).map_err(|e| e.to_string())?;
         report.sections.push(Section {
             mode,
+            routed: a.routed,
             workers: a.workers.max(1),
             pinned,
             rows,
@@ -347,6 +360,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         let rows = lnet_bench::lnet_rows(a.runs.unwrap_or(5), a.smoke, pinned, &mut progress)?;
         report.sections.push(Section {
             mode: "lnet",
+            routed: false,
             workers: 1,
             pinned,
             rows,
@@ -371,6 +385,8 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
             );
             let threads = if s.mode == "lnet" {
                 "socket LND over loopback, runtime threads block in epoll".to_string()
+            } else if a.routed {
+                "transfer machines on two LNet nets, through a router node".to_string()
             } else if report.transport == "tcp" || report.transport == "rdma" {
                 "I/O threads (one per domain)".to_string()
             } else {
@@ -416,6 +432,13 @@ fn bench_plan(a: &BenchArgs, polling: bool, pinned: Option<(usize, usize)>) -> P
     if a.xprt == Xprt::Lnet {
         plan.bulk_sizes
             .retain(|&s| s <= colibri_lnet_xprt::MAX_BUFFER);
+        // LNet's own targets: 1 MiB bulk at least 0.85x a raw stream,
+        // 0.7x through a router (no round-trip target there).
+        plan.tcp_targets = if a.routed {
+            (None, 0.7)
+        } else {
+            (Some(1.3), 0.85)
+        };
     }
     plan.mem_targets &= !plan.tcp;
     plan

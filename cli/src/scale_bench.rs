@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use colibri_bulk_mem::{MemConfig, MemEngine, MemTransport};
+use colibri_bulk_tcp::{TcpConfig, TcpEngine, TcpTransport};
 use colibri_net::Transport;
 
 use crate::xprt::Xprt;
@@ -48,8 +49,8 @@ struct ScaleReport {
     seconds: f64,
     shared_domain: Vec<ScalePoint>,
     own_domains: Vec<ScalePoint>,
-    /// mem only: every transfer machine served by one engine of two
-    /// threads, each client in its own domain.
+    /// mem and TCP: each client in its own domain, every transfer machine
+    /// (mem) or domain (TCP) served by one engine of two threads.
     shared_engine: Vec<ScalePoint>,
     lnet_sim: Vec<SimPoint>,
     targets: Vec<Target>,
@@ -64,16 +65,37 @@ struct Sizes {
     sim_rounds: usize,
 }
 
-/// The in-memory transport with every transfer machine served by one
-/// shared engine of `threads` threads (polling 1 ms or blocking).
-pub(crate) fn mem_shared(polling: bool, threads: usize) -> Result<Arc<dyn Transport>, String> {
+/// `xprt` with every transfer machine (mem) or domain (TCP) served by
+/// one shared engine of `threads` threads (polling 1 ms or blocking);
+/// `None` for a transport without shared engines.
+pub(crate) fn shared_engine(
+    xprt: Xprt,
+    polling: bool,
+    threads: usize,
+) -> Result<Option<Arc<dyn Transport>>, String> {
     let spin = if polling {
         Duration::from_millis(1)
     } else {
         Duration::ZERO
     };
-    let engine = MemEngine::new(threads, spin).map_err(|e| e.to_string())?;
-    Ok(Arc::new(MemTransport::new(MemConfig::shared(&engine))))
+    Ok(match xprt {
+        Xprt::Mem => {
+            let engine = MemEngine::new(threads, spin).map_err(|e| e.to_string())?;
+            Some(Arc::new(MemTransport::new(MemConfig::shared(&engine))))
+        }
+        Xprt::Tcp => {
+            let engine = TcpEngine::new(
+                threads,
+                &TcpConfig {
+                    spin,
+                    ..TcpConfig::default()
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            Some(Arc::new(TcpTransport::new(TcpConfig::shared(&engine))))
+        }
+        _ => None,
+    })
 }
 
 /// Runs the curves and prints them.
@@ -97,7 +119,7 @@ pub(crate) fn run(
             shared: &[1, 10, 100, 1000],
             own: &[1, 10, 100],
             sim: &[2, 16, 64, 256, 1024],
-            messages: 50_000,
+            messages: 200_000,
             sim_rounds: 10,
         }
     };
@@ -135,11 +157,12 @@ pub(crate) fn run(
     };
     let shared_domain = curve(&*transport, sizes.shared, true)?;
     let own_domains = curve(&*transport, sizes.own, false)?;
-    let shared_engine = if xprt == Xprt::Mem {
-        progress("the same over one shared engine of two threads");
-        curve(&*mem_shared(polling, 2)?, sizes.shared, false)?
-    } else {
-        Vec::new()
+    let shared_engine = match shared_engine(xprt, polling, 2)? {
+        Some(t) => {
+            progress("the same over one shared engine of two threads");
+            curve(&*t, sizes.shared, false)?
+        }
+        None => Vec::new(),
     };
     let mut lnet_sim = Vec::new();
     for &k in sizes.sim {

@@ -9,7 +9,7 @@ use colibri_bench::PairConfig;
 use colibri_bulk_mem::{MemConfig, MemTransport};
 use colibri_bulk_rdma::{RdmaConfig, RdmaTransport};
 use colibri_bulk_tcp::{TcpConfig, TcpTransport};
-use colibri_lnet_rt::colibri_lnet::ids::Nid;
+use colibri_lnet_rt::colibri_lnet::ids::{Net, Nid};
 use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
 use colibri_lnet_rt::{Lnet, LnetConfig};
 use colibri_lnet_xprt::{LnetAddr, LnetTransport, LnetXprtConfig};
@@ -78,6 +78,50 @@ impl Xprt {
             cfg.accept = AcceptPolicy::All;
             cfg.node.transaction_timeout = std::time::Duration::from_secs(20);
             nodes.push(Lnet::start(cfg).map_err(|e| format!("LNet node {nid}: {e}"))?);
+        }
+        // In one process, nodes on different nets talk through a router
+        // node with an NI on each net (at `.254` of that net's first
+        // node's address), which the transport keeps with its nodes.
+        let mut nets: Vec<(Net, Nid)> = Vec::new();
+        for n in &nodes {
+            let nid = n.nids()[0];
+            if !nets.iter().any(|(net, _)| *net == nid.net()) {
+                nets.push((nid.net(), nid));
+            }
+        }
+        if in_process && nets.len() > 1 {
+            let gws = nets
+                .iter()
+                .map(|(net, nid)| net.nid((nid.addr() & !0xff) | 254))
+                .collect::<Vec<Nid>>();
+            let mut cfg = LnetConfig::new(&gws);
+            cfg.accept_port = 0;
+            cfg.accept = AcceptPolicy::All;
+            cfg.node.routing = true;
+            cfg.node.transaction_timeout = std::time::Duration::from_secs(20);
+            let router = Lnet::start(cfg).map_err(|e| format!("LNet router: {e}"))?;
+            for n in &nodes {
+                let own = n.nids()[0].net();
+                for &gw in &gws {
+                    if let Some(at) = router.listen_addr(gw) {
+                        n.set_peer_addr(gw, at);
+                    }
+                    if gw.net() != own {
+                        continue;
+                    }
+                    for (net, _) in &nets {
+                        if *net != own {
+                            n.add_route(*net, gw, Some(1), 0)
+                                .map_err(|e| format!("route to {net}: {e}"))?;
+                        }
+                    }
+                }
+                let nid = n.nids()[0];
+                if let Some(at) = n.listen_addr(nid) {
+                    router.set_peer_addr(nid, at);
+                }
+            }
+            nodes.push(router);
         }
         if in_process {
             for a in &nodes {
@@ -166,14 +210,19 @@ impl Xprt {
         }
     }
 
-    /// Where a benchmark starts its client and server.
-    pub(crate) fn pair(self) -> PairConfig {
+    /// Where a benchmark starts its client and server; `routed` (LNet):
+    /// on two nets, so that [`Xprt::transport_at`] puts a router between.
+    pub(crate) fn pair(self, routed: bool) -> PairConfig {
         match self {
             Self::Mem | Self::Tcp | Self::Rdma => PairConfig::mem(),
             // Two nodes: every message crosses the socket LND.
             Self::Lnet => PairConfig {
                 client_addr: "127.0.62.1@tcp:12345:30:*".into(),
-                server_addr: "127.0.62.2@tcp:12345:31:*".into(),
+                server_addr: if routed {
+                    "127.0.63.2@tcp1:12345:31:*".into()
+                } else {
+                    "127.0.62.2@tcp:12345:31:*".into()
+                },
                 cpus: None,
             },
         }

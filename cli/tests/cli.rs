@@ -413,6 +413,43 @@ fn bench_lnet_smoke() {
     }
 }
 
+/// `--routed`: the LNet transport's workloads through a router node, with
+/// the routed target (1 MiB bulk at least 0.7x a raw stream); refused
+/// for other transports.
+#[test]
+fn bench_lnet_routed_smoke() {
+    let out = colibri(&[
+        "bench", "--xprt", "lnet", "--routed", "--smoke", "--mode", "blocking", "--tests",
+        "rtt,bulk", "--json", "-q",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &v["sections"][0];
+    assert_eq!(s["routed"], true, "{s}");
+    let rows = s["rows"].as_array().unwrap();
+    let mib = rows
+        .iter()
+        .find(|r| r["test"] == "bulk-read" && r["size"] == 1 << 20)
+        .expect("a 1 MiB bulk row");
+    assert_eq!(mib["target"]["RatioAtLeast"], 0.7, "{mib}");
+    assert!(mib["ours"]["median"].as_f64().unwrap() > 0.0);
+    let rtt = rows
+        .iter()
+        .find(|r| r["test"] == "rtt")
+        .expect("an rtt row");
+    assert!(
+        rtt["target"].is_null(),
+        "no round-trip target through a router"
+    );
+    let out = colibri(&["bench", "--xprt", "tcp", "--routed", "--smoke", "-q"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--routed"));
+}
+
 #[test]
 fn bench_scale_smoke() {
     for xprt in ["mem", "tcp"] {

@@ -636,6 +636,47 @@ fn try_claim_recv_has_no_effect_when_it_fails() {
     shutdown(&fake, tm, dom);
 }
 
+/// A buffer leaves the claim list when its last message is claimed and
+/// comes back when that claim is released (a message that failed on its
+/// way in): the next message lands in it again, before younger buffers.
+#[test]
+fn a_released_last_claim_reopens_its_buffer() {
+    let fake = Fake::new(Caps::new(1));
+    let (dom, tm) = started(&fake);
+    let (cbs, ev) = event_channel(8);
+    let sink = fake.sink();
+    for _ in 0..2 {
+        tm.add_msg_recv(buf64(&dom, &cbs), RecvParams::default())
+            .unwrap();
+    }
+    let first = sink.claim_recv(10).unwrap();
+    let second = sink.claim_recv(10).unwrap();
+    assert!(
+        sink.try_claim_recv(10).is_none(),
+        "both buffers closed by their one message"
+    );
+    let first_buf = first.buf.clone();
+    sink.release_recv(first);
+    fake.pump();
+    let again = sink
+        .try_claim_recv(10)
+        .expect("the released buffer reopened");
+    assert_eq!(
+        again.buf.token(),
+        first_buf.token(),
+        "the reopened buffer first"
+    );
+    sink.post_msg(again, 10, "ep:a");
+    sink.post_msg(second, 10, "ep:b");
+    for _ in 0..2 {
+        let e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(e.is_ok() && e.is_final());
+    }
+    assert!(sink.try_claim_recv(10).is_none());
+    assert_eq!(tm.queued(), 0);
+    shutdown(&fake, tm, dom);
+}
+
 /// A network that owns queued buffers (`Caps::network_owned`, LNet): the
 /// core hands even idle buffers' cancellations to the transport, which
 /// completes them; placed messages land where the network put them, and

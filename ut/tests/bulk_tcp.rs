@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use colibri_bulk_tcp::wire::{FLAG_LAST, Header, Opcode};
-use colibri_bulk_tcp::{TcpAddr, TcpConfig, TcpTransport};
+use colibri_bulk_tcp::{TcpAddr, TcpConfig, TcpEngine, TcpTransport};
 use colibri_net::{NetBufDesc, QueueType, Transport};
 use colibri_ut::{Factory, Staller};
 
@@ -114,6 +114,18 @@ impl Staller for RawPeers {
 mod default_config {
     use super::*;
     colibri_ut::conformance_tests!(Tcp(TcpConfig::default()));
+}
+
+/// One engine of two I/O threads for every domain of every test of this
+/// module (the tests run in parallel: its threads serve them all).
+fn engine() -> &'static TcpEngine {
+    static ENGINE: std::sync::OnceLock<TcpEngine> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| TcpEngine::new(2, &TcpConfig::default()).expect("engine threads"))
+}
+
+mod shared_engine {
+    use super::*;
+    colibri_ut::conformance_tests!(Tcp(TcpConfig::shared(engine())));
 }
 
 mod blocking_small_chunks {

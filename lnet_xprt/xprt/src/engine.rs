@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use colibri_lnet_rt::colibri_lnet::ids::{Nid, Pid, ProcessId};
 use colibri_lnet_rt::colibri_lnet::matching::{
-    Event, MdHandle, MdOptions, MdSpec, MeHandle, MemKey, MemRef, Threshold, Unlink,
+    Event, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, MemKey, MemRef, Threshold, Unlink,
 };
 use colibri_lnet_rt::{Lnet, LnetError, MemRegion};
 use colibri_net::xprt::{Delivery, QueuedBuf, TmSink};
@@ -85,19 +85,6 @@ pub(crate) fn lnet_err(e: &LnetError, dest: &str) -> NetError {
 }
 
 impl Engine {
-    /// `md_attach` on a fresh ME; when it fails (the buffer's memory went
-    /// meanwhile, the node stopped) the ME is unlinked, or it would stay
-    /// in its portal's match list for good.
-    pub(crate) fn md_attach_or_unlink(
-        &self,
-        me: MeHandle,
-        spec: MdSpec,
-    ) -> std::result::Result<MdHandle, LnetError> {
-        self.lnet.md_attach(me, spec).inspect_err(|_| {
-            let _ = self.lnet.me_unlink(me);
-        })
-    }
-
     /// Starts the engine of `lnet` (which must deliver its events to its
     /// queue: the engine consumes them).
     pub(crate) fn start(lnet: Lnet, handshake_timeout: Duration) -> Result<Arc<Self>> {
@@ -255,6 +242,58 @@ impl Engine {
         self.tms.lock().get(&(portal, tmid)).and_then(Weak::upgrade)
     }
 
+    /// `LNetMEAttach` + `LNetMDAttach`: an ME on `portal` matching `bits`
+    /// (but for `ignore`) from anyone, appended, with `md` on it; the ME
+    /// goes when the MD does (`unlink`). An ME whose MD cannot be attached
+    /// (the buffer's memory went meanwhile, the node stopped) is unlinked
+    /// at once, or it would stay in the portal's match list for good.
+    pub(crate) fn attach(
+        &self,
+        portal: u32,
+        bits: u64,
+        ignore: u64,
+        unlink: Unlink,
+        md: MdSpec,
+    ) -> std::result::Result<MdHandle, LnetError> {
+        let me = self.lnet.me_attach(MeSpec {
+            portal,
+            match_id: ProcessId::ANY,
+            match_bits: bits,
+            ignore_bits: ignore,
+            unlink,
+            pos: InsertPos::After,
+        })?;
+        self.lnet.md_attach(me, md).inspect_err(|_| {
+            let _ = self.lnet.me_unlink(me);
+        })
+    }
+
+    /// `LNetMDBind` of a free MD over `mem` (`threshold` events, unlinked
+    /// after the last, reported with `user`), then `bound` (which records
+    /// the MD) and `start` (the PUT or GET from it); an MD whose operation
+    /// did not start is unlinked again.
+    pub(crate) fn bind_and_start(
+        &self,
+        mem: MemRef,
+        threshold: u32,
+        user: u64,
+        bound: impl FnOnce(MdHandle),
+        start: impl FnOnce(MdHandle) -> std::result::Result<(), LnetError>,
+    ) -> std::result::Result<(), LnetError> {
+        let md = self.lnet.md_bind(
+            MdSpec::new(mem, MdOptions::empty())
+                .threshold(Threshold::Count(threshold))
+                .unlink(Unlink::Unlink)
+                .user_ptr(user),
+        )?;
+        bound(md);
+        let r = start(md);
+        if r.is_err() {
+            let _ = self.lnet.md_unlink(md);
+        }
+        r
+    }
+
     /// Sends a control message (a PUT without ACK from memory of its own)
     /// to the transfer machine `(to, portal, tmid)`, from `(portal, tmid)`.
     /// `op` is the active operation a request is for (0 otherwise): a
@@ -274,16 +313,13 @@ impl Engine {
         let key = self.lnet.register(&MemRegion::from_vec(bytes));
         let id = self.new_id() | CTL_SEND_BIT;
         self.ctl_sends.lock().insert(id, (key, op));
-        let r = self
-            .lnet
-            .md_bind(
-                MdSpec::new(MemRef::new(key, 0, len), MdOptions::empty())
-                    .threshold(Threshold::Count(1))
-                    .unlink(Unlink::Unlink)
-                    .user_ptr(id),
-            )
-            .and_then(|md| {
-                let r = self.lnet.put(
+        let r = self.bind_and_start(
+            MemRef::new(key, 0, len),
+            1,
+            id,
+            |_| {},
+            |md| {
+                self.lnet.put(
                     md,
                     false,
                     to,
@@ -291,12 +327,9 @@ impl Engine {
                     match_bits(tmid, CNT_CTL),
                     0,
                     hdr_data(HDR_CTL, from.0, from.1, (msg.xid() as u32) & SEQ_MASK),
-                );
-                if r.is_err() {
-                    let _ = self.lnet.md_unlink(md);
-                }
-                r
-            });
+                )
+            },
+        );
         if r.is_err() {
             self.ctl_sends.lock().remove(&id);
             self.lnet.deregister(key);

@@ -8,8 +8,7 @@ use std::time::Instant;
 use colibri_lnet_rt::ForeignMemory;
 use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
 use colibri_lnet_rt::colibri_lnet::matching::{
-    Event, EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, MemKey, MemRef, OpError,
-    Threshold, Unlink,
+    Event, EventKind, MdHandle, MdOptions, MdSpec, MemKey, MemRef, OpError, Threshold, Unlink,
 };
 use colibri_net::desc::NetBufDesc;
 use colibri_net::xprt::{
@@ -357,33 +356,27 @@ impl TmShared {
         let key = self.register(e, op, size).ok_or(NetError::Cancelled)?;
         e.add_op(op);
         let tmid = addr.tmid.unwrap_or(0);
-        let r = e
-            .lnet
-            .me_attach(MeSpec {
-                portal: addr.portal,
-                match_id: ProcessId::ANY,
-                match_bits: match_bits(tmid, CNT_MSG),
-                ignore_bits: RECV_IGNORE,
-                unlink: Unlink::Unlink,
-                pos: InsertPos::After,
-            })
-            .and_then(|me| {
-                // No LNet ACK: the receiver answers once it posted the
-                // message (DELIVERED), or NAKs it.
-                let mut spec = MdSpec::new(
-                    MemRef::new(key, 0, size as u32),
-                    MdOptions::OP_PUT
-                        .with(MdOptions::TRUNCATE)
-                        .with(MdOptions::ACK_DISABLE),
-                )
-                .threshold(Threshold::Count(p.max_receive_msgs))
-                .unlink(Unlink::Unlink)
-                .user_ptr(op.id);
-                if p.max_receive_msgs > 1 {
-                    spec = spec.max_size(p.min_receive_size as u32);
-                }
-                e.md_attach_or_unlink(me, spec)
-            });
+        // No LNet ACK: the receiver answers once it posted the message
+        // (DELIVERED), or NAKs it.
+        let mut spec = MdSpec::new(
+            MemRef::new(key, 0, size as u32),
+            MdOptions::OP_PUT
+                .with(MdOptions::TRUNCATE)
+                .with(MdOptions::ACK_DISABLE),
+        )
+        .threshold(Threshold::Count(p.max_receive_msgs))
+        .unlink(Unlink::Unlink)
+        .user_ptr(op.id);
+        if p.max_receive_msgs > 1 {
+            spec = spec.max_size(p.min_receive_size as u32);
+        }
+        let r = e.attach(
+            addr.portal,
+            match_bits(tmid, CNT_MSG),
+            RECV_IGNORE,
+            Unlink::Unlink,
+            spec,
+        );
         match r {
             Ok(md) => {
                 let mut s = op.st.lock();
@@ -429,29 +422,17 @@ impl TmShared {
             )
         };
         e.add_op(&op);
-        let r = e
-            .lnet
-            .me_attach(MeSpec {
-                portal: addr.portal,
-                match_id: ProcessId::ANY,
-                match_bits: bits,
-                ignore_bits: 0,
-                // The ME goes with its MD, which is unlinked when the
-                // machine stops (a retained catch-all ME stayed in the
-                // portal's match list for good, one per start).
-                unlink: Unlink::Unlink,
-                pos: InsertPos::After,
-            })
-            .and_then(|me| {
-                let mut spec = MdSpec::new(mem, opts)
-                    .threshold(thr)
-                    .unlink(unlink)
-                    .user_ptr(op.id);
-                if kind == Kind::Ctl {
-                    spec = spec.max_size(CTL_MAX as u32);
-                }
-                e.md_attach_or_unlink(me, spec)
-            });
+        let mut spec = MdSpec::new(mem, opts)
+            .threshold(thr)
+            .unlink(unlink)
+            .user_ptr(op.id);
+        if kind == Kind::Ctl {
+            spec = spec.max_size(CTL_MAX as u32);
+        }
+        // The ME goes with its MD, which is unlinked when the machine
+        // stops (a retained catch-all ME stayed in the portal's match
+        // list for good, one per start).
+        let r = e.attach(addr.portal, bits, 0, Unlink::Unlink, spec);
         match r {
             Ok(md) => {
                 let mut s = op.st.lock();
@@ -1109,25 +1090,13 @@ impl TmShared {
         if len > MTU {
             return self.attach_passive_chunks(e, &op, addr, key, opts, bits, peer, xid);
         }
-        let r = e
-            .lnet
-            .me_attach(MeSpec {
-                portal: addr.portal,
-                match_id: ProcessId::ANY,
-                match_bits: bits,
-                ignore_bits: 0,
-                unlink: Unlink::Unlink,
-                pos: InsertPos::After,
-            })
-            .and_then(|me| {
-                e.md_attach_or_unlink(
-                    me,
-                    MdSpec::new(MemRef::new(key, 0, len as u32), opts)
-                        .threshold(Threshold::Count(1))
-                        .unlink(Unlink::Unlink)
-                        .user_ptr(op.id),
-                )
-            });
+        let r = e.attach(
+            addr.portal,
+            bits,
+            0,
+            Unlink::Unlink,
+            one_shot(MemRef::new(key, 0, len as u32), opts, op.id),
+        );
         match r {
             Ok(md) => {
                 let mut s = op.st.lock();
@@ -1174,25 +1143,13 @@ impl TmShared {
             let c = self.new_chunk(e, op);
             c.st.lock().len = n;
             e.add_op(&c);
-            let r = e
-                .lnet
-                .me_attach(MeSpec {
-                    portal: addr.portal,
-                    match_id: ProcessId::ANY,
-                    match_bits: bits + k as u64,
-                    ignore_bits: 0,
-                    unlink: Unlink::Unlink,
-                    pos: InsertPos::After,
-                })
-                .and_then(|me| {
-                    e.md_attach_or_unlink(
-                        me,
-                        MdSpec::new(MemRef::new(key, off as u64, n as u32), opts)
-                            .threshold(Threshold::Count(1))
-                            .unlink(Unlink::Unlink)
-                            .user_ptr(c.id),
-                    )
-                });
+            let r = e.attach(
+                addr.portal,
+                bits + k as u64,
+                0,
+                Unlink::Unlink,
+                one_shot(MemRef::new(key, off as u64, n as u32), opts, c.id),
+            );
             match r {
                 Ok(md) => {
                     c.st.lock().md = Some(md);
@@ -1261,34 +1218,13 @@ impl TmShared {
             c.st.lock().len = n;
             e.add_op(&c);
             op.st.lock().children.push(Arc::clone(&c));
-            let r = e
-                .lnet
-                .md_bind(
-                    MdSpec::new(MemRef::new(key, off as u64, n as u32), MdOptions::empty())
-                        .threshold(Threshold::Count(2))
-                        .unlink(Unlink::Unlink)
-                        .user_ptr(c.id),
-                )
-                .and_then(|md| {
-                    c.st.lock().md = Some(md);
-                    let r = if recv {
-                        e.lnet.get(md, t.proc_, t.portal, bits + k as u64, 0)
-                    } else {
-                        e.lnet.put(
-                            md,
-                            true,
-                            t.proc_,
-                            t.portal,
-                            bits + k as u64,
-                            0,
-                            hdr_data(HDR_BULK, from.0, from.1, 0),
-                        )
-                    };
-                    if r.is_err() {
-                        let _ = e.lnet.md_unlink(md);
-                    }
-                    r
-                });
+            let r = e.bind_and_start(
+                MemRef::new(key, off as u64, n as u32),
+                2,
+                c.id,
+                |md| c.st.lock().md = Some(md),
+                |md| move_bulk(e, md, recv, t, bits + k as u64, from),
+            );
             if let Err(err) = r {
                 // Chunks already started end by themselves; the rest never
                 // will: the transfer fails now.
@@ -1396,39 +1332,18 @@ impl TmShared {
             }
             return;
         }
-        let r = e
-            .lnet
-            .md_bind(
-                MdSpec::new(MemRef::new(key, 0, len as u32), MdOptions::empty())
-                    .threshold(Threshold::Count(2))
-                    .unlink(Unlink::Unlink)
-                    .user_ptr(op.id),
-            )
-            .and_then(|md| {
-                {
-                    let mut s = op.st.lock();
-                    s.md = Some(md);
-                    s.stage = Stage::Live;
-                    s.len = len;
-                }
-                let r = if recv {
-                    e.lnet.get(md, t.proc_, t.portal, bits, 0)
-                } else {
-                    e.lnet.put(
-                        md,
-                        true,
-                        t.proc_,
-                        t.portal,
-                        bits,
-                        0,
-                        hdr_data(HDR_BULK, from.0, from.1, 0),
-                    )
-                };
-                if r.is_err() {
-                    let _ = e.lnet.md_unlink(md);
-                }
-                r
-            });
+        let r = e.bind_and_start(
+            MemRef::new(key, 0, len as u32),
+            2,
+            op.id,
+            |md| {
+                let mut s = op.st.lock();
+                s.md = Some(md);
+                s.stage = Stage::Live;
+                s.len = len;
+            },
+            |md| move_bulk(e, md, recv, &t, bits, from),
+        );
         if let Err(err) = r {
             abort(NetError::Cancelled);
             let ne = lnet_err(&err, &t.owner);
@@ -1590,30 +1505,21 @@ impl LnetTm {
         }
         let op = self.sh.new_op(e, Kind::Tomb, None);
         e.add_op(&op);
-        let r = e
-            .lnet
-            .me_attach(MeSpec {
-                portal,
-                match_id: ProcessId::ANY,
-                match_bits: match_bits(tmid, 0),
-                ignore_bits: (1 << COUNTER_BITS) - 1,
-                unlink: Unlink::Unlink,
-                pos: InsertPos::After,
-            })
-            .and_then(|me| {
-                e.md_attach_or_unlink(
-                    me,
-                    MdSpec::new(
-                        MemRef::new(e.empty, 0, 0),
-                        MdOptions::OP_PUT
-                            .with(MdOptions::TRUNCATE)
-                            .with(MdOptions::ACK_DISABLE),
-                    )
-                    .threshold(Threshold::Infinite)
-                    .unlink(Unlink::Unlink)
-                    .user_ptr(op.id),
-                )
-            });
+        let r = e.attach(
+            portal,
+            match_bits(tmid, 0),
+            (1 << COUNTER_BITS) - 1,
+            Unlink::Unlink,
+            MdSpec::new(
+                MemRef::new(e.empty, 0, 0),
+                MdOptions::OP_PUT
+                    .with(MdOptions::TRUNCATE)
+                    .with(MdOptions::ACK_DISABLE),
+            )
+            .threshold(Threshold::Infinite)
+            .unlink(Unlink::Unlink)
+            .user_ptr(op.id),
+        );
         match r {
             Ok(md) => {
                 if let Some(old) = e.tombs.lock().insert((portal, tmid), md) {
@@ -1788,22 +1694,20 @@ impl XprtTm for LnetTm {
                 sh.st.lock().sends.insert(seq_of(op.id), Arc::clone(&op));
                 let key = sh.register(&e, &op, len).ok_or(NetError::Cancelled)?;
                 e.add_op(&op);
-                let r = e
-                    .lnet
-                    .md_bind(
-                        MdSpec::new(MemRef::new(key, 0, len as u32), MdOptions::empty())
-                            .threshold(Threshold::Count(1))
-                            .unlink(Unlink::Unlink)
-                            .user_ptr(op.id),
-                    )
-                    .and_then(|md| {
+                let r = e.bind_and_start(
+                    MemRef::new(key, 0, len as u32),
+                    1,
+                    op.id,
+                    |md| {
                         {
                             let mut s = op.st.lock();
                             s.md = Some(md);
                             s.stage = Stage::Live;
                         }
                         arm_deadline(&e, &op);
-                        let r = e.lnet.put(
+                    },
+                    |md| {
+                        e.lnet.put(
                             md,
                             false,
                             dest.process(),
@@ -1811,12 +1715,9 @@ impl XprtTm for LnetTm {
                             match_bits(dest.tmid.unwrap_or(0), CNT_MSG),
                             0,
                             hdr_data(HDR_MSG, a.portal, a.tmid.unwrap_or(0), seq_of(op.id)),
-                        );
-                        if r.is_err() {
-                            let _ = e.lnet.md_unlink(md);
-                        }
-                        r
-                    });
+                        )
+                    },
+                );
                 if let Err(err) = r {
                     // Reported as the send's completion, as a failure on
                     // the wire would be.
@@ -2004,6 +1905,39 @@ fn disarm_deadline(e: &Engine, op: &Op) {
 }
 
 /// The sequence number of a send (in its header data).
+/// A one-shot MD spec (one operation, then unlinked) over `mem`.
+fn one_shot(mem: MemRef, opts: MdOptions, user: u64) -> MdSpec {
+    MdSpec::new(mem, opts)
+        .threshold(Threshold::Count(1))
+        .unlink(Unlink::Unlink)
+        .user_ptr(user)
+}
+
+/// The active side's transfer from (or into) `md`: a GET of the passive
+/// buffer when it receives, else a PUT with ACK carrying who sends.
+fn move_bulk(
+    e: &Engine,
+    md: MdHandle,
+    recv: bool,
+    t: &BulkTarget,
+    bits: u64,
+    from: (u32, u16),
+) -> std::result::Result<(), colibri_lnet_rt::LnetError> {
+    if recv {
+        e.lnet.get(md, t.proc_, t.portal, bits, 0)
+    } else {
+        e.lnet.put(
+            md,
+            true,
+            t.proc_,
+            t.portal,
+            bits,
+            0,
+            hdr_data(HDR_BULK, from.0, from.1, 0),
+        )
+    }
+}
+
 fn seq_of(id: u64) -> u32 {
     (id as u32) & SEQ_MASK
 }

@@ -125,6 +125,10 @@ pub struct TcpConfig {
     pub io_cpu: Option<usize>,
     /// Size limits.
     pub limits: Limits,
+    /// A shared engine whose I/O threads serve the domains made with this
+    /// configuration, instead of a thread of their own each (the I/O
+    /// settings above are then the engine's). See [`TcpEngine`].
+    pub engine: Option<TcpEngine>,
 }
 
 impl Default for TcpConfig {
@@ -138,6 +142,7 @@ impl Default for TcpConfig {
             sock_buf: None,
             io_cpu: None,
             limits: Limits::new(64 << 20, 16 << 20, 4096, 1024),
+            engine: None,
         }
     }
 }
@@ -158,6 +163,119 @@ impl TcpConfig {
             ..Self::default()
         }
     }
+
+    /// Domains served by the I/O threads of `engine` (its I/O settings,
+    /// the default limits).
+    pub fn shared(engine: &TcpEngine) -> Self {
+        Self {
+            engine: Some(engine.clone()),
+            ..engine.0.cfg.clone()
+        }
+    }
+}
+
+/// A fixed set of I/O threads serving the connections of any number of
+/// TCP domains (those whose [`TcpConfig::engine`] names it), as Lustre's
+/// socklnd schedulers serve every peer.
+///
+/// Without one, each domain has an I/O thread of its own: a process with
+/// a thousand domains has a thousand threads, each spinning
+/// [`TcpConfig::spin`] after work, and the rate falls as they take turns
+/// on the CPUs. With an engine of `n` threads, domains are dealt to the
+/// threads in turn; a thread serves its domains' listeners, connections,
+/// timers and callbacks in one event loop, as it would one domain's.
+/// Connections are cached per thread, so domains on one thread also share
+/// their outgoing connections.
+///
+/// The trade-off: a domain's I/O waits behind the other domains' on its
+/// thread (a slow callback delays all of them, as it delays its own
+/// domain's I/O without an engine), and the thread cannot be confined to
+/// CPUs for one domain (`confine` is refused; [`TcpConfig::io_cpu`] of
+/// the engine's configuration pins every thread). One domain per side on
+/// an engine of at least two threads gets a thread each, as without one.
+/// The threads exit when the engine and every domain using it are gone.
+///
+/// ```
+/// use colibri_bulk_tcp::{TcpConfig, TcpEngine, TcpTransport};
+/// use colibri_net::Domain;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let engine = TcpEngine::new(2, &TcpConfig::default())?;
+/// let xprt = TcpTransport::new(TcpConfig::shared(&engine));
+/// let domains = (0..50)
+///     .map(|_| Domain::new(&xprt))
+///     .collect::<Result<Vec<_>, _>>()?;
+/// assert_eq!(engine.threads(), 2);
+/// # drop(domains);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct TcpEngine(Arc<EnginePool>);
+
+struct EnginePool {
+    cfg: TcpConfig,
+    stats: Arc<Stats>,
+    threads: Vec<Arc<engine::Engine>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl std::fmt::Debug for TcpEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpEngine")
+            .field("threads", &self.0.threads.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TcpEngine {
+    /// Starts `threads` I/O threads (at least one) with the I/O settings
+    /// of `cfg` (`spin`, `chunk`, timeouts, socket buffers, `io_cpu`).
+    ///
+    /// # Errors
+    /// The system refused a thread or an epoll instance.
+    pub fn new(threads: usize, cfg: &TcpConfig) -> Result<Self> {
+        let cfg = TcpConfig {
+            engine: None,
+            ..cfg.clone()
+        };
+        let stats = Arc::<Stats>::default();
+        let threads = (0..threads.max(1))
+            .map(|_| engine::Engine::start(cfg.clone(), Arc::clone(&stats)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self(Arc::new(EnginePool {
+            cfg,
+            stats,
+            threads,
+            next: std::sync::atomic::AtomicUsize::new(0),
+        })))
+    }
+
+    /// Its I/O threads.
+    pub fn threads(&self) -> usize {
+        self.0.threads.len()
+    }
+
+    /// Connection counters of every domain it serves.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.0.stats.snapshot()
+    }
+
+    /// The thread for one more domain (in turn).
+    fn take(&self) -> Arc<engine::Engine> {
+        let k = self.0.next.fetch_add(1, Ordering::Relaxed) % self.0.threads.len();
+        let e = Arc::clone(&self.0.threads[k]);
+        e.add_user();
+        e
+    }
+}
+
+impl Drop for EnginePool {
+    fn drop(&mut self) {
+        for e in &self.threads {
+            e.release_user();
+        }
+    }
 }
 
 /// The TCP transport.
@@ -170,10 +288,11 @@ pub struct TcpTransport {
 impl TcpTransport {
     /// A transport with the given configuration.
     pub fn new(cfg: TcpConfig) -> Self {
-        Self {
-            cfg,
-            stats: Arc::default(),
-        }
+        let stats = cfg
+            .engine
+            .as_ref()
+            .map_or_else(Arc::default, |e| Arc::clone(&e.0.stats));
+        Self { cfg, stats }
     }
 
     /// Its configuration.
@@ -193,8 +312,12 @@ impl Transport for TcpTransport {
     }
 
     fn dom_init(&self) -> Result<Box<dyn XprtDomain>> {
-        let engine = engine::Engine::start(self.cfg.clone(), Arc::clone(&self.stats))?;
+        let engine = match &self.cfg.engine {
+            Some(shared) => shared.take(),
+            None => engine::Engine::start(self.cfg.clone(), Arc::clone(&self.stats))?,
+        };
         Ok(Box::new(TcpDomain {
+            shared: self.cfg.engine.is_some(),
             cfg: self.cfg.clone(),
             engine,
             finalized: AtomicBool::new(false),
@@ -205,6 +328,8 @@ impl Transport for TcpTransport {
 #[derive(Debug)]
 struct TcpDomain {
     cfg: TcpConfig,
+    /// Served by a shared engine's thread (which `confine` may not pin).
+    shared: bool,
     engine: Arc<engine::Engine>,
     finalized: AtomicBool,
 }
@@ -219,12 +344,16 @@ impl XprtDomain for TcpDomain {
     }
 
     fn caps(&self) -> Caps {
-        Caps::new(TCP_TRANSPORT_ID)
+        let caps = Caps::new(TCP_TRANSPORT_ID)
             .with_sync_delivery()
             .with_multi_message()
             .with_timeouts()
-            .with_confine()
-            .with_reset_peer()
+            .with_reset_peer();
+        if self.shared {
+            caps
+        } else {
+            caps.with_confine()
+        }
     }
 
     fn tm_init(&self, tm: TmId, sink: TmSink) -> Result<Box<dyn XprtTm>> {

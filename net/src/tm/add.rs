@@ -15,7 +15,7 @@ use crate::sync::{AtomicU8, LeafMutex, Mutex};
 use crate::util::random_u64;
 use crate::xprt::QueuedBuf;
 
-use super::slot::{RecvState, Slot, SlotEvents};
+use super::slot::{F_LISTED, RecvState, Slot, SlotEvents};
 use super::{BufToken, RecvParams, TmCore, TmHandle, TmState};
 
 /// A buffer operation: the queue to add to, with what that queue needs.
@@ -326,6 +326,7 @@ impl TmHandle {
         core.stats[queue.index()].adds += 1;
         if queue == QueueType::MsgRecv {
             core.recv_list.push_back(key);
+            slot.set(F_LISTED);
         }
         trace!(tm = %self.inner.id, token = key, %queue, "added");
         Ok(Added {

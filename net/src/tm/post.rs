@@ -17,7 +17,7 @@ use crate::xprt::{
 };
 
 use super::slot::{
-    Claim, EvData, F_CANCEL, F_IN_USE, F_TIMED_OUT, Out, Post, Ready, RecvState, Slot,
+    Claim, EvData, F_CANCEL, F_IN_USE, F_LISTED, F_TIMED_OUT, Out, Post, Ready, RecvState, Slot,
 };
 use super::{BufToken, TmCore, TmInner, TmState};
 
@@ -124,10 +124,8 @@ impl TmInner {
         // The reference a send holds on its end point ends with the send.
         drop(slot.ep.lock().take());
         core.qlen[slot.queue.index()] -= 1;
-        if slot.queue == QueueType::MsgRecv
-            && let Some(pos) = core.recv_list.iter().position(|&k| k == slot.token)
-        {
-            core.recv_list.remove(pos);
+        if slot.flag(F_LISTED) {
+            Self::unlist(core, slot);
         }
         if let Some(d) = slot.deadline {
             core.timers.remove(&(d, slot.token));
@@ -230,6 +228,10 @@ impl TmInner {
                     if rs.reserved == c.offset + c.len {
                         rs.reserved = c.offset;
                     }
+                    if !slot.flag(F_LISTED) {
+                        core.recv_list.push_front(slot.token);
+                        slot.set(F_LISTED);
+                    }
                 }
                 rs.ready.push((seq, None));
                 (fin, redel) = self.drain_recv(core, slot, &mut rs, now, &mut out);
@@ -330,26 +332,46 @@ impl TmInner {
     /// Claims space for a message, or `None` with no other effect (no
     /// loss counted, no buffer failed as too small).
     pub(crate) fn try_claim_recv(self: &Arc<Self>, len: usize) -> Option<RecvClaim> {
-        let core = self.core.lock();
+        let mut core = self.core.lock();
         if core.state != TmState::Started {
             return None;
         }
-        Self::claim_in(&core, len).ok()
+        Self::claim_in(&mut core, len).ok()
+    }
+
+    /// Takes a receive buffer out of the list of those that may take
+    /// another message.
+    fn unlist(core: &mut TmCore, slot: &Slot) {
+        if let Some(pos) = core.recv_list.iter().position(|&k| k == slot.token) {
+            core.recv_list.remove(pos);
+        }
+        slot.clear(F_LISTED);
     }
 
     /// The claim of `len` bytes in the first receive buffer with room, or
     /// the first empty buffer too small for it (the victim), if any.
-    fn claim_in(core: &TmCore, len: usize) -> Result<RecvClaim, Option<Arc<Slot>>> {
+    ///
+    /// A buffer leaves the list when it closes (its last message claimed),
+    /// so a claim looks at the buffers that can still take one, not at
+    /// every buffer whose messages are on their way to the application.
+    fn claim_in(core: &mut TmCore, len: usize) -> Result<RecvClaim, Option<Arc<Slot>>> {
         let mut victim: Option<Arc<Slot>> = None;
-        for &key in &core.recv_list {
+        let mut i = 0;
+        while let Some(&key) = core.recv_list.get(i) {
             let Some(slot) = core.slots.get(key) else {
+                core.recv_list.remove(i);
                 continue;
             };
             if slot.flag(F_CANCEL) {
+                i += 1;
                 continue;
             }
             let mut rs = slot.rs.lock();
             if rs.closed {
+                // Closed by a placement or as a victim.
+                drop(rs);
+                slot.clear(F_LISTED);
+                core.recv_list.remove(i);
                 continue;
             }
             if slot.size - rs.reserved >= len {
@@ -363,16 +385,23 @@ impl TmInner {
                 rs.closed = fin;
                 rs.inflight.push((seq, Claim { offset, len, fin }));
                 slot.set(F_IN_USE);
-                return Ok(RecvClaim {
+                drop(rs);
+                let claim = RecvClaim {
                     buf: QueuedBuf(Arc::clone(slot)),
                     offset,
                     len,
                     seq,
-                });
+                };
+                if fin {
+                    slot.clear(F_LISTED);
+                    core.recv_list.remove(i);
+                }
+                return Ok(claim);
             }
             if rs.reserved == 0 && rs.inflight.is_empty() && victim.is_none() {
                 victim = Some(Arc::clone(slot));
             }
+            i += 1;
         }
         Err(victim)
     }
@@ -425,7 +454,7 @@ impl TmInner {
         if core.state != TmState::Started {
             return Err(ClaimError::NotStarted);
         }
-        let victim = match Self::claim_in(&core, len) {
+        let victim = match Self::claim_in(&mut core, len) {
             Ok(claim) => return Ok(claim),
             Err(victim) => victim,
         };

@@ -23,6 +23,10 @@ pub(crate) const F_CANCEL: u8 = 2;
 
 pub(crate) const F_TIMED_OUT: u8 = 4;
 
+/// A receive buffer in its machine's list of buffers that may take
+/// another message (changed only under the machine's lock).
+pub(crate) const F_LISTED: u8 = 8;
+
 /// A queued buffer: the parameters of its operation and its memory.
 pub(crate) struct Slot {
     pub(crate) token: u64,
