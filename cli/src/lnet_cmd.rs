@@ -72,7 +72,15 @@ enum LnetCmd {
     /// Router buffer pools and whether the node routes.
     #[command(subcommand)]
     Routing(ShowOnly),
-    /// `set routing|discovery|retry_count|transaction_timeout|health_sensitivity|recovery_interval|drop_asym_route|tiny_buffers|small_buffers|large_buffers VALUE`.
+    /// `set NAME VALUE`: routing, tiny_buffers, small_buffers, large_buffers
+    /// and lnetctl's globals (discovery, retry_count, transaction_timeout,
+    /// health_sensitivity, drop_asym_route, response_tracking,
+    /// recovery_limit, max_recovery_ping_interval, max_interfaces), plus
+    /// alive_router_check_interval.
+    ///
+    /// numa_range (no NUMA here), recovery_interval and router_sensitivity
+    /// (deprecated in Lustre) are kept and shown but change nothing: a
+    /// warning says so.
     Set {
         /// The setting.
         name: String,
@@ -154,6 +162,12 @@ enum NetCmd {
         /// Per-peer credits.
         #[arg(long = "peer-credits", alias = "peer_credits")]
         peer_credits: Option<u32>,
+        /// Per-peer router credits when routing (0 = peer credits).
+        #[arg(long = "peer-buffer-credits", alias = "peer_buffer_credits")]
+        peer_buffer_credits: Option<u32>,
+        /// Socket LND connections per peer (BULK_IN/BULK_OUT pairs), 1..=127.
+        #[arg(long = "conns-per-peer", alias = "conns_per_peer")]
+        conns_per_peer: Option<u32>,
     },
     /// Delete a local NI, or every NI of a net.
     Del {
@@ -169,9 +183,10 @@ enum NetCmd {
         /// Only this net.
         #[arg(long)]
         net: Option<String>,
-        /// Statistics, health and tunables.
-        #[arg(long, short)]
-        verbose: bool,
+        /// Statistics, health and tunables (`--verbose 2`: also the counts
+        /// by message type).
+        #[arg(long, short, num_args = 0..=1, default_missing_value = "1", value_name = "LEVEL")]
+        verbose: Option<u32>,
     },
 }
 
@@ -203,9 +218,10 @@ enum PeerCmd {
         /// Only the peer owning this NID.
         #[arg(long)]
         nid: Option<String>,
-        /// Credits, statistics, health.
-        #[arg(long, short)]
-        verbose: bool,
+        /// Credits, statistics, health (`--verbose 2`: also the counts by
+        /// message type).
+        #[arg(long, short, num_args = 0..=1, default_missing_value = "1", value_name = "LEVEL")]
+        verbose: Option<u32>,
     },
     /// List the peers' primary NIDs.
     List,
@@ -439,7 +455,7 @@ pub(crate) fn lnet_main(a: &LnetArgs) -> ExitCode {
                         );
                     }
                 }
-                (_, Command::Import { .. }) => {
+                (_, Command::Import { .. } | Command::Set { .. }) => {
                     // Warnings go to standard error.
                     for w in doc.get("warnings").map(Doc::items).unwrap_or_default() {
                         eprintln!("warning: {}", w.as_text().unwrap_or_default());
@@ -461,18 +477,23 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 nid,
                 credits,
                 peer_credits,
+                peer_buffer_credits,
+                conns_per_peer,
             } => Command::NetAdd {
                 nid: nid.clone(),
                 credits: *credits,
                 peer_credits: *peer_credits,
+                peer_buffer_credits: *peer_buffer_credits,
+                conns_per_peer: *conns_per_peer,
             },
             NetCmd::Del { nid, net } => Command::NetDel {
                 nid: nid.clone(),
                 net: net.clone(),
             },
             NetCmd::Show { net, verbose } => Command::NetShow {
+                detail: verbose.unwrap_or(0),
                 net: net.clone(),
-                verbose: *verbose,
+                verbose: verbose.is_some_and(|l| l > 0),
             },
         },
         LnetCmd::Peer(p) => match p {
@@ -490,8 +511,9 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 nids: nid.as_deref().map(list).unwrap_or_default(),
             },
             PeerCmd::Show { nid, verbose } => Command::PeerShow {
+                detail: verbose.unwrap_or(0),
                 nid: nid.clone(),
-                verbose: *verbose,
+                verbose: verbose.is_some_and(|l| l > 0),
             },
             PeerCmd::List => Command::PeerList,
         },

@@ -500,6 +500,12 @@ impl<M> Discovery<M> {
             .map_or(0, |d| d.parked.len())
     }
 
+    /// Messages parked on every peer under discovery.
+    #[must_use]
+    pub fn parked_total(&self) -> usize {
+        self.disc.values().map(|d| d.parked.len()).sum()
+    }
+
     /// The last sequence number the peer owning `nid` sent us.
     #[must_use]
     pub fn peer_seq(&self, nid: Nid) -> Option<u32> {

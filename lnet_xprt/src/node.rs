@@ -125,6 +125,10 @@ pub enum NodeError {
     /// The NI already exists.
     #[error("{0} is already a local NI")]
     DuplicateNi(Nid),
+    /// One more NI would give the node more interfaces (`0@lo` included)
+    /// than `max_interfaces` (Lustre's `-ENOSPC`, "too many NIs").
+    #[error("too many NIs ({0} with 0@lo), check max_interfaces")]
+    TooManyNis(u32),
     /// The target cannot be sent to (`LNET_NID_ANY`, portal out of range, …).
     #[error("invalid target or argument: {0}")]
     Invalid(&'static str),
@@ -145,6 +149,13 @@ pub struct NiConfig {
     pub credits: u32,
     /// Per-peer-NI tx credits (`peer_credits`, default 8).
     pub peer_credits: u32,
+    /// Per-peer-NI router credits of a router (`peer_buffer_credits`;
+    /// 0, the default, means `peer_credits`).
+    pub peer_buffer_credits: u32,
+    /// The LND's `conns_per_peer` for this NI (`lnd tunables`; 0, the
+    /// default, leaves it to the LND). The core does not use it; it travels
+    /// with the NI for the LND and for `net show`/`export`.
+    pub conns_per_peer: u32,
 }
 
 impl NiConfig {
@@ -155,6 +166,8 @@ impl NiConfig {
             nid,
             credits: 256,
             peer_credits: 8,
+            peer_buffer_credits: 0,
+            conns_per_peer: 0,
         }
     }
 }
@@ -184,6 +197,86 @@ pub struct NodeConfig {
     pub interface_cookie: u64,
     /// Router buffer pools (used when routing is on).
     pub router_buffers: RouterBufferConfig,
+    /// `lnet_drop_asym_route` (off): drop a message for this node that
+    /// came through a gateway we have no route back through to the
+    /// source's net.
+    pub drop_asym_route: bool,
+    /// `lnet_response_tracking` (3): which user operations get their
+    /// response tracked for the transaction timeout (see
+    /// [`ResponseTracking`]). LNet's own pings and pushes always are.
+    pub response_tracking: ResponseTracking,
+    /// `lnet_recovery_limit` (`None` = 0 = recover forever): peer NIs are no
+    /// longer recovered this long after they were last seen alive.
+    pub recovery_limit: Option<Duration>,
+    /// `lnet_max_recovery_ping_interval` (900 s): back-off cap of recovery
+    /// pings.
+    pub max_recovery_ping_interval: Duration,
+    /// `alive_router_check_interval` (60 s; zero stops the router checker).
+    pub router_check_interval: Duration,
+    /// `lnet_interfaces_max` (200, at least 16): the most NI entries taken
+    /// from a peer's ping data (longer discovery replies and pushes are
+    /// refused; a user ping lists this many at most).
+    pub max_interfaces: u32,
+}
+
+/// `lnet_response_tracking`: which user operations wait for their response
+/// (ACK of a PUT, REPLY of a GET) at most the transaction timeout. An MD's
+/// `TRACK_RESPONSE` / `NO_TRACK_RESPONSE` option overrides it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ResponseTracking {
+    /// 0: none (an operation whose response never comes waits until its MD
+    /// is unlinked).
+    None,
+    /// 1: GETs only.
+    Get,
+    /// 2: PUTs only.
+    Put,
+    /// 3: both (the default).
+    #[default]
+    Both,
+}
+
+impl ResponseTracking {
+    /// From `lnetctl set response_tracking 0..=3`.
+    #[must_use]
+    pub const fn from_level(level: u32) -> Option<Self> {
+        Some(match level {
+            0 => Self::None,
+            1 => Self::Get,
+            2 => Self::Put,
+            3 => Self::Both,
+            _ => return None,
+        })
+    }
+
+    /// The `lnetctl` number.
+    #[must_use]
+    pub const fn level(self) -> u32 {
+        match self {
+            Self::None => 0,
+            Self::Get => 1,
+            Self::Put => 2,
+            Self::Both => 3,
+        }
+    }
+
+    /// Whether a response to `kind` (a PUT's ACK or a GET's REPLY) is
+    /// tracked for an MD with `options` (`lnet_response_tracking_enabled`).
+    #[must_use]
+    pub fn tracks(self, kind: MsgType, options: MdOptions) -> bool {
+        if options.contains(MdOptions::NO_TRACK_RESPONSE) {
+            return false;
+        }
+        if options.contains(MdOptions::TRACK_RESPONSE) {
+            return true;
+        }
+        match self {
+            Self::None => false,
+            Self::Get => kind == MsgType::Get,
+            Self::Put => kind == MsgType::Put,
+            Self::Both => true,
+        }
+    }
 }
 
 impl NodeConfig {
@@ -201,6 +294,12 @@ impl NodeConfig {
             seed: 0,
             interface_cookie: 0x1ce_c0de,
             router_buffers: RouterBufferConfig::default(),
+            drop_asym_route: false,
+            response_tracking: ResponseTracking::Both,
+            recovery_limit: None,
+            max_recovery_ping_interval: Duration::from_secs(900),
+            router_check_interval: Duration::from_secs(60),
+            max_interfaces: crate::wire::INTERFACES_MAX_DEFAULT,
         }
     }
 }
@@ -461,6 +560,58 @@ pub struct NodeStats {
     /// Payload bytes of the messages received on our NIs, forwarded ones
     /// included (`recv_length`).
     pub recv_length: u64,
+    /// Payload bytes of the messages forwarded (`route_length`).
+    pub route_length: u64,
+    /// Payload bytes of the messages dropped (`drop_length`).
+    pub drop_length: u64,
+    /// Messages alive now (`msgs_alloc`): outgoing messages not finished
+    /// (waiting for discovery or credits, in an LND, delayed, waiting for
+    /// a resend) and
+    /// received ones between header and payload end (being read, parked,
+    /// forwarded).
+    pub msgs_alloc: u64,
+    /// Highest `msgs_alloc` seen (`msgs_max`); a reset starts it again
+    /// from the messages alive then.
+    pub msgs_max: u64,
+    /// Response trackers alive now (`rst_alloc`): PUTs waiting for their
+    /// ACK and GETs for their REPLY, under the transaction timeout.
+    pub rst_alloc: u64,
+}
+
+/// Messages by LNet type (`lnetctl net show -v 3` / `peer show -v 2`
+/// `sent_stats`, `received_stats`, `dropped_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct MsgTypeCounts {
+    /// PUTs.
+    pub put: u64,
+    /// GETs.
+    pub get: u64,
+    /// REPLYs.
+    pub reply: u64,
+    /// ACKs.
+    pub ack: u64,
+    /// HELLOs (never counted here: the socket LND's handshake is its own).
+    pub hello: u64,
+}
+
+impl MsgTypeCounts {
+    /// Counts one message of type `t`.
+    pub fn add(&mut self, t: MsgType) {
+        match t {
+            MsgType::Put => self.put += 1,
+            MsgType::Get => self.get += 1,
+            MsgType::Reply => self.reply += 1,
+            MsgType::Ack => self.ack += 1,
+            MsgType::Hello => self.hello += 1,
+        }
+    }
+
+    /// The sum over types.
+    #[must_use]
+    pub const fn total(&self) -> u64 {
+        self.put + self.get + self.reply + self.ack + self.hello
+    }
 }
 
 /// Traffic with one peer NI (`lnetctl peer show -v` `statistics`): the
@@ -477,6 +628,15 @@ pub struct PeerNiStats {
     pub send_length: u64,
     /// Payload bytes received from it.
     pub recv_length: u64,
+    /// Messages from it dropped here (no match, fault rule, routing off,
+    /// asymmetric route, no router buffer …: `drop_count`).
+    pub drop_count: u64,
+    /// Sent to it, by type.
+    pub sent: MsgTypeCounts,
+    /// Received from it, by type.
+    pub received: MsgTypeCounts,
+    /// Dropped from it, by type.
+    pub dropped: MsgTypeCounts,
 }
 
 /// Information about one local NI.
@@ -490,6 +650,14 @@ pub struct LocalNiInfo {
     pub send_count: u64,
     /// Messages received on it.
     pub recv_count: u64,
+    /// Messages received on it and dropped.
+    pub drop_count: u64,
+    /// Sent from it, by type.
+    pub sent: MsgTypeCounts,
+    /// Received on it, by type.
+    pub received: MsgTypeCounts,
+    /// Dropped on it, by type.
+    pub dropped: MsgTypeCounts,
 }
 
 #[derive(Clone, Debug)]
@@ -498,6 +666,10 @@ struct LocalNi {
     status: NiStatus,
     send_count: u64,
     recv_count: u64,
+    drop_count: u64,
+    sent: MsgTypeCounts,
+    received: MsgTypeCounts,
+    dropped: MsgTypeCounts,
 }
 
 /// Why a message exists and what completing it means.
@@ -667,6 +839,9 @@ enum PingPurpose {
     Recovery(NiSide),
     /// Router checker ping of a gateway.
     Router,
+    /// A user ping given up on ([`Node::abandon_ping`]): its end is
+    /// nobody's business.
+    Abandoned,
 }
 
 /// Internal MDs used by LNet itself.
@@ -811,8 +986,12 @@ impl Node {
             sensitivity: cfg.health_sensitivity,
             retry_count: cfg.retry_count,
             transaction_timeout: cfg.transaction_timeout,
-            ..HealthConfig::default()
+            recovery_limit: cfg.recovery_limit,
+            max_recovery_ping_interval: cfg.max_recovery_ping_interval,
         })?;
+        if cfg.max_interfaces < crate::wire::INTERFACES_MIN {
+            return Err(NodeError::Invalid("max_interfaces below 16"));
+        }
         let disc = Discovery::new(
             DiscoveryConfig {
                 enabled: cfg.discovery,
@@ -821,7 +1000,13 @@ impl Node {
             },
             1,
         );
-        let mut routes = RouteTable::new(RouteConfig::default(), cfg.seed ^ 0x7047e);
+        let mut routes = RouteTable::new(
+            RouteConfig {
+                check_interval: cfg.router_check_interval,
+                ..RouteConfig::default()
+            },
+            cfg.seed ^ 0x7047e,
+        );
         routes.set_routing(cfg.routing);
         let mut node = Self {
             disc,
@@ -879,10 +1064,15 @@ impl Node {
         if self.nis.iter().any(|n| n.cfg.nid == ni.nid) {
             return Err(NodeError::DuplicateNi(ni.nid));
         }
+        // lnet_startup_lndni: the NIs and 0@lo within lnet_interfaces_max.
+        let total = u32::try_from(self.nis.len() + 2).unwrap_or(u32::MAX);
+        if total > self.cfg.max_interfaces {
+            return Err(NodeError::TooManyNis(total));
+        }
         let tunables = NetTunables {
             credits: ni.credits,
             peer_credits: ni.peer_credits,
-            peer_buffer_credits: 0,
+            peer_buffer_credits: ni.peer_buffer_credits,
         };
         self.credits.set_tunables(ni.nid.net(), tunables)?;
         self.rtr_credits.set_tunables(ni.nid.net(), tunables)?;
@@ -892,6 +1082,10 @@ impl Node {
             status: NiStatus::Up,
             send_count: 0,
             recv_count: 0,
+            drop_count: 0,
+            sent: MsgTypeCounts::default(),
+            received: MsgTypeCounts::default(),
+            dropped: MsgTypeCounts::default(),
         });
         self.cfg.nis.push(ni);
         Ok(())
@@ -944,13 +1138,43 @@ impl Node {
                 status: n.status,
                 send_count: n.send_count,
                 recv_count: n.recv_count,
+                drop_count: n.drop_count,
+                sent: n.sent,
+                received: n.received,
+                dropped: n.dropped,
             })
     }
 
     /// Counters.
     #[must_use]
     pub fn stats(&self) -> NodeStats {
-        self.stats
+        NodeStats {
+            msgs_alloc: self.msgs_alive(),
+            rst_alloc: self.trackers.len() as u64,
+            ..self.stats
+        }
+    }
+
+    fn msgs_alive(&self) -> u64 {
+        (self.msgs.len() + self.disc.parked_total() + self.rx_states.len() + self.delayed_rx.len())
+            as u64
+    }
+
+    /// A received message dropped on local NI `ni` (`ANY` when not known)
+    /// from the hop `from` (`lnet_drop_message`: node, NI and peer NI
+    /// counters).
+    fn note_drop(&mut self, ni: Nid, from: Nid, t: MsgType, len: u32) {
+        self.stats.drop_count += 1;
+        self.stats.drop_length += u64::from(len);
+        if let Some(n) = self.nis.iter_mut().find(|n| n.cfg.nid == ni) {
+            n.drop_count += 1;
+            n.dropped.add(t);
+        }
+        if from != Nid::LO_0 && !from.is_any() && !self.is_local_nid(from) {
+            let p = self.peer_ni_stats.entry(from).or_default();
+            p.drop_count += 1;
+            p.dropped.add(t);
+        }
     }
 
     /// The current ping-buffer sequence number.
@@ -1210,6 +1434,12 @@ impl Node {
         Ok(())
     }
 
+    /// The peer NIs with counted traffic since the last reset (every NID
+    /// a message went to or came from, next hops and end peers).
+    pub fn traffic_peer_nis(&self) -> impl Iterator<Item = Nid> + '_ {
+        self.peer_ni_stats.keys().copied()
+    }
+
     /// Traffic with peer NI `nid` (`lnetctl peer show -v`), if any was
     /// counted since the last [`Node::reset_stats`].
     #[must_use]
@@ -1220,11 +1450,18 @@ impl Node {
     /// `lnetctl stats reset`: zeroes the node's counters, the local NIs'
     /// and the peer NIs' message counts.
     pub fn reset_stats(&mut self) {
-        self.stats = NodeStats::default();
+        self.stats = NodeStats {
+            msgs_max: self.msgs_alive(),
+            ..NodeStats::default()
+        };
         self.peer_ni_stats.clear();
         for ni in &mut self.nis {
             ni.send_count = 0;
             ni.recv_count = 0;
+            ni.drop_count = 0;
+            ni.sent = MsgTypeCounts::default();
+            ni.received = MsgTypeCounts::default();
+            ni.dropped = MsgTypeCounts::default();
         }
     }
 
@@ -1388,7 +1625,7 @@ impl Node {
                 offset,
             },
         };
-        if ack {
+        if ack && self.tracked(md, MsgType::Put) {
             self.track(now, md, EventKind::Ack, target, portal, match_bits);
         }
         self.start_request(now, header, Payload::mem(mem), md, target);
@@ -1431,7 +1668,9 @@ impl Node {
                 sink_length,
             },
         };
-        self.track(now, md, EventKind::Reply, target, portal, match_bits);
+        if self.tracked(md, MsgType::Get) {
+            self.track(now, md, EventKind::Reply, target, portal, match_bits);
+        }
         self.start_request(now, header, Payload::None, md, target);
         Ok(())
     }
@@ -1455,9 +1694,49 @@ impl Node {
         if source.is_some_and(|s| !self.is_local_nid(s)) {
             return Err(NodeError::Invalid("ping source is not a local NI"));
         }
-        self.send_ping(now, nid, INTERFACES_FOR_PING, PingPurpose::User, source)?;
+        // lnet_ping: room for lnet_interfaces_max entries.
+        let max = self.cfg.max_interfaces;
+        self.send_ping(now, nid, max, PingPurpose::User, source)?;
         self.after_input(now);
         Ok(())
+    }
+
+    /// The caller stopped waiting for its oldest ping to `nid` still under
+    /// way (`lnet_ping` unlinks its MD when its timeout passes): the ping's
+    /// MD is unlinked and its response tracker dropped, so it counts no
+    /// response timeout later, and it gives no [`PingResult`]. Returns
+    /// whether there was one.
+    pub fn abandon_ping(&mut self, now: Time, nid: Nid) -> bool {
+        let is_user_ping = |internal: &BTreeMap<MdHandle, InternalMd>, md: &MdHandle| {
+            matches!(
+                internal.get(md),
+                Some(InternalMd::PingSink { to, purpose: PingPurpose::User }) if *to == nid
+            )
+        };
+        // Trackers are numbered in creation order: the first is the oldest.
+        let Some((&k, t)) = self
+            .trackers
+            .iter()
+            .find(|(_, t)| is_user_ping(&self.internal, &t.md))
+        else {
+            return false;
+        };
+        let md = t.md;
+        self.trackers.remove(&k);
+        self.internal.insert(
+            md,
+            InternalMd::PingSink {
+                to: nid,
+                purpose: PingPurpose::Abandoned,
+            },
+        );
+        // Busy (its GET still with the LND): its last event comes later
+        // and is routed to nobody.
+        if let Ok(Some(ev)) = self.table.md_unlink(md) {
+            self.route_event(now, ev);
+        }
+        self.after_input(now);
+        true
     }
 
     /// The next completed ping.
@@ -1671,6 +1950,61 @@ impl Node {
         Ok(())
     }
 
+    /// `lnetctl set recovery_limit N` (`None` = 0 = forever) and
+    /// `max_recovery_ping_interval N`: the recovery of unhealthy NIs from
+    /// now on (pings already scheduled keep their time; the next ones use
+    /// the new back-off cap; a peer NI past the limit leaves recovery at
+    /// its next due ping).
+    ///
+    /// # Errors
+    /// [`NodeError::Health`] for a zero interval (nothing changes).
+    pub fn set_recovery_params(
+        &mut self,
+        recovery_limit: Option<Duration>,
+        max_recovery_ping_interval: Duration,
+    ) -> Result<(), NodeError> {
+        let config = HealthConfig {
+            recovery_limit,
+            max_recovery_ping_interval,
+            ..*self.health.config()
+        };
+        self.health.set_config(config)?;
+        self.cfg.recovery_limit = recovery_limit;
+        self.cfg.max_recovery_ping_interval = max_recovery_ping_interval;
+        Ok(())
+    }
+
+    /// `lnetctl set drop_asym_route 0|1`.
+    pub fn set_drop_asym_route(&mut self, on: bool) {
+        self.cfg.drop_asym_route = on;
+    }
+
+    /// `lnetctl set response_tracking 0..=3`: for operations started from
+    /// now on.
+    pub fn set_response_tracking(&mut self, mode: ResponseTracking) {
+        self.cfg.response_tracking = mode;
+    }
+
+    /// `alive_router_check_interval`: the router checker's period (zero
+    /// stops it); gateways are rescheduled at once.
+    pub fn set_router_check_interval(&mut self, now: Time, interval: Duration) {
+        self.cfg.router_check_interval = interval;
+        self.routes.set_check_interval(now, interval);
+        self.after_input(now);
+    }
+
+    /// `lnetctl set max_interfaces N` (at least 16).
+    ///
+    /// # Errors
+    /// [`NodeError::Invalid`] below 16 (`LNET_INTERFACES_MIN`).
+    pub fn set_max_interfaces(&mut self, n: u32) -> Result<(), NodeError> {
+        if n < crate::wire::INTERFACES_MIN {
+            return Err(NodeError::Invalid("max_interfaces below 16"));
+        }
+        self.cfg.max_interfaces = n;
+        Ok(())
+    }
+
     /// `lnetctl set discovery 0|1`.
     pub fn set_discovery(&mut self, now: Time, on: bool) -> Result<(), NodeError> {
         self.cfg.discovery = on;
@@ -1740,6 +2074,16 @@ impl Node {
             return Err(NodeError::Match(MatchError::BadPortal(portal)));
         }
         Ok(())
+    }
+
+    /// Whether the response of a user `kind` operation on `md` is tracked
+    /// (`lnet_response_tracking` and the MD's options).
+    fn tracked(&self, md: MdHandle, kind: MsgType) -> bool {
+        let options = self
+            .table
+            .md_info(md)
+            .map_or(MdOptions::empty(), |(o, _)| o);
+        self.cfg.response_tracking.tracks(kind, options)
     }
 
     fn track(
@@ -1974,8 +2318,10 @@ impl Node {
         if let Payload::Inline(v) = &payload {
             self.stats.payload_bytes_copied += v.len() as u64;
         }
+        let ty = msg.header.msg_type();
         if let Some(ni) = self.nis.iter_mut().find(|n| n.cfg.nid == from) {
             ni.send_count += 1;
+            ni.sent.add(ty);
         }
         self.stats.send_count += 1;
         let len = u64::from(payload.len());
@@ -1989,6 +2335,7 @@ impl Node {
             let p = self.peer_ni_stats.entry(nid).or_default();
             p.send_count += 1;
             p.send_length += len;
+            p.sent.add(ty);
         }
         self.outbox.push_back(Transmit {
             id: TxId(id),
@@ -2225,7 +2572,8 @@ impl Node {
                     Err(e) => Err(PingError::Op(e)),
                     Ok(()) => {
                         let n = (ev.info.mlength as usize).min(data.len());
-                        PingInfo::decode(&data[..n]).map_err(PingError::Wire)
+                        PingInfo::decode_with_limit(&data[..n], self.cfg.max_interfaces)
+                            .map_err(PingError::Wire)
                     }
                 };
                 self.ping_done(now, to, purpose, result);
@@ -2236,7 +2584,11 @@ impl Node {
             }
             (InternalMd::PushTarget, EventKind::Put) => {
                 let n = (ev.info.mlength as usize).min(data.len());
-                match ev.status().map(|()| PingInfo::decode(&data[..n])) {
+                let max = self.cfg.max_interfaces;
+                match ev
+                    .status()
+                    .map(|()| PingInfo::decode_with_limit(&data[..n], max))
+                {
                     Ok(Ok(info)) => {
                         self.stats.push_received += 1;
                         self.pushes_received
@@ -2247,11 +2599,11 @@ impl Node {
                     Ok(Err(WireError::Truncated { needed, .. })) => {
                         // Grow the push target for next time (lnet_push_target_resize).
                         self.push_target_size = self.push_target_size.max(needed);
-                        self.stats.drop_count += 1;
+                        self.note_drop(Nid::ANY, ev.info.sender, MsgType::Put, ev.info.rlength);
                     }
                     Ok(Err(e)) => {
                         tracing::debug!(target: "colibri_lnet::node", error = %e, "bad push");
-                        self.stats.drop_count += 1;
+                        self.note_drop(Nid::ANY, ev.info.sender, MsgType::Put, ev.info.rlength);
                     }
                     Err(e) => {
                         tracing::debug!(target: "colibri_lnet::node", error = %e, "push lost with its connection");
@@ -2290,6 +2642,7 @@ impl Node {
     ) {
         match purpose {
             PingPurpose::User => self.ping_results.push_back(PingResult { nid: to, result }),
+            PingPurpose::Abandoned => {}
             PingPurpose::Router => match result {
                 Ok(info) => self.routes.on_router_ping_reply(now, to, &info),
                 Err(e) => {
@@ -2454,8 +2807,10 @@ impl Node {
         } else {
             (ni, from)
         };
+        let ty = header.msg_type();
         if let Some(n) = self.nis.iter_mut().find(|n| n.cfg.nid == ni) {
             n.recv_count += 1;
+            n.received.add(ty);
         }
         let len = header.payload_length;
         self.stats.recv_length += u64::from(len);
@@ -2468,6 +2823,7 @@ impl Node {
             if nid != Nid::LO_0 && !nid.is_any() && !self.is_local_nid(nid) {
                 let p = self.peer_ni_stats.entry(nid).or_default();
                 p.recv_count += 1;
+                p.received.add(ty);
                 p.recv_length += u64::from(len);
             }
         }
@@ -2486,10 +2842,17 @@ impl Node {
                 return Err(NodeError::Protocol("message for another local NID"));
             }
             if !self.cfg.routing {
-                self.stats.drop_count += 1;
+                self.note_drop(ni, from, header.msg_type(), len);
                 tracing::debug!(target: "colibri_lnet::node", dst = %header.dest_nid, "routing disabled: dropped");
                 return Ok(discard(len));
             }
+        }
+        if for_me && self.asymmetric(header.src_nid, from) {
+            // lnet_parse with lnet_drop_asym_route: no route back.
+            self.note_drop(ni, from, ty, len);
+            // An error on Lustre's console too: a configuration problem.
+            tracing::warn!(target: "colibri_lnet::node", gw = %from, src = %header.src_nid, msg_type = ?ty, "dropping asymmetrical route");
+            return Ok(discard(len));
         }
         let id = self.new_rx_id();
         let rx = RxMsg {
@@ -2508,7 +2871,7 @@ impl Node {
         let disp = match self.faults.on_receive(&fm, now) {
             RecvVerdict::Pass => self.process_rx(now, rx),
             RecvVerdict::Drop(_) => {
-                self.stats.drop_count += 1;
+                self.note_drop(ni, from, header.msg_type(), len);
                 Disp::Act(discard(len))
             }
             RecvVerdict::Delay(_, until) => {
@@ -2524,6 +2887,21 @@ impl Node {
             Disp::Act(a) => a,
             Disp::Parked => RxAction::Wait { rx: id },
         })
+    }
+
+    /// With `drop_asym_route` on: a message for us from `src` that came
+    /// through the gateway `from` (another net) while none of our routes
+    /// to `src`'s net goes through that gateway (any of its NIDs).
+    fn asymmetric(&self, src: Nid, from: Nid) -> bool {
+        if !self.cfg.drop_asym_route || src.net() == from.net() || from == Nid::LO_0 {
+            return false;
+        }
+        let peers = self.disc.peers();
+        !self
+            .routes
+            .routes_to(src.net())
+            .iter()
+            .any(|r| r.gateway() == from || same_peer(peers, r.gateway(), from))
     }
 
     fn payload_done(
@@ -2603,7 +2981,12 @@ impl Node {
     /// A parked message was dropped: the driver skips its payload.
     fn drop_parked(&mut self, rx: RxMsg) {
         self.rx_states.remove(&rx.rx);
-        self.stats.drop_count += 1;
+        self.note_drop(
+            rx.ni,
+            rx.from,
+            rx.header.msg_type(),
+            rx.header.payload_length,
+        );
         self.rx_ready
             .push_back((rx.rx, discard(rx.header.payload_length)));
     }
@@ -2665,6 +3048,7 @@ impl Node {
     fn process_rx_inner(&mut self, now: Time, rx: RxMsg) -> Disp {
         let h = rx.header;
         let len = h.payload_length;
+        let (rx_ni, rx_from) = (rx.ni, rx.from);
         if rx.ni != Nid::LO_0 && !self.is_local_nid(rx.from) {
             // Receiving never starts discovery, but it records the sender and
             // counts as a success for the NI and the peer NI (lnet.md 7.2).
@@ -2725,7 +3109,7 @@ impl Node {
                     Ok((MatchOutcome::Matched(m), _)) => self.serve_get(now, &rx, m, return_wmd),
                     Ok(_) | Err(_) => {
                         // Also a portal beyond the table (lnet_ptl_match_md).
-                        self.stats.drop_count += 1;
+                        self.note_drop(rx_ni, rx_from, MsgType::Get, len);
                         tracing::debug!(target: "colibri_lnet::node", portal = ptl_index, bits = match_bits, "GET dropped: no match");
                     }
                 }
@@ -2748,7 +3132,7 @@ impl Node {
                         self.finish_md(now, m.md, info);
                     }
                     ResponseMatch::Drop => {
-                        self.stats.drop_count += 1;
+                        self.note_drop(rx_ni, rx_from, MsgType::Ack, len);
                         tracing::debug!(target: "colibri_lnet::node", from = %h.src_nid, "ACK dropped: no MD");
                     }
                 }
@@ -2774,7 +3158,7 @@ impl Node {
                         Disp::Act(self.start_rx(now, rx, Plan::Reply { m, inline, info }))
                     }
                     ResponseMatch::Drop => {
-                        self.stats.drop_count += 1;
+                        self.note_drop(rx_ni, rx_from, MsgType::Reply, len);
                         tracing::debug!(target: "colibri_lnet::node", from = %h.src_nid, "REPLY dropped: no MD");
                         Disp::Act(discard(len))
                     }
@@ -2825,11 +3209,12 @@ impl Node {
     fn match_put(&mut self, now: Time, info: MatchInfo, rx: RxMsg) -> Disp {
         let peers = self.disc.peers();
         let len = rx.header.payload_length;
+        let (rx_ni, rx_from) = (rx.ni, rx.from);
         if info.portal == RESERVED_PORTAL && info.match_bits != PING_MATCHBITS {
             // Only pushes go to LNet's own portal, and no MD there can
             // ever match other bits: held on the lazy portal, such a PUT
             // would stall its connection for good (Lustre holds it).
-            self.stats.drop_count += 1;
+            self.note_drop(rx_ni, rx_from, MsgType::Put, len);
             tracing::debug!(target: "colibri_lnet::node", bits = info.match_bits, "PUT to the reserved portal with foreign match bits dropped");
             return Disp::Act(discard(len));
         }
@@ -2845,7 +3230,7 @@ impl Node {
             }
             Ok(_) | Err(_) => {
                 // Also a portal beyond the table (lnet_ptl_match_md).
-                self.stats.drop_count += 1;
+                self.note_drop(rx_ni, rx_from, MsgType::Put, len);
                 tracing::debug!(target: "colibri_lnet::node", portal = info.portal, bits = info.match_bits, "PUT dropped: no match");
                 Disp::Act(discard(len))
             }
@@ -2999,6 +3384,8 @@ impl Node {
     fn forward(&mut self, now: Time, rx: RxMsg) -> Disp {
         self.stats.route_count += 1;
         let (from, id, len) = (rx.from, rx.rx, rx.header.payload_length);
+        let (rx_ni, ty) = (rx.ni, rx.header.msg_type());
+        self.stats.route_length += u64::from(len);
         match self.rtr_credits.receive(from, len, rx) {
             Ok(mut ready) => match ready.pop() {
                 Some(f) => Disp::Act(self.start_forward(now, f)),
@@ -3009,7 +3396,7 @@ impl Node {
                 }
             },
             Err(e) => {
-                self.stats.drop_count += 1;
+                self.note_drop(rx_ni, from, ty, len);
                 tracing::debug!(target: "colibri_lnet::node", error = %e, "cannot forward");
                 Disp::Act(discard(len))
             }
@@ -3221,6 +3608,12 @@ impl Node {
             }
             self.deliver_delayed_puts(now, delayed);
         }
+        self.note_msgs();
+    }
+
+    /// Keeps `msgs_max` (called wherever messages are created).
+    fn note_msgs(&mut self) {
+        self.stats.msgs_max = self.stats.msgs_max.max(self.msgs_alive());
     }
 }
 
@@ -3445,9 +3838,8 @@ mod tests {
     #[test]
     fn peer_credits_queue_sends_fifo() {
         let mut cfg = NodeConfig::new(vec![NiConfig {
-            nid: nid("10.0.0.1@tcp"),
-            credits: 256,
             peer_credits: 2,
+            ..NiConfig::new(nid("10.0.0.1@tcp"))
         }]);
         cfg.discovery = false;
         let mut n = Node::new(cfg).unwrap();

@@ -245,6 +245,22 @@ impl RouteTable {
         self.routing
     }
 
+    /// Changes the router checker's period (`alive_router_check_interval`)
+    /// at run time: each gateway's next ping is rescheduled to `now +
+    /// interval` (or sooner if it was due sooner); zero stops the checker
+    /// (routes keep their last state, pings under way still end).
+    pub fn set_check_interval(&mut self, now: Time, interval: Duration) {
+        self.config.check_interval = interval;
+        for g in self.gateways.values_mut() {
+            if interval.is_zero() {
+                g.next_ping = None;
+            } else {
+                let at = now + interval;
+                g.next_ping = Some(g.next_ping.map_or(at, |t| t.min(at)));
+            }
+        }
+    }
+
     /// Switches forwarding on or off (`lnetctl set routing 0|1`). The node's
     /// ping buffer carries `RTE_DISABLED` while it is off.
     pub fn set_routing(&mut self, enabled: bool) {
@@ -892,6 +908,28 @@ mod tests {
         assert!(!r.routing_enabled());
         r.set_routing(true);
         assert!(r.routing_enabled());
+    }
+
+    #[test]
+    fn check_interval_changes_at_run_time() {
+        let mut r = table();
+        let g = nid("10.0.0.1@tcp");
+        r.add_route(t(0), net("o2ib"), g, None, 0, &local())
+            .unwrap();
+        assert_eq!(r.handle_timeout(t(0)).len(), 1, "first ping at once");
+        r.on_router_ping_failed(t(1), g);
+        assert_eq!(r.poll_timeout(), Some(t(60)), "default period");
+        r.set_check_interval(t(2), Duration::from_secs(5));
+        assert_eq!(r.poll_timeout(), Some(t(7)), "a shorter period reschedules");
+        assert!(r.handle_timeout(t(6)).is_empty());
+        assert_eq!(r.handle_timeout(t(7)).len(), 1);
+        r.on_router_ping_failed(t(7), g);
+        assert_eq!(r.poll_timeout(), Some(t(12)));
+        r.set_check_interval(t(8), Duration::ZERO);
+        assert_eq!(r.poll_timeout(), None, "zero stops the checker");
+        assert!(r.handle_timeout(t(1000)).is_empty());
+        r.set_check_interval(t(1000), Duration::from_secs(60));
+        assert_eq!(r.poll_timeout(), Some(t(1060)));
     }
 
     #[test]

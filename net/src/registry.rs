@@ -35,6 +35,7 @@ use parking_lot::Mutex;
 
 use crate::addr::InetAddr;
 use crate::error::NetError;
+use crate::fasthash::FastMap;
 
 /// First port of the dynamic range used for port 0.
 pub const DYNAMIC_PORT_BASE: u16 = 32768;
@@ -48,6 +49,10 @@ pub struct Registry<T> {
 
 struct Inner<T> {
     map: BTreeMap<Key, Weak<T>>,
+    /// The same entries by hash, for [`Registry::lookup`] (once per
+    /// incoming message: constant time with thousands of machines). Made
+    /// at the first claim (the registry is a `static`).
+    index: Option<FastMap<Key, Weak<T>>>,
     /// Where the next search for a free dynamic port starts.
     cursor: u16,
 }
@@ -81,6 +86,7 @@ impl<T> Registry<T> {
         Self {
             inner: Mutex::new(Inner {
                 map: BTreeMap::new(),
+                index: None,
                 cursor: DYNAMIC_PORT_BASE,
             }),
             generation: AtomicU64::new(1),
@@ -132,6 +138,9 @@ impl<T> Registry<T> {
             addr
         };
         g.map.insert(key(&addr), Arc::downgrade(v));
+        g.index
+            .get_or_insert_with(FastMap::default)
+            .insert(key(&addr), Arc::downgrade(v));
         drop(g);
         self.bump();
         Ok(addr)
@@ -144,6 +153,9 @@ impl<T> Registry<T> {
         let held = g.map.get(&k).is_some_and(|w| std::ptr::eq(w.as_ptr(), v));
         if held {
             g.map.remove(&k);
+            if let Some(i) = g.index.as_mut() {
+                i.remove(&k);
+            }
             drop(g);
             self.bump();
         }
@@ -154,7 +166,8 @@ impl<T> Registry<T> {
     pub fn lookup(&self, addr: &InetAddr) -> Option<Arc<T>> {
         self.inner
             .lock()
-            .map
+            .index
+            .as_ref()?
             .get(&key(addr))
             .and_then(Weak::upgrade)
     }

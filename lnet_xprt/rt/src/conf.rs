@@ -65,7 +65,7 @@ use std::time::Duration;
 
 use colibri_lnet::credits::RouterBufferConfig;
 use colibri_lnet::ids::{Net, Nid};
-use colibri_lnet::node::{NiConfig, Node};
+use colibri_lnet::node::{NiConfig, Node, ResponseTracking};
 use colibri_lnet::socklnd::AcceptPolicy;
 
 use crate::LnetConfig;
@@ -120,7 +120,10 @@ pub struct NiConf {
     pub credits: u32,
     /// `peer_credits` (8).
     pub peer_credits: u32,
-    /// `lnd tunables: conns_per_peer` (socket LND wide here).
+    /// `peer_buffer_credits` (0 = `peer_credits`): router credits per
+    /// peer NI when the node routes.
+    pub peer_buffer_credits: u32,
+    /// `lnd tunables: conns_per_peer` (`None`: the socket LND's default).
     pub conns_per_peer: Option<u32>,
 }
 
@@ -148,23 +151,47 @@ pub struct RouteConf {
     pub priority: u32,
 }
 
-/// `global:` names in `lnetctl global show` order, with Lustre's defaults.
-/// Those marked `false` are recorded and shown but change nothing here.
+/// `global:` names in `lnetctl global show` order, with Lustre's defaults,
+/// then `alive_router_check_interval` (Lustre's module parameter of that
+/// name, settable here). Those marked `false` are recorded and shown but
+/// change nothing here, as [`no_effect_reason`] says: `numa_range` (no NUMA
+/// distances: every NI is as near as any other), `recovery_interval` and
+/// `router_sensitivity` (deprecated in Lustre, which ignores them too);
+/// `lnd_timeout` is derived and shown only.
 pub const GLOBALS: &[(&str, i64, bool)] = &[
     ("numa_range", 0, false),
-    ("max_interfaces", 200, false),
+    ("max_interfaces", 200, true),
     ("discovery", 1, true),
-    ("drop_asym_route", 0, false),
+    ("drop_asym_route", 0, true),
     ("retry_count", 2, true),
     ("transaction_timeout", 150, true),
     ("health_sensitivity", 100, true),
     ("recovery_interval", 1, false),
     ("router_sensitivity", 100, false),
     ("lnd_timeout", 50, false),
-    ("response_tracking", 3, false),
-    ("recovery_limit", 0, false),
-    ("max_recovery_ping_interval", 900, false),
+    ("response_tracking", 3, true),
+    ("recovery_limit", 0, true),
+    ("max_recovery_ping_interval", 900, true),
+    ("alive_router_check_interval", 60, true),
 ];
+
+/// Why a global marked without effect in [`GLOBALS`] changes nothing
+/// (the warning `set`, `run` and `import` give for a non-default value).
+#[must_use]
+pub fn no_effect_reason(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "numa_range" => {
+            "no NUMA here: NIs have no device distance, so a NUMA range changes no NI choice"
+        }
+        "recovery_interval" => {
+            "deprecated in Lustre and ignored: recovery pings back off from 1 s up to max_recovery_ping_interval"
+        }
+        "router_sensitivity" => {
+            "deprecated in Lustre (LU-18444) and ignored: a route's aliveness follows its gateway's NI status"
+        }
+        _ => return None,
+    })
+}
 
 /// A node's configuration (what `export` writes and `import`/`run` read).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -566,7 +593,9 @@ impl NodeConf {
                     });
                 }
                 "max_intf" => {
-                    self.global.insert("max_interfaces".into(), int(v, &at)?);
+                    let val = int(v, &at)?;
+                    check_global("max_interfaces", val, &at)?;
+                    self.global.insert("max_interfaces".into(), val);
                 }
                 name => {
                     let Some((_, default, effect)) = GLOBALS.iter().find(|g| g.0 == name) else {
@@ -574,9 +603,12 @@ impl NodeConf {
                     };
                     let val = int(v, &at)?;
                     check_global(name, val, &at)?;
-                    if !effect && val != *default {
+                    if !effect
+                        && val != *default
+                        && let Some(why) = no_effect_reason(name)
+                    {
                         warn.push(format!(
-                            "global.{name} = {val}: recorded, but has no effect on this node"
+                            "global.{name} = {val}: recorded, but has no effect on this node ({why})"
                         ));
                     }
                     self.global.insert(name.to_owned(), val);
@@ -598,12 +630,11 @@ impl NodeConf {
                 let mut c = NiConfig::new(n.nid);
                 c.credits = n.credits;
                 c.peer_credits = n.peer_credits;
+                c.peer_buffer_credits = n.peer_buffer_credits;
+                c.conns_per_peer = n.conns_per_peer.unwrap_or(0);
                 c
             })
             .collect();
-        if let Some(cpp) = self.nis.iter().find_map(|n| n.conns_per_peer) {
-            cfg.tcp.conns_per_peer = cpp;
-        }
         cfg.accept_port = self.accept_port.unwrap_or(DEFAULT_ACCEPT_PORT);
         if let Some(a) = self.accept {
             cfg.accept = a;
@@ -629,6 +660,28 @@ impl NodeConf {
         if let Some(v) = self.global.get("health_sensitivity") {
             cfg.node.health_sensitivity = u32::try_from(*v).unwrap_or(0);
         }
+        let secs = |v: &i64| Duration::from_secs(u64::try_from(*v).unwrap_or(0));
+        if let Some(v) = self.global.get("drop_asym_route") {
+            cfg.node.drop_asym_route = *v != 0;
+        }
+        if let Some(v) = self.global.get("response_tracking") {
+            cfg.node.response_tracking = u32::try_from(*v)
+                .ok()
+                .and_then(ResponseTracking::from_level)
+                .unwrap_or_default();
+        }
+        if let Some(v) = self.global.get("recovery_limit") {
+            cfg.node.recovery_limit = (*v > 0).then(|| secs(v));
+        }
+        if let Some(v) = self.global.get("max_recovery_ping_interval") {
+            cfg.node.max_recovery_ping_interval = secs(v);
+        }
+        if let Some(v) = self.global.get("alive_router_check_interval") {
+            cfg.node.router_check_interval = secs(v);
+        }
+        if let Some(v) = self.global.get("max_interfaces") {
+            cfg.node.max_interfaces = u32::try_from(*v).unwrap_or(u32::MAX);
+        }
         cfg
     }
 
@@ -652,7 +705,12 @@ impl NodeConf {
                 nid: n.nid,
                 credits: n.credits,
                 peer_credits: n.peer_credits,
-                conns_per_peer: Some(conns_per_peer),
+                peer_buffer_credits: n.peer_buffer_credits,
+                conns_per_peer: Some(if n.conns_per_peer == 0 {
+                    conns_per_peer
+                } else {
+                    n.conns_per_peer
+                }),
             })
             .collect();
         let peers = node
@@ -688,6 +746,22 @@ impl NodeConf {
             "health_sensitivity".into(),
             i64::from(cfg.health_sensitivity),
         );
+        let secs = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+        global.insert("drop_asym_route".into(), i64::from(cfg.drop_asym_route));
+        global.insert(
+            "response_tracking".into(),
+            i64::from(cfg.response_tracking.level()),
+        );
+        global.insert("recovery_limit".into(), cfg.recovery_limit.map_or(0, secs));
+        global.insert(
+            "max_recovery_ping_interval".into(),
+            secs(cfg.max_recovery_ping_interval),
+        );
+        global.insert(
+            "alive_router_check_interval".into(),
+            secs(cfg.router_check_interval),
+        );
+        global.insert("max_interfaces".into(), i64::from(cfg.max_interfaces));
         for (name, default, _) in GLOBALS {
             global.entry((*name).to_owned()).or_insert(*default);
         }
@@ -714,7 +788,7 @@ impl NodeConf {
                 Doc::map()
                     .with("peer_timeout", 0_i64)
                     .with("peer_credits", n.peer_credits)
-                    .with("peer_buffer_credits", 0_i64)
+                    .with("peer_buffer_credits", n.peer_buffer_credits)
                     .with("credits", n.credits),
             );
             ni.push(
@@ -830,7 +904,13 @@ pub fn check_global(name: &str, val: i64, at: &str) -> Result<(), ConfError> {
         "discovery" | "drop_asym_route" => (0..=1).contains(&val),
         "transaction_timeout" | "recovery_interval" => (1..=i64::from(u32::MAX)).contains(&val),
         "response_tracking" => (0..=3).contains(&val),
-        "max_recovery_ping_interval" | "max_interfaces" => val >= 1,
+        "router_sensitivity" => (0..=100).contains(&val),
+        "health_sensitivity" => (0..=1000).contains(&val),
+        "max_recovery_ping_interval" => (1..=i64::from(u32::MAX)).contains(&val),
+        "max_interfaces" => (16..=i64::from(u32::MAX)).contains(&val),
+        "recovery_limit" | "alive_router_check_interval" => {
+            (0..=i64::from(u32::MAX)).contains(&val)
+        }
         _ => val >= 0,
     };
     if ok {
@@ -848,6 +928,7 @@ fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<
         nid: Nid::ANY,
         credits: 256,
         peer_credits: 8,
+        peer_buffer_credits: 0,
         conns_per_peer: None,
     };
     let mut have_nid = false;
@@ -881,10 +962,14 @@ fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<
                         "peer_credits" => {
                             n.peer_credits = u32::try_from(uint(tv, &tat, 1 << 20)?).unwrap_or(8);
                         }
-                        "peer_timeout" | "peer_buffer_credits" => {
+                        "peer_buffer_credits" => {
+                            n.peer_buffer_credits =
+                                u32::try_from(uint(tv, &tat, 1 << 20)?).unwrap_or(0);
+                        }
+                        "peer_timeout" => {
                             if int(tv, &tat)? != 0 {
                                 warn.push(format!(
-                                    "{tat} = {}: not implemented here (no peer aliveness, router credits per NI), ignored",
+                                    "{tat} = {}: not implemented here (no peer aliveness), ignored",
                                     show(tv)
                                 ));
                             }
@@ -1027,6 +1112,38 @@ global:
 ";
 
     #[test]
+    fn globals_are_checked_and_warn_only_without_effect() {
+        let ni = "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 10.0.0.1@tcp\n";
+        for bad in [
+            "max_interfaces: 8",
+            "max_intf: 8",
+            "response_tracking: 4",
+            "drop_asym_route: 2",
+            "max_recovery_ping_interval: 0",
+            "alive_router_check_interval: -1",
+            "router_sensitivity: 101",
+            "health_sensitivity: 1001",
+        ] {
+            let e = NodeConf::from_yaml(&format!("{ni}global:\n    {bad}\n")).unwrap_err();
+            assert_eq!(e.errno(), 22, "{bad}: {e}");
+        }
+        let (c, warn) = NodeConf::from_yaml(&format!(
+            "{ni}global:\n    numa_range: 3\n    router_sensitivity: 50\n    drop_asym_route: 1\n    response_tracking: 1\n    recovery_limit: 20\n    max_recovery_ping_interval: 30\n    max_interfaces: 64\n    alive_router_check_interval: 5\n"
+        ))
+        .unwrap();
+        assert_eq!(warn.len(), 2, "{warn:?}");
+        assert!(warn[0].contains("numa_range") && warn[0].contains("NUMA"));
+        assert!(warn[1].contains("router_sensitivity") && warn[1].contains("deprecated"));
+        let n = c.to_lnet_config().node;
+        assert!(n.drop_asym_route);
+        assert_eq!(n.response_tracking.level(), 1);
+        assert_eq!(n.recovery_limit, Some(Duration::from_secs(20)));
+        assert_eq!(n.max_recovery_ping_interval, Duration::from_secs(30));
+        assert_eq!(n.max_interfaces, 64);
+        assert_eq!(n.router_check_interval, Duration::from_secs(5));
+    }
+
+    #[test]
     fn lnetctl_export_is_accepted_with_warnings() {
         let (c, warn) = NodeConf::from_yaml(LNETCTL_EXPORT).unwrap();
         assert_eq!(c.nis.len(), 1);
@@ -1107,6 +1224,7 @@ global:
                             .enumerate()
                             .map(
                                 |(i, (second, credits, peer_credits, conns_per_peer))| NiConf {
+                                    peer_buffer_credits: credits % 3,
                                     nid: nid(
                                         u8::try_from(i).unwrap(),
                                         if second { "tcp1" } else { "tcp" },
@@ -1146,6 +1264,10 @@ global:
                                 let v = match name {
                                     "discovery" | "drop_asym_route" => v % 2,
                                     "response_tracking" => v % 4,
+                                    "max_interfaces" => v + 16,
+                                    "transaction_timeout" | "max_recovery_ping_interval" => {
+                                        v.max(1)
+                                    }
                                     _ => v,
                                 };
                                 (name.to_owned(), v)

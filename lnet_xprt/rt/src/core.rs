@@ -329,7 +329,9 @@ impl Shared {
                 if ok {
                     add(&self.counters.loopback_copy_bytes, u64::from(mem.len));
                 } else {
-                    tracing::warn!(target: TARGET, ?mem, "loopback delivery failed");
+                    // The memory went away (deregistered, or its owner
+                    // aborted): the application's doing, counted.
+                    tracing::debug!(target: TARGET, ?mem, "loopback delivery failed: memory gone");
                     tx_ok = false;
                 }
                 let outcome = if ok {
@@ -377,6 +379,7 @@ impl Shared {
         let res = if tx_ok {
             Ok(())
         } else {
+            add(&self.counters.loopback_failures, 1);
             Err(HealthError::LocalError)
         };
         inputs.push(Input::TxDone(tx.id, res));

@@ -61,6 +61,7 @@ const ESHUTDOWN: i32 = 108;
 const EIO: i32 = 5;
 const EFAULT: i32 = 14;
 const EHOSTUNREACH: i32 = 113;
+const ENOSPC: i32 = 28;
 
 impl LnetError {
     /// The (positive) Linux errno Lustre would return for this error.
@@ -96,6 +97,7 @@ fn node_errno(e: &NodeError) -> i32 {
         }
         NodeError::NoSuchNi(_) | NodeError::NoSuchTransmit(_) | NodeError::NoSuchRx(_) => ENOENT,
         NodeError::DuplicateNi(_) => EEXIST,
+        NodeError::TooManyNis(_) => ENOSPC,
         _ => EINVAL,
     }
 }

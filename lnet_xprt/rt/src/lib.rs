@@ -140,7 +140,7 @@ pub use colibri_lnet;
 use colibri_lnet::fault::{DelayRuleSpec, DropRuleSpec, FaultStats, RuleId};
 use colibri_lnet::ids::{Net, Nid, ProcessId};
 use colibri_lnet::matching::{Event, MdHandle, MdSpec, MeHandle, MeSpec, MemKey, MemRef};
-use colibri_lnet::node::{NiConfig, Node, NodeStats};
+use colibri_lnet::node::{NiConfig, Node, NodeStats, ResponseTracking};
 use colibri_lnet::wire::PingInfo;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
@@ -316,7 +316,12 @@ impl Lnet {
         let _ = shared.lnd.set(lnd.clone());
         for ni in &cfg.node.nis {
             if is_tcp(ni.nid) {
-                lnd.add_ni(ni.nid, cfg.listen.get(&ni.nid).copied(), salt)?;
+                lnd.add_ni(
+                    ni.nid,
+                    cfg.listen.get(&ni.nid).copied(),
+                    salt,
+                    ni.conns_per_peer,
+                )?;
             }
         }
         tracing::info!(target: TARGET, nids = ?lnet.nids(), "LNet runtime started");
@@ -554,7 +559,26 @@ impl Lnet {
         match rx.recv_timeout(timeout) {
             Ok(Ok(info)) => Ok(info),
             Ok(Err(error)) => Err(LnetError::Ping { nid, error }),
-            Err(RecvTimeoutError::Timeout) => Err(LnetError::TimedOut),
+            Err(RecvTimeoutError::Timeout) => {
+                // lnet_ping unlinks its MD when the caller's timeout
+                // passes: the ping ends now (no response timeout later).
+                // Results reach waiters under the node lock, so a result
+                // that came meanwhile is seen here and our ping is not
+                // confused with another one to the same NID. Our waiter,
+                // its receiver gone, is skipped by the next result.
+                let late = s.run(Vec::new(), |c, now| match rx.try_recv() {
+                    Ok(r) => Some(r),
+                    Err(_) => {
+                        c.node.abandon_ping(now, nid);
+                        None
+                    }
+                });
+                match late {
+                    Some(Ok(info)) => Ok(info),
+                    Some(Err(error)) => Err(LnetError::Ping { nid, error }),
+                    None => Err(LnetError::TimedOut),
+                }
+            }
             Err(RecvTimeoutError::Disconnected) => Err(LnetError::Shutdown),
         }
     }
@@ -587,7 +611,7 @@ impl Lnet {
                 return Err(colibri_lnet::node::NodeError::DuplicateNi(ni.nid).into());
             }
             let inc = wall_nanos();
-            l.add_ni(ni.nid, None, inc)?;
+            l.add_ni(ni.nid, None, inc, ni.conns_per_peer)?;
         }
         if let Err(e) = s.run(Vec::new(), |c, now| c.node.add_ni(now, ni)) {
             if let Some(l) = s.lnd.get() {
@@ -596,6 +620,28 @@ impl Lnet {
             return Err(e.into());
         }
         Ok(())
+    }
+
+    /// The `conns_per_peer` in force on local NI `nid` (`None` for an NI
+    /// without a socket LND: `0@lo`, unknown NIs).
+    #[must_use]
+    pub fn conns_per_peer(&self, nid: Nid) -> Option<u32> {
+        self.shared()
+            .lnd
+            .get()
+            .and_then(|l| l.ni(nid))
+            .map(|n| n.conns_per_peer)
+    }
+
+    /// The socket LND's connections from local NI `local` to `peer`, by
+    /// type (empty when there are none).
+    #[must_use]
+    pub fn peer_conns(&self, local: Nid, peer: Nid) -> Vec<colibri_lnet::socklnd::ConnType> {
+        self.shared()
+            .lnd
+            .get()
+            .map(|l| l.peer_conns(local, peer))
+            .unwrap_or_default()
     }
 
     /// `lnetctl net del`.
@@ -693,6 +739,65 @@ impl Lnet {
             c.node
                 .set_health_params(sensitivity, retry_count, transaction_timeout)
         })?)
+    }
+
+    /// `lnetctl set recovery_limit N` (`None` = 0 = forever) and
+    /// `max_recovery_ping_interval N`.
+    ///
+    /// # Errors
+    /// A zero interval: `EINVAL`, nothing changes.
+    pub fn set_recovery(
+        &self,
+        recovery_limit: Option<Duration>,
+        max_recovery_ping_interval: Duration,
+    ) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| {
+            c.node
+                .set_recovery_params(recovery_limit, max_recovery_ping_interval)
+        })?)
+    }
+
+    /// `lnetctl set drop_asym_route 0|1`.
+    ///
+    /// # Errors
+    /// A node shut down.
+    pub fn set_drop_asym_route(&self, on: bool) -> Result<(), LnetError> {
+        let s = self.live()?;
+        s.run(Vec::new(), |c, _| c.node.set_drop_asym_route(on));
+        Ok(())
+    }
+
+    /// `lnetctl set response_tracking 0..=3`.
+    ///
+    /// # Errors
+    /// A node shut down.
+    pub fn set_response_tracking(&self, mode: ResponseTracking) -> Result<(), LnetError> {
+        let s = self.live()?;
+        s.run(Vec::new(), |c, _| c.node.set_response_tracking(mode));
+        Ok(())
+    }
+
+    /// `alive_router_check_interval` (seconds; zero stops the router
+    /// checker).
+    ///
+    /// # Errors
+    /// A node shut down.
+    pub fn set_router_check_interval(&self, interval: Duration) -> Result<(), LnetError> {
+        let s = self.live()?;
+        s.run(Vec::new(), |c, now| {
+            c.node.set_router_check_interval(now, interval);
+        });
+        Ok(())
+    }
+
+    /// `lnetctl set max_interfaces N` (at least 16).
+    ///
+    /// # Errors
+    /// Below 16: `EINVAL`.
+    pub fn set_max_interfaces(&self, n: u32) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| c.node.set_max_interfaces(n))?)
     }
 
     /// `lnetctl fault add` / `lctl net_drop_add`.

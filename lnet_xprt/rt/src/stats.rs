@@ -39,6 +39,11 @@ pub struct RuntimeStats {
     pub conns_closed: u64,
     /// Keepalive NOOPs sent.
     pub keepalives_sent: u64,
+    /// Loopback moves that failed because the source or destination
+    /// memory was gone (deregistered, or a foreign memory's owner aborted
+    /// it): each fails its message with one event (logged at debug level,
+    /// as the application caused it).
+    pub loopback_failures: u64,
 }
 
 #[derive(Debug, Default)]
@@ -55,6 +60,7 @@ pub(crate) struct Counters {
     pub(crate) conns_established: AtomicU64,
     pub(crate) conns_closed: AtomicU64,
     pub(crate) keepalives_sent: AtomicU64,
+    pub(crate) loopback_failures: AtomicU64,
 }
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {
@@ -77,6 +83,7 @@ impl Counters {
             conns_established: g(&self.conns_established),
             conns_closed: g(&self.conns_closed),
             keepalives_sent: g(&self.keepalives_sent),
+            loopback_failures: g(&self.loopback_failures),
         }
     }
 }

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use colibri_lnet::credits::PoolKind;
+use colibri_lnet::discovery::PeerState;
 use colibri_lnet::fault::{
     DelayRuleSpec, DropRuleSpec, FaultMatch, HealthError, MsgMask, RuleId, Trigger,
 };
 use colibri_lnet::health::{HealthStatus, NiSide};
 use colibri_lnet::ids::{Net, Nid};
 use colibri_lnet::matching::{Event, MdHandle};
-use colibri_lnet::node::{NiConfig, Node};
+use colibri_lnet::node::{MsgTypeCounts, NiConfig, Node, ResponseTracking};
 use colibri_lnet::socklnd::AcceptPolicy;
 use colibri_lnet::wire::{NiStatus, PingFeatures, PingInfo};
 use crossbeam_channel::Sender;
@@ -306,6 +307,8 @@ impl Daemon {
                 nid,
                 credits,
                 peer_credits,
+                peer_buffer_credits,
+                conns_per_peer,
             } => {
                 let nid = nid_arg(&nid, "add", "net")?;
                 let mut ni = NiConfig::new(nid);
@@ -315,15 +318,33 @@ impl Daemon {
                 if let Some(c) = peer_credits {
                     ni.peer_credits = c;
                 }
+                if let Some(c) = peer_buffer_credits {
+                    ni.peer_buffer_credits = c;
+                }
+                if let Some(c) = conns_per_peer {
+                    if !(1..=127).contains(&c) {
+                        return Err(Failure::new(
+                            "add",
+                            "net",
+                            errno::EINVAL,
+                            format!("conns_per_peer {c} is outside 1..=127"),
+                        ));
+                    }
+                    ni.conns_per_peer = c;
+                }
                 self.lnet
                     .add_ni(ni)
                     .map_err(|e| lnet_fail("add", "net", &e))?;
                 Ok(Doc::Null)
             }
             Command::NetDel { nid, net } => self.net_del(nid.as_deref(), net.as_deref()),
-            Command::NetShow { net, verbose } => {
+            Command::NetShow {
+                net,
+                verbose,
+                detail,
+            } => {
                 let net = net.map(|n| net_arg(&n, "show", "net")).transpose()?;
-                self.net_show(net, verbose)
+                self.net_show(net, verbose || detail > 0, detail)
             }
             Command::PeerAdd {
                 prim_nid,
@@ -362,9 +383,13 @@ impl Daemon {
                     .map_err(|e| lnet_fail("del", "peer_ni", &e))?;
                 Ok(Doc::Null)
             }
-            Command::PeerShow { nid, verbose } => {
+            Command::PeerShow {
+                nid,
+                verbose,
+                detail,
+            } => {
                 let nid = nid.map(|n| nid_arg(&n, "show", "peer")).transpose()?;
-                self.peer_show(nid, verbose)
+                self.peer_show(nid, verbose || detail > 0, detail)
             }
             Command::PeerList => Ok(self.lnet.with_node(|n| {
                 Doc::map().with(
@@ -501,7 +526,7 @@ impl Daemon {
         Ok(Doc::Null)
     }
 
-    fn net_show(&self, only: Option<Net>, verbose: bool) -> Result<Doc, Failure> {
+    fn net_show(&self, only: Option<Net>, verbose: bool, detail: u32) -> Result<Doc, Failure> {
         let cpp = self.st.lock().conns_per_peer;
         let doc = self.lnet.with_node(|n| {
             let mut nets: Vec<(Net, Vec<Doc>)> = Vec::new();
@@ -521,8 +546,14 @@ impl Daemon {
                         "statistics",
                         Doc::map()
                             .with("send_count", info.map_or(0, |i| i.send_count))
-                            .with("recv_count", info.map_or(0, |i| i.recv_count)),
+                            .with("recv_count", info.map_or(0, |i| i.recv_count))
+                            .with("drop_count", info.map_or(0, |i| i.drop_count)),
                     );
+                    if detail >= 2
+                        && let Some(i) = info
+                    {
+                        push_by_type(&mut d, &i.sent, &i.received, &i.dropped);
+                    }
                     let h = n.health().ni_health(NiSide::Local, ni.nid);
                     d.push(
                         "health stats",
@@ -535,10 +566,16 @@ impl Daemon {
                         Doc::map()
                             .with("peer_timeout", 0_i64)
                             .with("peer_credits", ni.peer_credits)
-                            .with("peer_buffer_credits", 0_i64)
+                            .with("peer_buffer_credits", ni.peer_buffer_credits)
                             .with("credits", ni.credits),
                     );
-                    d.push("lnd tunables", Doc::map().with("conns_per_peer", cpp));
+                    d.push(
+                        "lnd tunables",
+                        Doc::map().with(
+                            "conns_per_peer",
+                            self.lnet.conns_per_peer(ni.nid).unwrap_or(cpp),
+                        ),
+                    );
                     d.push(
                         "tx credits",
                         Doc::map()
@@ -582,16 +619,54 @@ impl Daemon {
         ))
     }
 
-    fn peer_show(&self, only: Option<Nid>, verbose: bool) -> Result<Doc, Failure> {
+    fn peer_show(&self, only: Option<Nid>, verbose: bool, detail: u32) -> Result<Doc, Failure> {
         let peers = self.lnet.with_node(|n| {
             let table = n.discovery().peers();
             let list: Vec<_> = match only {
                 Some(nid) => table.peer_of(nid).into_iter().collect(),
                 None => table.peers().collect(),
             };
-            list.into_iter()
-                .map(|p| peer_doc(n, p, verbose))
-                .collect::<Vec<_>>()
+            let mut docs: Vec<Doc> = list
+                .into_iter()
+                .map(|p| {
+                    let state = n.discovery().peer_state(p.id()).name();
+                    let nids: Vec<Nid> = p.nids().collect();
+                    peer_doc(
+                        n,
+                        p.primary_nid(),
+                        p.is_multi_rail(),
+                        state,
+                        &nids,
+                        verbose,
+                        detail,
+                    )
+                })
+                .collect();
+            // Gateways known only from routes are peers too (Lustre
+            // creates a peer for every gateway a route names), and so are
+            // NIDs we only exchanged messages with (Lustre creates a peer
+            // on the first send or receive).
+            let gws = n.routes().routes().map(|r| r.gateway());
+            let mut more: Vec<Nid> = gws.chain(n.traffic_peer_nis()).collect();
+            more.sort_unstable();
+            more.dedup();
+            for nid in more {
+                if table.peer_of(nid).is_none()
+                    && !n.is_local_nid(nid)
+                    && only.is_none_or(|o| o == nid)
+                {
+                    docs.push(peer_doc(
+                        n,
+                        nid,
+                        false,
+                        PeerState::Init.name(),
+                        &[nid],
+                        verbose,
+                        detail,
+                    ));
+                }
+            }
+            docs
         });
         if let (Some(nid), true) = (only, peers.is_empty()) {
             return Err(Failure::new(
@@ -693,6 +768,9 @@ impl Daemon {
     fn stats_show(&self) -> Doc {
         let (s, hs) = self.lnet.with_node(|n| (n.stats(), *n.health().stats()));
         let mut d = Doc::map()
+            .with("msgs_alloc", s.msgs_alloc)
+            .with("msgs_max", s.msgs_max)
+            .with("rst_alloc", s.rst_alloc)
             .with("errors", s.protocol_errors)
             .with("send_count", s.send_count)
             .with("resend_count", s.resend_count)
@@ -707,6 +785,8 @@ impl Daemon {
         d.push("drop_count", s.drop_count);
         d.push("send_length", s.send_length);
         d.push("recv_length", s.recv_length);
+        d.push("route_length", s.route_length);
+        d.push("drop_length", s.drop_length);
         Doc::map().with("statistics", d)
     }
 
@@ -746,6 +826,39 @@ impl Daemon {
                 }
                 self.lnet.set_health(sens, retry, tt).map_err(lf)?;
             }
+            "drop_asym_route" => self.lnet.set_drop_asym_route(flag()?).map_err(lf)?,
+            "response_tracking" => {
+                let mode = u32::try_from(v)
+                    .ok()
+                    .and_then(ResponseTracking::from_level)
+                    .ok_or_else(|| bad("expected 0 (none), 1 (GET), 2 (PUT) or 3 (both)"))?;
+                self.lnet.set_response_tracking(mode).map_err(lf)?;
+            }
+            "recovery_limit" | "max_recovery_ping_interval" => {
+                let c = self.lnet.with_node(|n| n.config().clone());
+                let (mut limit, mut max) = (c.recovery_limit, c.max_recovery_ping_interval);
+                let secs = Duration::from_secs(u64::from(u32v()?));
+                if name == "recovery_limit" {
+                    limit = (!secs.is_zero()).then_some(secs);
+                } else {
+                    if secs.is_zero() {
+                        return Err(bad("must be at least 1"));
+                    }
+                    max = secs;
+                }
+                self.lnet.set_recovery(limit, max).map_err(lf)?;
+            }
+            "alive_router_check_interval" => {
+                let secs = Duration::from_secs(u64::from(u32v()?));
+                self.lnet.set_router_check_interval(secs).map_err(lf)?;
+            }
+            "max_interfaces" | "max_intf" => {
+                let n = u32v()?;
+                if n < 16 {
+                    return Err(bad("must be at least 16 (LNET_INTERFACES_MIN)"));
+                }
+                self.lnet.set_max_interfaces(n).map_err(lf)?;
+            }
             "tiny_buffers" | "small_buffers" | "large_buffers" => {
                 let kind = match name {
                     "tiny_buffers" => PoolKind::Tiny,
@@ -768,6 +881,15 @@ impl Daemon {
                 }
                 conf::check_global(other, v, other).map_err(|e| conf_fail("set", other, &e))?;
                 self.st.lock().extra.insert(other.to_owned(), v);
+                if let Some(why) = conf::no_effect_reason(other) {
+                    tracing::warn!(target: "colibri_lnet_rt::ctl", setting = other, value = v, "{why}");
+                    return Ok(Doc::map().with(
+                        "warnings",
+                        vec![Doc::from(format!(
+                            "{other} = {v}: recorded, but has no effect on this node ({why})"
+                        ))],
+                    ));
+                }
             }
         }
         Ok(Doc::Null)
@@ -849,8 +971,8 @@ impl Daemon {
                     (st, failed, d.peers().peer_of(nid).cloned())
                 });
                 match done {
-                    (colibri_lnet::discovery::PeerState::Active, _, Some(p)) => break Ok(p),
-                    (colibri_lnet::discovery::PeerState::Verify, Some(err), _) => break Err(err),
+                    (PeerState::Active, _, Some(p)) => break Ok(p),
+                    (PeerState::Verify, Some(err), _) => break Err(err),
                     _ if Instant::now() >= deadline => break Err("timed out".to_owned()),
                     _ => std::thread::sleep(Duration::from_millis(10)),
                 }
@@ -886,10 +1008,14 @@ impl Daemon {
         let have: Vec<NiConfig> = self.lnet.with_node(|n| n.config().nis.clone());
         for ni in &c.nis {
             if let Some(h) = have.iter().find(|h| h.nid == ni.nid) {
-                if (h.credits, h.peer_credits) != (ni.credits, ni.peer_credits) {
+                let cpp = self.lnet.conns_per_peer(h.nid).unwrap_or(0);
+                if (h.credits, h.peer_credits, h.peer_buffer_credits)
+                    != (ni.credits, ni.peer_credits, ni.peer_buffer_credits)
+                    || ni.conns_per_peer.is_some_and(|c| c != cpp)
+                {
                     warn.push(format!(
-                        "net: {} exists; its tunables are those it was added with (credits {}, peer_credits {}), unchanged",
-                        ni.nid, h.credits, h.peer_credits
+                        "net: {} exists; its tunables are those it was added with (credits {}, peer_credits {}, peer_buffer_credits {}, conns_per_peer {cpp}), unchanged: delete and add it to change them",
+                        ni.nid, h.credits, h.peer_credits, h.peer_buffer_credits
                     ));
                 }
                 continue;
@@ -897,15 +1023,11 @@ impl Daemon {
             let mut cfg = NiConfig::new(ni.nid);
             cfg.credits = ni.credits;
             cfg.peer_credits = ni.peer_credits;
+            cfg.peer_buffer_credits = ni.peer_buffer_credits;
+            cfg.conns_per_peer = ni.conns_per_peer.unwrap_or(0);
             self.lnet
                 .add_ni(cfg)
                 .map_err(|e| lnet_fail("import", "net", &e))?;
-        }
-        if c.nis.iter().any(|n| {
-            n.conns_per_peer
-                .is_some_and(|c| c != self.st.lock().conns_per_peer)
-        }) {
-            warn.push("lnd tunables: conns_per_peer is set when the node starts; unchanged".into());
         }
         if c.accept_port
             .is_some_and(|p| p != self.st.lock().accept_port)
@@ -1168,27 +1290,66 @@ impl Daemon {
     }
 }
 
-fn peer_doc(n: &Node, p: &colibri_lnet::peer::Peer, verbose: bool) -> Doc {
+/// `sent_stats`, `received_stats`, `dropped_stats` (`lnetctl … -v 2+`).
+fn push_by_type(
+    d: &mut Doc,
+    sent: &MsgTypeCounts,
+    received: &MsgTypeCounts,
+    dropped: &MsgTypeCounts,
+) {
+    let by = |c: &MsgTypeCounts| {
+        Doc::map()
+            .with("put", c.put)
+            .with("get", c.get)
+            .with("reply", c.reply)
+            .with("ack", c.ack)
+            .with("hello", c.hello)
+    };
+    d.push("sent_stats", by(sent));
+    d.push("received_stats", by(received));
+    d.push("dropped_stats", by(dropped));
+}
+
+fn peer_doc(
+    n: &Node,
+    primary: Nid,
+    multi_rail: bool,
+    state: &str,
+    nids: &[Nid],
+    verbose: bool,
+    detail: u32,
+) -> Doc {
     let table = n.discovery().peers();
     let mut d = Doc::map()
-        .with("primary nid", p.primary_nid().to_string())
-        .with("Multi-Rail", Doc::Bool(p.is_multi_rail()));
+        .with("primary nid", primary.to_string())
+        .with("Multi-Rail", Doc::Bool(multi_rail));
     if verbose {
-        d.push("peer state", n.discovery().peer_state(p.id()).name());
+        d.push("peer state", state);
     }
-    let nis = p
-        .nids()
-        .map(|nid| {
+    let nis = nids
+        .iter()
+        .map(|&nid| {
             let mut ni = Doc::map().with("nid", nid.to_string()).with(
                 "state",
                 table.ni(nid).map_or("NA", |x| status_name(x.status())),
             );
             if verbose {
+                // A peer NI on a net we have no NI on gets no credits
+                // (Lustre's lnet_peer_ni_alloc without a local net).
+                let local = n.is_local_net(nid.net());
                 let t = n.tx_credits().tunables(nid.net());
                 let tx = n.tx_credits().peer_ni(nid);
                 let rtr = n.router_credits().peer(nid);
-                let max_tx = tx.map_or(i64::from(t.peer_credits), |q| i64::from(q.max()));
-                let max_rtr = i64::from(t.router_credits());
+                let max_tx = if local {
+                    tx.map_or(i64::from(t.peer_credits), |q| i64::from(q.max()))
+                } else {
+                    0
+                };
+                let max_rtr = if local {
+                    i64::from(t.router_credits())
+                } else {
+                    0
+                };
                 ni.push("max_ni_tx_credits", max_tx);
                 ni.push(
                     "available_tx_credits",
@@ -1213,9 +1374,13 @@ fn peer_doc(n: &Node, p: &colibri_lnet::peer::Peer, verbose: bool) -> Doc {
                     Doc::map()
                         .with("send_count", s.send_count)
                         .with("recv_count", s.recv_count)
+                        .with("drop_count", s.drop_count)
                         .with("send_length", s.send_length)
                         .with("recv_length", s.recv_length),
                 );
+                if detail >= 2 {
+                    push_by_type(&mut ni, &s.sent, &s.received, &s.dropped);
+                }
                 let h = n.health().ni_health(NiSide::Peer, nid);
                 ni.push(
                     "health stats",

@@ -37,7 +37,7 @@
 //! let daemon = Daemon::start(&conf)?;
 //! let path = std::env::temp_dir().join(format!("ctl-doc-{}.sock", std::process::id()));
 //! let server = CtlServer::start(daemon.clone(), &path)?;
-//! let show = Command::NetShow { net: Some("tcp".into()), verbose: false };
+//! let show = Command::NetShow { net: Some("tcp".into()), verbose: false, detail: 0 };
 //! let doc = ctl::call(&path, &show, Duration::from_secs(10), |_| {})?;
 //! assert!(doc.to_yaml().contains("        - nid: 127.0.22.1@tcp\n          status: up\n"));
 //! drop(server);
@@ -156,6 +156,12 @@ pub enum Command {
         credits: Option<u32>,
         /// Per-peer credits.
         peer_credits: Option<u32>,
+        /// Per-peer router credits (0 = `peer_credits`).
+        #[serde(default)]
+        peer_buffer_credits: Option<u32>,
+        /// The socket LND's `conns_per_peer` for this NI.
+        #[serde(default)]
+        conns_per_peer: Option<u32>,
     },
     /// `net del --nid NID | --net NET`.
     NetDel {
@@ -170,6 +176,10 @@ pub enum Command {
         net: Option<String>,
         /// Statistics, health, tunables.
         verbose: bool,
+        /// `--verbose N`: 2 and more add the counts by message type
+        /// (`sent_stats`, `received_stats`, `dropped_stats`).
+        #[serde(default)]
+        detail: u32,
     },
     /// `peer add --prim_nid NID [--nid NID,...] [--non_mr]`.
     PeerAdd {
@@ -193,6 +203,9 @@ pub enum Command {
         nid: Option<String>,
         /// Credits, statistics, health.
         verbose: bool,
+        /// `--verbose N`: 2 and more add the counts by message type.
+        #[serde(default)]
+        detail: u32,
     },
     /// `peer list`.
     PeerList,

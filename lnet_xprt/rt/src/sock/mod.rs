@@ -164,6 +164,8 @@ pub(crate) struct SockNi {
     waker: Option<Arc<mio::Waker>>,
     /// The NI was deleted: its acceptor stops.
     pub(crate) deleted: AtomicBool,
+    /// `conns_per_peer` of this NI (BULK_IN/BULK_OUT pairs per peer).
+    pub(crate) conns_per_peer: u32,
 }
 
 impl SockNi {
@@ -299,6 +301,7 @@ impl SockLnd {
         nid: Nid,
         listen: Option<SocketAddr>,
         incarnation: u64,
+        conns_per_peer: u32,
     ) -> Result<SocketAddr, LnetError> {
         let ip = Ipv4Addr::from(nid.addr());
         let addr =
@@ -340,6 +343,11 @@ impl SockLnd {
             peers: Mutex::new(HashMap::new()),
             waker: acceptor.as_ref().map(|a| a.2.clone()),
             deleted: AtomicBool::new(false),
+            conns_per_peer: if conns_per_peer == 0 {
+                self.cfg.conns_per_peer
+            } else {
+                conns_per_peer
+            },
         });
         self.nis.write().insert(nid, ni.clone());
         if let Some((poll, l, waker)) = acceptor {
@@ -376,6 +384,19 @@ impl SockLnd {
 
     pub(crate) fn ni(&self, nid: Nid) -> Option<Arc<SockNi>> {
         self.nis.read().get(&nid).cloned()
+    }
+
+    /// The connections from local NI `local` to `peer`, by type name
+    /// (`CONTROL`, `BULK_IN`, `BULK_OUT`).
+    pub(crate) fn peer_conns(&self, local: Nid, peer: Nid) -> Vec<ConnType> {
+        let Some(ni) = self.ni(local) else {
+            return Vec::new();
+        };
+        let peers = ni.peers.lock();
+        peers
+            .get(&peer)
+            .map(|p| p.conns.conns().map(|(_, t)| t).collect())
+            .unwrap_or_default()
     }
 
     pub(crate) fn ni_for_connreq(&self, nid: Nid) -> Option<Arc<SockNi>> {
@@ -424,9 +445,9 @@ impl SockLnd {
         l.push_back(what);
     }
 
-    fn new_peer(&self, nid: Nid, now: Time) -> Peer {
+    fn new_peer(&self, conns_per_peer: u32, nid: Nid, now: Time) -> Peer {
         Peer {
-            conns: PeerConns::new(nid, self.cfg.conns_per_peer),
+            conns: PeerConns::new(nid, conns_per_peer),
             refs: HashMap::new(),
             reconnect: Reconnect::new(self.cfg.tun.min_reconnect(), self.cfg.tun.max_reconnect()),
             keepalive: Keepalive::new(self.cfg.keepalive, now),
@@ -536,7 +557,7 @@ impl SockLnd {
             let mut peers = ni.peers.lock();
             let p = peers
                 .entry(peer_nid)
-                .or_insert_with(|| self.new_peer(peer_nid, now));
+                .or_insert_with(|| self.new_peer(ni.conns_per_peer, peer_nid, now));
             let adm = p.conns.admit(
                 ni.nid,
                 Candidate {
@@ -726,7 +747,7 @@ impl Lnd for SockLnd {
         let mut peers = ni.peers.lock();
         let p = peers
             .entry(peer_nid)
-            .or_insert_with(|| self.new_peer(peer_nid, now));
+            .or_insert_with(|| self.new_peer(ni.conns_per_peer, peer_nid, now));
         if let Err(item) = self.place(p, item, now) {
             p.pending.push_back(item);
             self.start_connect(&ni, peer_nid, p, now);

@@ -446,6 +446,9 @@ enum RState<M> {
 /// travel both ways on either kind: a peer answers over the connection we
 /// opened, and we send requests back over a connection a peer opened (see
 /// [`Proto::learned`]).
+/// Senders whose printed addresses a connection keeps.
+const SENDER_NAMES: usize = 4096;
+
 pub(crate) struct Proto<M> {
     /// Connection id, for logs.
     id: usize,
@@ -474,9 +477,9 @@ pub(crate) struct Proto<M> {
     fresh: Vec<SocketAddrV4>,
     /// The sender of the last request: a busy peer costs no hash lookup.
     last_learned: Option<SocketAddrV4>,
-    /// The last sender address seen and its printed form: a busy peer's
-    /// address is formatted once, not per message.
-    sender_name: Option<(TcpAddr, String)>,
+    /// Sender addresses seen and their printed forms: a peer's address
+    /// is formatted once, not per message.
+    sender_names: FastMap<TcpAddr, Box<str>>,
     /// Callbacks of sends completed by an acknowledgement, run after the
     /// answers the same read produced are written ([`Proto::run_later`]):
     /// a request and the acknowledgement of our previous answer arrive
@@ -520,7 +523,7 @@ impl<M: Machine> Proto<M> {
             learned: HashSet::default(),
             fresh: Vec::new(),
             last_learned: None,
-            sender_name: None,
+            sender_names: FastMap::default(),
             later: Vec::new(),
         }
     }
@@ -538,12 +541,18 @@ impl<M: Machine> Proto<M> {
         }
     }
 
-    /// The printed form of `a` (cached for the last sender).
+    /// The printed form of `a`, cached for the connection's senders (a
+    /// server's connection from a client domain carries the messages of
+    /// all its transfer machines: formatting each sender's address anew
+    /// cost more than the rest of the message's protocol work). At most
+    /// [`SENDER_NAMES`] are kept; the cache starts over when full.
     fn sender_name(&mut self, a: TcpAddr) -> &str {
-        if self.sender_name.as_ref().is_none_or(|(x, _)| *x != a) {
-            self.sender_name = Some((a, a.to_string()));
+        if self.sender_names.len() >= SENDER_NAMES && !self.sender_names.contains_key(&a) {
+            self.sender_names.clear();
         }
-        self.sender_name.as_ref().map_or("", |(_, n)| n.as_str())
+        self.sender_names
+            .entry(a)
+            .or_insert_with(|| a.to_string().into_boxed_str())
     }
 
     /// A connection being opened at `now`, given up if not established by

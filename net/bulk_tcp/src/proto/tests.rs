@@ -1054,6 +1054,46 @@ fn every_sender_behind_a_connection_is_a_route_back() {
 }
 
 #[test]
+fn each_message_names_its_own_sender_among_thousands() {
+    // Messages of more senders than the connection keeps printed names
+    // for, interleaved: each is posted with its own sender's address,
+    // across the cache starting over.
+    let p = Pair::new(1 << 20);
+    let b = p.b.addr;
+    let n = super::SENDER_NAMES as u16 + 904;
+    let (cbs, ev) = event_channel(2 * usize::from(n));
+    for _ in 0..2 * u32::from(n) {
+        let rbuf = registered(&p.b, &[], 8, &cbs);
+        p.b.tm.add_msg_recv(rbuf, RecvParams::default()).unwrap();
+    }
+    let mut end = testkit::accepted(testkit::config(1 << 20), b, p.now());
+    let mut bytes = Vec::new();
+    for round in 0..2u16 {
+        for i in 0..n {
+            let from = TcpAddr::parse(&format!("127.0.0.9:{}:{}", 2000 + i, 1 + round)).unwrap();
+            let mut h = header(Opcode::Msg, u64::from(i) * 2 + u64::from(round), from, b);
+            h.total = 2;
+            h.body_len = 2;
+            bytes.extend_from_slice(&h.encode());
+            bytes.extend_from_slice(&i.to_le_bytes());
+        }
+    }
+    end.feed(&bytes, p.now(), &p.dir).unwrap();
+    for round in 0..2u16 {
+        for i in 0..n {
+            let e = event(&ev);
+            assert!(e.is_ok(), "{:?}", e.status());
+            assert_eq!(e.message().unwrap(), i.to_le_bytes());
+            assert_eq!(
+                e.sender().unwrap().addr(),
+                format!("127.0.0.9:{}:{}", 2000 + i, 1 + round)
+            );
+        }
+    }
+    end.fail_all(&NetError::Cancelled);
+}
+
+#[test]
 fn a_drained_burst_gives_its_queue_memory_back() {
     let mut p = Pair::new(1 << 20);
     let (cbs, _ev) = event_channel(4096);
