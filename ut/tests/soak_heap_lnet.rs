@@ -146,9 +146,9 @@ fn run(secs: u64) -> (Vec<(Duration, isize)>, Counts, Counts) {
 #[test]
 fn lnet_soak_gives_match_entries_back() {
     let (_, before, after) = run(8);
-    // Memory keys: since the transport's attach and bind helpers were
-    // reworked (main, b1027fa) a few stay registered after the soak (3 to
-    // 9 per node seen, more on a loaded machine), where none did before:
+    // Memory keys: since main's latest LNet changes were merged (among
+    // them b1027fa, the attach and bind helpers; not bisected) a few stay
+    // registered after the soak (3 to 9 per node seen), none before:
     // printed, not checked, until that is looked at (RELIABILITY.md).
     println!("(memory keys, match entries) per node: {before:?} -> {after:?}");
     for ((_, me0), (_, me1)) in before.iter().zip(&after) {
