@@ -99,8 +99,10 @@ enum Cmd {
     /// Two transfer machines exchange messages and bulk transfers both
     /// ways, add receive buffers (some with short timeouts), delete
     /// buffers at random, and are stopped (with or without abort) and
-    /// restarted every --epoch-ops operations, while a fault injector loses
-    /// messages, fails and delays operations and kills peers. After every
+    /// restarted every --epoch-ops operations, while a fault injector loses,
+    /// duplicates, fails, truncates and delays operations, resets
+    /// connections and kills peers. With --two-process the peer runs in a
+    /// child process that checks its own side and is killed now and then. After every
     /// epoch it checks that both machines stopped, every add got exactly
     /// one final event, no buffer stayed registered and no end point stayed
     /// referenced; every payload received is checked as it arrives.
@@ -111,8 +113,13 @@ enum Cmd {
     /// Examples:
     ///   colibri soak --ops 100000 --duration 30
     ///   colibri soak --xprt tcp --ops 100000000 --duration 600 --seed 7
+    ///   colibri soak --xprt tcp --two-process --ops 1000000 --duration 120
     #[command(verbatim_doc_comment)]
     Soak(soak_cmd::SoakArgs),
+    /// The peer process of `colibri soak --two-process` (commands on
+    /// standard input, answers on standard output).
+    #[command(hide = true)]
+    SoakPeer(soak_cmd::PeerArgs),
     /// Run an LNet node as a process and configure it at run time the way
     /// lnetctl does (YAML), with a selftest.
     ///
@@ -501,6 +508,7 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench(a),
         Cmd::Serve(a) => rpc_cmds::serve(a),
         Cmd::Soak(a) => soak_cmd::soak_cmd(a),
+        Cmd::SoakPeer(a) => soak_cmd::soak_peer(a),
         Cmd::Ping(a) => match rpc_cmds::ping_cmd(a) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::FAILURE,

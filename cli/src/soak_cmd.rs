@@ -5,9 +5,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use colibri_ut::soak::{SoakConfig, SoakReport, rss_bytes, soak};
+use colibri_ut::soak_two_process::{serve_peer, soak_two_process};
 use serde::Serialize;
 
 use crate::xprt::Xprt;
+
+/// Where the LNet soak's two sides start their transfer machines: two
+/// nodes of this process, listening on free loopback ports.
+const LNET_NIDS: [&str; 2] = ["127.0.64.1@tcp:12345:30:*", "127.0.64.2@tcp:12345:30:*"];
 
 /// Options of `colibri soak`.
 #[derive(Debug, clap::Args)]
@@ -33,6 +38,16 @@ pub(crate) struct SoakArgs {
     /// Inject no faults.
     #[arg(long)]
     no_faults: bool,
+    /// Run the peer transfer machine in a child process (this program,
+    /// driven over a pipe; tcp and rdma), with its own fault injector and
+    /// its own checks; every --kill-every-th epoch the child is killed
+    /// with traffic in flight and a new one started.
+    #[arg(long)]
+    two_process: bool,
+    /// With --two-process: kill the peer process every this many epochs
+    /// (0: never).
+    #[arg(long, default_value_t = 5)]
+    kill_every: u64,
     /// Print machine-readable JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -41,9 +56,41 @@ pub(crate) struct SoakArgs {
     quiet: bool,
 }
 
+/// Options of the hidden `colibri soak-peer`: the child process of
+/// `colibri soak --two-process`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PeerArgs {
+    /// Transport.
+    #[arg(long, value_enum)]
+    xprt: Xprt,
+    /// Seed of the parent's soak.
+    #[arg(long)]
+    seed: u64,
+    /// Inject no faults.
+    #[arg(long)]
+    no_faults: bool,
+}
+
+/// Serves the peer side of a two-process soak on standard input and
+/// output.
+pub(crate) fn soak_peer(a: &PeerArgs) -> Result<(), String> {
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let mut out = std::io::stdout().lock();
+    serve_peer(
+        a.xprt.transport(false, 1),
+        "127.0.0.1:0:1",
+        a.seed,
+        !a.no_faults,
+        &mut input,
+        &mut out,
+    )
+}
+
 #[derive(Debug, Serialize)]
 struct Out {
     transport: &'static str,
+    two_process: bool,
     seed: u64,
     faults: bool,
     ops: u64,
@@ -51,11 +98,21 @@ struct Out {
     dels: u64,
     finals: u64,
     payloads_checked: u64,
+    /// Two processes: the peer process's adds, payloads checked, and the
+    /// peer processes killed with traffic in flight.
+    peer_adds: u64,
+    peer_payloads_checked: u64,
+    peer_kills: u64,
     epochs: u64,
     lost: u64,
     failed: u64,
     delayed: u64,
+    duplicated: u64,
+    truncated: u64,
+    reset: u64,
     seconds: f64,
+    /// The longest end-of-epoch stop, in seconds.
+    longest_stop: f64,
     /// (seconds since start, resident MiB).
     rss_mib: Vec<(f64, f64)>,
 }
@@ -66,6 +123,12 @@ fn secs(s: f64, what: &str) -> Result<Duration, String> {
 
 /// Runs the soak; an error names the broken invariant and the seed.
 pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
+    if a.two_process && !matches!(a.xprt, Xprt::Tcp | Xprt::Rdma) {
+        return Err(format!(
+            "--two-process runs over tcp or rdma, not {}",
+            a.xprt.name()
+        ));
+    }
     let cfg = SoakConfig {
         seed: a.seed,
         max_ops: a.ops,
@@ -80,13 +143,20 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
         // bulk_mem: a fresh service each time, any port.
         Xprt::Mem => format!("127.0.0.1:0:{}", SVC.fetch_add(1, Ordering::Relaxed)),
         Xprt::Tcp | Xprt::Rdma => "127.0.0.1:0:1".to_string(),
-        // LNet: one node, transfer machines at 0@lo with a free TMID.
-        Xprt::Lnet => "0@lo:12345:30:*".to_string(),
+        // LNet: two nodes in this process, the two sides' transfer
+        // machines on different nodes (every message and bulk transfer
+        // crosses the socket LND), each at a free TMID.
+        Xprt::Lnet => LNET_NIDS[SVC.fetch_add(1, Ordering::Relaxed) as usize % 2].to_string(),
     };
     if !a.quiet {
         eprintln!(
-            "soak: {} transport, seed {}, faults {}, up to {} operations or {:.0} s; resident {:.1} MiB",
+            "soak: {} transport{}, seed {}, faults {}, up to {} operations or {:.0} s; resident {:.1} MiB",
             xprt.name(),
+            if a.two_process {
+                " between two processes"
+            } else {
+                ""
+            },
             a.seed,
             if cfg.faults { "on" } else { "off" },
             a.ops,
@@ -99,7 +169,7 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
     let mut progress = |r: &SoakReport| {
         if !quiet {
             eprintln!(
-                "[{:>7.1}s] {} ops, {} adds, {} final events, {} epochs, lost/failed/delayed {}/{}/{}, resident {:.1} MiB",
+                "[{:>7.1}s] {} ops, {} adds, {} final events, {} epochs, lost/failed/delayed/duplicated/truncated/reset {}/{}/{}/{}/{}/{}, resident {:.1} MiB",
                 started.elapsed().as_secs_f64(),
                 r.ops,
                 r.adds,
@@ -108,14 +178,50 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
                 r.faults.lost,
                 r.faults.failed,
                 r.faults.delayed,
+                r.faults.duplicated,
+                r.faults.truncated,
+                r.faults.reset,
                 rss_bytes() as f64 / 1048576.0
             );
         }
     };
-    let rep = soak(xprt.transport(false, 1), &addr, &cfg, &mut progress)
-        .map_err(|e| format!("soak failed: {e}"))?;
+    let transport = if xprt == Xprt::Lnet {
+        xprt.transport_at(false, 1, &LNET_NIDS, true)?
+    } else {
+        xprt.transport(false, 1)
+    };
+    let rep = if a.two_process {
+        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+        let (seed, faults) = (a.seed, cfg.faults);
+        let peer_cmd = move || {
+            let mut c = std::process::Command::new(&exe);
+            c.args([
+                "soak-peer",
+                "--xprt",
+                xprt.name(),
+                "--seed",
+                &seed.to_string(),
+            ]);
+            if !faults {
+                c.arg("--no-faults");
+            }
+            c
+        };
+        soak_two_process(
+            transport,
+            &addr,
+            &peer_cmd,
+            &cfg,
+            a.kill_every,
+            &mut progress,
+        )
+    } else {
+        soak(transport, &addr, &cfg, &mut progress)
+    }
+    .map_err(|e| format!("soak failed: {e}"))?;
     let out = Out {
         transport: xprt.name(),
+        two_process: a.two_process,
         seed: a.seed,
         faults: cfg.faults,
         ops: rep.ops,
@@ -123,11 +229,18 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
         dels: rep.dels,
         finals: rep.finals,
         payloads_checked: rep.payloads_checked,
+        peer_adds: rep.peer_adds,
+        peer_payloads_checked: rep.peer_payloads_checked,
+        peer_kills: rep.peer_kills,
         epochs: rep.epochs,
         lost: rep.faults.lost,
         failed: rep.faults.failed,
         delayed: rep.faults.delayed,
+        duplicated: rep.faults.duplicated,
+        truncated: rep.faults.truncated,
+        reset: rep.faults.reset,
         seconds: crate::round_sig(rep.elapsed.as_secs_f64()),
+        longest_stop: crate::round_sig(rep.longest_stop.as_secs_f64()),
         rss_mib: rep
             .rss
             .iter()
@@ -151,10 +264,19 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
         .collect();
     writeln!(
         stdout,
-        "soak passed: {} transport, seed {}, {} ops ({} adds, {} deletions) in {:.1} s, {} epochs, \
-         every add one final event, {} payloads checked intact, faults lost/failed/delayed {}/{}/{}\n\
+        "soak passed: {} transport{}, seed {}, {} ops ({} adds, {} deletions) in {:.1} s, {} epochs, \
+         every add one final event, {} payloads checked intact, faults lost/failed/delayed/duplicated/truncated/reset \
+         {}/{}/{}/{}/{}/{}, longest stop {:.2} s\n\
          resident MiB: {}",
         out.transport,
+        if out.two_process {
+            format!(
+                " between two processes (peer: {} adds, {} payloads checked, {} killed)",
+                out.peer_adds, out.peer_payloads_checked, out.peer_kills
+            )
+        } else {
+            String::new()
+        },
         out.seed,
         out.ops,
         out.adds,
@@ -165,6 +287,10 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
         out.lost,
         out.failed,
         out.delayed,
+        out.duplicated,
+        out.truncated,
+        out.reset,
+        out.longest_stop,
         samples.join(", ")
     )
     .map_err(|e| e.to_string())

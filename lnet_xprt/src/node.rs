@@ -1531,6 +1531,26 @@ impl Node {
         Ok(())
     }
 
+    /// `LNetMEUnlink`: removes an ME, and unlinks its MD if it has one
+    /// (an ME whose MD could not be attached is removed this way).
+    ///
+    /// # Errors
+    /// Unknown ME.
+    pub fn me_unlink(&mut self, me: MeHandle) -> Result<(), NodeError> {
+        if let Some(ev) = self.table.me_unlink(me)? {
+            let md = ev.md;
+            self.events.push_back(ev);
+            self.trackers.retain(|_, t| t.md != md);
+        }
+        Ok(())
+    }
+
+    /// Number of match entries (MEs) attached, for leak checks.
+    #[must_use]
+    pub fn me_count(&self) -> usize {
+        self.table.me_count()
+    }
+
     /// `LNetSetLazyPortal` / `LNetClearLazyPortal` (clearing drops waiting PUTs).
     ///
     /// # Errors

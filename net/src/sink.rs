@@ -206,6 +206,14 @@ impl TmSink {
         self.id
     }
 
+    /// A handle to the transfer machine, while it exists: for a wrapper
+    /// transport that adds operations of its own (the fault injector's
+    /// duplicated and truncated transfers). Never use it under the
+    /// transfer machine's lock (inside an `XprtTm` method).
+    pub fn handle(&self) -> Option<crate::tm::TmHandle> {
+        self.tm.upgrade().map(|inner| crate::tm::TmHandle { inner })
+    }
+
     /// The transfer machine's state, or `None` once it is gone.
     pub fn state(&self) -> Option<TmState> {
         self.with(|tm| tm.state())

@@ -133,6 +133,9 @@ pub struct Caps {
     /// message receive buffer then ends only with the transport's final
     /// report (see [`TmSink::claim_recv_placed`]).
     pub network_owned: bool,
+    /// [`XprtTm::reset_peer`] breaks connections (the transport has
+    /// connections to break).
+    pub reset_peer: bool,
 }
 
 impl Caps {
@@ -145,6 +148,7 @@ impl Caps {
             timeouts: false,
             confine: false,
             network_owned: false,
+            reset_peer: false,
         }
     }
 
@@ -181,6 +185,13 @@ impl Caps {
     #[must_use]
     pub const fn with_network_owned(mut self) -> Self {
         self.network_owned = true;
+        self
+    }
+
+    /// Declares that [`XprtTm::reset_peer`] breaks connections.
+    #[must_use]
+    pub const fn with_reset_peer(mut self) -> Self {
+        self.reset_peer = true;
         self
     }
 }
@@ -314,6 +325,19 @@ pub trait XprtTm: Send + Sync + fmt::Debug {
     fn desc_extra(&self, buf: &QueuedBuf) -> Result<Vec<u8>> {
         let _ = buf;
         Ok(Vec::new())
+    }
+
+    /// Breaks every connection this transfer machine's transport holds
+    /// with the peer at `addr` (a canonical address), as a network reset
+    /// would: the operations in flight on them fail on both sides, later
+    /// ones open new connections. Returns false when nothing could be
+    /// broken (the default, for a transport without connections; one that
+    /// implements it declares [`Caps::reset_peer`]). Used by the fault
+    /// injector; never called under the transfer machine's lock. Must not
+    /// block.
+    fn reset_peer(&self, addr: &str) -> bool {
+        let _ = addr;
+        false
     }
 
     /// Starts the operation of a newly queued buffer. Must not block.

@@ -1699,6 +1699,171 @@ pub fn stress_with_faults(f: &dyn Factory) {
     );
 }
 
+/// The injector's duplicates, truncations and resets, one at a time and
+/// then all at once under the stress test: a duplicated message arrives
+/// twice (same sender, same bytes) while its send completes once; a
+/// truncated message or active bulk send delivers a prefix of the right
+/// length (the receiver's event says how many bytes) and fails at the
+/// sender with `Io`; a truncated active receive fails after the passive
+/// side succeeded; a connection reset (the transport's hook, or a
+/// `ConnectionReset` failure where it has none) leaves every operation
+/// with exactly one final event.
+pub fn faults_duplicate_truncate_reset(f: &dyn Factory) {
+    let faulty = |plan: FaultPlan| Faulty {
+        f,
+        ft: FaultTransport::new(f.transport(), plan),
+    };
+    // Duplicates.
+    let fd = faulty(
+        FaultPlan::new(1)
+            .rule(FaultRule::new(FaultAction::Duplicate, Pick::Every(1)).on(&[QueueType::MsgSend])),
+    );
+    let (a, b) = pair(&fd);
+    for _ in 0..2 {
+        b.tm.add_msg_recv(b.buf(512), RecvParams::default())
+            .unwrap();
+    }
+    let data = pattern(31, 100);
+    let ep = a.ep(&b.addr);
+    a.tm.add_msg_send(a.buf_with(&data, 0), &ep, data.len())
+        .unwrap();
+    let s = a.next_event_on(QueueType::MsgSend);
+    assert!(s.is_ok() && s.is_final(), "{s:?}");
+    for _ in 0..2 {
+        let r = b.next_event_on(QueueType::MsgRecv);
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(r.message().unwrap(), data);
+        assert_eq!(r.sender().unwrap().addr(), a.addr);
+    }
+    a.expect_quiet();
+    assert_eq!(fd.ft.stats().duplicated, 1);
+    drop((s, ep));
+    a.shutdown();
+    b.shutdown();
+
+    // Truncations, on each active queue.
+    let ft = faulty(FaultPlan::new(2).rule(FaultRule::new(FaultAction::Truncate, Pick::Every(1))));
+    let (a, b) = pair(&ft);
+    let ep = a.ep(&b.addr);
+    b.tm.add_msg_recv(b.buf(512), RecvParams::default())
+        .unwrap();
+    a.tm.add_msg_send(a.buf_with(&data, 0), &ep, data.len())
+        .unwrap();
+    let s = a.next_event_on(QueueType::MsgSend);
+    assert_status(&s, |e| matches!(e, NetError::Io { .. }), "Io (cut short)");
+    let r = b.next_event_on(QueueType::MsgRecv);
+    assert!(
+        r.is_ok() && r.length() < data.len() && r.length() > 0,
+        "{r:?}"
+    );
+    assert_eq!(r.message().unwrap(), data[..r.length()]);
+    drop((s, r));
+    // Active send into a passive receive.
+    let (_, d) = b.tm.add_passive_recv(b.buf(512), None).unwrap();
+    a.tm.add_active_send(a.buf_with(&data, 0), &d, data.len())
+        .unwrap();
+    let s = a.next_event_on(QueueType::ActiveBulkSend);
+    assert_status(&s, |e| matches!(e, NetError::Io { .. }), "Io (cut short)");
+    let p = b.next_event_on(QueueType::PassiveBulkRecv);
+    assert!(
+        p.is_ok() && p.length() < data.len() && p.length() > 0,
+        "{p:?}"
+    );
+    assert_eq!(p.message().unwrap(), data[..p.length()]);
+    drop((s, p));
+    // Active receive from a passive send: the data moves, the receiver
+    // is told it failed.
+    let (_, d) =
+        b.tm.add_passive_send(b.buf_with(&data, 0), data.len(), None)
+            .unwrap();
+    a.tm.add_active_recv(a.buf(512), &d).unwrap();
+    let s = a.next_event_on(QueueType::ActiveBulkRecv);
+    assert_status(
+        &s,
+        |e| matches!(e, NetError::Io { .. }),
+        "Io (failed after)",
+    );
+    let p = b.next_event_on(QueueType::PassiveBulkSend);
+    assert!(p.is_ok(), "{p:?}");
+    drop((s, p));
+    a.expect_quiet();
+    assert_eq!(ft.ft.stats().truncated, 3);
+    drop(ep);
+    a.shutdown();
+    b.shutdown();
+
+    // Resets: every send is followed by a reset of its connections.
+    let fr = faulty(
+        FaultPlan::new(3).rule(
+            FaultRule::new(
+                FaultAction::Reset {
+                    within: Duration::from_millis(1),
+                },
+                Pick::Every(1),
+            )
+            .on(&[QueueType::MsgSend]),
+        ),
+    );
+    let (a, b) = pair(&fr);
+    let ep = a.ep(&b.addr);
+    for _ in 0..8 {
+        b.tm.add_msg_recv(b.buf(512), RecvParams::default())
+            .unwrap();
+    }
+    for i in 0..6u64 {
+        a.tm.add_msg_send(a.buf_with(&pattern(i, 64), 0), &ep, 64)
+            .unwrap();
+        let s = a.next_event_on(QueueType::MsgSend);
+        assert!(s.is_final(), "{s:?}");
+        // A reset of a connection still being opened fails what waited
+        // on it with `Unreachable` (it never reached the peer).
+        if let Err(e) = s.status() {
+            assert!(
+                matches!(
+                    e,
+                    NetError::ConnectionReset(_) | NetError::Io { .. } | NetError::Unreachable(_)
+                ),
+                "{e:?}"
+            );
+        }
+    }
+    // Resets happen on the injector's thread, up to 1 ms after each send.
+    wait_until("the resets", || {
+        let st = fr.ft.stats();
+        st.reset + st.failed >= 6
+    });
+    if f.name() == "tcp" {
+        assert_eq!(fr.ft.stats().reset, 6, "TCP resets its connections");
+    }
+    drop(ep);
+    a.shutdown();
+    b.shutdown();
+
+    // All of them under load.
+    let seed = stress_seed();
+    let fs = faulty(
+        FaultPlan::new(seed)
+            .rule(FaultRule::new(FaultAction::Duplicate, Pick::Rate(0.08)))
+            .rule(FaultRule::new(FaultAction::Truncate, Pick::Rate(0.08)))
+            .rule(FaultRule::new(
+                FaultAction::Reset {
+                    within: Duration::from_millis(2),
+                },
+                Pick::Rate(0.03),
+            ))
+            .rule(FaultRule::new(
+                FaultAction::Delay {
+                    min: Duration::ZERO,
+                    max: Duration::from_millis(2),
+                },
+                Pick::Rate(0.2),
+            )),
+    );
+    stress_body(&fs, seed);
+    let st = fs.ft.stats();
+    assert!(st.duplicated > 0 && st.truncated > 0, "{st:?}");
+}
+
 fn stress_body(f: &dyn Factory, seed: u64) {
     let (a, b) = pair(f);
     let ledger: Arc<Mutex<HashMap<BufToken, u32>>> = Arc::default();

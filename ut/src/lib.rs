@@ -33,6 +33,7 @@ use colibri_net::Transport;
 pub mod cases;
 pub mod harness;
 pub mod soak;
+pub mod soak_two_process;
 
 pub use harness::{Node, Rng, pattern};
 
@@ -121,6 +122,7 @@ macro_rules! conformance_tests {
             pool_tops_up_before_the_callback,
             blocking_waits_fail_on_delivery_threads,
             stress_with_faults,
+            faults_duplicate_truncate_reset,
             add_needs_started,
             stop_abort_cancels_everything,
             stop_without_abort,

@@ -1,8 +1,9 @@
 //! The soak runner: randomized adds (messages both ways, bulk both ways,
 //! receive buffers, buffers with short timeouts), deletions, stops with
 //! and without abort and restarts of both transfer machines, with faults
-//! injected (`colibri_net::fault`: lost, failed and delayed operations,
-//! killed and revived peers), bounded by a count of operations and a
+//! injected (`colibri_net::fault`: lost, failed, delayed, duplicated and
+//! truncated operations, connection resets, killed and revived peers),
+//! bounded by a count of operations and a
 //! time. After every epoch (a run of operations between two restarts) it
 //! checks that both machines stopped, that every add got exactly one
 //! final event, that no buffer stayed registered and no end point stayed
@@ -74,8 +75,18 @@ pub struct SoakReport {
     pub epochs: u64,
     /// What the fault injector did.
     pub faults: FaultStats,
+    /// The longest time both machines took to reach STOPPED at the end of
+    /// an epoch (a stop without abort waits for operations in flight).
+    pub longest_stop: Duration,
     /// (time since start, resident bytes) samples.
     pub rss: Vec<(Duration, u64)>,
+    /// Two processes: adds the peer process made (and checked).
+    pub peer_adds: u64,
+    /// Two processes: payloads the peer process received and checked.
+    pub peer_payloads_checked: u64,
+    /// Two processes: peer processes killed with traffic in flight (and
+    /// replaced).
+    pub peer_kills: u64,
     /// How long it ran.
     pub elapsed: Duration,
 }
@@ -89,22 +100,22 @@ pub fn rss_bytes() -> u64 {
 }
 
 #[derive(Default)]
-struct Ledger {
+pub(crate) struct Ledger {
     /// Final events per add, for the current epoch.
-    finals: Mutex<HashMap<BufToken, u32>>,
-    corrupt: AtomicU64,
-    checked: AtomicU64,
-    seen: AtomicU64,
+    pub(crate) finals: Mutex<HashMap<BufToken, u32>>,
+    pub(crate) corrupt: AtomicU64,
+    pub(crate) checked: AtomicU64,
+    pub(crate) seen: AtomicU64,
 }
 
 /// Payloads carry their pattern seed in their first 8 bytes.
-fn payload(seed: u64, len: usize) -> Vec<u8> {
+pub(crate) fn payload(seed: u64, len: usize) -> Vec<u8> {
     let mut p = pattern(seed, len.max(8));
     p[..8].copy_from_slice(&seed.to_le_bytes());
     p
 }
 
-fn callbacks(l: &Arc<Ledger>) -> Arc<BufferCallbacks> {
+pub(crate) fn callbacks(l: &Arc<Ledger>) -> Arc<BufferCallbacks> {
     let l = Arc::clone(l);
     Arc::new(BufferCallbacks::new().on_all(move |_tm, ev| {
         if ev.is_ok()
@@ -141,6 +152,39 @@ impl Side {
     }
 }
 
+/// The faults every soak injects (none when `faults` is false), seeded
+/// with `seed`: 5% of messages lost; 3% of operations failed with
+/// `ConnectionReset`; 1% duplicated; 1% cut short; 0.5% followed by a
+/// reset of the connections with the peer (within 2 ms); 10% delayed up
+/// to 2 ms.
+pub fn fault_plan(seed: u64, faults: bool) -> FaultPlan {
+    if faults {
+        FaultPlan::new(seed)
+            .rule(FaultRule::new(FaultAction::Lose, Pick::Rate(0.05)).on(&[QueueType::MsgSend]))
+            .rule(FaultRule::new(
+                FaultAction::Fail(NetError::ConnectionReset("injected".into())),
+                Pick::Rate(0.03),
+            ))
+            .rule(FaultRule::new(FaultAction::Duplicate, Pick::Rate(0.01)))
+            .rule(FaultRule::new(FaultAction::Truncate, Pick::Rate(0.01)))
+            .rule(FaultRule::new(
+                FaultAction::Reset {
+                    within: Duration::from_millis(2),
+                },
+                Pick::Rate(0.005),
+            ))
+            .rule(FaultRule::new(
+                FaultAction::Delay {
+                    min: Duration::ZERO,
+                    max: Duration::from_millis(2),
+                },
+                Pick::Rate(0.1),
+            ))
+    } else {
+        FaultPlan::new(seed)
+    }
+}
+
 /// Runs a soak over `xprt` (wrapped in a fault injector when
 /// `cfg.faults`), starting transfer machines at addresses from `addr`.
 /// `progress` is called with the report so far about every second.
@@ -154,24 +198,7 @@ pub fn soak(
     progress: &mut dyn FnMut(&SoakReport),
 ) -> Result<SoakReport, String> {
     let start = Instant::now();
-    let plan = if cfg.faults {
-        FaultPlan::new(cfg.seed)
-            .rule(FaultRule::new(FaultAction::Lose, Pick::Rate(0.05)).on(&[QueueType::MsgSend]))
-            .rule(FaultRule::new(
-                FaultAction::Fail(NetError::ConnectionReset("injected".into())),
-                Pick::Rate(0.03),
-            ))
-            .rule(FaultRule::new(
-                FaultAction::Delay {
-                    min: Duration::ZERO,
-                    max: Duration::from_millis(2),
-                },
-                Pick::Rate(0.1),
-            ))
-    } else {
-        FaultPlan::new(cfg.seed)
-    };
-    let ft = FaultTransport::new(xprt, plan);
+    let ft = FaultTransport::new(xprt, fault_plan(cfg.seed, cfg.faults));
     let ledger = Arc::new(Ledger::default());
     let cbs = callbacks(&ledger);
     let mut sides = Vec::new();
@@ -336,6 +363,7 @@ pub fn soak(
         // End of the epoch: stop both, check everything came back.
         drop(eps);
         let abort = r.below(2) == 0;
+        let t0 = Instant::now();
         for s in &sides {
             s.tm().stop(abort).map_err(|e| fail(format!("stop: {e}")))?;
         }
@@ -348,6 +376,7 @@ pub fn soak(
                 )));
             }
         }
+        rep.longest_stop = rep.longest_stop.max(t0.elapsed());
         for (i, s) in sides.iter_mut().enumerate() {
             if let Some(tm) = s.tm.take()
                 && let Err(e) = tm.fini()

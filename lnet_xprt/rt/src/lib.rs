@@ -401,6 +401,12 @@ impl Lnet {
         self.shared().mem.deregister(key)
     }
 
+    /// How many memory keys are registered now (a leak check: an idle
+    /// node with nothing attached holds only what its users keep).
+    pub fn registered_keys(&self) -> usize {
+        self.shared().mem.len()
+    }
+
     fn check_mem(&self, r: MemRef) -> Result<(), LnetError> {
         if self.shared().mem.resolve(r).is_some() {
             Ok(())
@@ -456,6 +462,17 @@ impl Lnet {
     pub fn md_unlink(&self, md: MdHandle) -> Result<(), LnetError> {
         let s = self.live()?;
         Ok(s.run(Vec::new(), |c, _| c.node.md_unlink(md))?)
+    }
+
+    /// `LNetMEUnlink`: removes an ME (and unlinks its MD, if any). An ME
+    /// whose `md_attach` failed stays in its portal's match list until it
+    /// is unlinked this way.
+    ///
+    /// # Errors
+    /// Unknown ME (`ENOENT`).
+    pub fn me_unlink(&self, me: MeHandle) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| c.node.me_unlink(me))?)
     }
 
     /// `LNetSetLazyPortal` / `LNetClearLazyPortal`.

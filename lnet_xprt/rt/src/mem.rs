@@ -312,6 +312,11 @@ impl MemTable {
         key
     }
 
+    /// Keys registered.
+    pub(crate) fn len(&self) -> usize {
+        self.regions.read().len()
+    }
+
     /// Forgets a key; the region, when it named one.
     pub(crate) fn deregister(&self, key: MemKey) -> Option<MemRegion> {
         match self.regions.write().remove(&key)? {

@@ -244,7 +244,9 @@ impl Engine {
 
     /// `LNetMEAttach` + `LNetMDAttach`: an ME on `portal` matching `bits`
     /// (but for `ignore`) from anyone, appended, with `md` on it; the ME
-    /// goes when the MD does (`unlink`).
+    /// goes when the MD does (`unlink`). An ME whose MD cannot be attached
+    /// (the buffer's memory went meanwhile, the node stopped) is unlinked
+    /// at once, or it would stay in the portal's match list for good.
     pub(crate) fn attach(
         &self,
         portal: u32,
@@ -261,7 +263,9 @@ impl Engine {
             unlink,
             pos: InsertPos::After,
         })?;
-        self.lnet.md_attach(me, md)
+        self.lnet.md_attach(me, md).inspect_err(|_| {
+            let _ = self.lnet.me_unlink(me);
+        })
     }
 
     /// `LNetMDBind` of a free MD over `mem` (`threshold` events, unlinked

@@ -429,7 +429,10 @@ impl TmShared {
         if kind == Kind::Ctl {
             spec = spec.max_size(CTL_MAX as u32);
         }
-        let r = e.attach(addr.portal, bits, 0, unlink, spec);
+        // The ME goes with its MD, which is unlinked when the machine
+        // stops (a retained catch-all ME stayed in the portal's match
+        // list for good, one per start).
+        let r = e.attach(addr.portal, bits, 0, Unlink::Unlink, spec);
         match r {
             Ok(md) => {
                 let mut s = op.st.lock();

@@ -94,6 +94,9 @@ pub(crate) enum Cmd {
     /// Callbacks the core decided for a transfer machine of this domain.
     Deliver(Delivery),
     Pin(usize),
+    /// Break the connections with the peer listening at this address
+    /// (`XprtTm::reset_peer`).
+    Reset(SocketAddrV4),
 }
 
 /// A listening socket shared by the transfer machines of this process
@@ -714,6 +717,22 @@ impl Loop {
         trace!(conn = t, peer = %c.peer, %e, "closed");
     }
 
+    /// Closes the connections with the peer listening at `peer` (the one
+    /// this engine opened and the one it opened to us), failing what is
+    /// in flight on them, as a network reset would.
+    fn reset(&mut self, peer: SocketAddrV4) {
+        let e = NetError::ConnectionReset(format!("connection with {peer} reset"));
+        let ts: Vec<usize> = [self.out.get(&peer), self.routes.get(&peer)]
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
+        for t in ts {
+            debug!(conn = t, %peer, "connection reset on request");
+            self.close(t, &e);
+        }
+    }
+
     fn close_all(&mut self) {
         let ts: Vec<usize> = self.conns.keys().copied().collect();
         for t in ts {
@@ -773,6 +792,7 @@ impl Loop {
             Cmd::Del(q, reason) => self.del(&q, reason),
             Cmd::Deliver(d) => d.run(),
             Cmd::Pin(cpu) => pin(cpu),
+            Cmd::Reset(peer) => self.reset(peer),
         }
     }
 

@@ -347,7 +347,8 @@ impl XprtDomain for TcpDomain {
         let caps = Caps::new(TCP_TRANSPORT_ID)
             .with_sync_delivery()
             .with_multi_message()
-            .with_timeouts();
+            .with_timeouts()
+            .with_reset_peer();
         if self.shared {
             caps
         } else {

@@ -108,6 +108,17 @@ impl XprtTm for TcpTm {
         crate::addr::ep_addr(addr)
     }
 
+    fn reset_peer(&self, addr: &str) -> bool {
+        let Ok(a) = TcpAddr::parse(addr) else {
+            return false;
+        };
+        let peer = a.sock();
+        // Any engine of the process may hold a connection with it (its
+        // listener's engine reads the requests it sends us).
+        engine::push_all(|| Cmd::Reset(peer));
+        true
+    }
+
     fn buf_add(&self, buf: &QueuedBuf) -> Result<()> {
         let sh = Arc::clone(&self.sh);
         match buf.queue() {

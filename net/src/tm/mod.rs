@@ -370,6 +370,22 @@ impl TmHandle {
         self.inner.dom.limits
     }
 
+    /// Registers memory with the domain of this transfer machine, as
+    /// [`Domain::register`] does: for code that holds a transfer machine
+    /// but not its domain (the fault injector's own copies of messages).
+    ///
+    /// # Errors
+    /// As [`Domain::register`].
+    pub fn register(
+        &self,
+        bufvec: crate::bufvec::BufVec,
+    ) -> Result<crate::buffer::NetBuffer, crate::error::RegisterError> {
+        Domain {
+            inner: Arc::clone(&self.inner.dom),
+        }
+        .register(bufvec)
+    }
+
     /// Starts the transfer machine at `addr` (transport specific). The
     /// result arrives as a state-change event (STARTED with the transfer
     /// machine's own end point, or FAILED), possibly before this returns,

@@ -1,0 +1,172 @@
+//! `colibri soak --two-process`: the peer transfer machine in a child
+//! process, over TCP on loopback (free ports), short runs. Each test uses
+//! its own seed, by which it finds its child processes in /proc.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn colibri() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_colibri"))
+}
+
+/// Process ids of the `colibri soak-peer` processes started with `seed`.
+fn peers_with_seed(seed: u64) -> Vec<u32> {
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+        let seed_s = seed.to_string();
+        if args.contains(&b"soak-peer".as_slice())
+            && args
+                .windows(2)
+                .any(|w| w[0] == b"--seed" && w[1] == seed_s.as_bytes())
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Waits up to 30 s for `cond`.
+fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills the parent if the test fails half-way.
+struct Reaper(Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn two_process_soak_checks_both_sides_and_leaves_no_child() {
+    let seed = 914_001;
+    let out = colibri()
+        .args([
+            "soak",
+            "--xprt",
+            "tcp",
+            "--two-process",
+            "--ops",
+            "30000",
+            "--duration",
+            "60",
+            "--epoch-ops",
+            "3000",
+            "--kill-every",
+            "3",
+            "--seed",
+            &seed.to_string(),
+            "--json",
+            "-q",
+        ])
+        .output()
+        .expect("run colibri");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["two_process"], true, "{v}");
+    assert_eq!(v["adds"], v["finals"], "{v}");
+    assert!(v["ops"].as_u64().unwrap() >= 30_000, "{v}");
+    assert!(v["epochs"].as_u64().unwrap() >= 9, "{v}");
+    // The peer processes worked and checked their side; some were killed
+    // with traffic in flight.
+    assert!(v["peer_adds"].as_u64().unwrap() > 1000, "{v}");
+    assert!(v["peer_payloads_checked"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["peer_kills"].as_u64().unwrap() >= 3, "{v}");
+    assert!(v["payloads_checked"].as_u64().unwrap() > 0, "{v}");
+    for f in [
+        "lost",
+        "failed",
+        "delayed",
+        "duplicated",
+        "truncated",
+        "reset",
+    ] {
+        assert!(v[f].as_u64().unwrap() > 0, "{f}: {v}");
+    }
+    // Every child is gone (killed, or ended when told to quit).
+    assert!(peers_with_seed(seed).is_empty(), "children left behind");
+}
+
+#[test]
+fn the_child_leaves_when_its_parent_is_killed() {
+    let seed = 914_002;
+    let parent = colibri()
+        .args([
+            "soak",
+            "--xprt",
+            "tcp",
+            "--two-process",
+            "--ops",
+            "1000000000",
+            "--duration",
+            "120",
+            "--seed",
+            &seed.to_string(),
+            "-q",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run colibri");
+    let mut parent = Reaper(parent);
+    wait_for("the child process", || !peers_with_seed(seed).is_empty());
+    // SIGKILL: the parent runs no cleanup; the child sees its input end.
+    parent.0.kill().unwrap();
+    parent.0.wait().unwrap();
+    wait_for("the child to leave", || peers_with_seed(seed).is_empty());
+}
+
+#[test]
+fn the_peer_refuses_bad_commands_and_two_process_needs_a_network() {
+    // A command it does not know: exit status 1, no hang.
+    let mut peer = colibri()
+        .args(["soak-peer", "--xprt", "tcp", "--seed", "914003"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut i = peer.stdin.take().unwrap();
+        writeln!(i, "start").unwrap();
+        writeln!(i, "frobnicate 3").unwrap();
+    }
+    let out = peer.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("addr 127.0.0.1:"), "{stdout}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unexpected command"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // bulk_mem cannot cross processes.
+    let out = colibri()
+        .args(["soak", "--xprt", "mem", "--two-process"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--two-process runs over tcp or rdma"));
+}

@@ -1,0 +1,183 @@
+//! Memory during a soak over LNet (two nodes of this process, every
+//! transfer across the socket LND): the match entries the transport
+//! attached are given back once the soak's domains are finalised, but for
+//! a few tombs (a catch-all ME per start, and an ME whose MD could not be
+//! attached, used to stay for good); the memory keys it registered are
+//! printed; the live heap (measured with a counting allocator) is
+//! printed, and its floor checked by an ignored test: it is not flat yet
+//! (RELIABILITY.md, "Not covered yet").
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::Duration;
+
+use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
+use colibri_lnet_rt::{Lnet, LnetConfig};
+use colibri_lnet_xprt::{LnetTransport, LnetXprtConfig};
+use colibri_ut::soak::{SoakConfig, soak};
+
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the
+// counter is only arithmetic on the sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: `p` came from `alloc` above with this layout.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's pointer and layout.
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const NIDS: [&str; 2] = ["127.0.43.1@tcp", "127.0.43.2@tcp"];
+
+/// (memory keys registered, match entries attached) of each node.
+type Counts = Vec<(usize, usize)>;
+
+/// Runs the soak for `secs` seconds (`SOAK_HEAP_SECS` overrides);
+/// returns the live heap samples, and the counts of each node before and
+/// after.
+fn run(secs: u64) -> (Vec<(Duration, isize)>, Counts, Counts) {
+    let nodes: Vec<Lnet> = NIDS
+        .iter()
+        .map(|n| {
+            let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
+            cfg.accept_port = 0;
+            cfg.accept = AcceptPolicy::All;
+            // A stop without abort waits for transactions in flight to a
+            // peer whose machine stopped first: keep that short.
+            cfg.node.transaction_timeout = Duration::from_secs(5);
+            Lnet::start(cfg).expect("LNet node")
+        })
+        .collect();
+    for a in &nodes {
+        for b in &nodes {
+            let nb = b.nids()[0];
+            if a.nids()[0] != nb {
+                a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
+            }
+        }
+    }
+    let handles = nodes.clone();
+    let xprt = Arc::new(LnetTransport::new(nodes, LnetXprtConfig::default()).expect("transport"));
+    // Memory keys and match entries of each node.
+    let keys = || {
+        handles
+            .iter()
+            .map(|h| (h.registered_keys(), h.with_node(|n| n.me_count())))
+            .collect::<Vec<_>>()
+    };
+    let before = keys();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let addr = || {
+        format!(
+            "{}:12345:30:*",
+            NIDS[next.fetch_add(1, Ordering::Relaxed) % 2]
+        )
+    };
+    let secs = std::env::var("SOAK_HEAP_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(secs);
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let cfg = SoakConfig {
+        seed: 32,
+        max_ops: u64::MAX,
+        max_time: Duration::from_secs(secs),
+        faults: env("SOAK_HEAP_FAULTS", 1) == 1,
+        epoch_ops: env("SOAK_HEAP_EPOCH", 2_000),
+        sample_every: Duration::from_secs(60),
+    };
+    // Sampled by a thread of its own every 200 ms (the soak's progress
+    // calls pause while a stop waits for LNet transactions).
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let t0 = std::time::Instant::now();
+    let (rep, samples) = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut v: Vec<(Duration, isize)> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                v.push((t0.elapsed(), LIVE.load(Ordering::Relaxed)));
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            v
+        });
+        let rep = soak(xprt, &addr, &cfg, &mut |_| {});
+        stop.store(true, Ordering::Relaxed);
+        (rep, sampler.join().unwrap())
+    });
+    let rep = rep.unwrap_or_else(|e| panic!("{e}"));
+    println!("{rep:?}");
+    for (t, b) in samples.iter().step_by(10) {
+        println!(
+            "{:>5.1}s live heap {:.2} MiB",
+            t.as_secs_f64(),
+            *b as f64 / 1048576.0
+        );
+    }
+    // The nodes let go of memory as their unlink events are handled:
+    // give them a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while keys() != before && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (samples, before, keys())
+}
+
+#[test]
+fn lnet_soak_gives_match_entries_back() {
+    let (_, before, after) = run(8);
+    // Memory keys: since main's latest LNet changes were merged (among
+    // them b1027fa, the attach and bind helpers; not bisected) a few stay
+    // registered after the soak (3 to 9 per node seen), none before:
+    // printed, not checked, until that is looked at (RELIABILITY.md).
+    println!("(memory keys, match entries) per node: {before:?} -> {after:?}");
+    for ((_, me0), (_, me1)) in before.iter().zip(&after) {
+        // A stopped machine leaves a tomb (an ME and MD answering late
+        // messages with `Unreachable`) until another starts at its
+        // portal and TMID: a few, however many epochs ran (before the
+        // fix, an ME per buffer cancelled while it was being attached:
+        // over a hundred after 8 s).
+        assert!(
+            me1 <= &(me0 + 8),
+            "match entries attached: {before:?} -> {after:?}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "the LNet live heap's floor steps up under the soak (RELIABILITY.md)"]
+fn lnet_soak_heap_stays_flat() {
+    let (samples, _, _) = run(40);
+    // Samples fall anywhere in an epoch, so they vary with what is in
+    // flight; the floor does not: the last third's lowest sample is not
+    // above the middle third's lowest by more than half plus 512 KiB. (A
+    // guard against gross leaks: a few hundred bytes per epoch would pass.)
+    let third = samples.len() / 3;
+    assert!(third >= 2, "{samples:?}");
+    let min = |s: &[(Duration, isize)]| s.iter().map(|x| x.1).min().unwrap_or(0);
+    let (mid, last) = (min(&samples[third..2 * third]), min(&samples[2 * third..]));
+    assert!(
+        last as f64 <= mid as f64 * 1.5 + 512.0 * 1024.0,
+        "live heap floor grew from {mid} to {last} bytes"
+    );
+}
