@@ -399,6 +399,17 @@ fn run(me: &Weak<Engine>, events: &Receiver<Event>, work: &Receiver<Work>) {
     let tick = Duration::from_millis(100);
     let mut next_check = Instant::now() + tick;
     loop {
+        // Work first: completions and deliveries give buffers back (an
+        // echo's send completing re-queues its receive buffer), and under
+        // a steady stream of events `select!`'s random choice could leave
+        // several of them waiting behind newer messages, which then found
+        // no receive buffer.
+        while let Ok(w) = work.try_recv() {
+            match w {
+                Work::Stop => return,
+                w => do_work(me, w),
+            }
+        }
         let timeout = next_check.saturating_duration_since(Instant::now());
         crossbeam_channel::select! {
             recv(events) -> ev => match ev {
