@@ -163,6 +163,12 @@ struct Peer {
     active: bool,
 }
 
+/// Messages at most this long (header and payload) are written by the
+/// sending thread when their connection is idle; longer ones go to the
+/// connection's scheduler, so that a router reading a large message and
+/// the scheduler writing the previous one out work in parallel.
+const INLINE_MAX: u64 = 16 << 10;
+
 /// One `tcp` NI.
 pub(crate) struct SockNi {
     pub(crate) nid: Nid,
@@ -839,12 +845,17 @@ impl Lnd for SockLnd {
         let now = s.now();
         let peer_nid = tx.to;
         let item = TxItem::lnet(tx, now);
+        let small = item.wire_len() <= INLINE_MAX;
         let idle = {
             let mut peers = ni.peers.lock();
             let p = peers
                 .entry(peer_nid)
                 .or_insert_with(|| self.new_peer(ni.conns_per_peer, peer_nid, now));
             match Self::place_idle(p, item, now, self.cfg.tun.min_bulk) {
+                Ok(Some(c)) if !small => {
+                    self.kick(&c);
+                    None
+                }
                 Ok(idle) => idle,
                 Err(item) => {
                     p.pending.push_back(item);
