@@ -1001,15 +1001,28 @@ impl<T> MatchTable<T> {
         msg: T,
         same_peer: &dyn Fn(Nid, Nid) -> bool,
     ) -> Result<(MatchOutcome, Option<T>), MatchError> {
-        let p = self
-            .portals
-            .get(info.portal as usize)
-            .ok_or(MatchError::BadPortal(info.portal))?;
-        let order: Vec<MeHandle> = p.ignore_list.iter().chain(p.list.iter()).copied().collect();
-        for me in order {
+        let idx = info.portal as usize;
+        if idx >= self.portals.len() {
+            return Err(MatchError::BadPortal(info.portal));
+        }
+        // The ignore list, then the rest, by position: an ME that does not
+        // match is left as it is, so the lists do not change until the
+        // first match (no copy of a list of thousands of receive MEs for
+        // every message).
+        let mut i = 0;
+        loop {
+            let p = &self.portals[idx];
+            let me = match p.ignore_list.get(i) {
+                Some(&me) => me,
+                None => match p.list.get(i - p.ignore_list.len()) {
+                    Some(&me) => me,
+                    None => break,
+                },
+            };
             if let Some(outcome) = self.try_match_me(me, &info, same_peer) {
                 return Ok((outcome, Some(msg)));
             }
+            i += 1;
         }
         let p = self.portal_mut(info.portal)?;
         if info.op == Op::Put && p.lazy {
