@@ -143,8 +143,26 @@ impl Engine {
     pub(crate) fn stop(&self) {
         let _ = self.work.send(Work::Stop);
         // Operations refer to their machines, which refer to the engine.
-        self.ops.lock().clear();
-        self.tombs.lock().clear();
+        // What LNet still holds for them, the tombs and the control
+        // messages in flight go back to the nodes, which outlive the
+        // transport.
+        let ops: Vec<Arc<Op>> = self.ops.lock().drain().map(|(_, op)| op).collect();
+        for op in ops {
+            op.release(self);
+        }
+        let tombs: Vec<MdHandle> = self.tombs.lock().drain().map(|(_, md)| md).collect();
+        for md in tombs {
+            let _ = self.lnet.md_unlink(md);
+        }
+        let sends: Vec<MemKey> = self
+            .ctl_sends
+            .lock()
+            .drain()
+            .map(|(_, (key, _))| key)
+            .collect();
+        for key in sends {
+            self.lnet.deregister(key);
+        }
         let _ = self.notices.send(None);
         for t in [self.thread.lock().take(), self.notice_thread.lock().take()]
             .into_iter()

@@ -215,6 +215,20 @@ impl Op {
         v
     }
 
+    /// Gives back what LNet holds for this operation when the transport
+    /// goes away before its last event came (a request cancelled while its
+    /// verdict was on the way, an operation LNet had not finished): its
+    /// MDs are unlinked and its memory key forgotten, since the LNet nodes
+    /// outlive the transport. Their machines are gone by then.
+    pub(crate) fn release(&self, e: &Engine) {
+        for md in self.live_mds() {
+            let _ = e.lnet.md_unlink(md);
+        }
+        if let Some(k) = self.st.lock().key.take() {
+            e.lnet.deregister(k);
+        }
+    }
+
     /// A send whose MD LNet is done with but whose receiver has not
     /// answered yet: kept in the engine's table for its deadline.
     pub(crate) fn awaits_answer(&self) -> bool {
