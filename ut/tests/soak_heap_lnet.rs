@@ -5,9 +5,8 @@
 //! a counting allocator) is printed, and its floor checked by an ignored
 //! test: it is not flat yet (RELIABILITY.md, "Not covered yet").
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
@@ -15,32 +14,9 @@ use colibri_lnet_rt::{Lnet, LnetConfig};
 use colibri_lnet_xprt::{LnetTransport, LnetXprtConfig};
 use colibri_ut::soak::{SoakConfig, soak};
 
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the
-// counter is only arithmetic on the sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: `p` came from `alloc` above with this layout.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+#[path = "support/counting.rs"]
+mod counting;
+use counting::LIVE;
 
 const NIDS: [&str; 2] = ["127.0.43.1@tcp", "127.0.43.2@tcp"];
 
