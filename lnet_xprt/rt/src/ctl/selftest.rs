@@ -42,6 +42,9 @@ pub const MAX_DURATION_S: u32 = 3600;
 
 /// How long a worker pauses after a failed operation.
 const ERROR_PAUSE: Duration = Duration::from_millis(20);
+/// How long a worker waits for an operation's last event beyond the
+/// node's transaction timeout, so that the node's own timeout ends it.
+const OP_SLACK: Duration = Duration::from_secs(2);
 
 /// The test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -267,10 +270,14 @@ pub(crate) fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let end = start + Duration::from_secs(u64::from(spec.duration_s));
-    // An operation may take up to the transaction timeout; the test ends
-    // within a bounded time all the same.
-    let op_timeout = lnet
-        .with_node(|n| n.config().transaction_timeout)
+    // An operation may take up to the transaction timeout, and the node
+    // ends it then with its own verdict (counted in its statistics); the
+    // worker's wait is only a safety net, so it outlasts the node's
+    // deadline (which starts a little after the worker's clock did) by
+    // OP_SLACK. The test ends within a bounded time all the same: a node
+    // whose transaction timeout is longer than the test is given up on
+    // after the test's duration plus 5 s.
+    let op_timeout = (lnet.with_node(|n| n.config().transaction_timeout) + OP_SLACK)
         .min(Duration::from_secs(u64::from(spec.duration_s) + 5))
         .max(Duration::from_secs(1));
     let size = match spec.kind {
