@@ -29,6 +29,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::ids::{Net, Nid};
+use crate::nidmap::{NidMap, nid_map};
 
 /// `DEFAULT_PEER_CREDITS`: credits per peer NI.
 pub const DEFAULT_PEER_CREDITS: u32 = 8;
@@ -263,9 +264,9 @@ pub struct Tx<T> {
 #[derive(Clone, Debug, Default)]
 pub struct TxCredits<T> {
     tunables: BTreeMap<Net, NetTunables>,
-    peer: BTreeMap<Nid, CreditQueue<Tx<T>>>,
-    ni: BTreeMap<Nid, CreditQueue<Tx<T>>>,
-    queued_bytes: BTreeMap<Nid, u64>,
+    peer: NidMap<CreditQueue<Tx<T>>>,
+    ni: NidMap<CreditQueue<Tx<T>>>,
+    queued_bytes: NidMap<u64>,
 }
 
 impl<T> TxCredits<T> {
@@ -274,9 +275,9 @@ impl<T> TxCredits<T> {
     pub fn new() -> Self {
         Self {
             tunables: BTreeMap::new(),
-            peer: BTreeMap::new(),
-            ni: BTreeMap::new(),
-            queued_bytes: BTreeMap::new(),
+            peer: nid_map(),
+            ni: nid_map(),
+            queued_bytes: nid_map(),
         }
     }
 

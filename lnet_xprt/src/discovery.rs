@@ -86,7 +86,7 @@
 //! # Ok::<(), colibri_lnet::ids::IdError>(())
 //! ```
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
@@ -406,6 +406,26 @@ struct PeerDisc<M> {
     last_error: Option<DiscoveryError>,
 }
 
+/// Sets peer `id`'s ping or push deadline, keeping the index `due` in
+/// step (every change of a deadline goes through here).
+fn set_deadline<M>(
+    due: &mut BTreeSet<(Time, PeerId)>,
+    id: PeerId,
+    d: &mut PeerDisc<M>,
+    at: Option<Time>,
+) {
+    if d.deadline == at {
+        return;
+    }
+    if let Some(t) = d.deadline {
+        due.remove(&(t, id));
+    }
+    if let Some(t) = at {
+        due.insert((t, id));
+    }
+    d.deadline = at;
+}
+
 impl<M> PeerDisc<M> {
     fn new(state: PeerState) -> Self {
         Self {
@@ -432,6 +452,12 @@ pub struct Discovery<M> {
     config: DiscoveryConfig,
     table: PeerTable,
     disc: BTreeMap<PeerId, PeerDisc<M>>,
+    /// Messages parked on every peer (the sum of `disc[..].parked.len()`,
+    /// kept so that counting them does not walk every peer).
+    parked_now: usize,
+    /// Every ping or push deadline, `(deadline, peer)`, kept in step with
+    /// the peers' `deadline` by [`set_deadline`].
+    due: BTreeSet<(Time, PeerId)>,
     /// Work for the discovery thread: peers in `Discovery`, with queue time.
     queue: VecDeque<(PeerId, Time)>,
     local_seq: u32,
@@ -447,6 +473,8 @@ impl<M> Discovery<M> {
             config,
             table: PeerTable::new(),
             disc: BTreeMap::new(),
+            parked_now: 0,
+            due: BTreeSet::new(),
             queue: VecDeque::new(),
             local_seq,
             stats: DiscoveryStats::default(),
@@ -503,7 +531,7 @@ impl<M> Discovery<M> {
     /// Messages parked on every peer under discovery.
     #[must_use]
     pub fn parked_total(&self) -> usize {
-        self.disc.values().map(|d| d.parked.len()).sum()
+        self.parked_now
     }
 
     /// The last sequence number the peer owning `nid` sent us.
@@ -562,12 +590,14 @@ impl<M> Discovery<M> {
     fn park(&mut self, id: PeerId, target: Nid, msg: M) {
         if let Some(d) = self.disc.get_mut(&id) {
             d.parked.push_back((target, msg));
+            self.parked_now += 1;
             self.stats.parked += 1;
         }
     }
 
     fn release(&mut self, id: PeerId, out: &mut Vec<Action<M>>) {
         if let Some(d) = self.disc.get_mut(&id) {
+            self.parked_now -= d.parked.len();
             out.extend(d.parked.drain(..).map(|(target, msg)| Action::Transmit {
                 peer: Some(id),
                 target,
@@ -579,6 +609,7 @@ impl<M> Discovery<M> {
     fn fail_parked(&mut self, id: PeerId, error: &DiscoveryError, out: &mut Vec<Action<M>>) {
         if let Some(d) = self.disc.get_mut(&id) {
             self.stats.failed += d.parked.len() as u64;
+            self.parked_now -= d.parked.len();
             out.extend(d.parked.drain(..).map(|(target, msg)| Action::Fail {
                 target,
                 msg,
@@ -604,7 +635,7 @@ impl<M> Discovery<M> {
         let seq = self.local_seq;
         if let Some(d) = self.disc.get_mut(&id) {
             d.push_seq = Some(seq);
-            d.deadline = Some(now + self.config.push_timeout);
+            set_deadline(&mut self.due, id, d, Some(now + self.config.push_timeout));
         }
         self.stats.pushes_sent += 1;
         self.set_state(id, PeerState::PushSent, event);
@@ -756,7 +787,7 @@ impl<M> Discovery<M> {
                     let Some(d) = self.disc.get_mut(&id) else {
                         continue;
                     };
-                    d.deadline = Some(now + self.config.ping_timeout);
+                    set_deadline(&mut self.due, id, d, Some(now + self.config.ping_timeout));
                     d.ping_nis
                 };
                 self.set_state(id, PeerState::WaitPingResponse, PeerEvent::Send);
@@ -817,7 +848,7 @@ impl<M> Discovery<M> {
         }
         if let Some(d) = self.disc.get_mut(&id) {
             d.peer_seq = Some(info.seqno);
-            d.deadline = None;
+            set_deadline(&mut self.due, id, d, None);
             d.discovered = self.config.enabled;
             d.last_error = None;
             d.ping_nis = MIN_PING_NIS;
@@ -886,11 +917,18 @@ impl<M> Discovery<M> {
         }
         for &absorbed in &report.absorbed {
             self.stats.peers_merged += 1;
-            if let Some(gone) = self.disc.remove(&absorbed)
-                && let Some(d) = self.disc.get_mut(&id)
-            {
-                d.parked.extend(gone.parked);
-                d.node_seq = d.node_seq.max(gone.node_seq);
+            if let Some(gone) = self.disc.remove(&absorbed) {
+                if let Some(t) = gone.deadline {
+                    self.due.remove(&(t, absorbed));
+                }
+                if let Some(d) = self.disc.get_mut(&id) {
+                    d.parked.extend(gone.parked);
+                    d.node_seq = d.node_seq.max(gone.node_seq);
+                } else {
+                    // Not reached: the absorbing peer is the one whose
+                    // discovery state is being updated.
+                    self.parked_now -= gone.parked.len();
+                }
             }
             out.push(Action::PeersMerged { into: id, absorbed });
         }
@@ -901,7 +939,7 @@ impl<M> Discovery<M> {
         tracing::warn!(target: TARGET, peer = %id, %error, "discovery failed");
         self.fail_parked(id, &error, out);
         if let Some(d) = self.disc.get_mut(&id) {
-            d.deadline = None;
+            set_deadline(&mut self.due, id, d, None);
             d.last_error = Some(error);
         }
         // Lustre leaves the peer REDISCOVER: the next send tries again.
@@ -933,7 +971,7 @@ impl<M> Discovery<M> {
                 let to = self.table.peer(id).map_or(nid, |p| p.primary_nid());
                 if let Some(d) = self.disc.get_mut(&id) {
                     d.ping_nis = needed_nis.max(d.ping_nis);
-                    d.deadline = Some(now + self.config.ping_timeout);
+                    set_deadline(&mut self.due, id, d, Some(now + self.config.ping_timeout));
                     self.stats.pings_sent += 1;
                     out.push(Action::SendPing {
                         peer: id,
@@ -1039,7 +1077,7 @@ impl<M> Discovery<M> {
                 if let Some(id) = self.table.peer_id_of(from) {
                     if let Some(d) = self.disc.get_mut(&id) {
                         d.node_seq = d.push_seq.take();
-                        d.deadline = None;
+                        set_deadline(&mut self.due, id, d, None);
                     }
                     self.set_state(id, PeerState::Active, PeerEvent::RecvAck);
                 }
@@ -1068,7 +1106,7 @@ impl<M> Discovery<M> {
         self.stats.push_failures += 1;
         if let Some(d) = self.disc.get_mut(&id) {
             d.push_seq = None;
-            d.deadline = None;
+            set_deadline(&mut self.due, id, d, None);
         }
         tracing::warn!(target: TARGET, peer = %id, "push not acknowledged");
         self.set_state(id, PeerState::Active, PeerEvent::RecvAck);
@@ -1162,8 +1200,13 @@ impl<M> Discovery<M> {
         for nid in &report.skipped {
             tracing::warn!(target: TARGET, %primary, %nid, "DLC delete: not a NID of this peer, skipped");
         }
-        if report.peer_deleted {
-            self.disc.remove(&id);
+        if report.peer_deleted
+            && let Some(gone) = self.disc.remove(&id)
+        {
+            self.parked_now -= gone.parked.len();
+            if let Some(t) = gone.deadline {
+                self.due.remove(&(t, id));
+            }
         }
         tracing::info!(target: TARGET, %primary, removed = ?report.removed, "DLC peer delete");
         Ok(())
@@ -1249,7 +1292,7 @@ impl<M> Discovery<M> {
             .filter(|(id, _)| self.peer_state(*id) == PeerState::Discovery)
             .map(|&(_, t)| t)
             .min();
-        let deadline = self.disc.values().filter_map(|d| d.deadline).min();
+        let deadline = self.due.first().map(|&(t, _)| t);
         match (queued, deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -1262,12 +1305,14 @@ impl<M> Discovery<M> {
     /// `Verify`; an expired push leaves it `Active`.
     pub fn handle_timeout(&mut self, now: Time) -> Vec<Action<M>> {
         let mut out = self.process_queue(now);
-        let expired: Vec<PeerId> = self
-            .disc
+        let mut expired: Vec<PeerId> = self
+            .due
             .iter()
-            .filter(|(_, d)| d.deadline.is_some_and(|t| t <= now))
-            .map(|(&id, _)| id)
+            .take_while(|&&(t, _)| t <= now)
+            .map(|&(_, id)| id)
             .collect();
+        // In peer order, as a walk over the peers met them.
+        expired.sort_unstable();
         for id in expired {
             match self.peer_state(id) {
                 PeerState::WaitPingResponse => {
@@ -1277,7 +1322,7 @@ impl<M> Discovery<M> {
                 PeerState::PushSent => self.push_failed(id),
                 _ => {
                     if let Some(d) = self.disc.get_mut(&id) {
-                        d.deadline = None;
+                        set_deadline(&mut self.due, id, d, None);
                     }
                 }
             }
@@ -1301,6 +1346,21 @@ impl<M> Discovery<M> {
                 }
                 Some(_) => {}
             }
+        }
+        let due: BTreeSet<(Time, PeerId)> = self
+            .disc
+            .iter()
+            .filter_map(|(&id, d)| d.deadline.map(|t| (t, id)))
+            .collect();
+        if due != self.due {
+            return Some(format!("deadline index {:?}, deadlines {due:?}", self.due));
+        }
+        let parked: usize = self.disc.values().map(|d| d.parked.len()).sum();
+        if parked != self.parked_now {
+            return Some(format!(
+                "{parked} messages parked, {} counted",
+                self.parked_now
+            ));
         }
         for (id, d) in &self.disc {
             if self.table.peer(*id).is_none() {

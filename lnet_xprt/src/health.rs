@@ -35,12 +35,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
 use crate::fault::HealthError as FaultHealthError;
 use crate::ids::Nid;
+use crate::nidmap::{NidMap, nid_map};
 use crate::time::Time;
 
 const TARGET: &str = "colibri_lnet::health";
@@ -475,8 +476,8 @@ pub struct HealthStats {
 #[derive(Clone, Debug)]
 pub struct HealthMonitor {
     config: HealthConfig,
-    local: BTreeMap<Nid, NiHealth>,
-    peer: BTreeMap<Nid, NiHealth>,
+    local: NidMap<NiHealth>,
+    peer: NidMap<NiHealth>,
     /// Every scheduled recovery ping, `(due, side, nid)`: the interfaces in
     /// recovery, so that the next deadline and the due pings cost what is
     /// in recovery, not how many interfaces are known.
@@ -514,8 +515,8 @@ impl HealthMonitor {
         config.validate()?;
         Ok(Self {
             config,
-            local: BTreeMap::new(),
-            peer: BTreeMap::new(),
+            local: nid_map(),
+            peer: nid_map(),
             due: BTreeSet::new(),
             stats: HealthStats::default(),
         })

@@ -129,6 +129,7 @@ pub mod fuzzing;
 pub mod health;
 pub mod ids;
 pub mod matching;
+pub mod nidmap;
 pub mod node;
 pub mod peer;
 pub mod rng;

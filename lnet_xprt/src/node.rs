@@ -56,7 +56,7 @@
 //! where it goes. LNet's own traffic on the reserved portal (ping and push)
 //! is served by internal MEs and MDs.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use crate::credits::{
@@ -79,6 +79,7 @@ use crate::matching::{
     MatchTable, Matched, MdHandle, MdOptions, MdSpec, MeHandle, MeSpec, MemKey, MemRef, Op,
     OpError, ResponseMatch, Threshold, Unlink,
 };
+use crate::nidmap::{IdMap, NidMap, nid_map, sorted_keys};
 use crate::peer::PeerError;
 use crate::route::{Route, RouteConfig, RouteError, RouteTable};
 use crate::select::{
@@ -872,6 +873,83 @@ struct Tracker {
     next_hop: Option<Nid>,
 }
 
+/// The response trackers, numbered in creation order, with indexes by
+/// deadline and by MD so that the next deadline, the expired trackers and
+/// a completion's tracker cost a lookup, not a walk over every operation
+/// in flight.
+#[derive(Clone, Debug, Default)]
+struct Trackers {
+    by_id: BTreeMap<u64, Tracker>,
+    due: BTreeSet<(Time, u64)>,
+    by_md: BTreeSet<(MdHandle, u64)>,
+}
+
+impl Trackers {
+    fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    fn insert(&mut self, id: u64, t: Tracker) {
+        self.due.insert((t.deadline, id));
+        self.by_md.insert((t.md, id));
+        if let Some(old) = self.by_id.insert(id, t) {
+            // Ids are never reused; keep the indexes true all the same.
+            self.due.remove(&(old.deadline, id));
+            if old.md != t.md {
+                self.by_md.remove(&(old.md, id));
+            }
+        }
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Tracker> {
+        let t = self.by_id.remove(&id)?;
+        self.due.remove(&(t.deadline, id));
+        self.by_md.remove(&(t.md, id));
+        Some(t)
+    }
+
+    /// The oldest tracker of `md`.
+    fn first_of(&self, md: MdHandle) -> Option<u64> {
+        self.by_md
+            .range((md, 0)..=(md, u64::MAX))
+            .next()
+            .map(|&(_, id)| id)
+    }
+
+    fn first_of_mut(&mut self, md: MdHandle) -> Option<&mut Tracker> {
+        let id = self.first_of(md)?;
+        self.by_id.get_mut(&id)
+    }
+
+    /// Forgets every tracker of `md`.
+    fn remove_md(&mut self, md: MdHandle) {
+        let ids: Vec<u64> = self
+            .by_md
+            .range((md, 0)..=(md, u64::MAX))
+            .map(|&(_, id)| id)
+            .collect();
+        for id in ids {
+            self.remove(id);
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Time> {
+        self.due.first().map(|&(t, _)| t)
+    }
+
+    /// The trackers whose deadline is `<= now`, earliest first.
+    fn expired(&self, now: Time) -> Vec<u64> {
+        self.due
+            .range(..=(now, u64::MAX))
+            .map(|&(_, id)| id)
+            .collect()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&u64, &Tracker)> {
+        self.by_id.iter()
+    }
+}
+
 /// What a ping returned ([`Node::poll_ping_result`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PingResult {
@@ -901,7 +979,7 @@ pub struct Node {
     table: MatchTable<RxMsg>,
     internal: BTreeMap<MdHandle, InternalMd>,
     faults: FaultInjector,
-    msgs: BTreeMap<u64, OutMsg>,
+    msgs: IdMap<OutMsg>,
     next_msg: u64,
     outbox: VecDeque<Transmit>,
     events: VecDeque<Event>,
@@ -916,7 +994,7 @@ pub struct Node {
     inline_rx: BTreeMap<MdHandle, Vec<u8>>,
     /// The encoded ping buffer the ping target MD serves.
     ping_buf: Vec<u8>,
-    trackers: BTreeMap<u64, Tracker>,
+    trackers: Trackers,
     next_tracker: u64,
     delayed_rx: BTreeMap<(Time, u64), RxMsg>,
     delayed_tx: BTreeMap<(Time, u64), u64>,
@@ -937,7 +1015,7 @@ pub struct Node {
     rx_ni: Option<Nid>,
     stats: NodeStats,
     /// Traffic per peer NI (next hop or previous hop), until `reset_stats`.
-    peer_ni_stats: BTreeMap<Nid, PeerNiStats>,
+    peer_ni_stats: NidMap<PeerNiStats>,
 }
 
 fn event_info(kind: EventKind) -> EventInfo {
@@ -1020,7 +1098,7 @@ impl Node {
             table: MatchTable::new(cfg.interface_cookie),
             nis: Vec::new(),
             internal: BTreeMap::new(),
-            msgs: BTreeMap::new(),
+            msgs: IdMap::default(),
             next_msg: 1,
             outbox: VecDeque::new(),
             events: VecDeque::new(),
@@ -1030,7 +1108,7 @@ impl Node {
             rx_release: VecDeque::new(),
             inline_rx: BTreeMap::new(),
             ping_buf: Vec::new(),
-            trackers: BTreeMap::new(),
+            trackers: Trackers::default(),
             next_tracker: 1,
             delayed_rx: BTreeMap::new(),
             delayed_tx: BTreeMap::new(),
@@ -1042,7 +1120,7 @@ impl Node {
             ping_results: VecDeque::new(),
             pending_delayed: Vec::new(),
             stats: NodeStats::default(),
-            peer_ni_stats: BTreeMap::new(),
+            peer_ni_stats: nid_map(),
             cfg: NodeConfig {
                 nis: Vec::new(),
                 ..cfg.clone()
@@ -1437,7 +1515,7 @@ impl Node {
     /// The peer NIs with counted traffic since the last reset (every NID
     /// a message went to or came from, next hops and end peers).
     pub fn traffic_peer_nis(&self) -> impl Iterator<Item = Nid> + '_ {
-        self.peer_ni_stats.keys().copied()
+        sorted_keys(&self.peer_ni_stats).into_iter()
     }
 
     /// Traffic with peer NI `nid` (`lnetctl peer show -v`), if any was
@@ -1527,7 +1605,7 @@ impl Node {
         if let Some(ev) = self.table.md_unlink(md)? {
             self.events.push_back(ev);
         }
-        self.trackers.retain(|_, t| t.md != md);
+        self.trackers.remove_md(md);
         Ok(())
     }
 
@@ -1540,7 +1618,7 @@ impl Node {
         if let Some(ev) = self.table.me_unlink(me)? {
             let md = ev.md;
             self.events.push_back(ev);
-            self.trackers.retain(|_, t| t.md != md);
+            self.trackers.remove_md(md);
         }
         Ok(())
     }
@@ -1722,7 +1800,7 @@ impl Node {
             return false;
         };
         let md = t.md;
-        self.trackers.remove(&k);
+        self.trackers.remove(k);
         self.internal.insert(
             md,
             InternalMd::PingSink {
@@ -2114,12 +2192,8 @@ impl Node {
     }
 
     fn untrack(&mut self, md: MdHandle) -> Option<Tracker> {
-        let key = self
-            .trackers
-            .iter()
-            .find(|(_, t)| t.md == md)
-            .map(|(k, _)| *k)?;
-        self.trackers.remove(&key)
+        let key = self.trackers.first_of(md)?;
+        self.trackers.remove(key)
     }
 
     fn request(
@@ -2455,7 +2529,7 @@ impl Node {
                 return;
             }
             if let Role::Request { md } = msg.role
-                && let Some(t) = self.trackers.values_mut().find(|t| t.md == md)
+                && let Some(t) = self.trackers.first_of_mut(md)
             {
                 t.next_hop = Some(next_hop);
             }
@@ -3475,7 +3549,7 @@ impl Node {
     /// The next time [`Node::handle_timeout`] has work, if any.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        let trackers = self.trackers.values().map(|t| t.deadline).min();
+        let trackers = self.trackers.next_deadline();
         let rx = self.delayed_rx.keys().next().map(|k| k.0);
         let tx = self.delayed_tx.keys().next().map(|k| k.0);
         let disc = self.disc.poll_timeout();
@@ -3509,14 +3583,9 @@ impl Node {
             }
         }
         // Response timeouts (lnet_finalize_expired_responses).
-        let expired: Vec<u64> = self
-            .trackers
-            .iter()
-            .filter(|(_, t)| t.deadline <= now)
-            .map(|(k, _)| *k)
-            .collect();
+        let expired = self.trackers.expired(now);
         for k in expired {
-            let Some(t) = self.trackers.remove(&k) else {
+            let Some(t) = self.trackers.remove(k) else {
                 continue;
             };
             self.stats.response_timeout_count += 1;

@@ -212,6 +212,11 @@ pub struct RouteTable {
     config: RouteConfig,
     routes: BTreeMap<Net, Vec<Route>>,
     gateways: BTreeMap<Nid, Gateway>,
+    /// The earliest `next_ping` or `ping_deadline` of the gateways, kept
+    /// by every method that changes one ([`Self::refresh_next_timer`]), so
+    /// that [`Self::poll_timeout`], asked after every input of the node,
+    /// does not walk the gateways.
+    next_timer: Option<Time>,
     rng: Rng,
     seq: u64,
     routing: bool,
@@ -227,6 +232,7 @@ impl RouteTable {
             config,
             routes: BTreeMap::new(),
             gateways: BTreeMap::new(),
+            next_timer: None,
             rng: Rng::new(seed),
             seq: 0,
             routing: false,
@@ -259,6 +265,16 @@ impl RouteTable {
                 g.next_ping = Some(g.next_ping.map_or(at, |t| t.min(at)));
             }
         }
+        self.refresh_next_timer();
+    }
+
+    fn refresh_next_timer(&mut self) {
+        self.next_timer = self
+            .gateways
+            .values()
+            .flat_map(|g| [g.next_ping, g.ping_deadline])
+            .flatten()
+            .min();
     }
 
     /// Switches forwarding on or off (`lnetctl set routing 0|1`). The node's
@@ -361,6 +377,7 @@ impl RouteTable {
         if checker && gw.ping_deadline.is_none() {
             gw.next_ping = Some(now);
         }
+        self.refresh_next_timer();
         if hops.is_none() && self.config.avoid_asym_router_failure {
             tracing::debug!(target: TARGET, %net, %gateway,
                 "route with undefined hops while avoid_asym_router_failure is on");
@@ -392,6 +409,7 @@ impl RouteTable {
                 self.gateways.remove(&gateway);
             }
         }
+        self.refresh_next_timer();
         Ok(())
     }
 
@@ -458,11 +476,16 @@ impl RouteTable {
     /// overdue).
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.gateways
-            .values()
-            .flat_map(|g| [g.next_ping, g.ping_deadline])
-            .flatten()
-            .min()
+        debug_assert_eq!(
+            self.next_timer,
+            self.gateways
+                .values()
+                .flat_map(|g| [g.next_ping, g.ping_deadline])
+                .flatten()
+                .min(),
+            "the router checker's next timer is stale"
+        );
+        self.next_timer
     }
 
     /// Router checker: overdue ping replies count as failures (the gateway
@@ -490,6 +513,7 @@ impl RouteTable {
             g.next_ping = (!interval.is_zero()).then(|| now + interval);
             out.push(RouterPing { gateway });
         }
+        self.refresh_next_timer();
         out
     }
 
@@ -506,6 +530,7 @@ impl RouteTable {
         };
         g.ping_deadline = None;
         g.alive = true;
+        self.refresh_next_timer();
         let routing = !info.features.contains(PingFeatures::RTE_DISABLED);
         let up_on = |net: Net| {
             info.nis
@@ -537,6 +562,7 @@ impl RouteTable {
             g.ping_deadline = None;
             g.alive = false;
         }
+        self.refresh_next_timer();
         for r in self.routes.values_mut().flatten() {
             if r.gateway == gateway {
                 r.alive = false;

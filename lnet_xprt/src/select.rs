@@ -33,6 +33,7 @@ use std::collections::BTreeMap;
 
 use crate::health::Health;
 use crate::ids::{Net, Nid};
+use crate::nidmap::NidMap;
 use crate::peer::{Peer, PeerId};
 use crate::route::{GatewayRank, RouteQuery, RouteTable};
 
@@ -224,10 +225,10 @@ pub struct Selector {
     config: SelectConfig,
     clock: u64,
     local_net_seq: BTreeMap<Net, u64>,
-    local_ni_seq: BTreeMap<Nid, u64>,
+    local_ni_seq: NidMap<u64>,
     peer_net_seq: BTreeMap<(PeerId, Net), u64>,
-    peer_ni_seq: BTreeMap<Nid, u64>,
-    non_mr_pref: BTreeMap<Nid, Nid>,
+    peer_ni_seq: NidMap<u64>,
+    non_mr_pref: NidMap<Nid>,
 }
 
 fn max_health_of(nis: impl Iterator<Item = Health>) -> Health {

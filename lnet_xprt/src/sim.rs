@@ -460,7 +460,9 @@ pub struct Sim {
     default_latency: Duration,
     jitter: Duration,
     down: BTreeSet<Nid>,
-    in_flight: BTreeMap<(Time, u64), InFlight>,
+    /// Boxed: a B-tree moves its values within a node on every removal,
+    /// and a message with its 72-byte header is large.
+    in_flight: BTreeMap<(Time, u64), Box<InFlight>>,
     seq: u64,
     steps: u64,
     max_steps: u64,
@@ -705,14 +707,14 @@ impl Sim {
         let at = self.now + self.latency_of(to.net());
         self.in_flight.insert(
             (at, self.seq),
-            InFlight {
+            Box::new(InFlight {
                 src: dst,
                 tx: None,
                 from,
                 to,
                 wire: Wire { header, payload },
                 fail: None,
-            },
+            }),
         );
     }
 
@@ -937,7 +939,7 @@ impl Sim {
         self.seq += 1;
         self.in_flight.insert(
             (self.now + delay, self.seq),
-            InFlight {
+            Box::new(InFlight {
                 src: i,
                 tx: Some(tx.id),
                 from: tx.from,
@@ -947,7 +949,7 @@ impl Sim {
                     payload,
                 },
                 fail,
-            },
+            }),
         );
     }
 
@@ -1188,7 +1190,7 @@ impl Sim {
             }
             for k in due {
                 if let Some(f) = self.in_flight.remove(&k) {
-                    self.deliver(f);
+                    self.deliver(*f);
                     self.collect_outputs();
                 }
             }
