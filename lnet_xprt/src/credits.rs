@@ -29,7 +29,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::ids::{Net, Nid};
-use crate::nidmap::{NidMap, nid_map};
+use crate::nidmap::{NidMap, nid_map, sorted_keys};
 
 /// `DEFAULT_PEER_CREDITS`: credits per peer NI.
 pub const DEFAULT_PEER_CREDITS: u32 = 8;
@@ -500,7 +500,7 @@ pub struct Fwd<T> {
 #[derive(Clone, Debug)]
 pub struct RouterCredits<T> {
     tunables: BTreeMap<Net, NetTunables>,
-    peer: BTreeMap<Nid, CreditQueue<Fwd<T>>>,
+    peer: NidMap<CreditQueue<Fwd<T>>>,
     pools: [CreditQueue<Fwd<T>>; 3],
 }
 
@@ -513,7 +513,7 @@ impl<T> RouterCredits<T> {
     pub fn new(config: RouterBufferConfig) -> Result<Self, CreditError> {
         Ok(Self {
             tunables: BTreeMap::new(),
-            peer: BTreeMap::new(),
+            peer: nid_map(),
             pools: [
                 CreditQueue::new(config.tiny)?,
                 CreditQueue::new(config.small)?,
@@ -603,8 +603,12 @@ impl<T> RouterCredits<T> {
     /// messages and those that now hold both a router credit and a buffer.
     pub fn cancel(&mut self, mut pred: impl FnMut(&T) -> bool) -> (Vec<Fwd<T>>, Vec<Fwd<T>>) {
         let mut removed = Vec::new();
-        for q in self.peer.values_mut() {
-            removed.extend(q.remove_queued(|f| pred(&f.item)));
+        // In NID order, so that what is withdrawn comes out in the same
+        // order in every run.
+        for nid in sorted_keys(&self.peer) {
+            if let Some(q) = self.peer.get_mut(&nid) {
+                removed.extend(q.remove_queued(|f| pred(&f.item)));
+            }
         }
         let mut holding_credit = Vec::new();
         for pool in &mut self.pools {

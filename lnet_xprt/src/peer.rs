@@ -29,6 +29,7 @@
 use std::collections::BTreeMap;
 
 use crate::ids::{Net, Nid};
+use crate::nidmap::NidMap;
 use crate::wire::NiStatus;
 
 /// A stable handle naming one peer of a [`PeerTable`].
@@ -317,7 +318,7 @@ pub struct DeleteReport {
 #[derive(Clone, Debug, Default)]
 pub struct PeerTable {
     peers: BTreeMap<PeerId, Peer>,
-    nis: BTreeMap<Nid, PeerNi>,
+    nis: NidMap<PeerNi>,
     next_id: u64,
 }
 
@@ -379,7 +380,9 @@ impl PeerTable {
 
     /// All detached peer NIs, in NID order.
     pub fn detached(&self) -> impl Iterator<Item = &PeerNi> + '_ {
-        self.nis.values().filter(|ni| ni.peer.is_none())
+        let mut v: Vec<&PeerNi> = self.nis.values().filter(|ni| ni.peer.is_none()).collect();
+        v.sort_unstable_by_key(|ni| ni.nid);
+        v.into_iter()
     }
 
     /// The primary NID of the peer owning `nid`, or `nid` itself when no peer
