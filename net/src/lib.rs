@@ -84,6 +84,7 @@ pub mod buffer;
 pub mod bufvec;
 pub mod checksum;
 pub mod clock;
+pub mod cpu;
 pub mod desc;
 pub mod domain;
 pub mod ep;

@@ -2591,3 +2591,57 @@ pub fn blocking_waits_fail_on_delivery_threads(f: &dyn Factory) {
     a.shutdown();
     b.shutdown();
 }
+
+/// `confine` as the API promises on every transport: refused with
+/// `Unsupported` where the capabilities say so (or where the machine is
+/// served by a shared engine); elsewhere an empty set or a CPU that does
+/// not exist is `InvalidArgument` and changes nothing, a valid set is
+/// taken before `start`, the confined machines then exchange messages as
+/// any others, and once started `confine` is `WrongState`.
+pub fn confine_checks_the_cpu_set(f: &dyn Factory) {
+    let mut a = Node::init(f);
+    let mut b = Node::init(f);
+    let first = a.tm.confine(&[0]);
+    if !a.dom.caps().confine {
+        assert!(
+            matches!(first, Err(NetError::Unsupported { .. })),
+            "caps say no confinement: {first:?}"
+        );
+    } else {
+        match first {
+            // A machine served by a shared engine cannot own threads.
+            Err(NetError::Unsupported { .. }) => {}
+            Ok(()) => {
+                for bad in [&[][..], &[1 << 20][..], &[0, 1 << 20][..]] {
+                    let r = a.tm.confine(bad);
+                    assert!(
+                        matches!(r, Err(NetError::InvalidArgument(_))),
+                        "{bad:?}: {r:?}"
+                    );
+                }
+                b.tm.confine(&[0]).unwrap();
+            }
+            Err(e) => panic!("confine to CPU 0: {e:?}"),
+        }
+    }
+    a.start_tm();
+    b.start_tm();
+    for i in 0..4u64 {
+        b.tm.add_msg_recv(b.buf(256), RecvParams::default())
+            .unwrap();
+        let data = pattern(900 + i, 200);
+        let r = send_msg(&a, &b, &data);
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(r.length(), data.len());
+    }
+    let late = a.tm.confine(&[0]);
+    assert!(
+        matches!(
+            late,
+            Err(NetError::WrongState { .. } | NetError::Unsupported { .. })
+        ),
+        "confine after start: {late:?}"
+    );
+    a.shutdown();
+    b.shutdown();
+}

@@ -121,6 +121,7 @@ macro_rules! conformance_tests {
             del_ends_a_stalled_passive_transfer,
             pool_tops_up_before_the_callback,
             blocking_waits_fail_on_delivery_threads,
+            confine_checks_the_cpu_set,
             stress_with_faults,
             faults_duplicate_truncate_reset,
             add_needs_started,

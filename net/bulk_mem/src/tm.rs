@@ -172,10 +172,7 @@ impl Shared {
     fn pin(&self, i: usize) {
         let cpus = self.cpus.lock().clone();
         if let Some(c) = cpus.filter(|c| !c.is_empty()) {
-            let cpu = c[i % c.len()];
-            if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
-                warn!(tm = %self.id, cpu, "could not pin worker thread");
-            }
+            colibri_net::cpu::pin_current_thread(c[i % c.len()], "bulk_mem worker");
         }
     }
 
@@ -448,15 +445,7 @@ impl XprtTm for MemTm {
                 what: "confining a transfer machine served by a shared engine",
             });
         };
-        let avail = core_affinity::get_core_ids().map_or(0, |c| c.len());
-        if let Some(bad) = cpus.iter().find(|&&c| c >= avail.max(1)) {
-            return Err(NetError::InvalidArgument(format!(
-                "CPU {bad} does not exist ({avail} available)"
-            )));
-        }
-        if cpus.is_empty() {
-            return Err(NetError::InvalidArgument("empty CPU set".into()));
-        }
+        colibri_net::cpu::check_cpu_set(cpus)?;
         *self.sh.cpus.lock() = Some(cpus.to_vec());
         self.sh.pin_gen.fetch_add(1, Ordering::AcqRel);
         queue.wake_all();

@@ -500,11 +500,7 @@ impl Loop {
                 Cmd::Active(sh, buf) => self.start_active(&sh, buf),
                 Cmd::Del(buf, reason) => self.del(&buf, reason),
                 Cmd::Deliver(d) => d.run(),
-                Cmd::Pin(cpu) => {
-                    if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
-                        warn!(cpu, "could not pin the rdma engine thread");
-                    }
-                }
+                Cmd::Pin(cpu) => colibri_net::cpu::pin_current_thread(cpu, "rdma engine thread"),
             }
         }
         any

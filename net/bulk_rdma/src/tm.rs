@@ -219,15 +219,7 @@ impl XprtTm for RdmaTm {
     /// Pins the domain's engine thread (which runs every callback of its
     /// transfer machines) to the first CPU of `cpus`, as `bulk_tcp` does.
     fn confine(&self, cpus: &[usize]) -> Result<()> {
-        let avail = core_affinity::get_core_ids().map_or(0, |c| c.len());
-        if let Some(bad) = cpus.iter().find(|&&c| c >= avail.max(1)) {
-            return Err(NetError::InvalidArgument(format!(
-                "CPU {bad} does not exist ({avail} available)"
-            )));
-        }
-        let Some(&first) = cpus.first() else {
-            return Err(NetError::InvalidArgument("empty CPU set".into()));
-        };
+        let first = colibri_net::cpu::check_cpu_set(cpus)?;
         self.sh.engine.push(Cmd::Pin(first));
         Ok(())
     }

@@ -945,9 +945,7 @@ fn tune_socket<S: std::os::fd::AsFd>(s: &S, cfg: &TcpConfig) {
 }
 
 fn pin(cpu: usize) {
-    if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
-        warn!(cpu, "could not pin the I/O thread");
-    }
+    colibri_net::cpu::pin_current_thread(cpu, "tcp I/O thread");
 }
 
 #[cfg(test)]
