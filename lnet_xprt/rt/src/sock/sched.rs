@@ -688,7 +688,10 @@ pub(super) fn start_tx(
         Payload::Inline(_) => Some(Src::Inline),
     };
     let Some(src) = src else {
-        tracing::warn!(target: TARGET, payload = ?item.payload,
+        // The application took its memory back while the message waited
+        // (what cancelling a queued send does): the message fails with
+        // LOCAL_ERROR and is counted; nothing is wrong with the node.
+        tracing::debug!(target: TARGET, payload = ?item.payload,
             "payload memory gone; message not sent");
         conn.queued_bytes
             .fetch_sub(item.wire_len(), Ordering::Relaxed);
