@@ -31,6 +31,10 @@ pub(crate) enum Work {
     Started(Arc<TmShared>, String),
     /// Complete a buffer (decided under a transfer machine's lock).
     Complete(TmSink, QueuedBuf, Result<usize>),
+    /// Pin the thread to this CPU (a transfer machine's own thread).
+    Pin(usize),
+    /// Signal that what was handed over before ran.
+    Signal(Sender<()>),
     /// Leave.
     Stop,
 }
@@ -191,7 +195,10 @@ impl Engine {
                 Work::Deliver(d) => d.run(),
                 Work::Started(tm, own) => tm.sink().post_started(&own),
                 Work::Complete(s, q, r) => s.complete(&q, r),
-                Work::Stop => {}
+                Work::Signal(tx) => {
+                    let _ = tx.send(());
+                }
+                Work::Pin(_) | Work::Stop => {}
             }
         }
     }
@@ -464,6 +471,11 @@ fn do_work(_me: &Weak<Engine>, w: Work) {
         Work::Deliver(d) => d.run(),
         Work::Started(tm, own) => tm.sink().post_started(&own),
         Work::Complete(sink, q, r) => sink.complete(&q, r),
+        Work::Signal(tx) => {
+            let _ = tx.send(());
+        }
+        // The engine serves several machines: it is never pinned for one.
+        Work::Pin(cpu) => warn!(cpu, "pin for the engine thread ignored"),
         Work::Stop => warn!("stop handled by the loop"),
     }
 }

@@ -72,6 +72,7 @@ mod desc;
 mod engine;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+mod lane;
 mod tm;
 
 use std::sync::Arc;
@@ -102,12 +103,21 @@ pub struct LnetXprtConfig {
     /// long a passive buffer stays claimed for a request whose GET or PUT
     /// does not come (it is then available again).
     pub handshake_timeout: Duration,
+    /// Gives every transfer machine its own delivery thread: its callbacks
+    /// run there, so a slow callback delays only its own machine, and the
+    /// node's engine thread never waits for the application. Off by
+    /// default: the engine thread runs the callbacks of its node's
+    /// machines (one thread switch less per event). A machine confined to
+    /// CPUs ([`TmHandle::confine`](colibri_net::TmHandle::confine)) gets
+    /// its own thread either way.
+    pub thread_per_tm: bool,
 }
 
 impl Default for LnetXprtConfig {
     fn default() -> Self {
         Self {
             handshake_timeout: Duration::from_secs(10),
+            thread_per_tm: false,
         }
     }
 }
@@ -119,12 +129,22 @@ impl LnetXprtConfig {
         self.handshake_timeout = t;
         self
     }
+
+    /// Gives every transfer machine its own delivery thread
+    /// ([`LnetXprtConfig::thread_per_tm`]).
+    #[must_use]
+    pub fn thread_per_tm(mut self, on: bool) -> Self {
+        self.thread_per_tm = on;
+        self
+    }
 }
 
 /// State shared by the transport, its domains and transfer machines.
 #[derive(Debug)]
 pub(crate) struct XprtInner {
     pub(crate) engines: Vec<Arc<Engine>>,
+    /// Every transfer machine gets its own delivery thread.
+    pub(crate) thread_per_tm: bool,
 }
 
 impl XprtInner {
@@ -156,7 +176,8 @@ impl LnetTransport {
     /// A transport over these LNet nodes. Each must have been started
     /// with [`Lnet::start`] (events to its queue): the transport consumes
     /// the node's events from now on, on one thread per node, which also
-    /// runs the transfer machines' callbacks.
+    /// runs the transfer machines' callbacks, unless a machine has its own
+    /// thread ([`LnetXprtConfig::thread_per_tm`], `confine`).
     ///
     /// # Errors
     /// No node, or a node that delivers its events to a handler.
@@ -171,7 +192,10 @@ impl LnetTransport {
             engines.push(Engine::start(n.clone(), cfg.handshake_timeout)?);
         }
         Ok(Self {
-            inner: Arc::new(XprtInner { engines }),
+            inner: Arc::new(XprtInner {
+                engines,
+                thread_per_tm: cfg.thread_per_tm,
+            }),
             nodes,
         })
     }
@@ -224,9 +248,10 @@ impl XprtDomain for LnetDomain {
             .with_multi_message()
             .with_timeouts()
             .with_network_owned()
+            .with_confine()
     }
 
     fn tm_init(&self, tm: TmId, sink: TmSink) -> Result<Box<dyn XprtTm>> {
-        Ok(Box::new(tm::LnetTm::new(tm, sink, &self.inner)))
+        Ok(Box::new(tm::LnetTm::new(tm, sink, &self.inner)?))
     }
 }

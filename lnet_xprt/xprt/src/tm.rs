@@ -2,7 +2,7 @@
 //! queued buffers, and what each LNet event means for them.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use colibri_lnet_rt::ForeignMemory;
@@ -26,6 +26,7 @@ use crate::addr::{
 use crate::ctl::{CTL_MAX, Ctl};
 use crate::desc::BulkTarget;
 use crate::engine::{Engine, Work, lnet_err};
+use crate::lane::{self, Lane};
 
 /// Control MDs kept attached per transfer machine.
 const CTL_MDS: usize = 3;
@@ -183,6 +184,10 @@ pub(crate) struct TmShared {
     x: std::sync::Weak<XprtInner>,
     /// The first node's engine: deliveries before start.
     home: Arc<Engine>,
+    /// The machine's own delivery thread, if it has one (the transport's
+    /// `thread_per_tm`, or `confine`): every callback of the machine runs
+    /// there, and the engine only hands them over.
+    lane: OnceLock<Lane>,
     st: Mutex<TmSt>,
 }
 
@@ -271,10 +276,37 @@ impl TmShared {
         })
     }
 
-    /// Completes `op`'s buffer from the engine's thread (never inline).
+    /// Hands `w` to the machine's own thread, or to the engine's.
+    fn push(&self, e: &Engine, w: Work) {
+        match self.lane.get() {
+            Some(l) => l.push(w),
+            None => e.push(w),
+        }
+    }
+
+    /// Runs callbacks of this machine: on its own thread if it has one,
+    /// else here (the engine's thread).
+    fn run_cb(&self, d: Delivery) {
+        match self.lane.get() {
+            Some(l) => l.deliver(d),
+            None => d.run(),
+        }
+    }
+
+    /// Runs a loss event of this machine: on its own thread if it has one,
+    /// else on the engine's notice thread.
+    fn notice(&self, e: &Engine, d: Delivery) {
+        match self.lane.get() {
+            Some(l) => l.deliver(d),
+            None => e.notice(d),
+        }
+    }
+
+    /// Completes `op`'s buffer from the engine's thread or the machine's
+    /// own (never inline).
     fn complete_later(&self, e: &Engine, op: &Op, r: Result<usize>) {
         if let Some(q) = &op.buf {
-            e.push(Work::Complete(self.sink.clone(), q.clone(), r));
+            self.push(e, Work::Complete(self.sink.clone(), q.clone(), r));
         }
     }
 
@@ -304,7 +336,7 @@ impl TmShared {
                 }
             }
             drop(st);
-            self.sink.complete(q, r);
+            self.run_cb(self.sink.complete_deferred(q, r));
         }
     }
 
@@ -498,7 +530,7 @@ impl TmShared {
             }
             Kind::Catch => {
                 if ev.kind() == EventKind::Put && ev.info.status.is_ok() {
-                    e.notice(self.sink.count_no_buffers(ev.info.rlength as usize));
+                    self.notice(&e, self.sink.count_no_buffers(ev.info.rlength as usize));
                     if let (Some(p), _) = self.sender(&e, ev) {
                         let from = self.from();
                         let nak = Ctl::Nak {
@@ -561,7 +593,7 @@ impl TmShared {
                             xid: seq,
                             len: ml as u64,
                         });
-                        d.run();
+                        self.run_cb(d);
                         if ev.unlinked {
                             let mut s = op.st.lock();
                             s.stage = Stage::Done;
@@ -912,7 +944,7 @@ impl TmShared {
                 let size = usize::try_from(size).unwrap_or(usize::MAX);
                 match self.sink.claim_passive(&fields, &requester, active, size) {
                     Err(PassiveError { error, notice }) => {
-                        e.notice(notice);
+                        self.notice(e, notice);
                         answer(Err(error));
                     }
                     Ok(PassiveClaim { buf, len }) => {
@@ -1473,16 +1505,42 @@ pub(crate) struct LnetTm {
 }
 
 impl LnetTm {
-    pub(crate) fn new(id: TmId, sink: TmSink, x: &Arc<XprtInner>) -> Self {
-        Self {
+    pub(crate) fn new(id: TmId, sink: TmSink, x: &Arc<XprtInner>) -> Result<Self> {
+        let lane = OnceLock::new();
+        if x.thread_per_tm {
+            let _ = lane.set(Lane::start(format!("colibri-lnet-tm-{id}"), None)?);
+        }
+        Ok(Self {
             sh: Arc::new(TmShared {
                 id,
                 sink,
                 x: Arc::downgrade(x),
                 home: Arc::clone(&x.engines[0]),
+                lane,
                 st: Mutex::new(TmSt::default()),
             }),
+        })
+    }
+
+    /// The machine's own delivery thread, made now if it has none. Only in
+    /// INITIALIZED (under the machine's lock): what the home engine holds
+    /// for the machine (deliveries of buffers cancelled before start) runs
+    /// before the new thread runs anything.
+    fn own_lane(&self) -> Result<&Lane> {
+        if let Some(l) = self.sh.lane.get() {
+            return Ok(l);
         }
+        // One signal.
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let l = Lane::start(format!("colibri-lnet-tm-{}", self.sh.id), Some(rx))?;
+        if let Err(l) = self.sh.lane.set(l) {
+            l.close();
+        }
+        self.sh.home.push(Work::Signal(tx));
+        self.sh
+            .lane
+            .get()
+            .ok_or_else(|| NetError::Protocol("transfer machine thread lost".into()))
     }
 
     fn release_address(&self) {
@@ -1603,7 +1661,7 @@ impl XprtTm for LnetTm {
                 sh.complete_later(&e, &op, Err(err));
             }
         }
-        e.push(Work::Started(Arc::clone(sh), a.to_string()));
+        sh.push(&e, Work::Started(Arc::clone(sh), a.to_string()));
         Ok(())
     }
 
@@ -1819,11 +1877,10 @@ impl XprtTm for LnetTm {
         };
         let Some(op) = op else {
             // Never started here (refused in buf_add) or already done.
-            e.push(Work::Complete(
-                sh.sink.clone(),
-                q.clone(),
-                Err(NetError::Cancelled),
-            ));
+            sh.push(
+                &e,
+                Work::Complete(sh.sink.clone(), q.clone(), Err(NetError::Cancelled)),
+            );
             return;
         };
         if matches!(op.kind, Kind::Send | Kind::Active)
@@ -1898,7 +1955,26 @@ impl XprtTm for LnetTm {
     }
 
     fn deliver(&self, delivery: Delivery) {
-        self.sh.engine().push(Work::Deliver(delivery));
+        self.sh.push(&self.sh.engine(), Work::Deliver(delivery));
+    }
+
+    /// Gives the machine its own delivery thread (if it has none yet) and
+    /// pins it to the first CPU of `cpus`, as `bulk_tcp` pins its I/O
+    /// thread: the machine's callbacks run there from now on, the node's
+    /// engine thread only hands them over.
+    fn confine(&self, cpus: &[usize]) -> Result<()> {
+        let cpu = lane::check_cpus(cpus)?;
+        self.own_lane()?.push(Work::Pin(cpu));
+        Ok(())
+    }
+}
+
+impl Drop for LnetTm {
+    fn drop(&mut self) {
+        // Finalised: the thread runs what is queued and leaves.
+        if let Some(l) = self.sh.lane.get() {
+            l.close();
+        }
     }
 }
 

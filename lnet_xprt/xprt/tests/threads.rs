@@ -1,0 +1,175 @@
+//! Transfer machines with their own delivery threads
+//! (`LnetXprtConfig::thread_per_tm`, `confine`): a slow callback of one
+//! machine does not hold up another machine of the same LNet node, and
+//! `confine` checks its CPU set as the other transports do.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, bounded};
+
+use colibri_lnet_rt::{Lnet, LnetConfig};
+use colibri_lnet_xprt::{LnetTransport, LnetXprtConfig};
+use colibri_net::{
+    BufVec, BufferCallbacks, Domain, EndPoint, NetError, QueueType, RecvParams, TmHandle, TmState,
+    TransferMachine, event_channel, ignore_tm_events,
+};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn transport(nid: &str, cfg: LnetXprtConfig) -> LnetTransport {
+    let mut c = LnetConfig::new(&[nid.parse().unwrap()]);
+    c.accept_port = 0;
+    LnetTransport::new(vec![Lnet::start(c).unwrap()], cfg).unwrap()
+}
+
+fn started(dom: &Domain, portal: u32) -> TransferMachine {
+    let tm = dom.tm_init(ignore_tm_events()).unwrap();
+    tm.start(&format!("0@lo:12345:{portal}:*")).unwrap();
+    tm.wait_for_state(TmState::Started, WAIT).unwrap();
+    tm
+}
+
+fn finish(tms: Vec<TransferMachine>) {
+    for tm in tms {
+        tm.stop(true).unwrap();
+        tm.wait_stopped(WAIT).unwrap();
+        tm.fini().map_err(|e| e.error).unwrap();
+    }
+}
+
+/// A receive callback that reports its thread's name, then (the first
+/// time) waits for `gate`: the slow callback.
+fn slow_callbacks(entered: Sender<String>, gate: Receiver<()>) -> Arc<BufferCallbacks> {
+    Arc::new(BufferCallbacks::new().on_all(move |_, ev| {
+        if ev.queue() == QueueType::MsgRecv {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            let _ = entered.send(name);
+            // Bounded: a test that fails still ends.
+            let _ = gate.recv_timeout(WAIT);
+        }
+    }))
+}
+
+/// A message from `from` to `to` (a receive buffer with `cbs` queued at
+/// `to` first).
+fn message(dom: &Domain, from: &TmHandle, to: &TmHandle, cbs: Arc<BufferCallbacks>) {
+    to.add_msg_recv(
+        dom.register(BufVec::new(1, 64))
+            .unwrap()
+            .with_callbacks(cbs),
+        RecvParams::default(),
+    )
+    .unwrap();
+    let (scb, _sev) = event_channel(4);
+    let mut b = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(scb);
+    b.bufvec_mut().copy_in(0, b"ping").unwrap();
+    let ep: EndPoint = from
+        .ep_create(&to.ep().unwrap().addr().to_string())
+        .unwrap();
+    from.add_msg_send(b, &ep, 4).unwrap();
+}
+
+/// Machine A's receive callback blocks; a message to machine B of the same
+/// node still reaches B's callback with thread-per-machine. With the
+/// default (the node's engine runs every callback) it cannot until A's
+/// callback returns: the contrast shows the test sees what it claims.
+fn slow_callback_case(per_tm: bool, nid: &str) {
+    let x = transport(nid, LnetXprtConfig::default().thread_per_tm(per_tm));
+    let dom = Domain::new(&x).unwrap();
+    let (a, b, c) = (started(&dom, 30), started(&dom, 31), started(&dom, 32));
+    let (entered_tx, entered) = bounded(4);
+    let (gate_tx, gate) = bounded(1);
+    message(&dom, &c, &a, slow_callbacks(entered_tx, gate));
+    let a_thread = entered.recv_timeout(WAIT).expect("A's callback ran");
+    // A's callback is now blocked on the gate.
+    let (bcb, bev) = event_channel(4);
+    message(&dom, &c, &b, bcb);
+    if per_tm {
+        assert!(a_thread.starts_with("colibri-lnet-tm-"), "{a_thread}");
+        let ev = bev
+            .recv_timeout(WAIT)
+            .expect("B's message came while A's callback was blocked");
+        assert!(ev.is_ok(), "{ev:?}");
+        assert_eq!(ev.message().unwrap(), b"ping");
+        gate_tx.send(()).unwrap();
+    } else {
+        assert_eq!(a_thread, "colibri-lnet-xprt");
+        // The engine thread is in A's callback: nothing of the node's
+        // other machines can run until it returns.
+        assert!(bev.recv_timeout(Duration::from_millis(300)).is_err());
+        gate_tx.send(()).unwrap();
+        let ev = bev.recv_timeout(WAIT).expect("B's message after A's");
+        assert!(ev.is_ok(), "{ev:?}");
+    }
+    finish(vec![a, b, c]);
+    dom.fini().map_err(|e| e.error).unwrap();
+    x.shutdown();
+}
+
+#[test]
+fn a_slow_callback_of_one_machine_does_not_delay_another_on_the_node() {
+    slow_callback_case(true, "127.0.76.1@tcp");
+}
+
+#[test]
+fn without_threads_a_slow_callback_holds_up_the_node() {
+    slow_callback_case(false, "127.0.76.2@tcp");
+}
+
+#[test]
+fn confine_checks_the_cpu_set_and_gives_the_machine_its_thread() {
+    let x = transport("127.0.76.3@tcp", LnetXprtConfig::default());
+    let dom = Domain::new(&x).unwrap();
+    assert!(dom.caps().confine);
+    let tm = dom.tm_init(ignore_tm_events()).unwrap();
+    assert!(matches!(tm.confine(&[]), Err(NetError::InvalidArgument(_))));
+    assert!(matches!(
+        tm.confine(&[100_000]),
+        Err(NetError::InvalidArgument(m)) if m.contains("does not exist")
+    ));
+    // A receive buffer cancelled before start: its callback (decided
+    // before the machine had a thread) runs first, then those of the
+    // machine's own thread.
+    let (cbs, events) = event_channel(8);
+    let early = tm
+        .add_msg_recv(
+            dom.register(BufVec::new(1, 64))
+                .unwrap()
+                .with_callbacks(cbs.clone()),
+            RecvParams::default(),
+        )
+        .unwrap();
+    tm.del(early).unwrap();
+    tm.confine(&[0]).unwrap();
+    // Confining again re-pins the same thread.
+    tm.confine(&[0]).unwrap();
+    let ev = events.recv_timeout(WAIT).unwrap();
+    assert!(matches!(ev.error(), Some(NetError::Cancelled)), "{ev:?}");
+    drop(ev);
+    tm.start("0@lo:12345:30:*").unwrap();
+    tm.wait_for_state(TmState::Started, WAIT).unwrap();
+    assert!(matches!(tm.confine(&[0]), Err(NetError::WrongState { .. })));
+    // Its callbacks run on its own thread; another machine of the node
+    // (not confined) keeps the engine's.
+    let other = started(&dom, 31);
+    let names = |tm: &TmHandle, from: &TmHandle| {
+        let (tx, rx) = bounded(1);
+        let cb = Arc::new(BufferCallbacks::new().on_all(move |_, ev| {
+            if ev.queue() == QueueType::MsgRecv {
+                let _ = tx.send(std::thread::current().name().unwrap_or("").to_string());
+            }
+        }));
+        message(&dom, from, tm, cb);
+        rx.recv_timeout(WAIT).unwrap()
+    };
+    assert!(names(&tm, &other).starts_with("colibri-lnet-tm-"));
+    assert_eq!(names(&other, &tm), "colibri-lnet-xprt");
+    drop(cbs);
+    finish(vec![tm, other]);
+    dom.fini().map_err(|e| e.error).unwrap();
+    x.shutdown();
+}
