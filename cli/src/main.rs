@@ -143,6 +143,17 @@ enum Mode {
     Both,
 }
 
+/// `bench --tm-threads`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TmThreads {
+    /// Callbacks on the LNet node's engine thread.
+    Off,
+    /// A delivery thread per transfer machine.
+    On,
+    /// Both, one after the other.
+    Both,
+}
+
 #[derive(Debug, clap::Args)]
 struct BenchArgs {
     /// Transport to measure.
@@ -177,6 +188,13 @@ struct BenchArgs {
     /// router node between them (one hop), instead of on one net.
     #[arg(long)]
     routed: bool,
+    /// lnet: give every transfer machine its own delivery thread (its
+    /// callbacks run there instead of on its LNet node's engine thread),
+    /// "on", "off" (the default) or "both" (one section each, back to
+    /// back). Pinning (--cpus) confines a transfer machine, which gives it
+    /// its own thread either way: compare the modes with --no-pin.
+    #[arg(long, value_enum, default_value = "off")]
+    tm_threads: TmThreads,
     /// CPUs for the client and server threads (two numbers).
     #[arg(long, value_delimiter = ',', num_args = 2, default_values_t = [1, 0])]
     cpus: Vec<usize>,
@@ -240,6 +258,8 @@ struct Section {
     /// lnet: through a router node (`--routed`).
     routed: bool,
     workers: usize,
+    /// lnet: a delivery thread per transfer machine (`--tm-threads`).
+    tm_threads: bool,
     pinned: Option<(usize, usize)>,
     rows: Vec<Row>,
 }
@@ -308,13 +328,24 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         .collect();
     // LNet only when asked by name (not part of `all`).
     let lnet = a.tests.iter().any(|t| t == "lnet");
+    let threads: &[bool] = match a.tm_threads {
+        _ if a.xprt != Xprt::Lnet => &[false],
+        TmThreads::Off => &[false],
+        TmThreads::On => &[true],
+        TmThreads::Both => &[false, true],
+    };
+    let plans: Vec<(bool, bool, Plan)> = plans
+        .into_iter()
+        .flat_map(|(polling, plan)| threads.iter().map(move |&t| (polling, t, plan.clone())))
+        .collect();
     let total: usize =
-        plans.iter().map(|(_, p)| p.steps()).sum::<usize>() + if lnet { 3 } else { 0 };
+        plans.iter().map(|(_, _, p)| p.steps()).sum::<usize>() + if lnet { 3 } else { 0 };
     let mut step = 0;
-    for (polling, plan) in plans {
+    for (polling, tm_threads, plan) in plans {
         if a.routed && a.xprt != Xprt::Lnet {
             return Err("--routed: only for --xprt lnet".into());
         }
+        xprt::set_lnet_tm_threads(tm_threads);
         let pair = a.xprt.pair(a.routed);
         let xprt = match a.engine_threads {
             Some(n) if matches!(a.xprt, Xprt::Mem | Xprt::Tcp) => {
@@ -343,6 +374,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
             mode,
             routed: a.routed,
             workers: a.workers.max(1),
+            tm_threads,
             pinned,
             rows,
         });
@@ -362,6 +394,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
             mode: "lnet",
             routed: false,
             workers: 1,
+            tm_threads: false,
             pinned,
             rows,
         });
@@ -387,6 +420,10 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 "socket LND over loopback, runtime threads block in epoll".to_string()
             } else if a.routed {
                 "transfer machines on two LNet nets, through a router node".to_string()
+            } else if s.tm_threads {
+                "LNet, a delivery thread per transfer machine".to_string()
+            } else if report.transport == "lnet" {
+                "LNet, callbacks on the nodes' engine threads".to_string()
             } else if report.transport == "tcp" || report.transport == "rdma" {
                 "I/O threads (one per domain)".to_string()
             } else {

@@ -62,6 +62,12 @@ pub(crate) struct ServeArgs {
     /// 127.0.0.1:4040:1 for mem, 127.0.0.1:4041:1 for tcp.
     #[arg(long, short)]
     listen: Option<String>,
+    /// lnet: the LNet node to serve on, from a configuration file (YAML,
+    /// the `colibri lnet run` shape: several NIs for Multi-Rail, peers,
+    /// routes, `accept_port`) instead of one node per NID on port 7988; the
+    /// --listen address's NID must be one of its NIs.
+    #[arg(long, value_name = "FILE")]
+    lnet_config: Option<std::path::PathBuf>,
     /// Stop after this many seconds (default: run until Ctrl-C, SIGINT or
     /// SIGTERM; either way the statistics are printed).
     #[arg(long)]
@@ -121,7 +127,13 @@ struct ServeReport {
 pub(crate) fn serve(a: &ServeArgs) -> Result<(), String> {
     let addr = a.listen.as_deref().unwrap_or(a.xprt.default_addr(true));
     check_addr(addr).map_err(|e| format!("cannot serve at {addr}: {e}"))?;
-    let xprt = a.xprt.transport_at(a.polling, 1, &[addr], false)?;
+    let xprt = match &a.lnet_config {
+        Some(_) if a.xprt != Xprt::Lnet => {
+            return Err("--lnet-config: only with --xprt lnet".into());
+        }
+        Some(path) => crate::xprt::lnet_from_config(path)?,
+        None => a.xprt.transport_at(a.polling, 1, &[addr], false)?,
+    };
     let deadline = match a.duration {
         Some(d) if d.is_finite() && d >= 0.0 => Some(Instant::now() + Duration::from_secs_f64(d)),
         Some(d) => {

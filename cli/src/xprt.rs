@@ -19,6 +19,60 @@ use colibri_net::Transport;
 /// Lustre's `accept_port`; unprivileged, so any user can run it).
 pub(crate) const LNET_PORT: u16 = 7988;
 
+/// LNet: every transfer machine gets its own delivery thread
+/// (`--tm-threads`; `LnetXprtConfig::thread_per_tm`).
+static LNET_TM_THREADS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sets whether LNet transports built from now on give every transfer
+/// machine its own delivery thread.
+pub(crate) fn set_lnet_tm_threads(on: bool) {
+    LNET_TM_THREADS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The LNet transport over one node made from a configuration file (the
+/// YAML of `colibri lnet run`: NIs, peers, routes, globals).
+pub(crate) fn lnet_from_config(path: &std::path::Path) -> Result<Arc<dyn Transport>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let (conf, warnings) = colibri_lnet_rt::conf::NodeConf::from_yaml(&text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    for w in &warnings {
+        tracing::warn!("{}: {w}", path.display());
+    }
+    if conf.nis.is_empty() {
+        return Err(format!(
+            "{}: no local NI (net: … local NI(s):)",
+            path.display()
+        ));
+    }
+    let l = Lnet::start(conf.to_lnet_config()).map_err(|e| format!("LNet node: {e}"))?;
+    let set_up = || -> Result<(), String> {
+        for p in &conf.peers {
+            let nids: Vec<Nid> = p.nids.iter().copied().filter(|n| *n != p.primary).collect();
+            l.add_peer(p.primary, &nids, p.multi_rail)
+                .map_err(|e| format!("peer {}: {e}", p.primary))?;
+        }
+        for r in &conf.routes {
+            l.add_route(r.net, r.gateway, r.hop, r.priority)
+                .map_err(|e| format!("route to {} via {}: {e}", r.net, r.gateway))?;
+        }
+        Ok(())
+    };
+    if let Err(e) = set_up() {
+        l.shutdown();
+        return Err(e);
+    }
+    let cfg = LnetXprtConfig::default()
+        .thread_per_tm(LNET_TM_THREADS.load(std::sync::atomic::Ordering::Relaxed));
+    match LnetTransport::new(vec![l.clone()], cfg) {
+        Ok(x) => Ok(Arc::new(x)),
+        Err(e) => {
+            l.shutdown();
+            Err(e.to_string())
+        }
+    }
+}
+
 /// A transport the program can use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Xprt {
@@ -142,7 +196,12 @@ impl Xprt {
             nodes.push(Lnet::start(cfg).map_err(|e| e.to_string())?);
         }
         Ok(Arc::new(
-            LnetTransport::new(nodes, LnetXprtConfig::default()).map_err(|e| e.to_string())?,
+            LnetTransport::new(
+                nodes,
+                LnetXprtConfig::default()
+                    .thread_per_tm(LNET_TM_THREADS.load(std::sync::atomic::Ordering::Relaxed)),
+            )
+            .map_err(|e| e.to_string())?,
         ))
     }
 

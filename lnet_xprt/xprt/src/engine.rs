@@ -33,8 +33,6 @@ pub(crate) enum Work {
     Complete(TmSink, QueuedBuf, Result<usize>),
     /// Pin the thread to this CPU (a transfer machine's own thread).
     Pin(usize),
-    /// Signal that what was handed over before ran.
-    Signal(Sender<()>),
     /// Leave.
     Stop,
 }
@@ -195,9 +193,6 @@ impl Engine {
                 Work::Deliver(d) => d.run(),
                 Work::Started(tm, own) => tm.sink().post_started(&own),
                 Work::Complete(s, q, r) => s.complete(&q, r),
-                Work::Signal(tx) => {
-                    let _ = tx.send(());
-                }
                 Work::Pin(_) | Work::Stop => {}
             }
         }
@@ -471,9 +466,6 @@ fn do_work(_me: &Weak<Engine>, w: Work) {
         Work::Deliver(d) => d.run(),
         Work::Started(tm, own) => tm.sink().post_started(&own),
         Work::Complete(sink, q, r) => sink.complete(&q, r),
-        Work::Signal(tx) => {
-            let _ = tx.send(());
-        }
         // The engine serves several machines: it is never pinned for one.
         Work::Pin(cpu) => warn!(cpu, "pin for the engine thread ignored"),
         Work::Stop => warn!("stop handled by the loop"),

@@ -4,14 +4,13 @@
 //! work over and never waits for the application).
 //!
 //! A lane is made for every machine when the transport's configuration
-//! asks for it ([`LnetXprtConfig::thread_per_tm`](crate::LnetXprtConfig)),
-//! or for one machine when it is confined to CPUs. Its thread runs the
-//! machine's work in the order it was handed over and pins itself as
-//! `confine` asked. It leaves once the machine is finalised and what was
+//! asks for it ([`LnetXprtConfig::thread_per_tm`](crate::LnetXprtConfig)).
+//! Its thread runs the machine's work in the order it was handed over and
+//! pins itself as `confine` asked. It leaves once the machine is finalised and what was
 //! queued ran: the thread holds only the receiving end of the queue, and
 //! the machine's transport object gives up the sending end when it goes.
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use tracing::{trace, warn};
 
@@ -36,10 +35,8 @@ impl std::fmt::Debug for Lane {
 }
 
 impl Lane {
-    /// Starts the thread `name`. With `after`, it first waits for that
-    /// signal (the engine's work handed over before the lane existed has
-    /// run: the machine's callbacks keep their order).
-    pub(crate) fn start(name: String, after: Option<Receiver<()>>) -> Result<Self> {
+    /// Starts the thread `name`.
+    pub(crate) fn start(name: String) -> Result<Self> {
         // Work items: one per completion or delivery of this machine,
         // bounded by its queued buffers.
         #[allow(clippy::disallowed_methods)]
@@ -48,10 +45,6 @@ impl Lane {
             .name(name)
             .spawn(move || {
                 let _mark = colibri_net::wait::DeliveryThread::enter();
-                if let Some(after) = after {
-                    // Err: the engine is gone, so it has nothing left.
-                    let _ = after.recv();
-                }
                 while let Ok(w) = rx.recv() {
                     run(w);
                 }
@@ -117,9 +110,6 @@ fn run(w: Work) {
         Work::Started(tm, own) => tm.sink().post_started(&own),
         Work::Complete(sink, q, r) => sink.complete(&q, r),
         Work::Pin(cpu) => pin(cpu),
-        Work::Signal(tx) => {
-            let _ = tx.send(());
-        }
         Work::Stop => {}
     }
 }

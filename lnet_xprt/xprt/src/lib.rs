@@ -105,11 +105,12 @@ pub struct LnetXprtConfig {
     pub handshake_timeout: Duration,
     /// Gives every transfer machine its own delivery thread: its callbacks
     /// run there, so a slow callback delays only its own machine, and the
-    /// node's engine thread never waits for the application. Off by
-    /// default: the engine thread runs the callbacks of its node's
-    /// machines (one thread switch less per event). A machine confined to
-    /// CPUs ([`TmHandle::confine`](colibri_net::TmHandle::confine)) gets
-    /// its own thread either way.
+    /// node's engine thread never waits for the application; and
+    /// [`TmHandle::confine`](colibri_net::TmHandle::confine) pins that
+    /// thread (`Caps::confine` is declared only then). Off by default: the
+    /// engine thread runs the callbacks of its node's machines, one thread
+    /// switch less per event (the 64 B round trip is about 1.5x longer
+    /// with threads, BENCHMARKS.md).
     pub thread_per_tm: bool,
 }
 
@@ -176,8 +177,8 @@ impl LnetTransport {
     /// A transport over these LNet nodes. Each must have been started
     /// with [`Lnet::start`] (events to its queue): the transport consumes
     /// the node's events from now on, on one thread per node, which also
-    /// runs the transfer machines' callbacks, unless a machine has its own
-    /// thread ([`LnetXprtConfig::thread_per_tm`], `confine`).
+    /// runs the transfer machines' callbacks, unless each machine has its
+    /// own thread ([`LnetXprtConfig::thread_per_tm`]).
     ///
     /// # Errors
     /// No node, or a node that delivers its events to a handler.
@@ -243,12 +244,18 @@ impl XprtDomain for LnetDomain {
     }
 
     fn caps(&self) -> Caps {
-        Caps::new(LNET_TRANSPORT_ID)
+        let c = Caps::new(LNET_TRANSPORT_ID)
             .with_sync_delivery()
             .with_multi_message()
             .with_timeouts()
-            .with_network_owned()
-            .with_confine()
+            .with_network_owned();
+        // Only a machine's own thread can be confined: the engine thread
+        // serves every machine of its node.
+        if self.inner.thread_per_tm {
+            c.with_confine()
+        } else {
+            c
+        }
     }
 
     fn tm_init(&self, tm: TmId, sink: TmSink) -> Result<Box<dyn XprtTm>> {

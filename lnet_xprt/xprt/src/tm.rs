@@ -1508,7 +1508,7 @@ impl LnetTm {
     pub(crate) fn new(id: TmId, sink: TmSink, x: &Arc<XprtInner>) -> Result<Self> {
         let lane = OnceLock::new();
         if x.thread_per_tm {
-            let _ = lane.set(Lane::start(format!("colibri-lnet-tm-{id}"), None)?);
+            let _ = lane.set(Lane::start(format!("colibri-lnet-tm-{id}"))?);
         }
         Ok(Self {
             sh: Arc::new(TmShared {
@@ -1520,27 +1520,6 @@ impl LnetTm {
                 st: Mutex::new(TmSt::default()),
             }),
         })
-    }
-
-    /// The machine's own delivery thread, made now if it has none. Only in
-    /// INITIALIZED (under the machine's lock): what the home engine holds
-    /// for the machine (deliveries of buffers cancelled before start) runs
-    /// before the new thread runs anything.
-    fn own_lane(&self) -> Result<&Lane> {
-        if let Some(l) = self.sh.lane.get() {
-            return Ok(l);
-        }
-        // One signal.
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let l = Lane::start(format!("colibri-lnet-tm-{}", self.sh.id), Some(rx))?;
-        if let Err(l) = self.sh.lane.set(l) {
-            l.close();
-        }
-        self.sh.home.push(Work::Signal(tx));
-        self.sh
-            .lane
-            .get()
-            .ok_or_else(|| NetError::Protocol("transfer machine thread lost".into()))
     }
 
     fn release_address(&self) {
@@ -1758,9 +1737,9 @@ impl XprtTm for LnetTm {
                 })?;
                 let len = q.length();
                 if len > MTU {
-                    return Err(NetError::TooBig(format!(
-                        "a {len}-byte message: one LNet message carries at most {MTU} bytes"
-                    )));
+                    // LNet's limit (LNET_MTU, as Motr's LNet transport):
+                    // refused at add, the buffer back in the caller's hands.
+                    return Err(NetError::MessageTooLarge { len, space: MTU });
                 }
                 op.st.lock().len = len;
                 sh.st.lock().sends.insert(seq_of(op.id), Arc::clone(&op));
@@ -1958,13 +1937,18 @@ impl XprtTm for LnetTm {
         self.sh.push(&self.sh.engine(), Work::Deliver(delivery));
     }
 
-    /// Gives the machine its own delivery thread (if it has none yet) and
-    /// pins it to the first CPU of `cpus`, as `bulk_tcp` pins its I/O
-    /// thread: the machine's callbacks run there from now on, the node's
-    /// engine thread only hands them over.
+    /// Pins the machine's own delivery thread (`thread_per_tm`: the only
+    /// thread that runs its callbacks) to the first CPU of `cpus`, as
+    /// `bulk_tcp` pins its I/O thread. Without one (the callbacks run on
+    /// the node's engine thread, shared by its machines) the domain does
+    /// not declare `Caps::confine` and the core refuses before this.
     fn confine(&self, cpus: &[usize]) -> Result<()> {
         let cpu = lane::check_cpus(cpus)?;
-        self.own_lane()?.push(Work::Pin(cpu));
+        let lane = self.sh.lane.get().ok_or(NetError::Unsupported {
+            transport: "lnet",
+            what: "confining a transfer machine without a thread of its own (thread_per_tm)",
+        })?;
+        lane.push(Work::Pin(cpu));
         Ok(())
     }
 }

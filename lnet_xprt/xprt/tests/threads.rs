@@ -1,7 +1,7 @@
 //! Transfer machines with their own delivery threads
-//! (`LnetXprtConfig::thread_per_tm`, `confine`): a slow callback of one
-//! machine does not hold up another machine of the same LNet node, and
-//! `confine` checks its CPU set as the other transports do.
+//! (`LnetXprtConfig::thread_per_tm`): a slow callback of one machine does
+//! not hold up another machine of the same LNet node, and `confine` checks
+//! its CPU set as the other transports do and pins the machine's thread.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,20 +121,46 @@ fn without_threads_a_slow_callback_holds_up_the_node() {
 }
 
 #[test]
-fn confine_checks_the_cpu_set_and_gives_the_machine_its_thread() {
-    let x = transport("127.0.76.3@tcp", LnetXprtConfig::default());
+fn confine_is_declared_with_threads_only() {
+    let x = transport("127.0.76.4@tcp", LnetXprtConfig::default());
+    let dom = Domain::new(&x).unwrap();
+    // The engine thread serves every machine of its node: not confinable.
+    assert!(!dom.caps().confine);
+    let tm = dom.tm_init(ignore_tm_events()).unwrap();
+    assert!(matches!(
+        tm.confine(&[0]),
+        Err(NetError::Unsupported { .. })
+    ));
+    tm.fini().map_err(|e| e.error).unwrap();
+    dom.fini().map_err(|e| e.error).unwrap();
+    x.shutdown();
+}
+
+#[test]
+fn confine_checks_the_cpu_set_and_pins_the_machines_thread() {
+    let x = transport(
+        "127.0.76.3@tcp",
+        LnetXprtConfig::default().thread_per_tm(true),
+    );
     let dom = Domain::new(&x).unwrap();
     assert!(dom.caps().confine);
     let tm = dom.tm_init(ignore_tm_events()).unwrap();
-    assert!(matches!(tm.confine(&[]), Err(NetError::InvalidArgument(_))));
+    // As bulk_tcp: a CPU that does not exist, an empty set.
     assert!(matches!(
         tm.confine(&[100_000]),
         Err(NetError::InvalidArgument(m)) if m.contains("does not exist")
     ));
-    // A receive buffer cancelled before start: its callback (decided
-    // before the machine had a thread) runs first, then those of the
-    // machine's own thread.
-    let (cbs, events) = event_channel(8);
+    assert!(matches!(
+        tm.confine(&[]),
+        Err(NetError::InvalidArgument(m)) if m.contains("empty")
+    ));
+    // A receive buffer cancelled before start: its callback runs on the
+    // machine's own thread already.
+    let (tx, names) = bounded(8);
+    let cbs = Arc::new(BufferCallbacks::new().on_all(move |_, ev| {
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        let _ = tx.send((ev.queue(), ev.is_ok(), name));
+    }));
     let early = tm
         .add_msg_recv(
             dom.register(BufVec::new(1, 64))
@@ -143,33 +169,50 @@ fn confine_checks_the_cpu_set_and_gives_the_machine_its_thread() {
             RecvParams::default(),
         )
         .unwrap();
-    tm.del(early).unwrap();
     tm.confine(&[0]).unwrap();
+    tm.del(early).unwrap();
+    let (q, ok, name) = names.recv_timeout(WAIT).unwrap();
+    assert_eq!((q, ok), (QueueType::MsgRecv, false));
+    assert!(name.starts_with("colibri-lnet-tm-"), "{name}");
     // Confining again re-pins the same thread.
     tm.confine(&[0]).unwrap();
-    let ev = events.recv_timeout(WAIT).unwrap();
-    assert!(matches!(ev.error(), Some(NetError::Cancelled)), "{ev:?}");
-    drop(ev);
     tm.start("0@lo:12345:30:*").unwrap();
     tm.wait_for_state(TmState::Started, WAIT).unwrap();
     assert!(matches!(tm.confine(&[0]), Err(NetError::WrongState { .. })));
-    // Its callbacks run on its own thread; another machine of the node
-    // (not confined) keeps the engine's.
-    let other = started(&dom, 31);
-    let names = |tm: &TmHandle, from: &TmHandle| {
-        let (tx, rx) = bounded(1);
-        let cb = Arc::new(BufferCallbacks::new().on_all(move |_, ev| {
-            if ev.queue() == QueueType::MsgRecv {
-                let _ = tx.send(std::thread::current().name().unwrap_or("").to_string());
-            }
-        }));
-        message(&dom, from, tm, cb);
-        rx.recv_timeout(WAIT).unwrap()
-    };
-    assert!(names(&tm, &other).starts_with("colibri-lnet-tm-"));
-    assert_eq!(names(&other, &tm), "colibri-lnet-xprt");
+    // A message to itself: the receive callback runs on its own thread,
+    // pinned to CPU 0 (the thread reports where it may run).
+    let (ctx, cpus) = bounded(4);
+    let pinned = Arc::new(BufferCallbacks::new().on_all(move |_, _| {
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        let _ = ctx.send((name, core_affinity_of_current()));
+    }));
+    message(&dom, &tm, &tm, pinned);
+    let (name, allowed) = cpus.recv_timeout(WAIT).unwrap();
+    assert!(name.starts_with("colibri-lnet-tm-"), "{name}");
+    if let Some(allowed) = allowed {
+        assert_eq!(allowed, vec![0], "the machine's thread is pinned to CPU 0");
+    }
     drop(cbs);
-    finish(vec![tm, other]);
+    finish(vec![tm]);
     dom.fini().map_err(|e| e.error).unwrap();
     x.shutdown();
+}
+
+/// The CPUs the calling thread may run on (Linux: `Cpus_allowed_list` of
+/// `/proc/thread-self/status`); `None` where that cannot be read.
+fn core_affinity_of_current() -> Option<Vec<usize>> {
+    let s = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    let list = s
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+        .trim()
+        .to_string();
+    let mut v = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => v.extend(a.parse::<usize>().ok()?..=b.parse::<usize>().ok()?),
+            None => v.push(part.parse().ok()?),
+        }
+    }
+    Some(v)
 }

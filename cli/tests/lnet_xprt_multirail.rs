@@ -1,0 +1,167 @@
+//! Multi-Rail between processes: the server is `colibri serve --xprt lnet
+//! --lnet-config` (a process whose LNet node has two NIs, `tcp` and
+//! `tcp1`, serving ping over a transfer machine); the client is an LNet
+//! node of this process with two NIs too, and an RPC machine (a transfer
+//! machine) pinging the server with 16 KiB messages. In the middle of the
+//! stream a drop rule on the client's node fails every send to the
+//! server's `tcp1` NI (REMOTE_DROPPED, as a refused connection): LNet's
+//! health and resend move the traffic to the `tcp` rail, and no ping
+//! fails. Loopback addresses only, a free common port, the server killed
+//! whatever happens and bounded by `--duration`.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::sync_channel;
+use std::time::Duration;
+
+use colibri_examples::ping;
+use colibri_lnet_rt::colibri_lnet::fault::{DropRuleSpec, FaultMatch, HealthError, Trigger};
+use colibri_lnet_rt::colibri_lnet::ids::Nid;
+use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
+use colibri_lnet_rt::{Lnet, LnetConfig};
+use colibri_lnet_xprt::{LnetTransport, LnetXprtConfig};
+use colibri_rpc::{RpcConfig, RpcMachine};
+use common::{START_LIMIT, common_free_port, global, ni};
+
+/// A child process killed and reaped when dropped.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn nid(s: &str) -> Nid {
+    s.parse().unwrap()
+}
+
+/// Every local NI's send count.
+fn sends(l: &Lnet, n: Nid) -> u64 {
+    l.with_node(|node| node.ni_info(n).map_or(0, |i| i.send_count))
+}
+
+#[test]
+fn a_failing_rail_moves_messages_to_the_other_between_processes() {
+    let (c0, c1) = ("127.0.91.2@tcp", "127.0.92.2@tcp1");
+    let (s0, s1) = ("127.0.91.4@tcp", "127.0.92.4@tcp1");
+    let ips: Vec<std::net::Ipv4Addr> = ["127.0.91.2", "127.0.92.2", "127.0.91.4", "127.0.92.4"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let port = common_free_port(&ips);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("server.yaml");
+    std::fs::write(
+        &cfg,
+        format!("net:\n{}{}{}", ni("tcp", s0), ni("tcp1", s1), global(port)),
+    )
+    .unwrap();
+    let server_addr = format!("{s0}:12345:30:5");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_colibri"))
+        .args([
+            "serve",
+            "--xprt",
+            "lnet",
+            "--duration",
+            "300",
+            "--lnet-config",
+        ])
+        .arg(&cfg)
+        .args(["--listen", &server_addr])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn colibri serve");
+    let err = child.stderr.take().unwrap();
+    let server = Guard(child);
+    let (tx, lines) = sync_channel(256);
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    loop {
+        match lines.recv_timeout(START_LIMIT) {
+            Ok(l) if l.starts_with("serving ping") => break,
+            Ok(l) => {
+                seen.push_str(&l);
+                seen.push('\n');
+            }
+            Err(e) => panic!("the server did not start ({e}): {seen}"),
+        }
+    }
+
+    // This process's node: two NIs, the server known as one Multi-Rail
+    // peer with both of its NIs.
+    let mut lc = LnetConfig::new(&[nid(c0), nid(c1)]);
+    lc.accept_port = port;
+    lc.accept = AcceptPolicy::All;
+    lc.node.transaction_timeout = Duration::from_secs(10);
+    lc.node.retry_count = 3;
+    lc.tick = Duration::from_millis(200);
+    let client = Lnet::start(lc).unwrap();
+    client.add_peer(nid(s0), &[nid(s1)], true).unwrap();
+    let xprt = LnetTransport::new(vec![client.clone()], LnetXprtConfig::default()).unwrap();
+    let m = RpcMachine::start_on(&xprt, &format!("{c0}:12345:30:*"), RpcConfig::default()).unwrap();
+    let session = m.session(&server_addr).unwrap();
+    let stream = |n: u64| {
+        let mut failed = Vec::new();
+        let rep = ping::ping(
+            &session,
+            n,
+            16 * 1024,
+            Duration::ZERO,
+            Duration::from_secs(30),
+            |r| {
+                if let Some(e) = &r.error {
+                    failed.push(format!("ping {}: {e}", r.seq));
+                }
+            },
+        )
+        .unwrap();
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!(rep.received, n);
+    };
+
+    stream(40);
+    let (t0, t1) = (sends(&client, nid(c0)), sends(&client, nid(c1)));
+    assert!(t1 > 0, "the tcp1 rail carried nothing before the rule");
+    let resends = client.stats().resend_count;
+    let rule = client
+        .add_drop_rule(DropRuleSpec {
+            matcher: FaultMatch::between(Nid::ANY, nid(s1)),
+            trigger: Trigger::Rate(1),
+            health_mask: HealthError::RemoteDropped.bit(),
+        })
+        .unwrap();
+    stream(80);
+    let fired = client.fault_stats(rule).unwrap().fired;
+    let (d0, d1) = (sends(&client, nid(c0)) - t0, sends(&client, nid(c1)) - t1);
+    eprintln!(
+        "drop rule fired {fired} times; resends {resends} -> {}; sends during the rule: tcp {d0}, tcp1 {d1}",
+        client.stats().resend_count
+    );
+    assert!(
+        fired > 0,
+        "the rule never fired: traffic stayed on one rail"
+    );
+    assert!(client.stats().resend_count > resends);
+    // Every request (80 at least) went out on the tcp rail: the only one
+    // that reaches the server now.
+    assert!(d0 >= 80, "tcp rail sends during the rule: {d0}");
+
+    drop(session);
+    m.shutdown().unwrap();
+    drop(xprt);
+    client.shutdown();
+    drop(server);
+}

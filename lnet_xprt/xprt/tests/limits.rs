@@ -1,0 +1,75 @@
+//! LNet's message limit: one LNet message carries at most `LNET_MTU`
+//! (1 MiB), as in Motr's LNet transport. A longer send is refused at add
+//! with `MessageTooLarge` and the buffer handed back untouched; a send of
+//! exactly 1 MiB goes through; nothing stays queued.
+
+use std::time::Duration;
+
+use colibri_lnet_rt::{Lnet, LnetConfig};
+use colibri_lnet_xprt::{LnetTransport, LnetXprtConfig};
+use colibri_net::{
+    BufVec, Domain, NetError, QueueType, RecvParams, TmState, event_channel, ignore_tm_events,
+};
+
+const MIB: usize = 1 << 20;
+const WAIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_message_above_one_mib_is_refused_with_message_too_large_and_nothing_lost() {
+    let mut c = LnetConfig::new(&["127.0.77.1@tcp".parse().unwrap()]);
+    c.accept_port = 0;
+    let x = LnetTransport::new(vec![Lnet::start(c).unwrap()], LnetXprtConfig::default()).unwrap();
+    let dom = Domain::new(&x).unwrap();
+    let tm = dom.tm_init(ignore_tm_events()).unwrap();
+    tm.start("0@lo:12345:30:*").unwrap();
+    tm.wait_for_state(TmState::Started, WAIT).unwrap();
+    let me = tm.ep().unwrap();
+    let (cbs, events) = event_channel(8);
+    let data: Vec<u8> = (0..=MIB).map(|i| (i % 251) as u8).collect();
+    let mut big = dom
+        .register(BufVec::with_len(MIB + 1, 64 * 1024))
+        .unwrap()
+        .with_callbacks(cbs.clone());
+    big.bufvec_mut().copy_in(0, &data).unwrap();
+    let refused = tm.add_msg_send(big, &me, MIB + 1).unwrap_err();
+    assert!(
+        matches!(refused.error, NetError::MessageTooLarge { len, space } if len == MIB + 1 && space == MIB),
+        "{:?}",
+        refused.error
+    );
+    assert_eq!(refused.error.errno(), -90, "-EMSGSIZE");
+    // The buffer is back, its bytes as they were, and nothing is queued.
+    let mut big = refused.buffer;
+    assert_eq!(big.bufvec().to_vec(0, MIB + 1).unwrap(), data);
+    assert_eq!(tm.queued(), 0);
+    // Exactly the limit goes through, into a receive buffer of 1 MiB.
+    tm.add_msg_recv(
+        dom.register(BufVec::with_len(MIB, 64 * 1024))
+            .unwrap()
+            .with_callbacks(cbs.clone()),
+        RecvParams::default(),
+    )
+    .unwrap();
+    big.set_callbacks(cbs.clone());
+    tm.add_msg_send(big, &me, MIB).unwrap();
+    let mut got = 0;
+    for _ in 0..2 {
+        let ev = events.recv_timeout(WAIT).unwrap();
+        assert!(ev.is_ok(), "{ev:?}");
+        if ev.queue() == QueueType::MsgRecv {
+            assert_eq!(ev.length(), MIB);
+            assert!(
+                ev.with_data(|b| b.to_vec(0, MIB).unwrap() == data[..MIB])
+                    .unwrap()
+            );
+        }
+        got += 1;
+    }
+    assert_eq!(got, 2);
+    drop((cbs, me));
+    tm.stop(false).unwrap();
+    tm.wait_stopped(WAIT).unwrap();
+    tm.fini().map_err(|e| e.error).unwrap();
+    dom.fini().map_err(|e| e.error).unwrap();
+    x.shutdown();
+}
