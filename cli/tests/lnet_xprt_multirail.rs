@@ -2,7 +2,7 @@
 //! --lnet-config` (a process whose LNet node has two NIs, `tcp` and
 //! `tcp1`, serving ping over a transfer machine); the client is an LNet
 //! node of this process with two NIs too, and an RPC machine (a transfer
-//! machine) pinging the server with 16 KiB messages. In the middle of the
+//! machine) pinging the server with 16,000-byte messages. In the middle of the
 //! stream a drop rule on the client's node fails every send to the
 //! server's `tcp1` NI (REMOTE_DROPPED, as a refused connection): LNet's
 //! health and resend move the traffic to the `tcp` rail, and no ping
@@ -118,7 +118,7 @@ fn a_failing_rail_moves_messages_to_the_other_between_processes() {
         let rep = ping::ping(
             &session,
             n,
-            16 * 1024,
+            16_000,
             Duration::ZERO,
             Duration::from_secs(30),
             |r| {
