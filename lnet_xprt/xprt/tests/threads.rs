@@ -67,9 +67,7 @@ fn message(dom: &Domain, from: &TmHandle, to: &TmHandle, cbs: Arc<BufferCallback
         .unwrap()
         .with_callbacks(scb);
     b.bufvec_mut().copy_in(0, b"ping").unwrap();
-    let ep: EndPoint = from
-        .ep_create(&to.ep().unwrap().addr().to_string())
-        .unwrap();
+    let ep: EndPoint = from.ep_create(to.ep().unwrap().addr()).unwrap();
     from.add_msg_send(b, &ep, 4).unwrap();
 }
 
