@@ -483,3 +483,83 @@ fn bench_scale_smoke() {
         assert!(sim[1]["messages"].as_u64().unwrap() > sim[0]["messages"].as_u64().unwrap());
     }
 }
+
+/// `--tm-threads both`: the LNet transport measured with callbacks on the
+/// engine threads and with a delivery thread per transfer machine, one
+/// section each, back to back.
+#[test]
+fn bench_lnet_tm_threads_smoke() {
+    let out = colibri(&[
+        "bench",
+        "--xprt",
+        "lnet",
+        "--tm-threads",
+        "both",
+        "--mode",
+        "blocking",
+        "--tests",
+        "rtt",
+        "--sizes",
+        "64",
+        "--smoke",
+        "--runs",
+        "1",
+        "--json",
+        "-q",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sections = v["sections"].as_array().unwrap();
+    let threads: Vec<bool> = sections
+        .iter()
+        .map(|s| s["tm_threads"].as_bool().unwrap())
+        .collect();
+    assert_eq!(threads, [false, true]);
+    for s in sections {
+        let rows = s["rows"].as_array().unwrap();
+        assert_eq!(rows[0]["test"], "rtt");
+        assert!(rows[0]["ours"]["median"].as_f64().unwrap() > 0.0, "{s}");
+    }
+}
+
+/// `serve --lnet-config`: refused with another transport, or a file that
+/// cannot be read or has no NI, each in one clear line.
+#[test]
+fn serve_lnet_config_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.yaml");
+    let no_ni = dir.path().join("no-ni.yaml");
+    std::fs::write(&no_ni, "global:\n    accept_port: 7990\n").unwrap();
+    for (args, want) in [
+        (
+            vec!["--xprt", "tcp", "--lnet-config", no_ni.to_str().unwrap()],
+            "only with --xprt lnet",
+        ),
+        (
+            vec!["--xprt", "lnet", "--lnet-config", missing.to_str().unwrap()],
+            "cannot read",
+        ),
+        (
+            vec!["--xprt", "lnet", "--lnet-config", no_ni.to_str().unwrap()],
+            "no local NI",
+        ),
+    ] {
+        let mut a = vec![
+            "serve",
+            "--duration",
+            "1",
+            "--listen",
+            "127.0.0.1@tcp:12345:30:1",
+        ];
+        a.extend(args);
+        let out = colibri(&a);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{a:?}: {err}");
+        assert!(err.contains(want), "{a:?}: want {want:?} in {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
