@@ -38,6 +38,8 @@ pub(crate) struct Net {
 
 /// NIDs of the LNet nodes of `Net::lnet`.
 const LNET_NIDS: [&str; 2] = ["127.0.50.1@tcp", "127.0.50.2@tcp"];
+/// The nodes of [`Net::lnet_threads`].
+const LNET_THREADS_NIDS: [&str; 2] = ["127.0.53.1@tcp", "127.0.53.2@tcp"];
 
 impl Net {
     /// The in-memory transport, one worker per transfer machine.
@@ -72,12 +74,28 @@ impl Net {
     /// process (shared by the tests of the binary), machines alternately
     /// on each.
     pub(crate) fn lnet() -> Self {
-        use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
-        use colibri_lnet_rt::{Lnet, LnetConfig};
         static XPRT: std::sync::OnceLock<colibri_lnet_xprt::LnetTransport> =
             std::sync::OnceLock::new();
-        let x = XPRT.get_or_init(|| {
-            let nodes: Vec<Lnet> = LNET_NIDS
+        Self::lnet_on(&XPRT, &LNET_NIDS, false)
+    }
+
+    /// The LNet transport with a delivery thread per transfer machine
+    /// (`LnetXprtConfig::thread_per_tm`), on two other nodes.
+    pub(crate) fn lnet_threads() -> Self {
+        static XPRT: std::sync::OnceLock<colibri_lnet_xprt::LnetTransport> =
+            std::sync::OnceLock::new();
+        Self::lnet_on(&XPRT, &LNET_THREADS_NIDS, true)
+    }
+
+    fn lnet_on(
+        xprt: &'static std::sync::OnceLock<colibri_lnet_xprt::LnetTransport>,
+        nids: &'static [&'static str],
+        threads: bool,
+    ) -> Self {
+        use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
+        use colibri_lnet_rt::{Lnet, LnetConfig};
+        let x = xprt.get_or_init(|| {
+            let nodes: Vec<Lnet> = nids
                 .iter()
                 .map(|n| {
                     let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
@@ -95,12 +113,16 @@ impl Net {
                     }
                 }
             }
-            colibri_lnet_xprt::LnetTransport::new(nodes, Default::default()).expect("transport")
+            colibri_lnet_xprt::LnetTransport::new(
+                nodes,
+                colibri_lnet_xprt::LnetXprtConfig::default().thread_per_tm(threads),
+            )
+            .expect("transport")
         });
         Self {
             xprt: Arc::new(x.clone()),
             tcp: false,
-            lnet: Some(&LNET_NIDS),
+            lnet: Some(nids),
         }
     }
 
