@@ -12,7 +12,7 @@
 
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
-use tracing::{trace, warn};
+use tracing::trace;
 
 use colibri_net::xprt::Delivery;
 use colibri_net::{NetError, Result};
@@ -82,34 +82,14 @@ impl Lane {
     }
 }
 
-/// Checks a CPU set as the other transports do: every CPU must exist,
-/// and the set must not be empty. Returns the CPU the thread is pinned to
-/// (the first).
-pub(crate) fn check_cpus(cpus: &[usize]) -> Result<usize> {
-    let avail = core_affinity::get_core_ids().map_or(0, |c| c.len());
-    if let Some(bad) = cpus.iter().find(|&&c| c >= avail.max(1)) {
-        return Err(NetError::InvalidArgument(format!(
-            "CPU {bad} does not exist ({avail} available)"
-        )));
-    }
-    cpus.first()
-        .copied()
-        .ok_or_else(|| NetError::InvalidArgument("empty CPU set".into()))
-}
-
-/// Pins the calling thread to `cpu`.
-pub(crate) fn pin(cpu: usize) {
-    if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
-        warn!(cpu, "could not pin the transfer machine's delivery thread");
-    }
-}
-
 fn run(w: Work) {
     match w {
         Work::Deliver(d) => d.run(),
         Work::Started(tm, own) => tm.sink().post_started(&own),
         Work::Complete(sink, q, r) => sink.complete(&q, r),
-        Work::Pin(cpu) => pin(cpu),
+        Work::Pin(cpu) => {
+            colibri_net::cpu::pin_current_thread(cpu, "LNet transfer machine delivery thread");
+        }
         Work::Stop => {}
     }
 }

@@ -26,7 +26,7 @@ use crate::addr::{
 use crate::ctl::{CTL_MAX, Ctl};
 use crate::desc::BulkTarget;
 use crate::engine::{Engine, Work, lnet_err};
-use crate::lane::{self, Lane};
+use crate::lane::Lane;
 
 /// Control MDs kept attached per transfer machine.
 const CTL_MDS: usize = 3;
@@ -1938,12 +1938,12 @@ impl XprtTm for LnetTm {
     }
 
     /// Pins the machine's own delivery thread (`thread_per_tm`: the only
-    /// thread that runs its callbacks) to the first CPU of `cpus`, as
-    /// `bulk_tcp` pins its I/O thread. Without one (the callbacks run on
+    /// thread that runs its callbacks) to the first CPU of `cpus`
+    /// (`colibri_net::cpu`, as every transport checks and pins). Without one (the callbacks run on
     /// the node's engine thread, shared by its machines) the domain does
     /// not declare `Caps::confine` and the core refuses before this.
     fn confine(&self, cpus: &[usize]) -> Result<()> {
-        let cpu = lane::check_cpus(cpus)?;
+        let cpu = colibri_net::cpu::check_cpu_set(cpus)?;
         let lane = self.sh.lane.get().ok_or(NetError::Unsupported {
             transport: "lnet",
             what: "confining a transfer machine without a thread of its own (thread_per_tm)",
