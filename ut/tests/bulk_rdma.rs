@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use colibri_bulk_rdma::wire::{BulkOp, Frame, QpInfo, Seg};
-use colibri_bulk_rdma::{RdmaConfig, RdmaTransport};
+use colibri_bulk_rdma::{RdmaConfig, RdmaEngine, RdmaTransport};
 use colibri_net::addr::InetAddr;
 use colibri_net::{NetBufDesc, Transport};
 use colibri_ut::{Factory, Staller};
@@ -208,6 +208,22 @@ mod eager_off {
             eager_slots: 0,
             ..RdmaConfig::default()
         }),
+        ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"
+    );
+}
+
+/// One engine thread for every domain of the binary: both sides of each
+/// case's pairs (and the cases running at the same time) are served by
+/// the same thread, device context and completion queue.
+fn engine() -> &'static RdmaEngine {
+    static ENGINE: std::sync::OnceLock<RdmaEngine> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| RdmaEngine::new(1, &RdmaConfig::default()).expect("an RDMA device"))
+}
+
+mod shared_engine {
+    use super::*;
+    colibri_ut::conformance_tests!(
+        Rdma(RdmaConfig::shared(engine())),
         ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"
     );
 }

@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddrV4};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -102,6 +102,9 @@ pub(crate) struct Engine {
     cmds: Mutex<Vec<Cmd>>,
     waker: Waker,
     stop: AtomicBool,
+    /// Domains (and a shared engine's handle) using the thread; the last
+    /// one to leave stops it.
+    users: AtomicUsize,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -125,6 +128,7 @@ impl Engine {
             cmds: Mutex::new(Vec::new()),
             waker,
             stop: AtomicBool::new(false),
+            users: AtomicUsize::new(1),
             thread: Mutex::new(None),
         });
         let lim = dev.limits();
@@ -194,9 +198,23 @@ impl Engine {
         }
     }
 
+    /// One more user (a domain served by a shared engine).
+    pub(crate) fn add_user(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Drops a user (the one `spawn` counted, or one `add_user` added);
+    /// the last one stops the thread ([`Engine::shutdown`]).
+    pub(crate) fn release_user(&self) {
+        if self.users.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shutdown();
+        }
+    }
+
     /// Stops the thread (fencing every connection and waiting for the
-    /// device to give back every work request) and joins it.
-    pub(crate) fn shutdown(&self) {
+    /// device to give back every work request) and joins it, unless
+    /// called from the thread itself, which then exits on its own.
+    fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.waker.wake();
         let h = self.thread.lock().take();
