@@ -10,7 +10,8 @@
 //! spinning 1 ms or none before it sleeps), `shared-polling`,
 //! `shared-blocking` (both domains on one shared engine thread), and
 //! `tcp-polling`, `tcp-blocking`, `tcp-shared-polling` (the TCP transport
-//! in the same boot, for comparison). For each run it prints the
+//! in the same boot, for comparison), `mem-polling`, `mem-shared-polling`
+//! (the in-memory transport: what the core and the callbacks cost). For each run it prints the
 //! distribution of the 64 B round trips (from the client's
 //! `add_msg_send` to its receive callback for the echo, as
 //! `colibri_bench::RoundTrip` measures them) and, per thread of the
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use colibri_bench::{PairConfig, RoundTrip};
+use colibri_bulk_mem::{MemConfig, MemEngine, MemTransport};
 use colibri_bulk_rdma::{RdmaConfig, RdmaEngine, RdmaTransport};
 use colibri_bulk_tcp::{TcpConfig, TcpEngine, TcpTransport};
 use colibri_net::Transport;
@@ -95,6 +97,11 @@ fn transport(name: &str) -> Option<Arc<dyn Transport>> {
             let engine = TcpEngine::new(1, &cfg).ok()?;
             Arc::new(TcpTransport::new(TcpConfig::shared(&engine)))
         }
+        "mem-polling" => Arc::new(MemTransport::new(MemConfig::polling())),
+        "mem-shared-polling" => {
+            let engine = MemEngine::new(1, spin(true)).ok()?;
+            Arc::new(MemTransport::new(MemConfig::shared(&engine)))
+        }
         _ => return None,
     })
 }
@@ -127,6 +134,7 @@ fn main() {
                 continue;
             }
         };
+        rt.record_latencies(true);
         if let Err(e) = rt.run((iters / 10).max(1)) {
             eprintln!("{name}: warm-up: {e}");
             continue;
