@@ -342,8 +342,8 @@ impl Eager {
     /// reply when there is no request or `REPLY_AFTER` requests went while
     /// replies waited.
     fn next_frame(&mut self, room: usize) -> Option<Vec<u8>> {
-        let reply = self.queue.is_empty()
-            || (!self.replies.is_empty() && self.streak >= REPLY_AFTER);
+        let reply =
+            self.queue.is_empty() || (!self.replies.is_empty() && self.streak >= REPLY_AFTER);
         let waiting = !self.replies.is_empty();
         let q = if reply {
             &mut self.replies
