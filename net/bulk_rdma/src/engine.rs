@@ -1704,6 +1704,11 @@ impl Loop {
             return;
         }
         for (f, credits) in frames {
+            // A frame that fenced the connection discards the rest, as a
+            // receive completing on a fenced connection is.
+            if !self.conns.get(&t).is_some_and(|c| c.state == State::Ready) {
+                return;
+            }
             if let Err(err) = self.frame(t, f, credits) {
                 self.fence(t, err);
                 return;

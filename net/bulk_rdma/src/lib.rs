@@ -24,6 +24,9 @@
 //! with it fails once, after its work requests retired). See `DESIGN.md` in
 //! the crate for the protocol.
 //!
+//! Each domain has an engine thread of its own, or shares one of an
+//! [`RdmaEngine`] ([`RdmaConfig::shared`]) with other domains.
+//!
 //! Addresses are `a.b.c.d:port:service`, as for the TCP transport: the TCP
 //! control listener is at `a.b.c.d:port`. The RDMA device is the first one
 //! (or [`RdmaConfig::device`]); on a machine without one, creating a domain
