@@ -16,7 +16,9 @@
 //! `add_msg_send` to its receive callback for the echo, as
 //! `colibri_bench::RoundTrip` measures them) and, per thread of the
 //! process, the context switches (`/proc/self/task/*/status`) and the
-//! time on a CPU and waiting for one (`schedstat`) during the run.
+//! time on a CPU and waiting for one (`schedstat`) during the run; the
+//! last run (of several) is also sampled every 2 ms by a thread of its
+//! own: each thread's state, and where it sleeps (`wchan`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -64,6 +66,51 @@ fn threads() -> BTreeMap<u32, (String, u64, u64, u64, u64)> {
         );
     }
     out
+}
+
+/// Samples, every 2 ms until `stop`, what each thread of the process is
+/// doing: running or runnable (`R`), or the kernel function it sleeps in
+/// (`wchan`); returns the counts per thread name and state.
+fn sample_states(
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<BTreeMap<(String, String), u64>> {
+    std::thread::spawn(move || {
+        let me = std::fs::read_link("/proc/thread-self")
+            .ok()
+            .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
+        let mut counts = BTreeMap::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+                for e in dir.flatten() {
+                    let tid = e.file_name().to_string_lossy().into_owned();
+                    if Some(&tid) == me.as_ref() {
+                        continue;
+                    }
+                    let p = e.path();
+                    let stat = std::fs::read_to_string(p.join("stat")).unwrap_or_default();
+                    // "tid (comm) S ...": the state follows the last ')'.
+                    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                        continue;
+                    };
+                    let name = stat
+                        .find('(')
+                        .zip(stat.rfind(')'))
+                        .map(|(a, b)| stat[a + 1..b].to_string())
+                        .unwrap_or_default();
+                    let st = rest.split_whitespace().next().unwrap_or("?").to_string();
+                    let what = if st == "R" {
+                        "R (running or runnable)".to_string()
+                    } else {
+                        let w = std::fs::read_to_string(p.join("wchan")).unwrap_or_default();
+                        format!("{st} in {w}")
+                    };
+                    *counts.entry((name, what)).or_insert(0) += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        counts
+    })
 }
 
 fn transport(name: &str) -> Option<Arc<dyn Transport>> {
@@ -141,6 +188,8 @@ fn main() {
         }
         for r in 1..=runs {
             let before = threads();
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let sampler = (r == runs && runs > 1).then(|| sample_states(Arc::clone(&stop)));
             let t0 = Instant::now();
             let d = match rt.run(iters) {
                 Ok(d) => d,
@@ -150,6 +199,8 @@ fn main() {
                 }
             };
             let wall = t0.elapsed();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let states = sampler.and_then(|h| h.join().ok()).unwrap_or_default();
             let after = threads();
             let mut lat = rt.latencies();
             lat.sort_unstable();
@@ -178,6 +229,10 @@ fn main() {
                     (run - r0) as f64 / wall.as_nanos() as f64 * 100.0,
                     (wait - w0) as f64 / wall.as_nanos() as f64 * 100.0,
                 );
+            }
+            // The last run (of several) is sampled every 2 ms.
+            for ((thread, what), n) in &states {
+                println!("    sampled {thread:<24} {what}: {n}");
             }
         }
         rt.finish();
