@@ -4,14 +4,15 @@
 //! Every case needs an RDMA device, so the cases are `#[ignore]`d: on a
 //! machine without one they are listed as ignored; in the Soft-RoCE VM
 //! (`.ci/run`, through `../shared/rdma-vm/run.sh --net lo`) they run with
-//! `--include-ignored`. Three times: the default configuration (the engine
+//! `--include-ignored`. Four times: the default configuration (the engine
 //! spins briefly, then arms the CQ and blocks; frames and small messages
 //! travel as RDMA SENDs on the eager path), an engine that blocks at once
 //! with queue pairs of 4 send slots and a 64-entry CQ, so that transfers
 //! wait for send-queue room, completions must re-arm and wake it, and only
 //! the first two connections of an engine get eager receive slots (the
 //! others fall back to TCP), and the eager path turned off (every frame on
-//! TCP, every message READ by its receiver). The second run also has
+//! TCP, every message READ by its receiver), and every domain of the
+//! binary on one shared engine thread (`RdmaEngine`). The second run also has
 //! stalling peers (raw sockets speaking the control protocol), for the
 //! cases that end operations in flight.
 
