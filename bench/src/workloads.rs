@@ -141,7 +141,17 @@ struct RtState {
     server: Option<EndPoint>,
     client: Option<TmHandle>,
     size: usize,
+    /// Keep each round trip ([`RoundTrip::record_latencies`]).
+    record: bool,
+    /// When the message in flight left (`add_msg_send`).
+    sent_at: Option<Instant>,
+    /// Round trips of the current run, in nanoseconds (the first
+    /// `LAT_SAMPLES`).
+    lat: Vec<u64>,
 }
+
+/// Round trips kept per run by [`RoundTrip::latencies`].
+const LAT_SAMPLES: usize = 1 << 20;
 
 impl RtState {
     fn send_next(&mut self) {
@@ -152,6 +162,9 @@ impl RtState {
         let (Some(tm), Some(ep)) = (&self.client, &self.server) else {
             return;
         };
+        if self.record {
+            self.sent_at = Some(Instant::now());
+        }
         if let Err(e) = tm.add_msg_send(buf, ep, self.size) {
             self.run.fail(e.error);
         }
@@ -185,6 +198,9 @@ impl RoundTrip {
             server: Some(pair.server_ep()?),
             client: Some(pair.client.tm.handle()),
             size,
+            record: false,
+            sent_at: None,
+            lat: Vec::new(),
         });
         let (c1, c2) = (sh.clone(), sh.clone());
         let ccbs = Arc::new(
@@ -198,6 +214,12 @@ impl RoundTrip {
                         st.run.fail(e);
                         c1.cv.notify_all();
                         return;
+                    }
+                    if let Some(t) = st.sent_at.take()
+                        && st.lat.len() < LAT_SAMPLES
+                    {
+                        let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                        st.lat.push(ns);
                     }
                     if let Some(b) = ev.take_buffer()
                         && let Err(e) = tm.add_msg_recv(b, RecvParams::default())
@@ -281,11 +303,34 @@ impl RoundTrip {
         let start = {
             let mut st = self.sh.st.lock();
             st.run.reset(iters);
+            st.lat.clear();
             let start = Instant::now();
             st.send_next();
             start
         };
         wait_run(&self.sh, start, |s| &s.run, |s| s.run.finished)
+    }
+
+    /// Keeps each round trip of the following runs for
+    /// [`RoundTrip::latencies`] (off by default: reading the clock twice
+    /// per round trip costs two system calls where the clock is not in the
+    /// vDSO, as in a VM on HPET).
+    pub fn record_latencies(&mut self, on: bool) {
+        self.sh.st.lock().record = on;
+    }
+
+    /// Each round trip of the last run, in order: from the client's
+    /// `add_msg_send` to its receive callback for the echo (what `run`
+    /// averages, without the start and the wake-up of the caller); empty
+    /// unless [`RoundTrip::record_latencies`] is on.
+    pub fn latencies(&self) -> Vec<Duration> {
+        self.sh
+            .st
+            .lock()
+            .lat
+            .iter()
+            .map(|&ns| Duration::from_nanos(ns))
+            .collect()
     }
 
     /// Stops and finalises the pair.

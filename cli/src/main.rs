@@ -204,9 +204,10 @@ struct BenchArgs {
     /// Worker threads per transfer machine.
     #[arg(long, default_value_t = 1)]
     workers: usize,
-    /// mem and tcp: serve every transfer machine (mem) or domain (tcp)
-    /// from one shared engine of this many threads instead of threads of
-    /// their own (--workers then does not apply, nor does pinning).
+    /// mem, tcp and rdma: serve every transfer machine (mem) or domain
+    /// (tcp, rdma) from one shared engine of this many threads instead of
+    /// threads of their own (--workers then does not apply, nor does
+    /// pinning).
     #[arg(long)]
     engine_threads: Option<usize>,
     /// A short run (seconds), for checking that everything works.
@@ -348,7 +349,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         xprt::set_lnet_tm_threads(tm_threads);
         let pair = a.xprt.pair(a.routed);
         let xprt = match a.engine_threads {
-            Some(n) if matches!(a.xprt, Xprt::Mem | Xprt::Tcp) => {
+            Some(n) if matches!(a.xprt, Xprt::Mem | Xprt::Tcp | Xprt::Rdma) => {
                 scale_bench::shared_engine(a.xprt, polling, n)?
                     .ok_or("--engine-threads: this transport has no shared engine")?
             }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use colibri_bulk_mem::{MemConfig, MemEngine, MemTransport};
+use colibri_bulk_rdma::{RdmaConfig, RdmaEngine, RdmaTransport};
 use colibri_bulk_tcp::{TcpConfig, TcpEngine, TcpTransport};
 use colibri_net::Transport;
 
@@ -65,7 +66,7 @@ struct Sizes {
     sim_rounds: usize,
 }
 
-/// `xprt` with every transfer machine (mem) or domain (TCP) served by
+/// `xprt` with every transfer machine (mem) or domain (TCP, RDMA) served by
 /// one shared engine of `threads` threads (polling 1 ms or blocking);
 /// `None` for a transport without shared engines.
 pub(crate) fn shared_engine(
@@ -93,6 +94,17 @@ pub(crate) fn shared_engine(
             )
             .map_err(|e| e.to_string())?;
             Some(Arc::new(TcpTransport::new(TcpConfig::shared(&engine))))
+        }
+        Xprt::Rdma => {
+            let engine = RdmaEngine::new(
+                threads,
+                &RdmaConfig {
+                    spin,
+                    ..RdmaConfig::default()
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            Some(Arc::new(RdmaTransport::new(RdmaConfig::shared(&engine))))
         }
         _ => None,
     })

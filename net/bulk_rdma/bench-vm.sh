@@ -11,7 +11,10 @@
 # runs it with the eager path turned off (COLIBRI_RDMA_EAGER_SLOTS=0: the
 # protocol before the eager path, every frame on TCP and every message
 # READ), interleaved, and the summary shows both against the same
-# perftest figures.
+# perftest figures. With SHARED=1, every round also runs it with both
+# domains on one shared engine thread (`--engine-threads 1`: RdmaEngine),
+# likewise. BEFORE=path runs another colibri binary (say, the previous
+# build) in every round too, for before/after figures of one boot.
 # Each round runs ib_write_bw and ib_read_bw (1 MiB, two processes, TCP
 # exchange on 127.0.0.1) and ib_send_lat (64 B), then
 # `colibri bench --xprt rdma` (64 B message round trip, 1 MiB active GET and
@@ -63,6 +66,14 @@ for ((r = 1; r <= ROUNDS; r++)); do
     echo "$w $rd $lat" >>"$L/perf"
     "$BIN" bench --xprt rdma --mode "$MODE" --tests rtt,bulk --sizes 64 --bulk-sizes 1M \
         --iters 2000 --bulk-bytes 64M --runs 1 --no-pin --json --quiet >"$L/colibri-$r.json"
+    if [[ -n "${BEFORE:-}" ]]; then
+        "$BEFORE" bench --xprt rdma --mode "$MODE" --tests rtt,bulk --sizes 64 --bulk-sizes 1M \
+            --iters 2000 --bulk-bytes 64M --runs 1 --no-pin --json --quiet >"$L/before-$r.json"
+    fi
+    if [[ -n "${SHARED:-}" ]]; then
+        "$BIN" bench --xprt rdma --mode "$MODE" --tests rtt,bulk --sizes 64 --bulk-sizes 1M \
+            --iters 2000 --bulk-bytes 64M --runs 1 --no-pin --engine-threads 1 --json --quiet >"$L/shared-$r.json"
+    fi
     if [[ -n "${EAGER_OFF:-}" ]]; then
         COLIBRI_RDMA_EAGER_SLOTS=0 "$BIN" bench --xprt rdma --mode "$MODE" --tests rtt,bulk --sizes 64 --bulk-sizes 1M \
             --iters 2000 --bulk-bytes 64M --runs 1 --no-pin --json --quiet >"$L/eager-off-$r.json"
@@ -106,7 +117,7 @@ def figures(prefix):
 def line(name, o, b, ratio, target, ok):
     print(f"{name:34} {o:>10.2f} {b:>10.2f} {ratio:>7.3f}  {target} {'met' if ok else 'MISSED'}")
 print(f"rounds {rounds}; medians; MB/s = 10^6 B/s; colibri mode {sys.argv[3]}")
-for prefix in ["colibri"] + (["eager-off"] if os.path.exists(f"{d}/eager-off-1.json") else []):
+for prefix in ["colibri"] + [p for p in ["shared", "before", "eager-off"] if os.path.exists(f"{d}/{p}-1.json")]:
     rtt, get, put = figures(prefix)
     print(f"{'test (' + prefix + ')':34} {'ours':>10} {'baseline':>10} {'ratio':>7}  target")
     line("1 MiB GET MB/s vs ib_write_bw", get, wbw, get / wbw, ">= 0.9", get / wbw >= 0.9)

@@ -4,14 +4,15 @@
 //! Every case needs an RDMA device, so the cases are `#[ignore]`d: on a
 //! machine without one they are listed as ignored; in the Soft-RoCE VM
 //! (`.ci/run`, through `../shared/rdma-vm/run.sh --net lo`) they run with
-//! `--include-ignored`. Three times: the default configuration (the engine
+//! `--include-ignored`. Four times: the default configuration (the engine
 //! spins briefly, then arms the CQ and blocks; frames and small messages
 //! travel as RDMA SENDs on the eager path), an engine that blocks at once
 //! with queue pairs of 4 send slots and a 64-entry CQ, so that transfers
 //! wait for send-queue room, completions must re-arm and wake it, and only
 //! the first two connections of an engine get eager receive slots (the
 //! others fall back to TCP), and the eager path turned off (every frame on
-//! TCP, every message READ by its receiver). The second run also has
+//! TCP, every message READ by its receiver), and every domain of the
+//! binary on one shared engine thread (`RdmaEngine`). The second run also has
 //! stalling peers (raw sockets speaking the control protocol), for the
 //! cases that end operations in flight.
 
@@ -22,7 +23,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use colibri_bulk_rdma::wire::{BulkOp, Frame, QpInfo, Seg};
-use colibri_bulk_rdma::{RdmaConfig, RdmaTransport};
+use colibri_bulk_rdma::{RdmaConfig, RdmaEngine, RdmaTransport};
 use colibri_net::addr::InetAddr;
 use colibri_net::{NetBufDesc, Transport};
 use colibri_ut::{Factory, Staller};
@@ -208,6 +209,22 @@ mod eager_off {
             eager_slots: 0,
             ..RdmaConfig::default()
         }),
+        ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"
+    );
+}
+
+/// One engine thread for every domain of the binary: both sides of each
+/// case's pairs (and the cases running at the same time) are served by
+/// the same thread, device context and completion queue.
+fn engine() -> &'static RdmaEngine {
+    static ENGINE: std::sync::OnceLock<RdmaEngine> = std::sync::OnceLock::new();
+    ENGINE.get_or_init(|| RdmaEngine::new(1, &RdmaConfig::default()).expect("an RDMA device"))
+}
+
+mod shared_engine {
+    use super::*;
+    colibri_ut::conformance_tests!(
+        Rdma(RdmaConfig::shared(engine())),
         ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"
     );
 }

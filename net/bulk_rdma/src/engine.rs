@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddrV4};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -102,6 +102,9 @@ pub(crate) struct Engine {
     cmds: Mutex<Vec<Cmd>>,
     waker: Waker,
     stop: AtomicBool,
+    /// Domains (and a shared engine's handle) using the thread; the last
+    /// one to leave stops it.
+    users: AtomicUsize,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -125,6 +128,7 @@ impl Engine {
             cmds: Mutex::new(Vec::new()),
             waker,
             stop: AtomicBool::new(false),
+            users: AtomicUsize::new(1),
             thread: Mutex::new(None),
         });
         let lim = dev.limits();
@@ -194,9 +198,23 @@ impl Engine {
         }
     }
 
+    /// One more user (a domain served by a shared engine).
+    pub(crate) fn add_user(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Drops a user (the one `spawn` counted, or one `add_user` added);
+    /// the last one stops the thread ([`Engine::shutdown`]).
+    pub(crate) fn release_user(&self) {
+        if self.users.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shutdown();
+        }
+    }
+
     /// Stops the thread (fencing every connection and waiting for the
-    /// device to give back every work request) and joins it.
-    pub(crate) fn shutdown(&self) {
+    /// device to give back every work request) and joins it, unless
+    /// called from the thread itself, which then exits on its own.
+    fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.waker.wake();
         let h = self.thread.lock().take();
@@ -320,6 +338,30 @@ impl Eager {
         })
     }
 
+    /// The next frame to send if it fits in `room` bytes: a request, or a
+    /// reply when there is no request or `REPLY_AFTER` requests went while
+    /// replies waited.
+    fn next_frame(&mut self, room: usize) -> Option<Vec<u8>> {
+        let reply =
+            self.queue.is_empty() || (!self.replies.is_empty() && self.streak >= REPLY_AFTER);
+        let waiting = !self.replies.is_empty();
+        let q = if reply {
+            &mut self.replies
+        } else {
+            &mut self.queue
+        };
+        if q.front()?.len() > room {
+            return None;
+        }
+        let f = q.pop_front();
+        if reply {
+            self.streak = 0;
+        } else {
+            self.streak += u32::from(waiting);
+        }
+        f
+    }
+
     /// Whether a frame of `len` bytes goes as a SEND.
     fn carries(&self, len: usize) -> bool {
         self.peer_slots > 0 && len <= SLOT_SIZE
@@ -409,9 +451,12 @@ fn tm_of(addr: &InetAddr, eng: &Arc<Engine>) -> Option<Arc<TmShared>> {
 impl Loop {
     fn run(&mut self) {
         let mut events = Events::with_capacity(256);
-        let mut spin_until = Instant::now();
+        // Since when the engine has had nothing to do (read every 16th
+        // round only).
+        let mut idle_since: Option<Instant> = None;
         let mut had_events = false;
-        let mut spins = 0u32;
+        let mut rounds = 0u32;
+        let mut woke = true;
         loop {
             let mut worked = std::mem::take(&mut had_events);
             worked |= self.run_cmds();
@@ -422,28 +467,35 @@ impl Loop {
                 self.run_cmds();
             }
             worked |= self.post_all();
-            let now = Instant::now();
-            if now.duration_since(self.last_sweep) >= Duration::from_millis(50) {
-                self.sweep(now);
-                self.last_sweep = now;
-            }
             if self.eng.stop.load(Ordering::Acquire) {
                 self.drain_and_exit();
                 return;
             }
-            if worked {
-                spin_until = now
-                    .checked_add(self.cfg.spin)
-                    .unwrap_or(now + Duration::from_secs(3600));
+            // The clock, the timers and the sockets are looked at every
+            // 16th round (and after a sleep), commands and the CQ every
+            // round: an `epoll_wait` is a system call, and so is reading
+            // the clock where it is not in the vDSO (HPET, as in the
+            // Soft-RoCE VM): tens of microseconds each under emulation.
+            rounds = rounds.wrapping_add(1);
+            let now = (std::mem::take(&mut woke) || rounds.is_multiple_of(16)).then(Instant::now);
+            if let Some(now) = now
+                && now.duration_since(self.last_sweep) >= Duration::from_millis(50)
+            {
+                self.sweep(now);
+                self.last_sweep = now;
             }
-            let timeout = if worked || now < spin_until {
-                // Spinning: commands and the CQ are looked at every round;
-                // the sockets (TCP frames, accepts) every 16th, as an
-                // `epoll_wait` costs far more than a CQ poll (a system
-                // call: tens of microseconds under emulation).
-                spins = spins.wrapping_add(1);
-                if !spins.is_multiple_of(16) {
-                    continue;
+            if worked {
+                idle_since = None;
+            }
+            let spun = match (now, idle_since) {
+                (Some(now), Some(t)) => now.duration_since(t) >= self.cfg.spin,
+                _ => false,
+            };
+            let timeout = if worked || !(self.cfg.spin.is_zero() || spun) {
+                // Spinning: polls the sockets without sleeping.
+                let Some(now) = now else { continue };
+                if !worked {
+                    idle_since.get_or_insert(now);
                 }
                 Some(Duration::ZERO)
             } else {
@@ -458,6 +510,8 @@ impl Loop {
                 if self.poll_cq() {
                     continue;
                 }
+                idle_since = None;
+                woke = true;
                 Some(Duration::from_millis(50))
             };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
@@ -1003,18 +1057,24 @@ impl Loop {
             && !(e.queue.is_empty() && e.replies.is_empty())
         {
             let Some(slot) = e.free_send.pop() else { break };
-            let reply = e.queue.is_empty() || (!e.replies.is_empty() && e.streak >= REPLY_AFTER);
-            let mut f = if reply {
-                e.streak = 0;
-                e.replies.pop_front().expect("non-empty")
-            } else {
-                e.streak += u32::from(!e.replies.is_empty());
-                e.queue.pop_front().expect("non-empty")
-            };
-            Frame::set_credits(&mut f, std::mem::take(&mut e.to_return));
+            // One SEND carries as many whole frames as fit its slot, in
+            // queue order (a request and the reply it is queued with, an
+            // echo and the REPLY of the message it answers): one work
+            // request, one receive slot of the peer and one credit for
+            // all of them.
             let off = slot as usize * SLOT_SIZE;
-            let dst = &mut e.smem[off..off + f.len()];
-            dst.copy_from_slice(&f);
+            let mut len = 0;
+            while let Some(mut f) = e.next_frame(SLOT_SIZE - len) {
+                Frame::set_credits(&mut f, std::mem::take(&mut e.to_return));
+                e.smem[off + len..off + len + f.len()].copy_from_slice(&f);
+                len += f.len();
+            }
+            if len == 0 {
+                // Queued frames always fit a slot (`carries`).
+                e.free_send.push(slot);
+                break;
+            }
+            let dst = &mut e.smem[off..off + len];
             let wr_id = self.next_wr;
             self.next_wr += 1;
             if let Err(err) = qp.post_send(wr_id, dst, e.smr.lkey()) {
@@ -1022,7 +1082,7 @@ impl Loop {
                 return Err(err);
             }
             self.wrs.insert(wr_id, WrOwner::Send(t, slot));
-            trace!(t, len = f.len(), credits = e.credits, "eager SEND posted");
+            trace!(t, len, credits = e.credits, "eager SEND posted");
             e.credits -= 1;
             c.sq_used += 1;
             self.cq_used += 1;
@@ -1609,22 +1669,50 @@ impl Loop {
         let n = wc.byte_len as usize;
         trace!(t, slot, n, "eager frame received");
         let off = slot as usize * SLOT_SIZE;
-        let got = if n <= SLOT_SIZE {
-            Frame::decode_with_credits(&e.rmem[off..off + n])
+        // One or more whole frames (`pump_eager`), decoded before the slot
+        // is re-posted.
+        let mut frames = Vec::new();
+        let mut bad = None;
+        if n > SLOT_SIZE || n == 0 {
+            bad = Some(NetError::Protocol(format!(
+                "rdma eager: a SEND of {n} bytes is not whole frames"
+            )));
         } else {
-            Ok(None)
-        };
+            let mut at = 0;
+            while at < n {
+                match Frame::decode_with_credits(&e.rmem[off + at..off + n]) {
+                    Ok(Some((f, credits, used))) => {
+                        frames.push((f, credits));
+                        at += used;
+                    }
+                    Ok(None) => {
+                        bad = Some(NetError::Protocol(format!(
+                            "rdma eager: a SEND of {n} bytes is not whole frames"
+                        )));
+                        break;
+                    }
+                    Err(err) => {
+                        bad = Some(err);
+                        break;
+                    }
+                }
+            }
+        }
         e.idle.push(slot);
-        let r = match got {
-            Ok(Some((f, credits, used))) if used == n => self.frame(t, f, credits),
-            Ok(_) => Err(NetError::Protocol(format!(
-                "rdma eager: a SEND of {n} bytes is not one frame"
-            ))),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = r {
-            self.fence(t, e);
+        if let Some(err) = bad {
+            self.fence(t, err);
             return;
+        }
+        for (f, credits) in frames {
+            // A frame that fenced the connection discards the rest, as a
+            // receive completing on a fenced connection is.
+            if !self.conns.get(&t).is_some_and(|c| c.state == State::Ready) {
+                return;
+            }
+            if let Err(err) = self.frame(t, f, credits) {
+                self.fence(t, err);
+                return;
+            }
         }
         self.flush(t);
     }

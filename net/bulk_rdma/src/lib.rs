@@ -24,6 +24,9 @@
 //! with it fails once, after its work requests retired). See `DESIGN.md` in
 //! the crate for the protocol.
 //!
+//! Each domain has an engine thread of its own, or shares one of an
+//! [`RdmaEngine`] ([`RdmaConfig::shared`]) with other domains.
+//!
 //! Addresses are `a.b.c.d:port:service`, as for the TCP transport: the TCP
 //! control listener is at `a.b.c.d:port`. The RDMA device is the first one
 //! (or [`RdmaConfig::device`]); on a machine without one, creating a domain
@@ -47,6 +50,7 @@ mod verbs;
 pub mod wire;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use colibri_net::bufvec::BufVec;
@@ -100,6 +104,11 @@ pub struct RdmaConfig {
     pub eager_slots: usize,
     /// Size limits (the segment size is further capped by the device).
     pub limits: Limits,
+    /// A shared engine whose threads serve the domains made with this
+    /// configuration, instead of a thread (and a device context) of their
+    /// own each; the engine settings above are then the engine's. See
+    /// [`RdmaEngine`].
+    pub engine: Option<RdmaEngine>,
 }
 
 impl Default for RdmaConfig {
@@ -119,6 +128,7 @@ impl Default for RdmaConfig {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(32),
             limits: Limits::new(64 << 20, 16 << 20, 4096, 1024),
+            engine: None,
         }
     }
 }
@@ -137,6 +147,167 @@ impl RdmaConfig {
         Self {
             spin: Duration::from_millis(1),
             ..Self::default()
+        }
+    }
+
+    /// Domains served by the threads of `engine` (with its settings).
+    pub fn shared(engine: &RdmaEngine) -> Self {
+        Self {
+            engine: Some(engine.clone()),
+            ..engine.0.cfg.clone()
+        }
+    }
+}
+
+/// A device context, its engine thread and the limits they give.
+#[derive(Debug)]
+struct Served {
+    dev: Arc<Device>,
+    engine: Arc<Engine>,
+    limits: Limits,
+}
+
+impl Served {
+    /// Opens the device of `cfg` and starts an engine thread on it.
+    fn start(cfg: &RdmaConfig) -> Result<Self> {
+        let dev = Device::open(cfg.device.as_deref())?;
+        let lim = dev.limits();
+        let seg_cap =
+            usize::try_from(lim.max_mr_size.min(u64::from(u32::MAX))).unwrap_or(usize::MAX);
+        let l = cfg.limits;
+        let limits = Limits::new(
+            l.max_buffer_size,
+            l.max_segment_size.min(seg_cap),
+            l.max_segments.min(wire::MAX_SEGS),
+            l.max_desc_size,
+        );
+        let name = format!("colibri-rdma-{}", dev.name());
+        let cfg = RdmaConfig {
+            engine: None,
+            ..cfg.clone()
+        };
+        let engine = Engine::spawn(Arc::clone(&dev), cfg, limits, name)?;
+        Ok(Self {
+            dev,
+            engine,
+            limits,
+        })
+    }
+}
+
+/// A fixed set of engine threads, each with its own device context,
+/// protection domain and completion queue, serving the transfer machines
+/// of any number of RDMA domains (those whose [`RdmaConfig::engine`] names
+/// it), as `colibri_bulk_tcp::TcpEngine` does for TCP.
+///
+/// Without one, each domain opens the device and runs an engine thread of
+/// its own. Two domains of one process then exchange every message
+/// through two threads: on a machine with few CPUs (or a VM), each round
+/// trip pays for waking (or scheduling) the other thread. With an engine of
+/// `n` threads, domains are dealt to the threads in turn; a thread serves
+/// its domains' listeners, queue pairs, completions, timers and callbacks
+/// in one loop, as it would one domain's, and domains on one thread share
+/// its protection domain (a queue pair of the thread may then touch the
+/// registrations of any domain the thread serves, which only matters
+/// between domains of one process) and its outgoing connections. With
+/// one thread, a message between two domains of the process and its
+/// echo are posted, received and answered by that thread alone.
+///
+/// The trade-off: a domain's work waits behind the other domains' on its
+/// thread, and the thread cannot be confined to CPUs for one domain
+/// (`confine` is refused). The threads stop when the engine and every
+/// domain using it are gone.
+///
+/// ```
+/// use colibri_bulk_rdma::{RdmaConfig, RdmaEngine, RdmaTransport};
+/// use colibri_net::Domain;
+///
+/// match RdmaEngine::new(1, &RdmaConfig::default()) {
+///     Ok(engine) => {
+///         let xprt = RdmaTransport::new(RdmaConfig::shared(&engine));
+///         let a = Domain::new(&xprt).unwrap();
+///         let b = Domain::new(&xprt).unwrap();
+///         assert_eq!(engine.threads(), 1);
+///         a.fini().unwrap();
+///         b.fini().unwrap();
+///     }
+///     // A machine without an RDMA device.
+///     Err(e) => assert!(e.to_string().contains("RDMA"), "{e}"),
+/// }
+/// ```
+#[derive(Clone)]
+pub struct RdmaEngine(Arc<EnginePool>);
+
+struct EnginePool {
+    cfg: RdmaConfig,
+    threads: Vec<Served>,
+    next: AtomicUsize,
+}
+
+impl std::fmt::Debug for RdmaEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaEngine")
+            .field("threads", &self.0.threads.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RdmaEngine {
+    /// Opens the device `threads` times (at least once) and starts an
+    /// engine thread on each context, with the settings of `cfg` (device,
+    /// `spin`, queue depths, timeouts, eager slots, limits).
+    ///
+    /// # Errors
+    /// No RDMA device (or not the one named), or the device or the system
+    /// refused a context, a completion queue or a thread.
+    pub fn new(threads: usize, cfg: &RdmaConfig) -> Result<Self> {
+        let cfg = RdmaConfig {
+            engine: None,
+            ..cfg.clone()
+        };
+        let mut started = Vec::new();
+        for _ in 0..threads.max(1) {
+            match Served::start(&cfg) {
+                Ok(s) => started.push(s),
+                Err(e) => {
+                    for s in &started {
+                        s.engine.release_user();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Self(Arc::new(EnginePool {
+            cfg,
+            threads: started,
+            next: AtomicUsize::new(0),
+        })))
+    }
+
+    /// Its engine threads.
+    pub fn threads(&self) -> usize {
+        self.0.threads.len()
+    }
+
+    /// The thread for one more domain (in turn).
+    fn take(&self) -> RdmaDomain {
+        let k = self.0.next.fetch_add(1, Ordering::Relaxed) % self.0.threads.len();
+        let s = &self.0.threads[k];
+        s.engine.add_user();
+        RdmaDomain {
+            dev: Arc::clone(&s.dev),
+            engine: Arc::clone(&s.engine),
+            limits: s.limits,
+            shared: true,
+            finalized: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Drop for EnginePool {
+    fn drop(&mut self) {
+        for s in &self.threads {
+            s.engine.release_user();
         }
     }
 }
@@ -165,23 +336,16 @@ impl Transport for RdmaTransport {
     }
 
     fn dom_init(&self) -> Result<Box<dyn XprtDomain>> {
-        let dev = Device::open(self.cfg.device.as_deref())?;
-        let lim = dev.limits();
-        let seg_cap =
-            usize::try_from(lim.max_mr_size.min(u64::from(u32::MAX))).unwrap_or(usize::MAX);
-        let l = self.cfg.limits;
-        let limits = Limits::new(
-            l.max_buffer_size,
-            l.max_segment_size.min(seg_cap),
-            l.max_segments.min(wire::MAX_SEGS),
-            l.max_desc_size,
-        );
-        let name = format!("colibri-rdma-{}", dev.name());
-        let engine = Engine::spawn(Arc::clone(&dev), self.cfg.clone(), limits, name)?;
+        if let Some(shared) = &self.cfg.engine {
+            return Ok(Box::new(shared.take()));
+        }
+        let s = Served::start(&self.cfg)?;
         Ok(Box::new(RdmaDomain {
-            dev,
-            engine,
-            limits,
+            dev: s.dev,
+            engine: s.engine,
+            limits: s.limits,
+            shared: false,
+            finalized: AtomicBool::new(false),
         }))
     }
 }
@@ -191,6 +355,9 @@ struct RdmaDomain {
     dev: Arc<Device>,
     engine: Arc<Engine>,
     limits: Limits,
+    /// Served by a shared engine's thread (which `confine` may not pin).
+    shared: bool,
+    finalized: AtomicBool,
 }
 
 impl XprtDomain for RdmaDomain {
@@ -203,11 +370,15 @@ impl XprtDomain for RdmaDomain {
     }
 
     fn caps(&self) -> Caps {
-        Caps::new(RDMA_TRANSPORT_ID)
+        let caps = Caps::new(RDMA_TRANSPORT_ID)
             .with_sync_delivery()
             .with_multi_message()
-            .with_timeouts()
-            .with_confine()
+            .with_timeouts();
+        if self.shared {
+            caps
+        } else {
+            caps.with_confine()
+        }
     }
 
     fn buf_register(&self, bufvec: &BufVec) -> Result<Option<XprtData>> {
@@ -235,13 +406,17 @@ impl XprtDomain for RdmaDomain {
         )))
     }
 
+    /// Leaves the engine: the domain's own engine stops (fencing its
+    /// connections); a shared one stops when its last user leaves.
     fn fini(&self) {
-        self.engine.shutdown();
+        if !self.finalized.swap(true, Ordering::AcqRel) {
+            self.engine.release_user();
+        }
     }
 }
 
 impl Drop for RdmaDomain {
     fn drop(&mut self) {
-        self.engine.shutdown();
+        self.fini();
     }
 }

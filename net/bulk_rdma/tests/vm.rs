@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use colibri_bulk_rdma::{RdmaConfig, RdmaTransport};
+use colibri_bulk_rdma::{RdmaConfig, RdmaEngine, RdmaTransport};
 use colibri_net::{BufVec, Domain, NetBufDesc, NetError, QueueType, RecvParams, Transport};
 use colibri_ut::{Factory, Node, pattern};
 
@@ -673,4 +673,67 @@ fn two_machines_of_one_domain() {
     let _ = tev.recv_timeout(Duration::from_secs(60));
     tm2.fini().unwrap();
     a.shutdown();
+}
+
+/// Domains on one shared engine thread: a message and its answer between
+/// two of them, a GET, `confine` refused, one domain finalised while
+/// the others go on (the thread stays up, its connections too), a domain
+/// added after, and a clean stop once every domain and the engine handle
+/// are gone.
+#[test]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (.ci/run)"]
+fn shared_engine_serves_several_domains() {
+    let engine = RdmaEngine::new(1, &RdmaConfig::default()).expect("an RDMA device");
+    assert_eq!(engine.threads(), 1);
+    let f = Rdma(RdmaConfig::shared(&engine));
+    let a = Node::start(&f);
+    let b = Node::start(&f);
+    assert!(matches!(
+        a.tm.confine(&[0]),
+        Err(NetError::Unsupported { .. })
+    ));
+    let exchange = |from: &Node, to: &Node, len: usize| {
+        to.tm
+            .add_msg_recv(
+                to.buf_vec(BufVec::with_len(len, 1 << 12)),
+                RecvParams::default(),
+            )
+            .unwrap();
+        let data = pattern(len as u64, len);
+        let dest = from.ep(&to.addr);
+        from.tm
+            .add_msg_send(from.buf_with(&data, 1 << 12), &dest, len)
+            .unwrap();
+        let ev = to.next_event_on(QueueType::MsgRecv);
+        assert_eq!(ev.message().unwrap(), data, "message of {len} bytes");
+        drop(ev);
+        assert!(from.next_event_on(QueueType::MsgSend).status().is_ok());
+    };
+    for len in [64, 20_000] {
+        exchange(&a, &b, len);
+        exchange(&b, &a, len);
+    }
+    let data = pattern(3, 200_000);
+    let mut p = b
+        .dom
+        .register(BufVec::with_len(data.len(), 1 << 16))
+        .unwrap();
+    p.bufvec_mut().copy_in(0, &data).unwrap();
+    let (_, d) =
+        b.tm.add_passive_send(p.with_callbacks(b.cbs.clone()), data.len(), None)
+            .unwrap();
+    a.tm.add_active_recv(a.buf_vec(BufVec::with_len(data.len(), 1 << 16)), &d)
+        .unwrap();
+    let ev = a.next_event_on(QueueType::ActiveBulkRecv);
+    assert_eq!(ev.message().unwrap(), data);
+    drop(ev);
+    assert!(b.next_event_on(QueueType::PassiveBulkSend).status().is_ok());
+    b.shutdown();
+    let c = Node::start(&f);
+    exchange(&a, &c, 64);
+    exchange(&c, &a, 5_000);
+    a.shutdown();
+    c.shutdown();
+    drop(f);
+    drop(engine);
 }
