@@ -1671,38 +1671,22 @@ impl Loop {
         let off = slot as usize * SLOT_SIZE;
         // One or more whole frames (`pump_eager`), decoded before the slot
         // is re-posted.
-        let mut frames = Vec::new();
-        let mut bad = None;
-        if n > SLOT_SIZE || n == 0 {
-            bad = Some(NetError::Protocol(format!(
-                "rdma eager: a SEND of {n} bytes is not whole frames"
-            )));
+        let decoded = if n > SLOT_SIZE {
+            // Not possible with receives of one slot; refused all the same.
+            Err(NetError::Protocol(format!(
+                "rdma eager: a SEND of {n} bytes overflows its slot"
+            )))
         } else {
-            let mut at = 0;
-            while at < n {
-                match Frame::decode_with_credits(&e.rmem[off + at..off + n]) {
-                    Ok(Some((f, credits, used))) => {
-                        frames.push((f, credits));
-                        at += used;
-                    }
-                    Ok(None) => {
-                        bad = Some(NetError::Protocol(format!(
-                            "rdma eager: a SEND of {n} bytes is not whole frames"
-                        )));
-                        break;
-                    }
-                    Err(err) => {
-                        bad = Some(err);
-                        break;
-                    }
-                }
-            }
-        }
+            Frame::decode_send(&e.rmem[off..off + n])
+        };
         e.idle.push(slot);
-        if let Some(err) = bad {
-            self.fence(t, err);
-            return;
-        }
+        let frames = match decoded {
+            Ok(frames) => frames,
+            Err(err) => {
+                self.fence(t, err);
+                return;
+            }
+        };
         for (f, credits) in frames {
             // A frame that fenced the connection discards the rest, as a
             // receive completing on a fenced connection is.

@@ -467,6 +467,37 @@ impl Frame {
         }
         Ok(Some((frame, credits, HEADER_LEN + body_len)))
     }
+
+    /// Decodes the whole frames of one eager SEND (a sender packs as many
+    /// as fit a slot): every byte must belong to a complete frame.
+    ///
+    /// # Errors
+    /// `Protocol` for an empty or oversized SEND, a malformed frame, or
+    /// bytes left that are not a whole frame (the connection is then
+    /// fenced).
+    pub fn decode_send(buf: &[u8]) -> Result<Vec<(Self, u32)>> {
+        let not_whole = || {
+            NetError::Protocol(format!(
+                "rdma eager: a SEND of {} bytes is not whole frames",
+                buf.len()
+            ))
+        };
+        if buf.is_empty() || buf.len() > SLOT_SIZE {
+            return Err(not_whole());
+        }
+        let mut frames = Vec::new();
+        let mut at = 0;
+        while at < buf.len() {
+            match Self::decode_with_credits(&buf[at..])? {
+                Some((f, credits, used)) if used > 0 => {
+                    frames.push((f, credits));
+                    at += used;
+                }
+                _ => return Err(not_whole()),
+            }
+        }
+        Ok(frames)
+    }
 }
 
 #[cfg(test)]
@@ -553,6 +584,28 @@ mod tests {
             data: Vec::new(),
         });
         round(&Frame::Credit);
+    }
+
+    #[test]
+    fn a_send_is_whole_frames_or_refused() {
+        let mut b = Vec::new();
+        Frame::Reply {
+            xid: 3,
+            status: Ok(1),
+        }
+        .encode_with_credits(2, &mut b);
+        Frame::Credit.encode_with_credits(5, &mut b);
+        let frames = Frame::decode_send(&b).unwrap();
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[1], (Frame::Credit, 5));
+        // A frame cut short, nothing at all, or more than a slot: refused.
+        for bad in [&b[..b.len() - 1], &[][..], &vec![0u8; SLOT_SIZE + 1][..]] {
+            assert!(
+                matches!(Frame::decode_send(bad), Err(NetError::Protocol(_))),
+                "{} bytes",
+                bad.len()
+            );
+        }
     }
 
     #[test]
