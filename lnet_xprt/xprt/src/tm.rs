@@ -658,7 +658,19 @@ impl TmShared {
             self.finish(op, Err(NetError::Cancelled));
         }
         if ev.unlinked {
-            op.st.lock().md = None;
+            let done = {
+                let mut s = op.st.lock();
+                s.md = None;
+                s.stage == Stage::Done
+            };
+            if done {
+                // Completed (here, or meanwhile by a deletion, a timeout or
+                // an answer that found the MD still there) and LNet is
+                // done with it: the last one to know forgets it. The
+                // engine kept it when the event came (it waited for an
+                // answer then), and whoever completed it saw the MD.
+                self.engine().remove_op(op.id);
+            }
         }
     }
 

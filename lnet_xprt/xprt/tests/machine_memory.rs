@@ -20,7 +20,14 @@ fn finalised_machines_whose_sends_got_no_answer_are_not_held() {
     let mut cfg = LnetConfig::new(&["127.0.77.1@tcp".parse().unwrap()]);
     cfg.accept_port = 0;
     cfg.accept = AcceptPolicy::All;
+    cfg.node.transaction_timeout = Duration::from_secs(3);
+    cfg.node.retry_count = 0;
     let node = Lnet::start(cfg).unwrap();
+    // A peer node that is not there: nothing listens at its port.
+    let gone = "127.0.77.2@tcp".parse().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.77.2:0").unwrap();
+    node.set_peer_addr(gone, closed.local_addr().unwrap());
+    drop(closed);
     // Long enough that no send ends by the handshake timeout here.
     let xcfg = LnetXprtConfig::default().handshake_timeout(Duration::from_secs(120));
     let xprt = LnetTransport::new(vec![node], xcfg).unwrap();
@@ -47,10 +54,23 @@ fn finalised_machines_whose_sends_got_no_answer_are_not_held() {
             tm.add_msg_send(b, &nobody, 7).unwrap();
         }
         drop(nobody);
+        // Sends LNet fails (the connection is refused): their SEND events
+        // end them, with the MD's last event.
+        let away = tm.ep_create("127.0.77.2@tcp:12345:31:7").unwrap();
+        for _ in 0..2 {
+            let mut b = dom
+                .register(BufVec::new(1, 64))
+                .unwrap()
+                .with_callbacks(cbs.clone());
+            b.bufvec_mut().copy_in(0, b"anyone?").unwrap();
+            tm.add_msg_send(b, &away, 7).unwrap();
+        }
+        drop(away);
+        let t0 = Instant::now();
         // Half end by their timeouts, the rest at the stop.
         let mut finals = 0;
         let deadline = Instant::now() + WAIT;
-        while finals < SENDS / 2 {
+        while finals < SENDS / 2 + 2 {
             let ev = events
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
                 .expect("timeout events");
@@ -59,7 +79,8 @@ fn finalised_machines_whose_sends_got_no_answer_are_not_held() {
             finals += 1;
         }
         tm.stop(true).unwrap();
-        while finals < SENDS {
+        println!("epoch {epoch}: timeouts and refusals in {:?}", t0.elapsed());
+        while finals < SENDS + 2 {
             let ev = events
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
                 .expect("stop events");
