@@ -8,11 +8,53 @@ use colibri_ut::soak::{SoakConfig, SoakReport, rss_bytes, soak};
 use colibri_ut::soak_two_process::{serve_peer, soak_two_process};
 use serde::Serialize;
 
+use colibri_lnet_rt::colibri_lnet::ids::Nid;
+use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
+use colibri_lnet_rt::{Lnet, LnetConfig};
+use colibri_lnet_xprt::{LnetTransport, LnetXprtConfig};
+
 use crate::xprt::Xprt;
 
 /// Where the LNet soak's two sides start their transfer machines: two
 /// nodes of this process, listening on free loopback ports.
 const LNET_NIDS: [&str; 2] = ["127.0.64.1@tcp:12345:30:*", "127.0.64.2@tcp:12345:30:*"];
+
+/// The LNet nodes of a two-process soak: ours and the child's (each
+/// process has its own, on its own loopback address; the parent picks a
+/// free port for each child and tells both sides where the other
+/// listens).
+const LNET_PARENT: &str = "127.0.65.1@tcp";
+const LNET_CHILD: &str = "127.0.65.2@tcp";
+
+/// An LNet node of a two-process soak at `nid`, listening on `port` (0:
+/// any free one), knowing where `peer` listens.
+fn lnet_node(
+    nid: &str,
+    port: u16,
+    peer: Option<(&str, std::net::SocketAddr)>,
+) -> Result<Lnet, String> {
+    let nid: Nid = nid.parse().map_err(|e| format!("{nid}: {e}"))?;
+    let mut cfg = LnetConfig::new(&[nid]);
+    cfg.accept_port = port;
+    // Any source port: the program runs without privilege.
+    cfg.accept = AcceptPolicy::All;
+    cfg.node.transaction_timeout = Duration::from_secs(20);
+    let node = Lnet::start(cfg).map_err(|e| format!("LNet node {nid}: {e}"))?;
+    if let Some((p, at)) = peer {
+        node.set_peer_addr(p.parse().map_err(|e| format!("{p}: {e}"))?, at);
+    }
+    Ok(node)
+}
+
+/// A free TCP port on `ip` (the child's LNet node listens there; the
+/// port is free when looked up, and a child that cannot listen fails its
+/// start, which fails the soak with that error).
+fn free_port(ip: std::net::Ipv4Addr) -> Result<u16, String> {
+    let l = std::net::TcpListener::bind((ip, 0)).map_err(|e| format!("a port on {ip}: {e}"))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("a port on {ip}: {e}"))
+}
 
 /// Options of `colibri soak`.
 #[derive(Debug, clap::Args)]
@@ -39,7 +81,8 @@ pub(crate) struct SoakArgs {
     #[arg(long)]
     no_faults: bool,
     /// Run the peer transfer machine in a child process (this program,
-    /// driven over a pipe; tcp and rdma), with its own fault injector and
+    /// driven over a pipe; tcp, rdma and lnet: over LNet each process has
+    /// its own node), with its own fault injector and
     /// its own checks; every --kill-every-th epoch the child is killed
     /// with traffic in flight and a new one started.
     #[arg(long)]
@@ -69,6 +112,12 @@ pub(crate) struct PeerArgs {
     /// Inject no faults.
     #[arg(long)]
     no_faults: bool,
+    /// LNet: the port our node listens on.
+    #[arg(long, default_value_t = 0)]
+    lnet_port: u16,
+    /// LNet: where the parent's node listens (`IP:PORT`).
+    #[arg(long)]
+    lnet_parent: Option<std::net::SocketAddr>,
 }
 
 /// Serves the peer side of a two-process soak on standard input and
@@ -77,14 +126,17 @@ pub(crate) fn soak_peer(a: &PeerArgs) -> Result<(), String> {
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let mut out = std::io::stdout().lock();
-    serve_peer(
-        a.xprt.transport(false, 1),
-        "127.0.0.1:0:1",
-        a.seed,
-        !a.no_faults,
-        &mut input,
-        &mut out,
-    )
+    let (xprt, addr) = if a.xprt == Xprt::Lnet {
+        let parent = a.lnet_parent.ok_or("--xprt lnet needs --lnet-parent")?;
+        let node = lnet_node(LNET_CHILD, a.lnet_port, Some((LNET_PARENT, parent)))?;
+        let x: std::sync::Arc<dyn colibri_net::Transport> = std::sync::Arc::new(
+            LnetTransport::new(vec![node], LnetXprtConfig::default()).map_err(|e| e.to_string())?,
+        );
+        (x, format!("{LNET_CHILD}:12345:30:*"))
+    } else {
+        (a.xprt.transport(false, 1), "127.0.0.1:0:1".to_string())
+    };
+    serve_peer(xprt, &addr, a.seed, !a.no_faults, &mut input, &mut out)
 }
 
 #[derive(Debug, Serialize)]
@@ -123,9 +175,9 @@ fn secs(s: f64, what: &str) -> Result<Duration, String> {
 
 /// Runs the soak; an error names the broken invariant and the seed.
 pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
-    if a.two_process && !matches!(a.xprt, Xprt::Tcp | Xprt::Rdma) {
+    if a.two_process && !matches!(a.xprt, Xprt::Tcp | Xprt::Rdma | Xprt::Lnet) {
         return Err(format!(
-            "--two-process runs over tcp or rdma, not {}",
+            "--two-process runs over tcp, rdma or lnet, not {}",
             a.xprt.name()
         ));
     }
@@ -139,6 +191,7 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
     };
     static SVC: AtomicU32 = AtomicU32::new(1);
     let xprt = a.xprt;
+    let two_process = a.two_process;
     let addr = move || match xprt {
         // bulk_mem: a fresh service each time, any port.
         Xprt::Mem => format!("127.0.0.1:0:{}", SVC.fetch_add(1, Ordering::Relaxed)),
@@ -146,6 +199,7 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
         // LNet: two nodes in this process, the two sides' transfer
         // machines on different nodes (every message and bulk transfer
         // crosses the socket LND), each at a free TMID.
+        Xprt::Lnet if two_process => format!("{LNET_PARENT}:12345:30:*"),
         Xprt::Lnet => LNET_NIDS[SVC.fetch_add(1, Ordering::Relaxed) as usize % 2].to_string(),
     };
     if !a.quiet {
@@ -185,7 +239,18 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
             );
         }
     };
-    let transport = if xprt == Xprt::Lnet {
+    // Two processes over LNet: our node, which learns each child's port.
+    let parent_node = if xprt == Xprt::Lnet && a.two_process {
+        Some(lnet_node(LNET_PARENT, 0, None)?)
+    } else {
+        None
+    };
+    let transport: std::sync::Arc<dyn colibri_net::Transport> = if let Some(n) = &parent_node {
+        std::sync::Arc::new(
+            LnetTransport::new(vec![n.clone()], LnetXprtConfig::default())
+                .map_err(|e| e.to_string())?,
+        )
+    } else if xprt == Xprt::Lnet {
         xprt.transport_at(false, 1, &LNET_NIDS, true)?
     } else {
         xprt.transport(false, 1)
@@ -204,6 +269,23 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
             ]);
             if !faults {
                 c.arg("--no-faults");
+            }
+            if let Some(n) = &parent_node {
+                // The child's node listens on a port picked now; ours
+                // learns it before the child starts.
+                let child: Nid = LNET_CHILD.parse().unwrap_or(Nid::ANY);
+                let ip = std::net::Ipv4Addr::from(child.addr());
+                let port = free_port(ip).unwrap_or(0);
+                n.set_peer_addr(child, std::net::SocketAddr::from((ip, port)));
+                let parent = LNET_PARENT.parse().unwrap_or(Nid::ANY);
+                if let Some(at) = n.listen_addr(parent) {
+                    c.args([
+                        "--lnet-port",
+                        &port.to_string(),
+                        "--lnet-parent",
+                        &at.to_string(),
+                    ]);
+                }
             }
             c
         };

@@ -1,5 +1,5 @@
 //! `colibri soak --two-process`: the peer transfer machine in a child
-//! process, over TCP on loopback (free ports), short runs. Each test uses
+//! process, over TCP and LNet on loopback (free ports), short runs. Each test uses
 //! its own seed, by which it finds its child processes in /proc.
 
 use std::process::{Child, Command, Stdio};
@@ -109,6 +109,50 @@ fn two_process_soak_checks_both_sides_and_leaves_no_child() {
 }
 
 #[test]
+fn two_process_soak_over_lnet_checks_both_sides_and_leaves_no_child() {
+    // Each process has its own LNet node (127.0.65.1 and .2, free ports
+    // given to both by the parent); every child killed leaves our node
+    // with a dead peer, whose successor listens on a new port.
+    let seed = 914_004;
+    let out = colibri()
+        .args([
+            "soak",
+            "--xprt",
+            "lnet",
+            "--two-process",
+            "--ops",
+            "20000",
+            "--duration",
+            "90",
+            "--epoch-ops",
+            "4000",
+            "--kill-every",
+            "2",
+            "--seed",
+            &seed.to_string(),
+            "--json",
+            "-q",
+        ])
+        .output()
+        .expect("run colibri");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["transport"], "lnet", "{v}");
+    assert_eq!(v["two_process"], true, "{v}");
+    assert_eq!(v["adds"], v["finals"], "{v}");
+    assert!(v["ops"].as_u64().unwrap() >= 20_000, "{v}");
+    assert!(v["peer_adds"].as_u64().unwrap() > 1000, "{v}");
+    assert!(v["peer_payloads_checked"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["peer_kills"].as_u64().unwrap() >= 2, "{v}");
+    assert!(v["payloads_checked"].as_u64().unwrap() > 0, "{v}");
+    assert!(peers_with_seed(seed).is_empty(), "children left behind");
+}
+
+#[test]
 fn the_child_leaves_when_its_parent_is_killed() {
     let seed = 914_002;
     let parent = colibri()
@@ -168,5 +212,7 @@ fn the_peer_refuses_bad_commands_and_two_process_needs_a_network() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--two-process runs over tcp or rdma"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--two-process runs over tcp, rdma or lnet")
+    );
 }

@@ -76,6 +76,7 @@ mod lane;
 mod tm;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use colibri_lnet_rt::Lnet;
@@ -146,6 +147,25 @@ pub(crate) struct XprtInner {
     pub(crate) engines: Vec<Arc<Engine>>,
     /// Every transfer machine gets its own delivery thread.
     pub(crate) thread_per_tm: bool,
+    /// Transfer machine states alive (see [`LnetTransport::held_machines`]).
+    pub(crate) held: Arc<AtomicUsize>,
+}
+
+/// Counts one transfer machine state while it exists.
+#[derive(Debug)]
+pub(crate) struct Held(Arc<AtomicUsize>);
+
+impl Held {
+    pub(crate) fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl XprtInner {
@@ -196,9 +216,21 @@ impl LnetTransport {
             inner: Arc::new(XprtInner {
                 engines,
                 thread_per_tm: cfg.thread_per_tm,
+                held: Arc::new(AtomicUsize::new(0)),
             }),
             nodes,
         })
+    }
+
+    /// How many transfer machine states the transport still holds: one
+    /// per machine not finalised yet, and one per finalised machine that
+    /// LNet still has something of (an operation whose last event has not
+    /// come, bounded by the handshake or the LNet transaction timeout, or
+    /// the tomb left at its address until another machine starts there).
+    /// It does not grow with the machines a process started and
+    /// finalised over its life: a diagnostic for tests and soaks.
+    pub fn held_machines(&self) -> usize {
+        self.inner.held.load(Ordering::Relaxed)
     }
 
     /// The LNet nodes.

@@ -189,6 +189,8 @@ pub(crate) struct TmShared {
     /// there, and the engine only hands them over.
     lane: OnceLock<Lane>,
     st: Mutex<TmSt>,
+    /// Counted in the transport's held machines while it exists.
+    _held: crate::Held,
 }
 
 impl std::fmt::Debug for TmShared {
@@ -305,6 +307,15 @@ impl TmShared {
     /// Completes `op`'s buffer from the engine's thread or the machine's
     /// own (never inline).
     fn complete_later(&self, e: &Engine, op: &Op, r: Result<usize>) {
+        // Its answer (DELIVERED, NAK, GONE) finds nothing from now on.
+        self.forget_send(op);
+        if op.kind == Kind::Send && op.st.lock().md.is_none() {
+            // LNet is done with it (sent, waiting for the answer): nothing
+            // else would take it out of the engine's table (its deadline
+            // finds it done and leaves it).
+            disarm_deadline(e, op);
+            e.remove_op(op.id);
+        }
         if let Some(q) = &op.buf {
             self.push(e, Work::Complete(self.sink.clone(), q.clone(), r));
         }
@@ -325,19 +336,42 @@ impl TmShared {
             self.engine().remove_op(op.id);
         }
         if let Some(q) = &op.buf {
-            let mut st = self.st.lock();
-            if st.ops.get(&q.token().raw()).is_some_and(|o| o.id == op.id) {
-                st.ops.remove(&q.token().raw());
-            }
-            if matches!(op.kind, Kind::Send | Kind::Active) {
-                let seq = seq_of(op.id);
-                if st.sends.get(&seq).is_some_and(|o| o.id == op.id) {
-                    st.sends.remove(&seq);
+            {
+                let mut st = self.st.lock();
+                if st.ops.get(&q.token().raw()).is_some_and(|o| o.id == op.id) {
+                    st.ops.remove(&q.token().raw());
                 }
             }
-            drop(st);
+            self.forget_send(op);
             self.run_cb(self.sink.complete_deferred(q, r));
         }
+    }
+
+    /// Takes a message send or an active bulk operation out of the
+    /// machine's table of sends (by sequence number), once it completes
+    /// whichever way. An entry left there would stay for the machine's
+    /// life and beyond: the operation refers to the machine, so the two
+    /// would keep each other (and the operation its buffer's slot) alive
+    /// after `fini` (the LNet soak's memory growth, RELIABILITY.md).
+    fn forget_send(&self, op: &Op) {
+        if matches!(op.kind, Kind::Send | Kind::Active) {
+            let seq = seq_of(op.id);
+            let mut st = self.st.lock();
+            if st.sends.get(&seq).is_some_and(|o| o.id == op.id) {
+                st.sends.remove(&seq);
+            }
+        }
+    }
+
+    /// Forgets every operation the machine's tables hold (they refer to
+    /// the machine: an entry left would keep both alive). Every buffer
+    /// has completed by then (stopped, finalised, dropped).
+    fn forget_all(&self) {
+        let mut st = self.st.lock();
+        st.ops.clear();
+        st.claims.clear();
+        st.pending.clear();
+        st.sends.clear();
     }
 
     /// The canonical address of the sender of `ev`.
@@ -656,7 +690,19 @@ impl TmShared {
             self.finish(op, Err(NetError::Cancelled));
         }
         if ev.unlinked {
-            op.st.lock().md = None;
+            let done = {
+                let mut s = op.st.lock();
+                s.md = None;
+                s.stage == Stage::Done
+            };
+            if done {
+                // Completed (here, or meanwhile by a deletion, a timeout or
+                // an answer that found the MD still there) and LNet is
+                // done with it: the last one to know forgets it. The
+                // engine kept it when the event came (it waited for an
+                // answer then), and whoever completed it saw the MD.
+                self.engine().remove_op(op.id);
+            }
         }
     }
 
@@ -1434,6 +1480,9 @@ impl TmShared {
                     .unwrap_or_default();
                 debug!(tm = %self.id, %dest, "no answer to a message");
                 self.finish(op, Err(NetError::TimedOut));
+            } else if op.st.lock().md.is_none() {
+                // Completed otherwise, and LNet is done with it.
+                e.remove_op(op.id);
             }
             return;
         }
@@ -1518,6 +1567,7 @@ impl LnetTm {
                 home: Arc::clone(&x.engines[0]),
                 lane,
                 st: Mutex::new(TmSt::default()),
+                _held: crate::Held::new(&x.held),
             }),
         })
     }
@@ -1581,6 +1631,20 @@ impl LnetTm {
                 e.remove_op(op.id);
                 debug!(tm = %self.sh.id, %err, "no tomb left");
             }
+        }
+    }
+}
+
+impl Drop for LnetTm {
+    /// Whatever path the machine took to its end, its tables let go of
+    /// their operations, which refer back to it.
+    fn drop(&mut self) {
+        self.sh.forget_all();
+        self.sh.st.lock().infra.clear();
+        // Finalised: the machine's own thread, if it has one, runs what is
+        // queued and leaves.
+        if let Some(l) = self.sh.lane.get() {
+            l.close();
         }
     }
 }
@@ -1654,20 +1718,14 @@ impl XprtTm for LnetTm {
 
     fn stopped(&self) {
         self.release_address();
-        let mut st = self.sh.st.lock();
-        st.ops.clear();
-        st.claims.clear();
-        st.pending.clear();
+        self.sh.forget_all();
         debug!(tm = %self.sh.id, "stopped");
     }
 
     fn fini(&self) {
         self.release_address();
-        let mut st = self.sh.st.lock();
-        st.ops.clear();
-        st.claims.clear();
-        st.pending.clear();
-        st.ctl_mem.clear();
+        self.sh.forget_all();
+        self.sh.st.lock().ctl_mem.clear();
     }
 
     fn ep_parse(&self, addr: &str) -> Result<EpAddr> {
@@ -1950,15 +2008,6 @@ impl XprtTm for LnetTm {
         })?;
         lane.push(Work::Pin(cpu));
         Ok(())
-    }
-}
-
-impl Drop for LnetTm {
-    fn drop(&mut self) {
-        // Finalised: the thread runs what is queued and leaves.
-        if let Some(l) = self.sh.lane.get() {
-            l.close();
-        }
     }
 }
 
