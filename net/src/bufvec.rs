@@ -275,6 +275,32 @@ impl BufVec {
         Ok(())
     }
 
+    /// Calls `f` with each contiguous slice over `[offset, offset + len)`,
+    /// in order: [`BufVec::extend_io_slices`] without an iterator adaptor
+    /// (the per-message write path; a one-segment vector takes one slice).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the range does not fit.
+    #[inline]
+    pub fn each_slice<'a>(
+        &'a self,
+        offset: usize,
+        len: usize,
+        mut f: impl FnMut(&'a [u8]),
+    ) -> Result<()> {
+        self.check_range(offset, len)?;
+        if let [only] = &self.segs[..] {
+            if len > 0 {
+                f(&only[offset..offset + len]);
+            }
+            return Ok(());
+        }
+        for p in self.pieces(offset, len) {
+            f(&self.segs[p.seg][p.start..p.end]);
+        }
+        Ok(())
+    }
+
     /// Mutable slices over `[offset, offset + len)`, for vectored reads or
     /// direct writes into the vector's memory.
     ///

@@ -345,6 +345,10 @@ struct Loop {
     /// Connections whose socket was full at the last write.
     full: Vec<usize>,
     last_active: Instant,
+    /// The time of this turn of the loop: the clock is read once per turn
+    /// (after the wait for work), and the core's time stamps on this
+    /// thread use it too ([`colibri_net::clock::set_step_time`]).
+    now: Instant,
     timer_at: Instant,
     next_reap: Instant,
     /// Read buffers between reads.
@@ -370,6 +374,7 @@ impl Loop {
             dirty: Vec::new(),
             full: Vec::new(),
             last_active: now,
+            now,
             timer_at: now,
             next_reap,
             rbufs: RbufPool::default(),
@@ -382,8 +387,12 @@ impl Loop {
         }
         let mut events = Events::with_capacity(256);
         while !self.eng.shutdown.load(Ordering::SeqCst) {
-            let now = Instant::now();
-            let spinning = now.saturating_duration_since(self.last_active) < self.eng.cfg.spin;
+            // The time of the last turn (one clock read per turn, taken
+            // once the wait for work is over).
+            let now = self.now;
+            let spin = self.eng.cfg.spin;
+            let spinning =
+                !spin.is_zero() && now.saturating_duration_since(self.last_active) < spin;
             let timeout = if spinning {
                 Some(Duration::ZERO)
             } else {
@@ -396,14 +405,20 @@ impl Loop {
                     || self.eng.shutdown.load(Ordering::SeqCst)
                 {
                     self.eng.sleeping.store(false, Ordering::SeqCst);
+                    self.tick();
                     self.step(&events, false);
                     continue;
                 }
             }
-            if spinning && self.poll_hot() {
-                self.last_active = Instant::now();
-                self.step(&events, false);
-                continue;
+            if spinning {
+                // The zero-timeout poll below takes no time worth a
+                // second clock read.
+                self.tick();
+                if self.poll_hot() {
+                    self.last_active = self.now;
+                    self.step(&events, false);
+                    continue;
+                }
             }
             let r = self.poll.poll(&mut events, timeout);
             if blocking {
@@ -416,11 +431,22 @@ impl Loop {
                 }
                 events.clear();
             }
+            if !spinning {
+                self.tick();
+            }
             self.step(&events, true);
         }
+        colibri_net::clock::set_step_time(None);
         self.close_all();
         let left = self.listeners.len() as u64;
         self.eng.stats.listeners.fetch_sub(left, Ordering::Relaxed);
+    }
+
+    /// Reads the clock for this turn of the loop and declares it as the
+    /// thread's step time.
+    fn tick(&mut self) {
+        self.now = Instant::now();
+        colibri_net::clock::set_step_time(Some(self.now));
     }
 
     /// Drops a closed listener from the watched set.
@@ -457,7 +483,7 @@ impl Loop {
             return false;
         }
         let before = self.eng.stats.rx_bytes.load(Ordering::Relaxed);
-        match c.on_readable(&self.eng.stats, &Services, false, &mut self.rbufs) {
+        match c.on_readable(&self.eng.stats, &Services, false, &mut self.rbufs, self.now) {
             Ok(Flow::Open) => {}
             Ok(Flow::Eof) => {
                 let e = NetError::ConnectionReset(format!("{} closed the connection", c.peer));
@@ -526,7 +552,7 @@ impl Loop {
             }
             self.cmd_buf = cmds;
         }
-        let now = Instant::now();
+        let now = self.now;
         if active {
             self.last_active = now;
         }
@@ -579,6 +605,7 @@ impl Loop {
                 &Services,
                 ev.is_read_closed() || ev.is_error(),
                 &mut self.rbufs,
+                self.now,
             ) {
                 Ok(Flow::Open) => self.hot = Some(t),
                 Ok(Flow::Eof) => {
@@ -677,7 +704,8 @@ impl Loop {
         // `idle_timeout`, so a request sent now cannot race that close.
         if let Some(&t) = self.routes.get(&peer)
             && let Some(c) = self.conns.get(&t)
-            && c.proto.last_use().elapsed() < self.eng.cfg.idle_timeout / 2
+            && self.now.saturating_duration_since(c.proto.last_use())
+                < self.eng.cfg.idle_timeout / 2
         {
             return Ok(t);
         }
@@ -745,7 +773,7 @@ impl Loop {
             let Some(c) = self.conns.get_mut(&t) else {
                 continue;
             };
-            match c.flush() {
+            match c.flush(self.now) {
                 Ok(()) => {
                     if c.proto.has_output() && !self.full.contains(&t) {
                         // The socket is full: epoll reports room again only

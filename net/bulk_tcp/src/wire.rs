@@ -39,7 +39,7 @@
 
 use std::net::Ipv4Addr;
 
-use colibri_net::checksum::crc32c;
+use colibri_net::checksum::crc32c_fixed;
 use colibri_net::{NetError, QueueType};
 use colibri_wire::{Reader, Short, Writer};
 
@@ -133,6 +133,12 @@ fn proto(why: impl Into<String>) -> NetError {
     NetError::Protocol(why.into())
 }
 
+/// The error of a field that must be zero in `op`'s frames.
+#[cold]
+fn must_be_zero(what: &str, op: Opcode) -> NetError {
+    proto(format!("{what} must be 0 in {op:?}"))
+}
+
 impl Header {
     /// A header with every optional field zero.
     pub fn new(opcode: Opcode, xid: u64, sender: TcpAddr, receiver: TcpAddr) -> Self {
@@ -183,9 +189,13 @@ impl Header {
         w.put_u16(self.receiver.port);
         w.put_bytes(&self.receiver.ip.octets());
         w.put_u32(self.receiver.service);
-        let crc = crc32c(w.written());
-        w.put_u32(crc);
-        w.into_inner()
+        let mut out = w.into_inner();
+        let (fields, crc) = out.split_at_mut(HEADER_LEN - 4);
+        let fields: &[u8; HEADER_LEN - 4] = (&*fields)
+            .try_into()
+            .expect("the header minus its checksum");
+        crc.copy_from_slice(&crc32c_fixed(fields).to_le_bytes());
+        out
     }
 
     /// Decodes and validates a header. `max_body` bounds the body of data
@@ -195,13 +205,17 @@ impl Header {
     /// `Protocol` naming the first field found wrong.
     pub fn decode(b: &[u8], max_body: u32) -> Result<Self, NetError> {
         let short = |_: Short| proto("short header");
-        let head = b.get(..HEADER_LEN).ok_or_else(|| proto("short header"))?;
-        let (fields, crc) = head.split_at(HEADER_LEN - 4);
+        let head = b
+            .first_chunk::<HEADER_LEN>()
+            .ok_or_else(|| proto("short header"))?;
+        let (fields, crc) = head
+            .split_first_chunk::<{ HEADER_LEN - 4 }>()
+            .expect("fits");
         let mut r = Reader::new(fields);
         if r.u32().map_err(short)? != MAGIC {
             return Err(proto("bad magic"));
         }
-        if Reader::new(crc).u32().map_err(short)? != crc32c(fields) {
+        if Reader::new(crc).u32().map_err(short)? != crc32c_fixed(fields) {
             return Err(proto("header checksum mismatch"));
         }
         let version = r.u8().map_err(short)?;
@@ -257,6 +271,13 @@ impl Header {
         })
     }
 
+    /// True when `offset + len` neither overflows nor passes `total`.
+    fn end_ok(&self, len: u64) -> bool {
+        self.offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.total)
+    }
+
     fn validate(&self, max_body: u32) -> Result<(), NetError> {
         use Opcode::*;
         let desc = u32::from(self.desc_len);
@@ -278,25 +299,24 @@ impl Header {
         if self.queue != want_queue {
             return Err(proto("queue does not match the opcode"));
         }
-        let zero = |v: u64, what: &str| {
-            if v == 0 {
-                Ok(())
-            } else {
-                Err(proto(format!("{what} must be 0 in {:?}", self.opcode)))
-            }
-        };
-        let end_ok = |len: u64| {
-            self.offset
-                .checked_add(len)
-                .is_some_and(|end| end <= self.total)
-        };
         let failed = self.status != 0;
+        // Each rule is a plain comparison; the message is built only for
+        // a frame that breaks one (no closure or allocation per field on
+        // the good path).
         match self.opcode {
             Msg => {
-                zero(desc.into(), "desc_len")?;
-                zero(self.status.into(), "status")?;
-                zero(self.offset, "offset")?;
-                zero(self.chunk.into(), "chunk")?;
+                if desc != 0 {
+                    return Err(must_be_zero("desc_len", self.opcode));
+                }
+                if failed {
+                    return Err(must_be_zero("status", self.opcode));
+                }
+                if self.offset != 0 {
+                    return Err(must_be_zero("offset", self.opcode));
+                }
+                if self.chunk != 0 {
+                    return Err(must_be_zero("chunk", self.opcode));
+                }
                 if self.body_len == 0 || u64::from(self.body_len) != self.total {
                     return Err(proto("message length does not match the body"));
                 }
@@ -305,32 +325,48 @@ impl Header {
                 }
             }
             MsgAck | PutAck | Abort => {
-                zero(desc.into(), "desc_len")?;
-                zero(self.offset, "offset")?;
-                zero(self.total, "total")?;
-                zero(self.chunk.into(), "chunk")?;
+                if desc != 0 {
+                    return Err(must_be_zero("desc_len", self.opcode));
+                }
+                if self.offset != 0 {
+                    return Err(must_be_zero("offset", self.opcode));
+                }
+                if self.total != 0 {
+                    return Err(must_be_zero("total", self.opcode));
+                }
+                if self.chunk != 0 {
+                    return Err(must_be_zero("chunk", self.opcode));
+                }
                 if self.opcode == Abort && !failed {
                     return Err(proto("abort without a status"));
                 }
                 if !failed {
-                    zero(self.body_len.into(), "body_len")?;
+                    if self.body_len != 0 {
+                        return Err(must_be_zero("body_len", self.opcode));
+                    }
                 } else if self.body_len > MAX_DETAIL {
                     return Err(proto("status detail too long"));
                 }
             }
             Get => {
-                zero(self.status.into(), "status")?;
+                if failed {
+                    return Err(must_be_zero("status", self.opcode));
+                }
                 if desc == 0 || self.body_len != desc {
                     return Err(proto("GET must carry a descriptor and nothing else"));
                 }
-                if self.chunk == 0 || !end_ok(self.chunk.into()) {
+                if self.chunk == 0 || !self.end_ok(self.chunk.into()) {
                     return Err(proto("GET chunk outside the transfer"));
                 }
             }
             GetData => {
-                zero(desc.into(), "desc_len")?;
+                if desc != 0 {
+                    return Err(must_be_zero("desc_len", self.opcode));
+                }
                 if failed {
-                    zero(self.chunk.into(), "chunk")?;
+                    if self.chunk != 0 {
+                        return Err(must_be_zero("chunk", self.opcode));
+                    }
                     if self.body_len > MAX_DETAIL {
                         return Err(proto("status detail too long"));
                     }
@@ -338,19 +374,23 @@ impl Header {
                     if self.chunk == 0 || self.body_len != self.chunk {
                         return Err(proto("GET_DATA chunk does not match the body"));
                     }
-                    if self.body_len > max_body || !end_ok(self.chunk.into()) {
+                    if self.body_len > max_body || !self.end_ok(self.chunk.into()) {
                         return Err(proto("GET_DATA chunk outside the transfer"));
                     }
                 }
             }
             Put => {
-                zero(self.status.into(), "status")?;
-                zero(self.chunk.into(), "chunk")?;
+                if failed {
+                    return Err(must_be_zero("status", self.opcode));
+                }
+                if self.chunk != 0 {
+                    return Err(must_be_zero("chunk", self.opcode));
+                }
                 let data = self.body_len - desc;
                 if desc == 0 || data == 0 {
                     return Err(proto("PUT must carry a descriptor and data"));
                 }
-                if self.body_len > max_body || !end_ok(data.into()) {
+                if self.body_len > max_body || !self.end_ok(data.into()) {
                     return Err(proto("PUT chunk outside the transfer"));
                 }
             }
@@ -529,6 +569,7 @@ pub fn decode_status(code: u16, detail: &[u8]) -> Result<NetError, NetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use colibri_net::checksum::crc32c;
     use proptest::prelude::*;
 
     fn addr(s: &str) -> TcpAddr {

@@ -158,7 +158,7 @@ impl TmInner {
             trace!(tm = %self.id, token = slot.token, "event for a buffer no longer queued ignored");
             return Delivery::default();
         }
-        let now = Instant::now();
+        let now = crate::clock::stamp_now();
         let mut out = Out::default();
         let (fin, redel);
         match post {

@@ -265,30 +265,50 @@ impl<'a> Out<'a> {
     pub(crate) fn slices<'b>(
         &self,
         mem: Option<&'b BufVec>,
-        iov: &mut impl Extend<IoSlice<'b>>,
+        iov: &mut impl IovSink<'b>,
     ) -> Result<()>
     where
         'a: 'b,
     {
-        iov.extend(
-            self.head
-                .iter()
-                .filter(|p| !p.is_empty())
-                .map(|p| IoSlice::new(p)),
-        );
+        for p in self.head {
+            if !p.is_empty() {
+                iov.push_slice(p);
+            }
+        }
         match self.data {
             OutData::None => {}
             OutData::Bytes(b) => {
                 if !b.is_empty() {
-                    iov.extend([IoSlice::new(b)]);
+                    iov.push_slice(b);
                 }
             }
             OutData::Buf { off, len, .. } => {
                 let bv = mem.ok_or(NetError::Cancelled)?;
-                bv.extend_io_slices(off, len, iov)?;
+                bv.each_slice(off, len, |s| iov.push_slice(s))?;
             }
         }
         Ok(())
+    }
+}
+
+/// Where [`Out::slices`] appends the slices of a write: one push per
+/// slice, no iterator adaptor on the per-message path.
+pub(crate) trait IovSink<'b> {
+    /// Appends one slice.
+    fn push_slice(&mut self, s: &'b [u8]);
+}
+
+impl<'b, A: smallvec::Array<Item = IoSlice<'b>>> IovSink<'b> for smallvec::SmallVec<A> {
+    #[inline]
+    fn push_slice(&mut self, s: &'b [u8]) {
+        self.push(IoSlice::new(s));
+    }
+}
+
+impl<'b> IovSink<'b> for Vec<IoSlice<'b>> {
+    #[inline]
+    fn push_slice(&mut self, s: &'b [u8]) {
+        self.push(IoSlice::new(s));
     }
 }
 
@@ -779,20 +799,22 @@ impl<M: Machine> Proto<M> {
     /// Removes the frames of transfer `tag` not yet started and detaches
     /// the one on the wire, so that its buffer can be handed back.
     fn detach(&mut self, tag: impl Fn(Tag) -> bool) -> Result<()> {
-        let mut keep = VecDeque::with_capacity(self.wq.len());
+        // In place: the queue keeps its allocation (an acknowledged
+        // message usually has no frame left at all).
         let mut res = Ok(());
-        for mut f in self.wq.drain(..) {
+        self.wq.retain_mut(|f| {
             if !tag(f.tag) {
-                keep.push_back(f);
-            } else if f.done > 0 {
-                if let Err(e) = f.detach() {
-                    res = Err(e);
-                }
-                f.tag = Tag::Plain;
-                keep.push_back(f);
+                return true;
             }
-        }
-        self.wq = keep;
+            if f.done == 0 {
+                return false;
+            }
+            if let Err(e) = f.detach() {
+                res = Err(e);
+            }
+            f.tag = Tag::Plain;
+            true
+        });
         res
     }
 
