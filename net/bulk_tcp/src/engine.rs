@@ -576,11 +576,12 @@ impl Loop {
 
     fn on_event(&mut self, ev: &mio::event::Event) {
         let t = ev.token().0;
-        if let Some(l) = self.listeners.get(&t).cloned() {
-            self.accept(&l);
-            return;
-        }
+        // Connections first (listeners and connections share the token
+        // counter, so at most one of the two knows the token).
         let Some(c) = self.conns.get_mut(&t) else {
+            if let Some(l) = self.listeners.get(&t).cloned() {
+                self.accept(&l);
+            }
             return;
         };
         if !c.proto.is_connected() && (ev.is_writable() || ev.is_error() || ev.is_write_closed()) {
@@ -939,6 +940,10 @@ struct Services;
 impl Directory<TmShared> for Services {
     fn machine(&self, addr: &TcpAddr) -> Option<Arc<TmShared>> {
         SERVICES.lookup(addr)
+    }
+
+    fn generation(&self) -> Option<u64> {
+        Some(SERVICES.generation())
     }
 }
 

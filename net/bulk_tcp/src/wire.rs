@@ -133,6 +133,18 @@ fn proto(why: impl Into<String>) -> NetError {
     NetError::Protocol(why.into())
 }
 
+fn u16_at(f: &[u8; HEADER_LEN - 4], at: usize) -> u16 {
+    u16::from_le_bytes(*f[at..].first_chunk().expect("in the header"))
+}
+
+fn u32_at(f: &[u8; HEADER_LEN - 4], at: usize) -> u32 {
+    u32::from_le_bytes(*f[at..].first_chunk().expect("in the header"))
+}
+
+fn u64_at(f: &[u8; HEADER_LEN - 4], at: usize) -> u64 {
+    u64::from_le_bytes(*f[at..].first_chunk().expect("in the header"))
+}
+
 /// The error of a field that must be zero in `op`'s frames.
 #[cold]
 fn must_be_zero(what: &str, op: Opcode) -> NetError {
@@ -204,71 +216,56 @@ impl Header {
     /// # Errors
     /// `Protocol` naming the first field found wrong.
     pub fn decode(b: &[u8], max_body: u32) -> Result<Self, NetError> {
-        let short = |_: Short| proto("short header");
         let head = b
             .first_chunk::<HEADER_LEN>()
             .ok_or_else(|| proto("short header"))?;
-        let (fields, crc) = head
+        let (f, crc) = head
             .split_first_chunk::<{ HEADER_LEN - 4 }>()
             .expect("fits");
-        let mut r = Reader::new(fields);
-        if r.u32().map_err(short)? != MAGIC {
+        if u32_at(f, 0) != MAGIC {
             return Err(proto("bad magic"));
         }
-        if Reader::new(crc).u32().map_err(short)? != crc32c_fixed(fields) {
+        if u32::from_le_bytes(*crc.first_chunk::<4>().expect("fits")) != crc32c_fixed(f) {
             return Err(proto("header checksum mismatch"));
         }
-        let version = r.u8().map_err(short)?;
+        let version = f[4];
         if version != VERSION {
             return Err(proto(format!("unsupported version {version}")));
         }
-        let op = r.u8().map_err(short)?;
+        let op = f[5];
         let opcode = Opcode::from_u8(op).ok_or_else(|| proto(format!("unknown opcode {op}")))?;
-        let h = Self::read_fields(opcode, &mut r).map_err(short)?;
+        let h = Self::read_fields(opcode, f);
         h.validate(max_body)?;
         Ok(h)
     }
 
-    /// Reads the fields after the opcode (offsets 6 to 64).
+    /// Reads the fields after the opcode (offsets 6 to 64) at their fixed
+    /// offsets (the header's size is known: no bounds check per field).
     #[inline]
-    fn read_fields(opcode: Opcode, r: &mut Reader<'_>) -> Result<Self, Short> {
-        let queue = r.u8()?;
-        let flags = r.u8()?;
-        let xid = r.u64()?;
-        let offset = r.u64()?;
-        let total = r.u64()?;
-        let chunk = r.u32()?;
-        let body_len = r.u32()?;
-        let desc_len = r.u16()?;
-        let status = r.u16()?;
-        let sender_ip = Ipv4Addr::from(*r.array::<4>()?);
-        let sender_service = r.u32()?;
-        let sender_port = r.u16()?;
-        let receiver_port = r.u16()?;
-        let receiver_ip = Ipv4Addr::from(*r.array::<4>()?);
-        let receiver_service = r.u32()?;
-        Ok(Self {
+    fn read_fields(opcode: Opcode, f: &[u8; HEADER_LEN - 4]) -> Self {
+        let ip = |at: usize| Ipv4Addr::from(*f[at..].first_chunk::<4>().expect("in the header"));
+        Self {
             opcode,
-            queue,
-            flags,
-            xid,
-            offset,
-            total,
-            chunk,
-            body_len,
-            desc_len,
-            status,
+            queue: f[6],
+            flags: f[7],
+            xid: u64_at(f, 8),
+            offset: u64_at(f, 16),
+            total: u64_at(f, 24),
+            chunk: u32_at(f, 32),
+            body_len: u32_at(f, 36),
+            desc_len: u16_at(f, 40),
+            status: u16_at(f, 42),
             sender: TcpAddr {
-                ip: sender_ip,
-                service: sender_service,
-                port: sender_port,
+                ip: ip(44),
+                service: u32_at(f, 48),
+                port: u16_at(f, 52),
             },
             receiver: TcpAddr {
-                ip: receiver_ip,
-                service: receiver_service,
-                port: receiver_port,
+                ip: ip(56),
+                service: u32_at(f, 60),
+                port: u16_at(f, 54),
             },
-        })
+        }
     }
 
     /// True when `offset + len` neither overflows nor passes `total`.

@@ -258,9 +258,7 @@ impl TmInner {
             // Queued under the transfer machine's lock, so events of one
             // buffer are delivered in the order they were posted.
             let mut se = slot.events.lock();
-            for ev in out {
-                se.backlog.push(ev);
-            }
+            out.append_to(&mut se.backlog);
             if std::mem::replace(&mut se.busy, true) {
                 Delivery::default()
             } else {
@@ -394,7 +392,12 @@ impl TmInner {
                 };
                 if fin {
                     slot.clear(F_LISTED);
-                    core.recv_list.remove(i);
+                    if i == 0 {
+                        // The usual case: the first buffer took it.
+                        core.recv_list.pop_front();
+                    } else {
+                        core.recv_list.remove(i);
+                    }
                 }
                 return Ok(claim);
             }

@@ -251,6 +251,17 @@ impl<T> Few<T> {
         usize::from(self.first.is_some()) + self.rest.len()
     }
 
+    /// Moves every element, in order, to the back of `dst` (the usual
+    /// single element in one move, without an iterator).
+    pub(super) fn append_to(mut self, dst: &mut Few<T>) {
+        if let Some(v) = self.first.take() {
+            dst.push(v);
+        }
+        if !self.rest.is_empty() {
+            dst.rest.append(&mut self.rest);
+        }
+    }
+
     /// Removes every element, keeping the allocation.
     pub(super) fn clear(&mut self) {
         self.first = None;

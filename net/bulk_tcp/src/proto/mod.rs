@@ -42,7 +42,7 @@ use std::collections::{HashSet, VecDeque};
 use colibri_net::fasthash::{FastMap, FastState};
 use std::io::IoSlice;
 use std::net::SocketAddrV4;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use colibri_net::xprt::{
@@ -93,6 +93,14 @@ pub(crate) trait Machine {
 pub(crate) trait Directory<M> {
     /// The started transfer machine at `addr`, if any.
     fn machine(&self, addr: &TcpAddr) -> Option<Arc<M>>;
+
+    /// A number that changes whenever [`Directory::machine`] may answer
+    /// differently for some address (a machine started or stopped), or
+    /// `None` when the directory cannot tell: a connection then looks
+    /// every request's machine up again instead of reusing the last one.
+    fn generation(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// What the protocol needs from the transport's configuration.
@@ -497,6 +505,11 @@ pub(crate) struct Proto<M> {
     fresh: Vec<SocketAddrV4>,
     /// The sender of the last request: a busy peer costs no hash lookup.
     last_learned: Option<SocketAddrV4>,
+    /// The machine the last request was for, with the directory's
+    /// generation at the lookup: the next request for the same address
+    /// reuses it while the generation stands (held weakly: a connection
+    /// never keeps a machine alive).
+    last_tm: Option<(TcpAddr, u64, Weak<M>)>,
     /// Sender addresses seen and their printed forms: a peer's address
     /// is formatted once, not per message.
     sender_names: FastMap<TcpAddr, Box<str>>,
@@ -543,6 +556,7 @@ impl<M: Machine> Proto<M> {
             learned: HashSet::default(),
             fresh: Vec::new(),
             last_learned: None,
+            last_tm: None,
             sender_names: FastMap::default(),
             later: Vec::new(),
         }
@@ -962,8 +976,10 @@ impl<M: Machine> Proto<M> {
                 return;
             }
             n -= rem;
-            let f = self.wq.pop_front().expect("front exists");
-            if let Tag::Chunk(x, len) = f.tag {
+            let tag = f.tag;
+            // Dropped where it is (not moved out first).
+            self.wq.pop_front();
+            if let Tag::Chunk(x, len) = tag {
                 self.chunk_written(x, len as u64);
             }
         }
@@ -1192,7 +1208,15 @@ impl<M: Machine> Proto<M> {
     fn process(&mut self, dir: &impl Directory<M>) -> Result<()> {
         loop {
             let avail = self.rlen - self.rpos;
-            match std::mem::replace(&mut self.rstate, RState::Header) {
+            // A header is read in place: the state is only taken out of
+            // the connection (a move of the whole state) for a descriptor
+            // or a body.
+            let state = if matches!(self.rstate, RState::Header) {
+                RState::Header
+            } else {
+                std::mem::replace(&mut self.rstate, RState::Header)
+            };
+            match state {
                 RState::Header => {
                     if avail < HEADER_LEN {
                         if self.rpos > 0 && self.rbuf.len() - self.rpos < HEADER_LEN {
@@ -1285,7 +1309,20 @@ impl<M: Machine> Proto<M> {
                 }
             }
         }
-        Ok(dir.machine(&h.receiver))
+        let generation = dir.generation();
+        if let (Some(g), Some((a, cached_g, w))) = (generation, &self.last_tm)
+            && *a == h.receiver
+            && *cached_g == g
+            && let Some(tm) = w.upgrade()
+        {
+            return Ok(Some(tm));
+        }
+        let tm = dir.machine(&h.receiver);
+        self.last_tm = match (generation, &tm) {
+            (Some(g), Some(tm)) => Some((h.receiver, g, Arc::downgrade(tm))),
+            _ => None,
+        };
+        Ok(tm)
     }
 
     fn start_frame(&mut self, h: Header, dir: &impl Directory<M>) -> Result<()> {
