@@ -25,6 +25,7 @@ use colibri_net::{NetError, QueueType, Result};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use tracing::{debug, trace, warn};
 
 use crate::TcpConfig;
@@ -519,26 +520,28 @@ impl Loop {
             // Outgoing connections first: they carry the responses that
             // complete our sends and free their buffers (a server echoing
             // from its receive buffers gets them back before it reads the
-            // next requests that arrived in the same batch).
-            for first in [true, false] {
-                if !first {
-                    // Completions from the outgoing connections free their
-                    // buffers before the requests read next need them (the
-                    // hot connection, alone, defers them past its writes).
-                    self.run_later();
+            // next requests that arrived in the same batch). Each event's
+            // connection is looked up once: the others wait in `incoming`
+            // for the second pass.
+            let mut incoming: SmallVec<[&mio::event::Event; 16]> = SmallVec::new();
+            for ev in events {
+                let t = ev.token();
+                if t == WAKE {
+                    continue;
                 }
-                for ev in events {
-                    let t = ev.token();
-                    if t == WAKE {
-                        continue;
-                    }
-                    let out = self.conns.get(&t.0).is_some_and(|c| c.proto.is_outgoing());
-                    if out != first {
-                        continue;
-                    }
-                    active = true;
+                active = true;
+                if self.conns.get(&t.0).is_some_and(|c| c.proto.is_outgoing()) {
                     self.on_event(ev);
+                } else {
+                    incoming.push(ev);
                 }
+            }
+            // Completions from the outgoing connections free their buffers
+            // before the requests read next need them (the hot connection,
+            // alone, defers them past its writes).
+            self.run_later();
+            for ev in incoming {
+                self.on_event(ev);
             }
         }
         if self.eng.has_cmds.swap(false, Ordering::SeqCst) {
@@ -624,10 +627,8 @@ impl Loop {
                 }
             }
         }
-        let Some(c) = self.conns.get_mut(&t) else {
-            return;
-        };
-        if c.proto.has_output() {
+        // Still open (every path that closed it returned): the same entry.
+        if c.proto.has_output() && self.dirty.last() != Some(&t) {
             self.dirty.push(t);
         }
         if c.proto.has_later() {
@@ -849,7 +850,9 @@ impl Loop {
         };
         let c = self.conns.get_mut(&t).expect("just looked up");
         c.proto.start(tm, q, own, plan);
-        self.dirty.push(t);
+        if self.dirty.last() != Some(&t) {
+            self.dirty.push(t);
+        }
     }
 
     /// Ends the transfer using buffer `q` (which the transport has in
