@@ -389,7 +389,10 @@ impl Loop {
         let mut events = Events::with_capacity(256);
         while !self.eng.shutdown.load(Ordering::SeqCst) {
             // The time of the last turn (one clock read per turn, taken
-            // once the wait for work is over).
+            // once the wait for work is over). A wait computed from it ends
+            // at most the last step's length after the engine's own timer
+            // (connect deadlines, the skulker: coarse timers; buffer
+            // timeouts are the core's).
             let now = self.now;
             let spin = self.eng.cfg.spin;
             let spinning =
