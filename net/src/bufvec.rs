@@ -175,6 +175,11 @@ impl BufVec {
     /// `InvalidArgument` when the range does not fit.
     pub fn copy_in(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         self.check_range(offset, src.len())?;
+        if let [only] = &mut self.segs[..] {
+            // One segment (a message buffer, usually): no piece walk.
+            only[offset..offset + src.len()].copy_from_slice(src);
+            return Ok(());
+        }
         let mut at = 0;
         for p in pieces(&self.starts, offset, src.len()) {
             let n = p.end - p.start;

@@ -265,7 +265,9 @@ impl<T> Few<T> {
     /// Removes every element, keeping the allocation.
     pub(super) fn clear(&mut self) {
         self.first = None;
-        self.rest.clear();
+        if !self.rest.is_empty() {
+            self.rest.clear();
+        }
     }
 
     pub(super) fn is_empty(&self) -> bool {
