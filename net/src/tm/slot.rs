@@ -257,9 +257,23 @@ impl<T> Few<T> {
         if let Some(v) = self.first.take() {
             dst.push(v);
         }
-        if !self.rest.is_empty() {
-            dst.rest.append(&mut self.rest);
+        if self.rest.capacity() == 0 {
+            // The usual case: nothing left in `self` and nothing ever
+            // allocated (a deque without capacity owns no memory), so its
+            // drop would do nothing but cost the deque's drop glue.
+            std::mem::forget(self);
+            return;
         }
+        dst.rest.append(&mut self.rest);
+    }
+
+    /// The elements after the first (an empty iterator without touching
+    /// the deque when there are none).
+    pub(super) fn rest_iter(&self) -> impl Iterator<Item = &T> {
+        (!self.rest.is_empty())
+            .then(|| self.rest.iter())
+            .into_iter()
+            .flatten()
     }
 
     /// Removes every element, keeping the allocation.
@@ -275,7 +289,7 @@ impl<T> Few<T> {
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &T> {
-        self.first.iter().chain(self.rest.iter())
+        self.first.iter().chain(self.rest_iter())
     }
 
     /// Removes and returns the first element matching `pred`, keeping the
