@@ -815,6 +815,9 @@ impl<M: Machine> Proto<M> {
     fn detach(&mut self, tag: impl Fn(Tag) -> bool) -> Result<()> {
         // In place: the queue keeps its allocation (an acknowledged
         // message usually has no frame left at all).
+        if self.wq.is_empty() {
+            return Ok(());
+        }
         let mut res = Ok(());
         self.wq.retain_mut(|f| {
             if !tag(f.tag) {
