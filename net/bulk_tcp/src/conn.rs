@@ -16,7 +16,7 @@ use parking_lot::MappedMutexGuard;
 use smallvec::SmallVec;
 
 use crate::engine::Stats;
-use crate::proto::{Directory, Out, Proto};
+use crate::proto::{Directory, Proto};
 use crate::tm::TmShared;
 
 /// Most frames gathered into one `writev`.
@@ -63,9 +63,7 @@ impl Conn {
                     SmallVec::new();
                 let mut locked: SmallVec<[BufToken; 4]> = SmallVec::new();
                 let mut bytes = 0;
-                // Each frame's unwritten part, worked out once.
-                let outs: SmallVec<[Out<'_>; 4]> = self.proto.to_write().take(MAX_BATCH).collect();
-                for out in &outs {
+                for out in self.proto.to_write().take(MAX_BATCH) {
                     if let Some(q) = out.buf() {
                         let t = q.token();
                         if locked.contains(&t) {
@@ -84,7 +82,7 @@ impl Conn {
                     }
                 }
                 let mut iov: SmallVec<[IoSlice<'_>; 12]> = SmallVec::new();
-                for (out, g) in outs.iter().zip(guards.iter()) {
+                for (out, g) in self.proto.to_write().zip(guards.iter()) {
                     out.slices(g.as_deref(), &mut iov)?;
                     if iov.len() >= MAX_IOV {
                         break;
