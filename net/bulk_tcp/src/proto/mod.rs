@@ -512,7 +512,10 @@ pub(crate) struct Proto<M> {
     last_tm: Option<(TcpAddr, u64, Weak<M>)>,
     /// Sender addresses seen and their printed forms: a peer's address
     /// is formatted once, not per message.
-    sender_names: FastMap<TcpAddr, Box<str>>,
+    sender_names: FastMap<TcpAddr, Arc<str>>,
+    /// The last sender and its printed form (traffic comes in runs from
+    /// one sender: no hash lookup for those).
+    last_sender: Option<(TcpAddr, Arc<str>)>,
     /// Callbacks of sends completed by an acknowledgement, run after the
     /// answers the same read produced are written ([`Proto::run_later`]):
     /// a request and the acknowledgement of our previous answer arrive
@@ -558,6 +561,7 @@ impl<M: Machine> Proto<M> {
             last_learned: None,
             last_tm: None,
             sender_names: FastMap::default(),
+            last_sender: None,
             later: Vec::new(),
         }
     }
@@ -581,12 +585,17 @@ impl<M: Machine> Proto<M> {
     /// cost more than the rest of the message's protocol work). At most
     /// [`SENDER_NAMES`] are kept; the cache starts over when full.
     fn sender_name(&mut self, a: TcpAddr) -> &str {
-        if self.sender_names.len() >= SENDER_NAMES && !self.sender_names.contains_key(&a) {
-            self.sender_names.clear();
+        if self.last_sender.as_ref().is_none_or(|(l, _)| *l != a) {
+            if self.sender_names.len() >= SENDER_NAMES && !self.sender_names.contains_key(&a) {
+                self.sender_names.clear();
+            }
+            let name = self
+                .sender_names
+                .entry(a)
+                .or_insert_with(|| Arc::from(a.to_string()));
+            self.last_sender = Some((a, Arc::clone(name)));
         }
-        self.sender_names
-            .entry(a)
-            .or_insert_with(|| a.to_string().into_boxed_str())
+        self.last_sender.as_ref().map_or("", |(_, n)| n)
     }
 
     /// A connection being opened at `now`, given up if not established by
