@@ -175,6 +175,11 @@ impl BufVec {
     /// `InvalidArgument` when the range does not fit.
     pub fn copy_in(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         self.check_range(offset, src.len())?;
+        if let [only] = &mut self.segs[..] {
+            // One segment (a message buffer, usually): no piece walk.
+            only[offset..offset + src.len()].copy_from_slice(src);
+            return Ok(());
+        }
         let mut at = 0;
         for p in pieces(&self.starts, offset, src.len()) {
             let n = p.end - p.start;
@@ -272,6 +277,32 @@ impl BufVec {
             self.pieces(offset, len)
                 .map(|p| IoSlice::new(&self.segs[p.seg][p.start..p.end])),
         );
+        Ok(())
+    }
+
+    /// Calls `f` with each contiguous slice over `[offset, offset + len)`,
+    /// in order: [`BufVec::extend_io_slices`] without an iterator adaptor
+    /// (the per-message write path; a one-segment vector takes one slice).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the range does not fit.
+    #[inline]
+    pub fn each_slice<'a>(
+        &'a self,
+        offset: usize,
+        len: usize,
+        mut f: impl FnMut(&'a [u8]),
+    ) -> Result<()> {
+        self.check_range(offset, len)?;
+        if let [only] = &self.segs[..] {
+            if len > 0 {
+                f(&only[offset..offset + len]);
+            }
+            return Ok(());
+        }
+        for p in self.pieces(offset, len) {
+            f(&self.segs[p.seg][p.start..p.end]);
+        }
         Ok(())
     }
 

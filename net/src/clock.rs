@@ -32,6 +32,7 @@
 //! assert_eq!(clock.now() - t0, Duration::from_secs(5));
 //! ```
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock, Weak};
@@ -39,6 +40,34 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use tracing::error;
+
+thread_local! {
+    /// The time of the step of work this thread is running, when its
+    /// transport declared one ([`set_step_time`]).
+    static STEP_TIME: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Declares the time of the step of work the calling thread is running,
+/// or `None` to go back to reading the system clock.
+///
+/// A transport's I/O thread reads the clock once per turn of its loop (it
+/// needs the time anyway, for its own timers) and declares it here; the
+/// time stamps the core takes on that thread until the next call (the
+/// time of the buffer events it posts, and the add time of buffers added
+/// from the callbacks it runs, which only the queue statistics use) are
+/// then that time instead of a clock read each: a few clock reads fewer
+/// per message. Those stamps are then at most one turn of the loop early.
+/// Buffer timeouts never use it (they follow the domain's [`Clock`]).
+pub fn set_step_time(now: Option<Instant>) {
+    STEP_TIME.with(|t| t.set(now));
+}
+
+/// The time for a stamp the core takes now: the step time declared on
+/// this thread, else the system clock.
+#[inline]
+pub(crate) fn stamp_now() -> Instant {
+    STEP_TIME.with(Cell::get).unwrap_or_else(Instant::now)
+}
 
 /// Something with deadlines: a transfer machine.
 pub(crate) trait TimerTarget: Send + Sync {
@@ -255,5 +284,21 @@ impl RealTimers {
                 None => cond.wait(&mut h),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_time_is_per_thread_and_reverts() {
+        let t0 = Instant::now() - Duration::from_secs(3600);
+        set_step_time(Some(t0));
+        assert_eq!(stamp_now(), t0);
+        let other = std::thread::spawn(stamp_now).join().unwrap();
+        assert!(other > t0, "another thread reads the clock");
+        set_step_time(None);
+        assert!(stamp_now() > t0);
     }
 }

@@ -447,7 +447,7 @@ pub(crate) enum Job {
 impl Job {
     fn run(self) {
         match self {
-            Self::Buf(tm, slot) => tm.run_delivery(&slot),
+            Self::Buf(tm, slot) => tm.run_delivery(slot),
             Self::Tm(tm, ev, loss) => tm.run_tm_event(*ev, loss),
             Self::Stopped(tm) => tm.deliver_stopped(),
             Self::Hook(h) => h(),

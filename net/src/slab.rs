@@ -34,6 +34,15 @@ fn split(key: u64) -> (usize, u32) {
 }
 
 impl<T> Slab<T> {
+    /// The key the next insertion will return.
+    pub(crate) fn next_key(&self) -> u64 {
+        let (idx, generation) = match self.free.last() {
+            Some(&i) => (i as usize, self.entries[i as usize].generation),
+            None => (self.entries.len(), 1),
+        };
+        (u64::from(generation) << 32) | idx as u64
+    }
+
     /// Inserts a value built from its key; returns the key.
     pub(crate) fn insert_with(&mut self, f: impl FnOnce(u64) -> T) -> u64 {
         let idx = match self.free.pop() {
@@ -95,10 +104,14 @@ mod tests {
     #[test]
     fn stale_keys_miss_reused_slots() {
         let mut s = Slab::default();
+        assert_eq!(s.next_key(), 1 << 32);
         let a = s.insert_with(|k| (k, "a"));
+        assert_eq!(a, 1 << 32);
         assert_eq!(s.get(a).unwrap().1, "a");
         assert_eq!(s.remove(a).unwrap().1, "a");
+        let next = s.next_key();
         let b = s.insert_with(|k| (k, "b"));
+        assert_eq!(b, next);
         assert_eq!(a & 0xffff_ffff, b & 0xffff_ffff, "slot reused");
         assert_ne!(a, b);
         assert!(s.get(a).is_none());

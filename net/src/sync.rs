@@ -54,6 +54,13 @@ mod model {
             Self(loom::sync::Mutex::new(v))
         }
 
+        /// The value, through exclusive access (no locking).
+        pub fn get_mut(&mut self) -> &mut T {
+            self.0
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+
         /// Locks, waiting as long as it takes.
         pub fn lock(&self) -> MutexGuard<'_, T> {
             MutexGuard(Some(

@@ -750,3 +750,53 @@ fn network_owned_buffers_are_ended_by_the_transport() {
     tm.fini().unwrap();
     dom.fini().unwrap();
 }
+
+#[test]
+fn recycled_slots_keep_nothing_alive_and_stale_tokens_miss() {
+    let fake = Fake::new(Caps::new(1));
+    let (dom, tm) = started(&fake);
+    let (cbs, ev) = event_channel(8);
+    let ep = tm.ep_create("ep:peer").unwrap();
+    let sink = fake.sink();
+    let mut buf = Some(buf64(&dom, &cbs));
+    let mut old = Vec::new();
+    // Many adds in turn: after the first, each fills the slot the previous
+    // one left (no other reference to it remains).
+    for i in 0..100usize {
+        let t = tm.add_msg_send(buf.take().unwrap(), &ep, 10).unwrap();
+        let q = fake.script.lock().queued.pop().unwrap();
+        assert_eq!(q.token(), t);
+        assert_eq!(q.length(), 10);
+        assert_eq!(q.end_point(), Some(ep.clone()));
+        sink.complete(&q, Ok(10 + (i % 3)));
+        drop(q);
+        let mut e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(e.length(), 10 + (i % 3));
+        assert!(
+            ev.recv_timeout(Duration::from_millis(1)).is_err(),
+            "exactly one completion per add"
+        );
+        buf = Some(e.take_buffer().unwrap());
+        // A finished slot refers to no callbacks: only this test and the
+        // buffer hold them.
+        assert_eq!(Arc::strong_count(&cbs), 2, "add {i}");
+        for o in &old {
+            assert!(sink.lookup(*o).is_none(), "a stale token finds nothing");
+            assert!(!tm.del(*o).unwrap());
+        }
+        old.push(t);
+    }
+    let st = tm.stats(QueueType::MsgSend, false);
+    assert_eq!((st.adds, st.s_events, st.f_events), (100, 100, 0));
+    // A receive buffer in a recycled slot starts with no reservation.
+    let t = tm
+        .add_msg_recv(buf.take().unwrap(), RecvParams::default())
+        .unwrap();
+    let claim = sink.claim_recv(64).unwrap();
+    assert_eq!((claim.buf.token(), claim.offset), (t, 0));
+    sink.post_msg(claim, 5, "ep:peer");
+    let e = ev.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!((e.length(), e.offset()), (5, 0));
+    drop((e, ep));
+    shutdown(&fake, tm, dom);
+}

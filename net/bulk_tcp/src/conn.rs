@@ -50,8 +50,9 @@ impl Conn {
         Self { sock, peer, proto }
     }
 
-    /// Writes queued frames until done or the socket is full.
-    pub(crate) fn flush(&mut self) -> Result<()> {
+    /// Writes queued frames until done or the socket is full; `now` is the
+    /// I/O thread's time for this turn of its loop.
+    pub(crate) fn flush(&mut self, now: Instant) -> Result<()> {
         while self.proto.has_output() && self.proto.is_connected() {
             let r = {
                 // Lock the memory of the frames of this batch: each buffer
@@ -94,9 +95,9 @@ impl Conn {
             };
             match r {
                 Ok(0) => return Err(NetError::ConnectionReset("write returned 0".into())),
-                Ok(n) => self.proto.written(n, Instant::now()),
+                Ok(n) => self.proto.written(n, now),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.proto.write_blocked(Instant::now());
+                    self.proto.write_blocked(now);
                     return Ok(());
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -116,20 +117,22 @@ impl Conn {
     ///
     /// The read buffer comes from `rbufs` and goes back to it once
     /// everything read is processed, so that connections between reads
-    /// (idle ones above all) hold none.
+    /// (idle ones above all) hold none. `now` is the I/O thread's time for
+    /// this turn of its loop.
     pub(crate) fn on_readable(
         &mut self,
         stats: &Stats,
         dir: &impl Directory<TmShared>,
         closed: bool,
         rbufs: &mut RbufPool,
+        now: Instant,
     ) -> Result<Flow> {
         if self.proto.needs_rbuf()
             && let Some(b) = rbufs.free.pop()
         {
             self.proto.give_rbuf(b);
         }
-        let flow = self.read_all(stats, dir, closed);
+        let flow = self.read_all(stats, dir, closed, now);
         if let Some(b) = self.proto.take_idle_rbuf()
             && rbufs.free.len() < RbufPool::KEEP
         {
@@ -143,13 +146,14 @@ impl Conn {
         stats: &Stats,
         dir: &impl Directory<TmShared>,
         closed: bool,
+        now: Instant,
     ) -> Result<Flow> {
         loop {
             match self.read_some() {
                 Ok((0, _)) => return Ok(Flow::Eof),
                 Ok((n, full)) => {
                     stats.add_rx(n);
-                    self.proto.received(n, Instant::now(), dir)?;
+                    self.proto.received(n, now, dir)?;
                     if !full && !closed {
                         return Ok(Flow::Open);
                     }

@@ -25,6 +25,7 @@ use colibri_net::{NetError, QueueType, Result};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use tracing::{debug, trace, warn};
 
 use crate::TcpConfig;
@@ -345,6 +346,10 @@ struct Loop {
     /// Connections whose socket was full at the last write.
     full: Vec<usize>,
     last_active: Instant,
+    /// The time of this turn of the loop: the clock is read once per turn
+    /// (after the wait for work), and the core's time stamps on this
+    /// thread use it too ([`colibri_net::clock::set_step_time`]).
+    now: Instant,
     timer_at: Instant,
     next_reap: Instant,
     /// Read buffers between reads.
@@ -370,6 +375,7 @@ impl Loop {
             dirty: Vec::new(),
             full: Vec::new(),
             last_active: now,
+            now,
             timer_at: now,
             next_reap,
             rbufs: RbufPool::default(),
@@ -382,8 +388,15 @@ impl Loop {
         }
         let mut events = Events::with_capacity(256);
         while !self.eng.shutdown.load(Ordering::SeqCst) {
-            let now = Instant::now();
-            let spinning = now.saturating_duration_since(self.last_active) < self.eng.cfg.spin;
+            // The time of the last turn (one clock read per turn, taken
+            // once the wait for work is over). A wait computed from it ends
+            // at most the last step's length after the engine's own timer
+            // (connect deadlines, the skulker: coarse timers; buffer
+            // timeouts are the core's).
+            let now = self.now;
+            let spin = self.eng.cfg.spin;
+            let spinning =
+                !spin.is_zero() && now.saturating_duration_since(self.last_active) < spin;
             let timeout = if spinning {
                 Some(Duration::ZERO)
             } else {
@@ -396,14 +409,20 @@ impl Loop {
                     || self.eng.shutdown.load(Ordering::SeqCst)
                 {
                     self.eng.sleeping.store(false, Ordering::SeqCst);
+                    self.tick();
                     self.step(&events, false);
                     continue;
                 }
             }
-            if spinning && self.poll_hot() {
-                self.last_active = Instant::now();
-                self.step(&events, false);
-                continue;
+            if spinning {
+                // The zero-timeout poll below takes no time worth a
+                // second clock read.
+                self.tick();
+                if self.poll_hot() {
+                    self.last_active = self.now;
+                    self.step(&events, false);
+                    continue;
+                }
             }
             let r = self.poll.poll(&mut events, timeout);
             if blocking {
@@ -416,11 +435,22 @@ impl Loop {
                 }
                 events.clear();
             }
+            if !spinning {
+                self.tick();
+            }
             self.step(&events, true);
         }
+        colibri_net::clock::set_step_time(None);
         self.close_all();
         let left = self.listeners.len() as u64;
         self.eng.stats.listeners.fetch_sub(left, Ordering::Relaxed);
+    }
+
+    /// Reads the clock for this turn of the loop and declares it as the
+    /// thread's step time.
+    fn tick(&mut self) {
+        self.now = Instant::now();
+        colibri_net::clock::set_step_time(Some(self.now));
     }
 
     /// Drops a closed listener from the watched set.
@@ -457,7 +487,7 @@ impl Loop {
             return false;
         }
         let before = self.eng.stats.rx_bytes.load(Ordering::Relaxed);
-        match c.on_readable(&self.eng.stats, &Services, false, &mut self.rbufs) {
+        match c.on_readable(&self.eng.stats, &Services, false, &mut self.rbufs, self.now) {
             Ok(Flow::Open) => {}
             Ok(Flow::Eof) => {
                 let e = NetError::ConnectionReset(format!("{} closed the connection", c.peer));
@@ -493,26 +523,28 @@ impl Loop {
             // Outgoing connections first: they carry the responses that
             // complete our sends and free their buffers (a server echoing
             // from its receive buffers gets them back before it reads the
-            // next requests that arrived in the same batch).
-            for first in [true, false] {
-                if !first {
-                    // Completions from the outgoing connections free their
-                    // buffers before the requests read next need them (the
-                    // hot connection, alone, defers them past its writes).
-                    self.run_later();
+            // next requests that arrived in the same batch). Each event's
+            // connection is looked up once: the others wait in `incoming`
+            // for the second pass.
+            let mut incoming: SmallVec<[&mio::event::Event; 16]> = SmallVec::new();
+            for ev in events {
+                let t = ev.token();
+                if t == WAKE {
+                    continue;
                 }
-                for ev in events {
-                    let t = ev.token();
-                    if t == WAKE {
-                        continue;
-                    }
-                    let out = self.conns.get(&t.0).is_some_and(|c| c.proto.is_outgoing());
-                    if out != first {
-                        continue;
-                    }
-                    active = true;
+                active = true;
+                if self.conns.get(&t.0).is_some_and(|c| c.proto.is_outgoing()) {
                     self.on_event(ev);
+                } else {
+                    incoming.push(ev);
                 }
+            }
+            // Completions from the outgoing connections free their buffers
+            // before the requests read next need them (the hot connection,
+            // alone, defers them past its writes).
+            self.run_later();
+            for ev in incoming {
+                self.on_event(ev);
             }
         }
         if self.eng.has_cmds.swap(false, Ordering::SeqCst) {
@@ -526,7 +558,7 @@ impl Loop {
             }
             self.cmd_buf = cmds;
         }
-        let now = Instant::now();
+        let now = self.now;
         if active {
             self.last_active = now;
         }
@@ -550,11 +582,12 @@ impl Loop {
 
     fn on_event(&mut self, ev: &mio::event::Event) {
         let t = ev.token().0;
-        if let Some(l) = self.listeners.get(&t).cloned() {
-            self.accept(&l);
-            return;
-        }
+        // Connections first (listeners and connections share the token
+        // counter, so at most one of the two knows the token).
         let Some(c) = self.conns.get_mut(&t) else {
+            if let Some(l) = self.listeners.get(&t).cloned() {
+                self.accept(&l);
+            }
             return;
         };
         if !c.proto.is_connected() && (ev.is_writable() || ev.is_error() || ev.is_write_closed()) {
@@ -579,6 +612,7 @@ impl Loop {
                 &Services,
                 ev.is_read_closed() || ev.is_error(),
                 &mut self.rbufs,
+                self.now,
             ) {
                 Ok(Flow::Open) => self.hot = Some(t),
                 Ok(Flow::Eof) => {
@@ -596,10 +630,8 @@ impl Loop {
                 }
             }
         }
-        let Some(c) = self.conns.get_mut(&t) else {
-            return;
-        };
-        if c.proto.has_output() {
+        // Still open (every path that closed it returned): the same entry.
+        if c.proto.has_output() && self.dirty.last() != Some(&t) {
             self.dirty.push(t);
         }
         if c.proto.has_later() {
@@ -677,7 +709,8 @@ impl Loop {
         // `idle_timeout`, so a request sent now cannot race that close.
         if let Some(&t) = self.routes.get(&peer)
             && let Some(c) = self.conns.get(&t)
-            && c.proto.last_use().elapsed() < self.eng.cfg.idle_timeout / 2
+            && self.now.saturating_duration_since(c.proto.last_use())
+                < self.eng.cfg.idle_timeout / 2
         {
             return Ok(t);
         }
@@ -745,7 +778,7 @@ impl Loop {
             let Some(c) = self.conns.get_mut(&t) else {
                 continue;
             };
-            match c.flush() {
+            match c.flush(self.now) {
                 Ok(()) => {
                     if c.proto.has_output() && !self.full.contains(&t) {
                         // The socket is full: epoll reports room again only
@@ -820,7 +853,9 @@ impl Loop {
         };
         let c = self.conns.get_mut(&t).expect("just looked up");
         c.proto.start(tm, q, own, plan);
-        self.dirty.push(t);
+        if self.dirty.last() != Some(&t) {
+            self.dirty.push(t);
+        }
     }
 
     /// Ends the transfer using buffer `q` (which the transport has in
@@ -911,6 +946,10 @@ struct Services;
 impl Directory<TmShared> for Services {
     fn machine(&self, addr: &TcpAddr) -> Option<Arc<TmShared>> {
         SERVICES.lookup(addr)
+    }
+
+    fn generation(&self) -> Option<u64> {
+        Some(SERVICES.generation())
     }
 }
 

@@ -120,10 +120,13 @@ impl XprtTm for TcpTm {
     }
 
     fn buf_add(&self, buf: &QueuedBuf) -> Result<()> {
-        let sh = Arc::clone(&self.sh);
         match buf.queue() {
-            QueueType::MsgSend => self.sh.engine.push(Cmd::Send(sh, buf.clone())),
+            QueueType::MsgSend => {
+                let sh = Arc::clone(&self.sh);
+                self.sh.engine.push(Cmd::Send(sh, buf.clone()));
+            }
             QueueType::ActiveBulkRecv | QueueType::ActiveBulkSend => {
+                let sh = Arc::clone(&self.sh);
                 self.sh.engine.push(Cmd::Active(sh, buf.clone()));
             }
             // Receive and passive buffers wait for requests.

@@ -39,7 +39,7 @@
 
 use std::net::Ipv4Addr;
 
-use colibri_net::checksum::crc32c;
+use colibri_net::checksum::crc32c_fixed;
 use colibri_net::{NetError, QueueType};
 use colibri_wire::{Reader, Short, Writer};
 
@@ -133,6 +133,24 @@ fn proto(why: impl Into<String>) -> NetError {
     NetError::Protocol(why.into())
 }
 
+fn u16_at(f: &[u8; HEADER_LEN - 4], at: usize) -> u16 {
+    u16::from_le_bytes(*f[at..].first_chunk().expect("in the header"))
+}
+
+fn u32_at(f: &[u8; HEADER_LEN - 4], at: usize) -> u32 {
+    u32::from_le_bytes(*f[at..].first_chunk().expect("in the header"))
+}
+
+fn u64_at(f: &[u8; HEADER_LEN - 4], at: usize) -> u64 {
+    u64::from_le_bytes(*f[at..].first_chunk().expect("in the header"))
+}
+
+/// The error of a field that must be zero in `op`'s frames.
+#[cold]
+fn must_be_zero(what: &str, op: Opcode) -> NetError {
+    proto(format!("{what} must be 0 in {op:?}"))
+}
+
 impl Header {
     /// A header with every optional field zero.
     pub fn new(opcode: Opcode, xid: u64, sender: TcpAddr, receiver: TcpAddr) -> Self {
@@ -183,9 +201,13 @@ impl Header {
         w.put_u16(self.receiver.port);
         w.put_bytes(&self.receiver.ip.octets());
         w.put_u32(self.receiver.service);
-        let crc = crc32c(w.written());
-        w.put_u32(crc);
-        w.into_inner()
+        let mut out = w.into_inner();
+        let (fields, crc) = out.split_at_mut(HEADER_LEN - 4);
+        let fields: &[u8; HEADER_LEN - 4] = (&*fields)
+            .try_into()
+            .expect("the header minus its checksum");
+        crc.copy_from_slice(&crc32c_fixed(fields).to_le_bytes());
+        out
     }
 
     /// Decodes and validates a header. `max_body` bounds the body of data
@@ -194,67 +216,63 @@ impl Header {
     /// # Errors
     /// `Protocol` naming the first field found wrong.
     pub fn decode(b: &[u8], max_body: u32) -> Result<Self, NetError> {
-        let short = |_: Short| proto("short header");
-        let head = b.get(..HEADER_LEN).ok_or_else(|| proto("short header"))?;
-        let (fields, crc) = head.split_at(HEADER_LEN - 4);
-        let mut r = Reader::new(fields);
-        if r.u32().map_err(short)? != MAGIC {
+        let head = b
+            .first_chunk::<HEADER_LEN>()
+            .ok_or_else(|| proto("short header"))?;
+        let (f, crc) = head
+            .split_first_chunk::<{ HEADER_LEN - 4 }>()
+            .expect("fits");
+        if u32_at(f, 0) != MAGIC {
             return Err(proto("bad magic"));
         }
-        if Reader::new(crc).u32().map_err(short)? != crc32c(fields) {
+        if u32::from_le_bytes(*crc.first_chunk::<4>().expect("fits")) != crc32c_fixed(f) {
             return Err(proto("header checksum mismatch"));
         }
-        let version = r.u8().map_err(short)?;
+        let version = f[4];
         if version != VERSION {
             return Err(proto(format!("unsupported version {version}")));
         }
-        let op = r.u8().map_err(short)?;
+        let op = f[5];
         let opcode = Opcode::from_u8(op).ok_or_else(|| proto(format!("unknown opcode {op}")))?;
-        let h = Self::read_fields(opcode, &mut r).map_err(short)?;
+        let h = Self::read_fields(opcode, f);
         h.validate(max_body)?;
         Ok(h)
     }
 
-    /// Reads the fields after the opcode (offsets 6 to 64).
+    /// Reads the fields after the opcode (offsets 6 to 64) at their fixed
+    /// offsets (the header's size is known: no bounds check per field).
     #[inline]
-    fn read_fields(opcode: Opcode, r: &mut Reader<'_>) -> Result<Self, Short> {
-        let queue = r.u8()?;
-        let flags = r.u8()?;
-        let xid = r.u64()?;
-        let offset = r.u64()?;
-        let total = r.u64()?;
-        let chunk = r.u32()?;
-        let body_len = r.u32()?;
-        let desc_len = r.u16()?;
-        let status = r.u16()?;
-        let sender_ip = Ipv4Addr::from(*r.array::<4>()?);
-        let sender_service = r.u32()?;
-        let sender_port = r.u16()?;
-        let receiver_port = r.u16()?;
-        let receiver_ip = Ipv4Addr::from(*r.array::<4>()?);
-        let receiver_service = r.u32()?;
-        Ok(Self {
+    fn read_fields(opcode: Opcode, f: &[u8; HEADER_LEN - 4]) -> Self {
+        let ip = |at: usize| Ipv4Addr::from(*f[at..].first_chunk::<4>().expect("in the header"));
+        Self {
             opcode,
-            queue,
-            flags,
-            xid,
-            offset,
-            total,
-            chunk,
-            body_len,
-            desc_len,
-            status,
+            queue: f[6],
+            flags: f[7],
+            xid: u64_at(f, 8),
+            offset: u64_at(f, 16),
+            total: u64_at(f, 24),
+            chunk: u32_at(f, 32),
+            body_len: u32_at(f, 36),
+            desc_len: u16_at(f, 40),
+            status: u16_at(f, 42),
             sender: TcpAddr {
-                ip: sender_ip,
-                service: sender_service,
-                port: sender_port,
+                ip: ip(44),
+                service: u32_at(f, 48),
+                port: u16_at(f, 52),
             },
             receiver: TcpAddr {
-                ip: receiver_ip,
-                service: receiver_service,
-                port: receiver_port,
+                ip: ip(56),
+                service: u32_at(f, 60),
+                port: u16_at(f, 54),
             },
-        })
+        }
+    }
+
+    /// True when `offset + len` neither overflows nor passes `total`.
+    fn end_ok(&self, len: u64) -> bool {
+        self.offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.total)
     }
 
     fn validate(&self, max_body: u32) -> Result<(), NetError> {
@@ -278,25 +296,24 @@ impl Header {
         if self.queue != want_queue {
             return Err(proto("queue does not match the opcode"));
         }
-        let zero = |v: u64, what: &str| {
-            if v == 0 {
-                Ok(())
-            } else {
-                Err(proto(format!("{what} must be 0 in {:?}", self.opcode)))
-            }
-        };
-        let end_ok = |len: u64| {
-            self.offset
-                .checked_add(len)
-                .is_some_and(|end| end <= self.total)
-        };
         let failed = self.status != 0;
+        // Each rule is a plain comparison; the message is built only for
+        // a frame that breaks one (no closure or allocation per field on
+        // the good path).
         match self.opcode {
             Msg => {
-                zero(desc.into(), "desc_len")?;
-                zero(self.status.into(), "status")?;
-                zero(self.offset, "offset")?;
-                zero(self.chunk.into(), "chunk")?;
+                if desc != 0 {
+                    return Err(must_be_zero("desc_len", self.opcode));
+                }
+                if failed {
+                    return Err(must_be_zero("status", self.opcode));
+                }
+                if self.offset != 0 {
+                    return Err(must_be_zero("offset", self.opcode));
+                }
+                if self.chunk != 0 {
+                    return Err(must_be_zero("chunk", self.opcode));
+                }
                 if self.body_len == 0 || u64::from(self.body_len) != self.total {
                     return Err(proto("message length does not match the body"));
                 }
@@ -305,32 +322,48 @@ impl Header {
                 }
             }
             MsgAck | PutAck | Abort => {
-                zero(desc.into(), "desc_len")?;
-                zero(self.offset, "offset")?;
-                zero(self.total, "total")?;
-                zero(self.chunk.into(), "chunk")?;
+                if desc != 0 {
+                    return Err(must_be_zero("desc_len", self.opcode));
+                }
+                if self.offset != 0 {
+                    return Err(must_be_zero("offset", self.opcode));
+                }
+                if self.total != 0 {
+                    return Err(must_be_zero("total", self.opcode));
+                }
+                if self.chunk != 0 {
+                    return Err(must_be_zero("chunk", self.opcode));
+                }
                 if self.opcode == Abort && !failed {
                     return Err(proto("abort without a status"));
                 }
                 if !failed {
-                    zero(self.body_len.into(), "body_len")?;
+                    if self.body_len != 0 {
+                        return Err(must_be_zero("body_len", self.opcode));
+                    }
                 } else if self.body_len > MAX_DETAIL {
                     return Err(proto("status detail too long"));
                 }
             }
             Get => {
-                zero(self.status.into(), "status")?;
+                if failed {
+                    return Err(must_be_zero("status", self.opcode));
+                }
                 if desc == 0 || self.body_len != desc {
                     return Err(proto("GET must carry a descriptor and nothing else"));
                 }
-                if self.chunk == 0 || !end_ok(self.chunk.into()) {
+                if self.chunk == 0 || !self.end_ok(self.chunk.into()) {
                     return Err(proto("GET chunk outside the transfer"));
                 }
             }
             GetData => {
-                zero(desc.into(), "desc_len")?;
+                if desc != 0 {
+                    return Err(must_be_zero("desc_len", self.opcode));
+                }
                 if failed {
-                    zero(self.chunk.into(), "chunk")?;
+                    if self.chunk != 0 {
+                        return Err(must_be_zero("chunk", self.opcode));
+                    }
                     if self.body_len > MAX_DETAIL {
                         return Err(proto("status detail too long"));
                     }
@@ -338,19 +371,23 @@ impl Header {
                     if self.chunk == 0 || self.body_len != self.chunk {
                         return Err(proto("GET_DATA chunk does not match the body"));
                     }
-                    if self.body_len > max_body || !end_ok(self.chunk.into()) {
+                    if self.body_len > max_body || !self.end_ok(self.chunk.into()) {
                         return Err(proto("GET_DATA chunk outside the transfer"));
                     }
                 }
             }
             Put => {
-                zero(self.status.into(), "status")?;
-                zero(self.chunk.into(), "chunk")?;
+                if failed {
+                    return Err(must_be_zero("status", self.opcode));
+                }
+                if self.chunk != 0 {
+                    return Err(must_be_zero("chunk", self.opcode));
+                }
                 let data = self.body_len - desc;
                 if desc == 0 || data == 0 {
                     return Err(proto("PUT must carry a descriptor and data"));
                 }
-                if self.body_len > max_body || !end_ok(data.into()) {
+                if self.body_len > max_body || !self.end_ok(data.into()) {
                     return Err(proto("PUT chunk outside the transfer"));
                 }
             }
@@ -529,6 +566,7 @@ pub fn decode_status(code: u16, detail: &[u8]) -> Result<NetError, NetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use colibri_net::checksum::crc32c;
     use proptest::prelude::*;
 
     fn addr(s: &str) -> TcpAddr {

@@ -2,7 +2,6 @@
 //! and handing it to the transport.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use tracing::{debug, trace};
 
@@ -11,11 +10,10 @@ use crate::desc::{DescFields, NetBufDesc};
 use crate::ep::EndPoint;
 use crate::error::{AddError, NetError, Result};
 use crate::queue::QueueType;
-use crate::sync::{AtomicU8, LeafMutex, Mutex};
 use crate::util::random_u64;
 use crate::xprt::QueuedBuf;
 
-use super::slot::{F_LISTED, RecvState, Slot, SlotEvents};
+use super::slot::{F_LISTED, Slot, SlotInit};
 use super::{BufToken, RecvParams, TmCore, TmHandle, TmState};
 
 /// A buffer operation: the queue to add to, with what that queue needs.
@@ -214,7 +212,7 @@ impl TmHandle {
             }
         }
         let deadline = buf.timeout();
-        let now = Instant::now();
+        let now = crate::clock::stamp_now();
         if let Some(d) = deadline {
             let now = self.inner.dom.clock.now();
             if !caps.timeouts {
@@ -246,15 +244,17 @@ impl TmHandle {
         let cookie = if queue.is_passive() { random_u64() } else { 0 };
         let reg = buf.reg();
         let tm_id = self.inner.id.0;
-        let mut buf = Some(buf);
-        let key = core.slots.insert_with(|key| {
-            Arc::new(Slot {
+        let key = core.slots.next_key();
+        let spare = self.inner.spare.lock().pop();
+        let slot = Slot::make(
+            spare,
+            SlotInit {
                 token: key,
                 tm_id,
                 queue,
                 length,
                 size,
-                ep: LeafMutex::new(ep),
+                ep,
                 actor: actor.clone(),
                 desc,
                 cookie,
@@ -263,16 +263,11 @@ impl TmHandle {
                 add_time: now,
                 reg,
                 callbacks,
-                buf: LeafMutex::new(buf.take()),
-                flags: AtomicU8::new(0),
-                rs: Mutex::new(RecvState::default()),
-                events: Mutex::new(SlotEvents::default()),
-            })
-        });
-        let slot = match core.slots.get(key) {
-            Some(s) => Arc::clone(s),
-            None => unreachable!("slot inserted above"),
-        };
+                buf,
+            },
+        );
+        let inserted = core.slots.insert_with(|_| Arc::clone(&slot));
+        debug_assert_eq!(inserted, key);
         let q = QueuedBuf(Arc::clone(&slot));
         let undo = |core: &mut TmCore, e: NetError| {
             core.slots.remove(key);

@@ -16,7 +16,7 @@ use crate::sync::MutexGuard;
 use crate::util::{CallbackGuard, in_callback_of};
 use crate::xprt::Delivery;
 
-use super::slot::{EvData, Slot};
+use super::slot::{EvData, SPARE_SLOTS, Slot};
 use super::{BufToken, TmCore, TmHandle, TmInner, TmState};
 
 /// A transfer machine event.
@@ -79,7 +79,7 @@ impl TmInner {
     ) -> Delivery {
         let ev = TmEvent {
             kind,
-            time: Instant::now(),
+            time: crate::clock::stamp_now(),
         };
         core.event_seq += 1;
         self.running.fetch_add(1, Ordering::AcqRel);
@@ -183,7 +183,7 @@ impl TmInner {
         self.finish_callback();
     }
 
-    pub(crate) fn run_delivery(self: &Arc<Self>, slot: &Arc<Slot>) {
+    pub(crate) fn run_delivery(self: &Arc<Self>, slot: Arc<Slot>) {
         loop {
             let ev = {
                 let mut se = slot.events.lock();
@@ -191,12 +191,27 @@ impl TmInner {
                     Some(ev) => ev,
                     None => {
                         se.busy = false;
-                        return;
+                        break;
                     }
                 }
             };
-            self.dispatch_buffer(slot, ev);
+            self.dispatch_buffer(&slot, ev);
             self.finish_callback();
+        }
+        self.recycle(slot);
+    }
+
+    /// Keeps a slot for a later add when this was its last reference: it
+    /// left the table (which holds one while it is queued), its final
+    /// event was delivered, and neither the transport nor the application
+    /// holds it. Otherwise the last holder frees it.
+    pub(super) fn recycle(&self, mut slot: Arc<Slot>) {
+        if let Some(s) = Arc::get_mut(&mut slot) {
+            s.make_spare();
+            let mut spare = self.spare.lock();
+            if spare.len() < SPARE_SLOTS {
+                spare.push(slot);
+            }
         }
     }
 
@@ -226,7 +241,7 @@ impl TmInner {
             buffer,
             slot: view,
         };
-        let Some(cb) = slot.callbacks.get(slot.queue).cloned() else {
+        let Some(cb) = slot.callbacks.as_ref().and_then(|c| c.get(slot.queue)) else {
             error!(tm = %self.id, queue = %slot.queue, "no callback for a queued buffer");
             return;
         };
@@ -311,6 +326,7 @@ impl TmHandle {
             let (slot, ev) = item;
             self.inner.dispatch_buffer(&slot, ev);
             self.inner.finish_callback();
+            self.inner.recycle(slot);
             n += 1;
         }
         Ok(n)

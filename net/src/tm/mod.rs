@@ -38,7 +38,7 @@ use crate::queue::QueueType;
 use crate::sink::Job;
 use crate::slab::Slab;
 use crate::stats::QueueStats;
-use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Condvar, LeafMutex, Mutex};
 use crate::util::{in_callback_of, in_data_view, next_id, on_delivery_thread};
 use crate::wait::check_may_block;
 use crate::xprt::{Caps, DelReason, Delivery, Limits, QueuedBuf, TmSink, XprtTm};
@@ -94,6 +94,11 @@ pub(crate) struct TmInner {
     /// request refused) is posted and not yet dispatched: further losses
     /// are only counted until it is.
     pub(crate) loss_pending: AtomicBool,
+    /// Finished slots kept for the next adds (at most
+    /// [`slot::SPARE_SLOTS`]): an add fills one in place instead of
+    /// allocating, a completion keeps its slot instead of freeing it. A
+    /// leaf lock.
+    spare: LeafMutex<Vec<Arc<Slot>>>,
     me: Weak<TmInner>,
 }
 
@@ -314,6 +319,7 @@ impl TmInner {
         core.eps.clear();
         drop(core);
         drop(own);
+        self.spare.lock().clear();
         self.xprt.fini();
         self.dom.tms.fetch_sub(1, Ordering::AcqRel);
         self.cond.notify_all();
@@ -807,6 +813,7 @@ impl TransferMachine {
             earliest: AtomicU64::new(0),
             running: AtomicUsize::new(0),
             loss_pending: AtomicBool::new(false),
+            spare: LeafMutex::new(Vec::new()),
             me: me.clone(),
         });
         if let Some(e) = failed {

@@ -158,7 +158,7 @@ impl TmInner {
             trace!(tm = %self.id, token = slot.token, "event for a buffer no longer queued ignored");
             return Delivery::default();
         }
-        let now = Instant::now();
+        let now = crate::clock::stamp_now();
         let mut out = Out::default();
         let (fin, redel);
         match post {
@@ -203,17 +203,14 @@ impl TmInner {
                     }
                 };
                 let mut rs = slot.rs.lock();
-                rs.ready.push((
-                    seq,
-                    Some(Ready {
-                        status,
-                        offset: c.offset,
-                        len,
-                        sender,
-                        fin: c.fin,
-                    }),
-                ));
-                (fin, redel) = self.drain_recv(core, slot, &mut rs, now, &mut out);
+                let done = Some(Ready {
+                    status,
+                    offset: c.offset,
+                    len,
+                    sender,
+                    fin: c.fin,
+                });
+                (fin, redel) = self.drain_recv(core, slot, &mut rs, (seq, done), now, &mut out);
             }
             Post::Hole { seq } => {
                 let mut rs = slot.rs.lock();
@@ -233,8 +230,7 @@ impl TmInner {
                         slot.set(F_LISTED);
                     }
                 }
-                rs.ready.push((seq, None));
-                (fin, redel) = self.drain_recv(core, slot, &mut rs, now, &mut out);
+                (fin, redel) = self.drain_recv(core, slot, &mut rs, (seq, None), now, &mut out);
             }
         }
         if fin {
@@ -258,9 +254,7 @@ impl TmInner {
             // Queued under the transfer machine's lock, so events of one
             // buffer are delivered in the order they were posted.
             let mut se = slot.events.lock();
-            for ev in out {
-                se.backlog.push(ev);
-            }
+            out.append_to(&mut se.backlog);
             if std::mem::replace(&mut se.busy, true) {
                 Delivery::default()
             } else {
@@ -284,24 +278,38 @@ impl TmInner {
         d
     }
 
-    /// Moves finished reservations of a receive buffer, in order, into
-    /// `out`. Returns (the buffer completed, the buffer is idle and must be
-    /// deleted).
+    /// Records the reservation `done` just finished (`None` for a released
+    /// one) and moves finished reservations of a receive buffer, in order,
+    /// into `out`. Returns (the buffer completed, the buffer is idle and
+    /// must be deleted).
     pub(super) fn drain_recv(
         &self,
         core: &TmCore,
         slot: &Slot,
         rs: &mut RecvState,
+        done: (u64, Option<Ready>),
         now: Instant,
         out: &mut Out,
     ) -> (bool, bool) {
         let leaving = slot.flag(F_CANCEL) || core.state == TmState::Stopping;
         // A network that places messages itself says which one is final.
         let leaving_fin = leaving && !self.dom.caps.network_owned;
-        while let Some((_, entry)) = {
+        let mut done = Some(done);
+        loop {
             let next = rs.next_drain;
-            rs.ready.take(|(k, _)| *k == next)
-        } {
+            let entry = match done.take() {
+                // The usual case: it finished in order, and goes straight
+                // out without waiting among the finished ones.
+                Some((k, e)) if k == next => e,
+                Some(early) => {
+                    rs.ready.push(early);
+                    continue;
+                }
+                None => match rs.ready.take(|(k, _)| *k == next) {
+                    Some((_, e)) => e,
+                    None => break,
+                },
+            };
             rs.next_drain += 1;
             let Some(r) = entry else {
                 continue;
@@ -394,7 +402,12 @@ impl TmInner {
                 };
                 if fin {
                     slot.clear(F_LISTED);
-                    core.recv_list.remove(i);
+                    if i == 0 {
+                        // The usual case: the first buffer took it.
+                        core.recv_list.pop_front();
+                    } else {
+                        core.recv_list.remove(i);
+                    }
                 }
                 return Ok(claim);
             }

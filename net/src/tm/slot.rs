@@ -44,7 +44,8 @@ pub(crate) struct Slot {
     pub(crate) deadline: Option<Instant>,
     pub(crate) add_time: Instant,
     pub(crate) reg: Option<XprtData>,
-    pub(crate) callbacks: Arc<BufferCallbacks>,
+    /// The buffer's callbacks (`None` only in a spare slot).
+    pub(crate) callbacks: Option<Arc<BufferCallbacks>>,
     pub(crate) buf: LeafMutex<Option<NetBuffer>>,
     pub(super) flags: AtomicU8,
     pub(super) rs: Mutex<RecvState>,
@@ -87,7 +88,102 @@ pub(super) struct Ready {
     pub(super) fin: bool,
 }
 
+/// Spare slots a transfer machine keeps for its next adds.
+pub(super) const SPARE_SLOTS: usize = 8;
+
+/// What an add puts in its slot.
+pub(super) struct SlotInit {
+    pub(super) token: u64,
+    pub(super) tm_id: u64,
+    pub(super) queue: QueueType,
+    pub(super) length: usize,
+    pub(super) size: usize,
+    pub(super) ep: Option<EndPoint>,
+    pub(super) actor: Option<String>,
+    pub(super) desc: Option<Box<DescFields>>,
+    pub(super) cookie: u64,
+    pub(super) recv: RecvParams,
+    pub(super) deadline: Option<Instant>,
+    pub(super) add_time: Instant,
+    pub(super) reg: Option<XprtData>,
+    pub(super) callbacks: Arc<BufferCallbacks>,
+    pub(super) buf: NetBuffer,
+}
+
 impl Slot {
+    /// The slot of an add: `spare` (a slot nobody else references, see
+    /// [`Slot::make_spare`]) filled in place, or a new one.
+    pub(super) fn make(spare: Option<Arc<Slot>>, init: SlotInit) -> Arc<Slot> {
+        if let Some(mut arc) = spare
+            && let Some(s) = Arc::get_mut(&mut arc)
+        {
+            s.token = init.token;
+            s.tm_id = init.tm_id;
+            s.queue = init.queue;
+            s.length = init.length;
+            s.size = init.size;
+            *s.ep.get_mut() = init.ep;
+            s.actor = init.actor;
+            s.desc = init.desc;
+            s.cookie = init.cookie;
+            s.recv = init.recv;
+            s.deadline = init.deadline;
+            s.add_time = init.add_time;
+            s.reg = init.reg;
+            s.callbacks = Some(init.callbacks);
+            *s.buf.get_mut() = Some(init.buf);
+            // Cleared when it became spare: flags 0, no reservation, no
+            // event.
+            return arc;
+        }
+        Arc::new(Slot {
+            token: init.token,
+            tm_id: init.tm_id,
+            queue: init.queue,
+            length: init.length,
+            size: init.size,
+            ep: LeafMutex::new(init.ep),
+            actor: init.actor,
+            desc: init.desc,
+            cookie: init.cookie,
+            recv: init.recv,
+            deadline: init.deadline,
+            add_time: init.add_time,
+            reg: init.reg,
+            callbacks: Some(init.callbacks),
+            buf: LeafMutex::new(Some(init.buf)),
+            flags: AtomicU8::new(0),
+            rs: Mutex::new(RecvState::default()),
+            events: Mutex::new(SlotEvents::default()),
+        })
+    }
+
+    /// Makes a finished slot spare: releases everything it refers to (the
+    /// application's callbacks, a buffer never handed back, descriptor,
+    /// transport data) and resets its state, keeping the allocations of
+    /// its queues. Only on a slot nobody else references (`&mut`).
+    pub(super) fn make_spare(&mut self) {
+        *self.ep.get_mut() = None;
+        self.actor = None;
+        self.desc = None;
+        self.reg = None;
+        self.callbacks = None;
+        *self.buf.get_mut() = None;
+        self.flags.store(0, Ordering::Relaxed);
+        let rs = self.rs.get_mut();
+        rs.reserved = 0;
+        rs.claimed = 0;
+        rs.delivered = 0;
+        rs.next_seq = 0;
+        rs.next_drain = 0;
+        rs.inflight.clear();
+        rs.ready.clear();
+        rs.closed = false;
+        let ev = self.events.get_mut();
+        ev.busy = false;
+        ev.backlog.clear();
+    }
+
     pub(crate) fn flag(&self, f: u8) -> bool {
         self.flags.load(Ordering::Acquire) & f != 0
     }
@@ -155,12 +251,45 @@ impl<T> Few<T> {
         usize::from(self.first.is_some()) + self.rest.len()
     }
 
+    /// Moves every element, in order, to the back of `dst` (the usual
+    /// single element in one move, without an iterator).
+    pub(super) fn append_to(mut self, dst: &mut Few<T>) {
+        if let Some(v) = self.first.take() {
+            dst.push(v);
+        }
+        if self.rest.capacity() == 0 {
+            // The usual case: nothing left in `self` and nothing ever
+            // allocated (a deque without capacity owns no memory), so its
+            // drop would do nothing but cost the deque's drop glue.
+            std::mem::forget(self);
+            return;
+        }
+        dst.rest.append(&mut self.rest);
+    }
+
+    /// The elements after the first (an empty iterator without touching
+    /// the deque when there are none).
+    pub(super) fn rest_iter(&self) -> impl Iterator<Item = &T> {
+        (!self.rest.is_empty())
+            .then(|| self.rest.iter())
+            .into_iter()
+            .flatten()
+    }
+
+    /// Removes every element, keeping the allocation.
+    pub(super) fn clear(&mut self) {
+        self.first = None;
+        if !self.rest.is_empty() {
+            self.rest.clear();
+        }
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.first.is_none()
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &T> {
-        self.first.iter().chain(self.rest.iter())
+        self.first.iter().chain(self.rest_iter())
     }
 
     /// Removes and returns the first element matching `pred`, keeping the

@@ -42,7 +42,7 @@ use std::collections::{HashSet, VecDeque};
 use colibri_net::fasthash::{FastMap, FastState};
 use std::io::IoSlice;
 use std::net::SocketAddrV4;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use colibri_net::xprt::{
@@ -93,6 +93,14 @@ pub(crate) trait Machine {
 pub(crate) trait Directory<M> {
     /// The started transfer machine at `addr`, if any.
     fn machine(&self, addr: &TcpAddr) -> Option<Arc<M>>;
+
+    /// A number that changes whenever [`Directory::machine`] may answer
+    /// differently for some address (a machine started or stopped), or
+    /// `None` when the directory cannot tell: a connection then looks
+    /// every request's machine up again instead of reusing the last one.
+    fn generation(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// What the protocol needs from the transport's configuration.
@@ -265,30 +273,50 @@ impl<'a> Out<'a> {
     pub(crate) fn slices<'b>(
         &self,
         mem: Option<&'b BufVec>,
-        iov: &mut impl Extend<IoSlice<'b>>,
+        iov: &mut impl IovSink<'b>,
     ) -> Result<()>
     where
         'a: 'b,
     {
-        iov.extend(
-            self.head
-                .iter()
-                .filter(|p| !p.is_empty())
-                .map(|p| IoSlice::new(p)),
-        );
+        for p in self.head {
+            if !p.is_empty() {
+                iov.push_slice(p);
+            }
+        }
         match self.data {
             OutData::None => {}
             OutData::Bytes(b) => {
                 if !b.is_empty() {
-                    iov.extend([IoSlice::new(b)]);
+                    iov.push_slice(b);
                 }
             }
             OutData::Buf { off, len, .. } => {
                 let bv = mem.ok_or(NetError::Cancelled)?;
-                bv.extend_io_slices(off, len, iov)?;
+                bv.each_slice(off, len, |s| iov.push_slice(s))?;
             }
         }
         Ok(())
+    }
+}
+
+/// Where [`Out::slices`] appends the slices of a write: one push per
+/// slice, no iterator adaptor on the per-message path.
+pub(crate) trait IovSink<'b> {
+    /// Appends one slice.
+    fn push_slice(&mut self, s: &'b [u8]);
+}
+
+impl<'b, A: smallvec::Array<Item = IoSlice<'b>>> IovSink<'b> for smallvec::SmallVec<A> {
+    #[inline]
+    fn push_slice(&mut self, s: &'b [u8]) {
+        self.push(IoSlice::new(s));
+    }
+}
+
+impl<'b> IovSink<'b> for Vec<IoSlice<'b>> {
+    #[inline]
+    fn push_slice(&mut self, s: &'b [u8]) {
+        self.push(IoSlice::new(s));
     }
 }
 
@@ -477,9 +505,17 @@ pub(crate) struct Proto<M> {
     fresh: Vec<SocketAddrV4>,
     /// The sender of the last request: a busy peer costs no hash lookup.
     last_learned: Option<SocketAddrV4>,
+    /// The machine the last request was for, with the directory's
+    /// generation at the lookup: the next request for the same address
+    /// reuses it while the generation stands (held weakly: a connection
+    /// never keeps a machine alive).
+    last_tm: Option<(TcpAddr, u64, Weak<M>)>,
     /// Sender addresses seen and their printed forms: a peer's address
     /// is formatted once, not per message.
-    sender_names: FastMap<TcpAddr, Box<str>>,
+    sender_names: FastMap<TcpAddr, Arc<str>>,
+    /// The last sender and its printed form (traffic comes in runs from
+    /// one sender: no hash lookup for those).
+    last_sender: Option<(TcpAddr, Arc<str>)>,
     /// Callbacks of sends completed by an acknowledgement, run after the
     /// answers the same read produced are written ([`Proto::run_later`]):
     /// a request and the acknowledgement of our previous answer arrive
@@ -523,7 +559,9 @@ impl<M: Machine> Proto<M> {
             learned: HashSet::default(),
             fresh: Vec::new(),
             last_learned: None,
+            last_tm: None,
             sender_names: FastMap::default(),
+            last_sender: None,
             later: Vec::new(),
         }
     }
@@ -547,12 +585,17 @@ impl<M: Machine> Proto<M> {
     /// cost more than the rest of the message's protocol work). At most
     /// [`SENDER_NAMES`] are kept; the cache starts over when full.
     fn sender_name(&mut self, a: TcpAddr) -> &str {
-        if self.sender_names.len() >= SENDER_NAMES && !self.sender_names.contains_key(&a) {
-            self.sender_names.clear();
+        if self.last_sender.as_ref().is_none_or(|(l, _)| *l != a) {
+            if self.sender_names.len() >= SENDER_NAMES && !self.sender_names.contains_key(&a) {
+                self.sender_names.clear();
+            }
+            let name = self
+                .sender_names
+                .entry(a)
+                .or_insert_with(|| Arc::from(a.to_string()));
+            self.last_sender = Some((a, Arc::clone(name)));
         }
-        self.sender_names
-            .entry(a)
-            .or_insert_with(|| a.to_string().into_boxed_str())
+        self.last_sender.as_ref().map_or("", |(_, n)| n)
     }
 
     /// A connection being opened at `now`, given up if not established by
@@ -779,20 +822,25 @@ impl<M: Machine> Proto<M> {
     /// Removes the frames of transfer `tag` not yet started and detaches
     /// the one on the wire, so that its buffer can be handed back.
     fn detach(&mut self, tag: impl Fn(Tag) -> bool) -> Result<()> {
-        let mut keep = VecDeque::with_capacity(self.wq.len());
-        let mut res = Ok(());
-        for mut f in self.wq.drain(..) {
-            if !tag(f.tag) {
-                keep.push_back(f);
-            } else if f.done > 0 {
-                if let Err(e) = f.detach() {
-                    res = Err(e);
-                }
-                f.tag = Tag::Plain;
-                keep.push_back(f);
-            }
+        // In place: the queue keeps its allocation (an acknowledged
+        // message usually has no frame left at all).
+        if self.wq.is_empty() {
+            return Ok(());
         }
-        self.wq = keep;
+        let mut res = Ok(());
+        self.wq.retain_mut(|f| {
+            if !tag(f.tag) {
+                return true;
+            }
+            if f.done == 0 {
+                return false;
+            }
+            if let Err(e) = f.detach() {
+                res = Err(e);
+            }
+            f.tag = Tag::Plain;
+            true
+        });
         res
     }
 
@@ -940,8 +988,10 @@ impl<M: Machine> Proto<M> {
                 return;
             }
             n -= rem;
-            let f = self.wq.pop_front().expect("front exists");
-            if let Tag::Chunk(x, len) = f.tag {
+            let tag = f.tag;
+            // Dropped where it is (not moved out first).
+            self.wq.pop_front();
+            if let Tag::Chunk(x, len) = tag {
                 self.chunk_written(x, len as u64);
             }
         }
@@ -1170,7 +1220,15 @@ impl<M: Machine> Proto<M> {
     fn process(&mut self, dir: &impl Directory<M>) -> Result<()> {
         loop {
             let avail = self.rlen - self.rpos;
-            match std::mem::replace(&mut self.rstate, RState::Header) {
+            // A header is read in place: the state is only taken out of
+            // the connection (a move of the whole state) for a descriptor
+            // or a body.
+            let state = if matches!(self.rstate, RState::Header) {
+                RState::Header
+            } else {
+                std::mem::replace(&mut self.rstate, RState::Header)
+            };
+            match state {
                 RState::Header => {
                     if avail < HEADER_LEN {
                         if self.rpos > 0 && self.rbuf.len() - self.rpos < HEADER_LEN {
@@ -1263,7 +1321,20 @@ impl<M: Machine> Proto<M> {
                 }
             }
         }
-        Ok(dir.machine(&h.receiver))
+        let generation = dir.generation();
+        if let (Some(g), Some((a, cached_g, w))) = (generation, &self.last_tm)
+            && *a == h.receiver
+            && *cached_g == g
+            && let Some(tm) = w.upgrade()
+        {
+            return Ok(Some(tm));
+        }
+        let tm = dir.machine(&h.receiver);
+        self.last_tm = match (generation, &tm) {
+            (Some(g), Some(tm)) => Some((h.receiver, g, Arc::downgrade(tm))),
+            _ => None,
+        };
+        Ok(tm)
     }
 
     fn start_frame(&mut self, h: Header, dir: &impl Directory<M>) -> Result<()> {
