@@ -425,6 +425,8 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 "LNet, a delivery thread per transfer machine".to_string()
             } else if report.transport == "lnet" {
                 "LNet, callbacks on the nodes' engine threads".to_string()
+            } else if let Some(n) = a.engine_threads {
+                format!("one shared engine of {n} thread(s) for every domain")
             } else if report.transport == "tcp" || report.transport == "rdma" {
                 "I/O threads (one per domain)".to_string()
             } else {
