@@ -137,20 +137,13 @@ mod hw {
 
     #[target_feature(enable = "sse4.2")]
     fn fixed_sse42<const N: usize>(crc: u32, data: &[u8; N]) -> u32 {
-        let mut c = u64::from(crc);
-        let mut chunks = data.chunks_exact(8);
-        for w in &mut chunks {
-            let v = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
-            c = _mm_crc32_u64(c, v);
-        }
-        let mut c = c as u32;
-        for &b in chunks.remainder() {
-            c = _mm_crc32_u8(c, b);
-        }
-        c
+        // The general loop, inlined here with a length known at compile
+        // time, so that it is unrolled.
+        update_sse42(crc, data)
     }
 
     #[target_feature(enable = "sse4.2")]
+    #[inline]
     fn update_sse42(crc: u32, data: &[u8]) -> u32 {
         let mut c = u64::from(crc);
         let mut chunks = data.chunks_exact(8);
