@@ -546,6 +546,12 @@ impl HealthMonitor {
         &self.stats
     }
 
+    /// Zeroes the global counters ([`HealthMonitor::stats`]), as `lnetctl
+    /// stats reset` does; the interfaces' health values stay.
+    pub fn reset_stats(&mut self) {
+        self.stats = HealthStats::default();
+    }
+
     /// Registers one of the node's NIs (at full health). The number of local
     /// NIs decides whether local resends make sense.
     pub fn add_local_ni(&mut self, nid: Nid) {

@@ -1525,13 +1525,16 @@ impl Node {
         self.peer_ni_stats.get(&nid).copied()
     }
 
-    /// `lnetctl stats reset`: zeroes the node's counters, the local NIs'
-    /// and the peer NIs' message counts.
+    /// `lnetctl stats reset`: zeroes the node's counters, the health
+    /// counters (completions per status, resends; Lustre's
+    /// `lnet_counters_reset` zeroes both sets), the local NIs' and the peer
+    /// NIs' message counts. Health values stay.
     pub fn reset_stats(&mut self) {
         self.stats = NodeStats {
             msgs_max: self.msgs_alive(),
             ..NodeStats::default()
         };
+        self.health.reset_stats();
         self.peer_ni_stats.clear();
         for ni in &mut self.nis {
             ni.send_count = 0;
@@ -4042,6 +4045,18 @@ mod tests {
         let s = n.peer_ni_stats(peer).unwrap();
         assert_eq!((s.send_count, s.send_length, s.recv_count), (1, 5, 0));
         assert_eq!((n.stats().send_count, n.stats().send_length), (1, 5));
+        // A second PUT fails: counted by status, until the reset too.
+        let src2 = put_md(&mut n, &mut arena, b"fghij");
+        n.put(Time::ZERO, src2, false, ProcessId::lustre(peer), 3, 9, 0, 0)
+            .unwrap();
+        let tx = n.poll_transmit().unwrap();
+        n.handle_tx_done(Time::ZERO, tx.id, Err(HealthError::RemoteDropped))
+            .unwrap();
+        let dropped = HealthStatus::ALL
+            .iter()
+            .position(|&s| s == HealthStatus::RemoteDropped)
+            .unwrap();
+        assert_eq!(n.health().stats().by_status[dropped], 1);
         // A 4-byte PUT from the peer.
         let mem = register(&mut arena, &[0; 4]);
         sink(&mut n, mem, MdOptions::OP_PUT | MdOptions::ACK_DISABLE);
@@ -4060,6 +4075,7 @@ mod tests {
         n.reset_stats();
         assert_eq!(n.peer_ni_stats(peer), None);
         assert_eq!(n.stats(), NodeStats::default());
+        assert_eq!(*n.health().stats(), crate::health::HealthStats::default());
         assert_eq!(n.ni_info(me).unwrap().send_count, 0);
     }
 
