@@ -93,7 +93,9 @@ fn two_routers_one_killed_mid_stream() {
             routes("tcp", &["127.0.24.3@tcp1", "127.0.24.4@tcp1"])
         ),
     );
-    let client = Node::start(
+    // The client's failed sends are logged (debug), for the failure
+    // messages below.
+    let client = Node::start_logged(
         dir.path(),
         "client",
         &format!(
@@ -101,6 +103,7 @@ fn two_routers_one_killed_mid_stream() {
             ni("tcp", "127.0.23.2@tcp"),
             routes("tcp1", &["127.0.23.3@tcp", "127.0.23.4@tcp"])
         ),
+        "info,colibri_lnet::node=debug",
     );
     let srv = "127.0.24.5@tcp1";
     wait_for(SETTLE, "first ping through a router", || {
@@ -218,13 +221,16 @@ fn two_routers_one_killed_mid_stream() {
         "127.0.24.4@tcp1",
     ]);
     let mut rb = rb;
+    // Only what the client logs after the kill counts: lines from before
+    // (a connection race at start-up, say) say nothing about the
+    // connections the client holds now.
+    let mark = client.log_mark();
     rb.kill9();
     wait_for(SETTLE, "the client saw B's connections close", || {
-        let log = client.stderr.lock().unwrap();
         let closed = |t: &str| {
-            log.lines().any(|l| {
-                l.contains("closed connection") && l.contains("127.0.23.4@tcp") && l.contains(t)
-            })
+            !client
+                .log_since(mark, &["closed connection", "127.0.23.4@tcp", t])
+                .is_empty()
         };
         if closed("(CONTROL)") && closed("(BULK_OUT)") {
             Ok(())
@@ -233,6 +239,7 @@ fn two_routers_one_killed_mid_stream() {
         }
     });
     client.ok(&["stats", "reset"]);
+    let reset = client.log_mark();
     let a1 = ra.stat("route_count");
     let (rpcs, errors) = brw(&client, srv, "1M", "2", "2");
     assert!(rpcs > 0 && errors == 0, "nothing lost: {rpcs} {errors}");
@@ -240,7 +247,10 @@ fn two_routers_one_killed_mid_stream() {
     let cs = client.json(&["stats", "show"]);
     let c = |k: &str| num(&cs, &["statistics", k]);
     let routes = client.ok(&["route", "show", "--verbose"]);
-    eprintln!("B killed idle: rpcs {rpcs}; client {cs}");
+    eprintln!(
+        "B killed idle: rpcs {rpcs}; client {cs}; {:#?}",
+        client.log_since(reset, &["send failed"])
+    );
     if c("resend_count") == 0 {
         // Only if the router checker found B dead first (it pings every
         // 60 s): then no PUT tried B.
@@ -512,6 +522,7 @@ fn restarted_node_is_reconnected() {
         let n = server.stat("recv_count");
         if n > 20 { Ok(()) } else { Err(n) }
     });
+    let mark = client.log_mark();
     server.kill9();
     drop(server);
     let server = Node::start(dir.path(), "server", &s_yaml);
@@ -520,11 +531,7 @@ fn restarted_node_is_reconnected() {
     // reconnects before its peer entry is forgotten, on seeing the new
     // incarnation in the HELLO ("peer rebooted").
     wait_for(SETTLE, "the old connections closed", || {
-        let log = client.stderr.lock().unwrap();
-        let closed: Vec<&str> = log
-            .lines()
-            .filter(|l| l.contains("closed connection") && l.contains(s))
-            .collect();
+        let closed = client.log_since(mark, &["closed connection", s]);
         let control = closed.iter().any(|l| {
             l.contains("(CONTROL)")
                 && (l.contains("peer closed the connection") || l.contains("peer rebooted"))

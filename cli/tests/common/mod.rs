@@ -38,6 +38,13 @@ impl Node {
         Self::start_with(dir, name, yaml, None)
     }
 
+    /// Starts a node whose log (stderr) is filtered by `filter` (a
+    /// `RUST_LOG` value) instead of the default, for a test that reads
+    /// the node's debug lines.
+    pub(crate) fn start_logged(dir: &Path, name: &str, yaml: &str, filter: &str) -> Self {
+        Self::spawn(dir, name, yaml, None, Some(filter))
+    }
+
     /// With `default_dir`, the node picks its socket's path itself in that
     /// directory (`COLIBRI_LNET_CTL_DIR`).
     pub(crate) fn start_with(
@@ -46,12 +53,25 @@ impl Node {
         yaml: &str,
         default_dir: Option<&Path>,
     ) -> Self {
+        Self::spawn(dir, name, yaml, default_dir, None)
+    }
+
+    fn spawn(
+        dir: &Path,
+        name: &str,
+        yaml: &str,
+        default_dir: Option<&Path>,
+        log: Option<&str>,
+    ) -> Self {
         let cfg = dir.join(format!("{name}.yaml"));
         std::fs::write(&cfg, yaml).unwrap();
         let mut ctl = dir.join(format!("{name}.sock"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_colibri"));
         cmd.args(["lnet", "run", "--exit-on-eof", "--config"])
             .arg(&cfg);
+        if let Some(f) = log {
+            cmd.env("RUST_LOG", f);
+        }
         match default_dir {
             Some(d) => {
                 cmd.env("COLIBRI_LNET_CTL_DIR", d);
@@ -144,6 +164,24 @@ impl Node {
         let out = self.ok(&a);
         let last = out.lines().last().unwrap_or_default();
         serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {out}"))
+    }
+
+    /// How much it has written to its log (stderr) so far: a mark for
+    /// [`Node::log_since`].
+    pub(crate) fn log_mark(&self) -> usize {
+        self.stderr.lock().unwrap().len()
+    }
+
+    /// The log lines written after `mark` (from [`Node::log_mark`]) that
+    /// contain every one of `words`.
+    pub(crate) fn log_since(&self, mark: usize, words: &[&str]) -> Vec<String> {
+        let log = self.stderr.lock().unwrap();
+        log.get(mark..)
+            .unwrap_or("")
+            .lines()
+            .filter(|l| words.iter().all(|w| l.contains(w)))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// Kills it with SIGKILL (no goodbye to its peers) and reaps it.
