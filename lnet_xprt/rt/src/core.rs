@@ -364,7 +364,7 @@ impl Shared {
             RxAction::Forward { rx, pool, len } => {
                 let buf = self.lo_copy(&tx.payload, |src| {
                     let mut b = self.rbufs.take(pool, len as usize);
-                    let n = copy_pieces(src, &mut [&mut b[..]]);
+                    let n = copy_pieces(src, &mut [&mut b[..len as usize]]);
                     (n == len as usize).then_some(b)
                 });
                 match buf.flatten() {

@@ -360,16 +360,21 @@ fn pool_index(p: PoolKind) -> usize {
 }
 
 impl RouterBuffers {
-    /// A buffer of `len` bytes from `pool` (allocated if the pool is empty).
+    /// A buffer of at least `len` bytes from `pool` (allocated if the pool
+    /// is empty); the payload goes in its first `len` bytes. A buffer
+    /// keeps its length from one message to the next, so a reused buffer
+    /// is not zeroed again (for a 1 MiB message, a pass over 1 MiB that
+    /// the socket read overwrites at once).
     pub(crate) fn take(&self, pool: PoolKind, len: usize) -> Vec<u8> {
         let mut v = self.free.lock()[pool_index(pool)].pop().unwrap_or_default();
-        v.resize(len, 0);
+        if v.len() < len {
+            v.resize(len, 0);
+        }
         v
     }
 
-    /// Gives back a buffer that was never filled.
-    pub(crate) fn give_back(&self, pool: PoolKind, mut v: Vec<u8>) {
-        v.clear();
+    /// Gives back a buffer (filled or not).
+    pub(crate) fn give_back(&self, pool: PoolKind, v: Vec<u8>) {
         let mut free = self.free.lock();
         let list = &mut free[pool_index(pool)];
         if list.len() < FREE_KEEP {
@@ -404,5 +409,33 @@ impl RouterBuffers {
 
     pub(crate) fn filled_count(&self) -> usize {
         self.filled.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_buffers_are_reused_without_zeroing() {
+        let b = RouterBuffers::default();
+        let mut v = b.take(PoolKind::Large, 8192);
+        assert_eq!(v.len(), 8192);
+        v.fill(0xab);
+        let at = v.as_ptr();
+        b.give_back(PoolKind::Large, v);
+        // A shorter message gets the same buffer, as it was: the payload
+        // goes in its first bytes and nothing is written before the read.
+        let v = b.take(PoolKind::Large, 100);
+        assert_eq!(v.as_ptr(), at);
+        assert!(v.len() >= 100 && v.iter().all(|&x| x == 0xab));
+        b.give_back(PoolKind::Large, v);
+        // A longer one grows it; only the new tail is zeroed.
+        let v = b.take(PoolKind::Large, 10_000);
+        assert_eq!(v.len(), 10_000);
+        assert!(v[..8192].iter().all(|&x| x == 0xab));
+        assert!(v[8192..].iter().all(|&x| x == 0));
+        b.give_back(PoolKind::Large, v);
+        assert_eq!(b.take(PoolKind::Large, 1).len(), 10_000);
     }
 }

@@ -50,8 +50,9 @@ pub(crate) enum SchedCmd {
 enum Dest {
     /// Caller memory (a range of a registered region).
     Mem(Resolved),
-    /// A router buffer being filled.
-    Router(Vec<u8>, PoolKind),
+    /// A router buffer being filled: its first `usize` bytes (the buffer
+    /// may be longer).
+    Router(Vec<u8>, PoolKind, usize),
     /// LNet's own bytes.
     Inline(Vec<u8>),
     /// Nowhere (discarded).
@@ -62,7 +63,8 @@ impl Dest {
     fn len(&self) -> usize {
         match self {
             Self::Mem(r) => r.len,
-            Self::Router(v, _) | Self::Inline(v) => v.len(),
+            Self::Router(_, _, len) => *len,
+            Self::Inline(v) => v.len(),
             Self::None => 0,
         }
     }
@@ -524,7 +526,10 @@ impl Scheduler {
             },
             RxAction::Forward { rx, pool, len } => {
                 let len = (len as usize).min(total);
-                (Some(rx), Dest::Router(self.s.rbufs.take(pool, len), pool))
+                (
+                    Some(rx),
+                    Dest::Router(self.s.rbufs.take(pool, len), pool, len),
+                )
             }
             RxAction::Inline { rx, len, .. } => {
                 let len = (len as usize).min(total);
@@ -551,7 +556,8 @@ impl Scheduler {
         let csum = if p.whole {
             Some(match &p.dest {
                 Dest::Mem(r) => r.read(pieces_checksum).unwrap_or(0),
-                Dest::Router(v, _) | Dest::Inline(v) => payload_checksum(v),
+                Dest::Router(v, _, len) => payload_checksum(&v[..*len]),
+                Dest::Inline(v) => payload_checksum(v),
                 Dest::None => payload_checksum(&[]),
             })
         } else {
@@ -576,12 +582,12 @@ impl Scheduler {
         };
         if let Some(rx) = p.rx {
             let o = match (&outcome, p.dest) {
-                (Err(_), Dest::Router(v, pool)) => {
+                (Err(_), Dest::Router(v, pool, _)) => {
                     self.s.rbufs.give_back(pool, v);
                     PayloadOutcome::Failed
                 }
                 (Err(_), _) => PayloadOutcome::Failed,
-                (Ok(()), Dest::Router(v, _)) => {
+                (Ok(()), Dest::Router(v, _, _)) => {
                     self.s.rbufs.insert(rx, v);
                     PayloadOutcome::Received
                 }
@@ -614,7 +620,7 @@ impl Scheduler {
         // The message being read, or parked, is lost.
         match std::mem::replace(&mut sc.rx, RxStage::Header) {
             RxStage::Payload(p) => {
-                if let Dest::Router(v, pool) = p.dest {
+                if let Dest::Router(v, pool, _) = p.dest {
                     self.s.rbufs.give_back(pool, v);
                 }
                 if let Some(rx) = p.rx {
@@ -854,7 +860,8 @@ fn read_into(stream: &mut mio::net::TcpStream, dest: &mut Dest, done: usize) -> 
                 stream.read_vectored(&mut bufs)
             })
             .unwrap_or_else(|| Err(io::Error::other("the payload's memory went away"))),
-        Dest::Router(v, _) | Dest::Inline(v) => stream.read(&mut v[done..]),
+        Dest::Router(v, _, len) => stream.read(&mut v[done..*len]),
+        Dest::Inline(v) => stream.read(&mut v[done..]),
         Dest::None => Ok(0),
     }
 }
