@@ -325,6 +325,64 @@ pub fn tcp_stream_bufs(
     end.saturating_duration_since(start)
 }
 
+/// How many `size`-byte buffers the relay of [`tcp_relay_stream`] cycles
+/// through (a message can be read while up to this many minus one wait to
+/// be written, as a router's buffers let it).
+pub const RELAY_BUFS: usize = 4;
+
+/// A raw user-space TCP relay: `iters` writes of `size` bytes from a
+/// writer to a relay, which reads each message whole into one of its
+/// [`RELAY_BUFS`] buffers and writes it on to a reader (a reader thread
+/// and a writer thread, so reading one message overlaps writing the
+/// previous one); the time from the first write to the last byte read.
+/// Every byte crosses the loopback twice and is copied four times (the
+/// [`tcp_stream`] baseline: twice): what a router that moves bytes
+/// through user space can reach on this machine. No thread is pinned.
+pub fn tcp_relay_stream(size: usize, iters: u64) -> Duration {
+    let (mut tx, mut relay_in) = tcp_pair(false).unwrap_or_else(|e| tcp_failed(&e));
+    let (mut relay_out, mut rx) = tcp_pair(false).unwrap_or_else(|e| tcp_failed(&e));
+    let (full_tx, full_rx) = bounded::<Vec<u8>>(RELAY_BUFS);
+    let (free_tx, free_rx) = bounded::<Vec<u8>>(RELAY_BUFS);
+    for _ in 0..RELAY_BUFS {
+        let _ = free_tx.send(vec![0u8; size]);
+    }
+    let relay_reader = thread::spawn(move || {
+        for _ in 0..iters {
+            let Ok(mut buf) = free_rx.recv() else { return };
+            tcp_read_full(&mut relay_in, &mut buf).unwrap_or_else(|e| tcp_failed(&e));
+            if full_tx.send(buf).is_err() {
+                return;
+            }
+        }
+    });
+    let relay_writer = thread::spawn(move || {
+        for _ in 0..iters {
+            let Ok(buf) = full_rx.recv() else { return };
+            tcp_write_full(&mut relay_out, &buf).unwrap_or_else(|e| tcp_failed(&e));
+            let _ = free_tx.send(buf);
+        }
+    });
+    let reader = thread::spawn(move || {
+        let mut bufs: Vec<Vec<u8>> = (0..STREAM_DST_BUFS).map(|_| vec![0u8; size]).collect();
+        for i in 0..iters {
+            let buf = &mut bufs[i as usize % STREAM_DST_BUFS];
+            tcp_read_full(&mut rx, buf).unwrap_or_else(|e| tcp_failed(&e));
+        }
+        black_box(&bufs);
+        Instant::now()
+    });
+    let bufs: Vec<Vec<u8>> = (0..STREAM_SRC_BUFS).map(|_| vec![0xa5u8; size]).collect();
+    let start = Instant::now();
+    for i in 0..iters {
+        let buf = &bufs[i as usize % STREAM_SRC_BUFS];
+        tcp_write_full(&mut tx, buf).unwrap_or_else(|e| tcp_failed(&e));
+    }
+    let end = reader.join().unwrap_or_else(|_| Instant::now());
+    let _ = relay_reader.join();
+    let _ = relay_writer.join();
+    end.saturating_duration_since(start)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,5 +395,6 @@ mod tests {
         }
         assert!(tcp_stream(1 << 20, 4, false, None) > Duration::ZERO);
         assert!(tcp_stream(1 << 20, 4, true, None) > Duration::ZERO);
+        assert!(tcp_relay_stream(1 << 20, 8) > Duration::ZERO);
     }
 }

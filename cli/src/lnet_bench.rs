@@ -9,6 +9,10 @@
 //!   two nodes, against a raw blocking 1 MiB TCP stream.
 //! * `lnet-routed-put`: the same stream through a router node (two nets),
 //!   against the same raw stream.
+//! * `lnet-routed-relay`: the same runs against a raw user-space relay
+//!   ([`baseline::tcp_relay_stream`]), measured interleaved: the ceiling a
+//!   router that moves bytes through user space has on this machine (no
+//!   target: it says how far the routed figure is from that ceiling).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -176,32 +180,24 @@ fn put_stream(
     Ok((count as usize * MIB) as f64 / secs / 1e9)
 }
 
-/// A 1 MiB stream row: `runs` runs of `ours` (GB/s) interleaved with a
-/// raw blocking TCP stream of `count` 1 MiB writes, against `target`.
-fn stream_row(
-    test: &str,
-    target: f64,
-    runs: usize,
-    count: u64,
-    cpus: Option<(usize, usize)>,
-    mut ours_run: impl FnMut() -> Result<f64, String>,
-) -> Result<Row, String> {
-    let (mut ours, mut base) = (Vec::new(), Vec::new());
-    for _ in 0..runs {
-        ours.push(ours_run()?);
-        let t = baseline::tcp_stream(MIB, count, false, cpus);
-        base.push((count as usize * MIB) as f64 / t.as_secs_f64() / 1e9);
-    }
-    Ok(row(
+/// GB/s of `count` 1 MiB messages in `t`.
+fn gbps(count: u64, t: Duration) -> f64 {
+    (count as usize * MIB) as f64 / t.as_secs_f64() / 1e9
+}
+
+/// The row of a 1 MiB stream (GB/s, `ours`) against the raw blocking TCP
+/// stream (`base`, measured interleaved), with its target ratio.
+fn stream_row(test: &str, ours: &[f64], base: &[f64], target: f64) -> Row {
+    row(
         test,
         MIB,
         "GB/s",
-        &ours,
-        &base,
+        ours,
+        base,
         "raw loopback TCP stream, 1 MiB writes, blocking".into(),
         true,
         Some(Target::RatioAtLeast(target)),
-    ))
+    )
 }
 
 /// The LNet rows: `runs` interleaved runs of each figure and its baseline.
@@ -250,9 +246,12 @@ pub(crate) fn lnet_rows(
     ));
 
     progress("lnet-put 1MiB");
-    rows.push(stream_row("lnet-put", 0.85, runs, count, cpus, || {
-        put_stream(&a, tb, count, 4, &puts_b)
-    })?);
+    let (mut ours, mut base) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        ours.push(put_stream(&a, tb, count, 4, &puts_b)?);
+        base.push(gbps(count, baseline::tcp_stream(MIB, count, false, cpus)));
+    }
+    rows.push(stream_row("lnet-put", &ours, &base, 0.85));
     a.shutdown();
     b.shutdown();
 
@@ -278,14 +277,30 @@ pub(crate) fn lnet_rows(
     sink(&server, &inbox)?;
     let ts = ProcessId::lustre(s_nid);
     put_stream(&client, ts, 4, 4, &puts_s)?;
-    rows.push(stream_row(
-        "lnet-routed-put",
-        0.7,
-        runs,
-        count,
-        cpus,
-        || put_stream(&client, ts, count, 4, &puts_s),
-    )?);
+    // Each run: ours, the raw stream (the target's baseline), then a raw
+    // relay (what moving the bytes through a user-space router costs on
+    // this machine), interleaved; the relay last, so the stream baseline
+    // is measured after ours as in the other rows.
+    let (mut ours, mut base, mut relay) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        ours.push(put_stream(&client, ts, count, 4, &puts_s)?);
+        base.push(gbps(count, baseline::tcp_stream(MIB, count, false, cpus)));
+        relay.push(gbps(count, baseline::tcp_relay_stream(MIB, count)));
+    }
+    rows.push(stream_row("lnet-routed-put", &ours, &base, 0.7));
+    rows.push(row(
+        "lnet-routed-relay",
+        MIB,
+        "GB/s",
+        &ours,
+        &relay,
+        format!(
+            "raw loopback TCP relay: writer -> relay (a reading and a writing thread, {} buffers) -> reader, 1 MiB messages",
+            baseline::RELAY_BUFS
+        ),
+        true,
+        None,
+    ));
     client.shutdown();
     router.shutdown();
     server.shutdown();

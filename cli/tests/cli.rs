@@ -406,7 +406,15 @@ fn bench_lnet_smoke() {
     assert_eq!(v["transport"], "lnet");
     let rows = v["sections"][0]["rows"].as_array().unwrap();
     let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
-    assert_eq!(tests, ["lnet-rtt", "lnet-put", "lnet-routed-put"]);
+    assert_eq!(
+        tests,
+        [
+            "lnet-rtt",
+            "lnet-put",
+            "lnet-routed-put",
+            "lnet-routed-relay"
+        ]
+    );
     for r in rows {
         assert!(r["ours"]["median"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["baseline"]["median"].as_f64().unwrap() > 0.0, "{r}");
