@@ -48,7 +48,8 @@ fn lnet_node(
 
 /// A free TCP port on `ip` (the child's LNet node listens there; the
 /// port is free when looked up, and a child that cannot listen fails its
-/// start, which fails the soak with that error).
+/// start, which fails the soak with that error; it is looked up once per
+/// soak, before the first child).
 fn free_port(ip: std::net::Ipv4Addr) -> Result<u16, String> {
     let l = std::net::TcpListener::bind((ip, 0)).map_err(|e| format!("a port on {ip}: {e}"))?;
     l.local_addr()
@@ -258,6 +259,12 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
     let rep = if a.two_process {
         let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
         let (seed, faults) = (a.seed, cfg.faults);
+        // The child's LNet port, picked once: every restarted child listens
+        // on the same one (its listener sets SO_REUSEADDR, so the killed
+        // child's connections do not hold it), and nothing else binds the
+        // child's address, so no other socket can take the port between two
+        // children.
+        let child_port = std::sync::OnceLock::new();
         let peer_cmd = move || {
             let mut c = std::process::Command::new(&exe);
             c.args([
@@ -275,7 +282,7 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
                 // learns it before the child starts.
                 let child: Nid = LNET_CHILD.parse().unwrap_or(Nid::ANY);
                 let ip = std::net::Ipv4Addr::from(child.addr());
-                let port = free_port(ip).unwrap_or(0);
+                let port = *child_port.get_or_init(|| free_port(ip).unwrap_or(0));
                 n.set_peer_addr(child, std::net::SocketAddr::from((ip, port)));
                 let parent = LNET_PARENT.parse().unwrap_or(Nid::ANY);
                 if let Some(at) = n.listen_addr(parent) {
