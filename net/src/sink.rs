@@ -153,6 +153,30 @@ pub enum ClaimError {
     },
 }
 
+impl ClaimError {
+    /// Settles a refused claim for a message of `len` bytes on a thread of
+    /// the receiving transfer machine (its `sink`): runs the receiver's
+    /// `NoBuffers` event, or fails the too-small `victim` with
+    /// `MessageTooLarge`, and returns the error the sender gets
+    /// (`Unreachable(receiver)` for a machine that is not started). For
+    /// transports that deliver the receiver's events elsewhere, match the
+    /// variants instead.
+    pub fn settle(self, sink: &TmSink, len: usize, receiver: &dyn fmt::Display) -> NetError {
+        match self {
+            Self::NoBuffers { notice } => {
+                notice.run();
+                NetError::NoBuffers
+            }
+            Self::TooLarge { victim, space } => {
+                let e = NetError::MessageTooLarge { len, space };
+                sink.complete(&victim, Err(e.clone()));
+                e
+            }
+            Self::NotStarted => NetError::Unreachable(receiver.to_string()),
+        }
+    }
+}
+
 /// A passive buffer claimed for an active bulk request
 /// ([`TmSink::claim_passive`]).
 #[derive(Debug)]

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use colibri_net::addr::InetAddr;
 use colibri_net::desc::NetBufDesc;
 use colibri_net::xprt::{
-    ClaimError, DelReason, Delivery, PassiveClaim, PassiveError, QueuedBuf, RecvClaim, TmSink,
+    DelReason, Delivery, PassiveClaim, PassiveError, QueuedBuf, RecvClaim, TmSink,
 };
 use colibri_net::{BufToken, NetError, QueueType, Result};
 use mio::net::{TcpListener, TcpStream};
@@ -1368,16 +1368,10 @@ impl Loop {
                     }
                 }
             }
-            Err(ClaimError::NoBuffers { notice }) => {
-                self.reply(t, xid, Err(NetError::NoBuffers));
-                notice.run();
+            Err(e) => {
+                let e = e.settle(&sink, len, &receiver);
+                self.reply(t, xid, Err(e));
             }
-            Err(ClaimError::TooLarge { victim, space }) => {
-                let e = NetError::MessageTooLarge { len, space };
-                self.reply(t, xid, Err(e.clone()));
-                sink.complete(&victim, Err(e));
-            }
-            Err(_) => self.reply(t, xid, Err(NetError::Unreachable(receiver.to_string()))),
         }
     }
 
@@ -1438,16 +1432,10 @@ impl Loop {
                     }
                 }
             }
-            Err(ClaimError::NoBuffers { notice }) => {
-                self.reply(t, xid, Err(NetError::NoBuffers));
-                notice.run();
+            Err(e) => {
+                let e = e.settle(&sink, ulen, &receiver);
+                self.reply(t, xid, Err(e));
             }
-            Err(ClaimError::TooLarge { victim, space }) => {
-                let e = NetError::MessageTooLarge { len: ulen, space };
-                self.reply(t, xid, Err(e.clone()));
-                sink.complete(&victim, Err(e));
-            }
-            Err(_) => self.reply(t, xid, Err(NetError::Unreachable(receiver.to_string()))),
         }
     }
 

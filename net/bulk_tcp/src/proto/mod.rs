@@ -1345,20 +1345,8 @@ impl<M: Machine> Proto<M> {
                     None => Body::Discard(Some(NetError::Unreachable(h.receiver.to_string()))),
                     Some(tm) => match self.claim_recv(&tm, body_len) {
                         Ok(claim) => Body::Recv { claim, tm },
-                        Err(ClaimError::NoBuffers { notice }) => {
-                            // This thread is the receiving machine's own.
-                            notice.run();
-                            Body::Discard(Some(NetError::NoBuffers))
-                        }
-                        Err(ClaimError::TooLarge { victim, space }) => {
-                            let e = NetError::MessageTooLarge {
-                                len: body_len,
-                                space,
-                            };
-                            tm.complete(&victim, Err(e.clone()));
-                            Body::Discard(Some(e))
-                        }
-                        _ => Body::Discard(Some(NetError::Unreachable(h.receiver.to_string()))),
+                        // This thread is the receiving machine's own.
+                        Err(e) => Body::Discard(Some(e.settle(tm.sink(), body_len, &h.receiver))),
                     },
                 };
                 self.expect_body(h, body, body_len)
