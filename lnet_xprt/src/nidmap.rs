@@ -28,6 +28,11 @@ pub type NidMap<V> = HashMap<Nid, V, NidHash>;
 /// a B-tree of large values moves them about on every removal).
 pub type IdMap<V> = HashMap<u64, V, NidHash>;
 
+/// A hash map with the same keyed hash for the other keys of the
+/// per-message paths (connection, memory and receive ids, handles): looked
+/// up by key only, never listed in its own order.
+pub type KeyedMap<K, V> = HashMap<K, V, NidHash>;
+
 /// A new, empty [`NidMap`].
 #[must_use]
 pub fn nid_map<V>() -> NidMap<V> {

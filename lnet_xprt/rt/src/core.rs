@@ -15,6 +15,7 @@ use colibri_lnet::fault::HealthError;
 use colibri_lnet::health::HealthStatus;
 use colibri_lnet::ids::Nid;
 use colibri_lnet::matching::Event;
+use colibri_lnet::nidmap::KeyedMap;
 use colibri_lnet::node::Payload;
 use colibri_lnet::node::{Node, PayloadOutcome, PingError, RxAction, RxId, Transmit, TxId};
 use colibri_lnet::time::Time;
@@ -85,7 +86,7 @@ pub(crate) struct Shared {
     pub(crate) rt_tx: Sender<RtMsg>,
     events_tx: Sender<Event>,
     /// Loopback messages parked by the node, with their transmit.
-    lo_parked: Mutex<HashMap<RxId, Transmit>>,
+    lo_parked: Mutex<KeyedMap<RxId, Transmit>>,
     pub(crate) lnd: OnceLock<Arc<crate::sock::SockLnd>>,
     pub(crate) shutdown: AtomicBool,
     /// The runtime thread's current wake-up time (ns on the runtime's clock).
@@ -139,7 +140,7 @@ impl Shared {
             counters: Counters::default(),
             rt_tx,
             events_tx,
-            lo_parked: Mutex::new(HashMap::new()),
+            lo_parked: Mutex::new(KeyedMap::default()),
             lnd: OnceLock::new(),
             shutdown: AtomicBool::new(false),
             deadline: AtomicU64::new(u64::MAX),

@@ -1,12 +1,12 @@
 //! Application memory ([`MemRegion`]), the registry that resolves the
 //! node's [`MemRef`]s to it, and the router buffers the runtime owns.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use colibri_lnet::credits::PoolKind;
 use colibri_lnet::matching::{MemKey, MemRef};
+use colibri_lnet::nidmap::KeyedMap;
 use colibri_lnet::node::RxId;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -294,7 +294,7 @@ impl Resolved {
 #[derive(Debug, Default)]
 pub(crate) struct MemTable {
     next: AtomicU64,
-    regions: RwLock<HashMap<MemKey, Backing>>,
+    regions: RwLock<KeyedMap<MemKey, Backing>>,
 }
 
 impl MemTable {
@@ -345,7 +345,7 @@ pub(crate) type RouterBuf = Arc<Vec<u8>>;
 #[derive(Debug, Default)]
 pub(crate) struct RouterBuffers {
     free: Mutex<[Vec<Vec<u8>>; 3]>,
-    filled: Mutex<HashMap<RxId, RouterBuf>>,
+    filled: Mutex<KeyedMap<RxId, RouterBuf>>,
 }
 
 /// Free buffers kept per pool; more are dropped.

@@ -2,7 +2,7 @@
 //! runs the transfer machines' callbacks, the table of operations by MD
 //! user value, and the node's transfer machines by portal and TMID.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -12,6 +12,7 @@ use colibri_lnet_rt::colibri_lnet::ids::{Nid, Pid, ProcessId};
 use colibri_lnet_rt::colibri_lnet::matching::{
     Event, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, MemKey, MemRef, Threshold, Unlink,
 };
+use colibri_lnet_rt::colibri_lnet::nidmap::KeyedMap;
 use colibri_lnet_rt::{Lnet, LnetError, MemRegion};
 use colibri_net::xprt::{Delivery, QueuedBuf, TmSink};
 use colibri_net::{NetError, Result};
@@ -43,15 +44,15 @@ pub(crate) struct Engine {
     pub(crate) pid: Pid,
     pub(crate) nids: Vec<Nid>,
     /// Operations by MD user value (operation id).
-    ops: Mutex<HashMap<u64, Arc<Op>>>,
+    ops: Mutex<KeyedMap<u64, Arc<Op>>>,
     /// Control messages being sent: their memory, by MD user value, and
     /// the active operation a request is for.
-    ctl_sends: Mutex<HashMap<u64, (MemKey, u64)>>,
+    ctl_sends: Mutex<KeyedMap<u64, (MemKey, u64)>>,
     /// Started transfer machines by (portal, TMID).
-    tms: Mutex<HashMap<(u32, u16), Weak<TmShared>>>,
+    tms: Mutex<KeyedMap<(u32, u16), Weak<TmShared>>>,
     /// MDs left where a transfer machine stopped: they answer what still
     /// comes for it with `Unreachable`, until another machine starts there.
-    pub(crate) tombs: Mutex<HashMap<(u32, u16), MdHandle>>,
+    pub(crate) tombs: Mutex<KeyedMap<(u32, u16), MdHandle>>,
     /// Bulk requests waiting for a verdict: (deadline, operation id).
     pub(crate) handshakes: Mutex<BTreeSet<(Instant, u64)>>,
     pub(crate) handshake_timeout: Duration,
@@ -117,10 +118,10 @@ impl Engine {
             lnet,
             pid,
             nids,
-            ops: Mutex::new(HashMap::new()),
-            ctl_sends: Mutex::new(HashMap::new()),
-            tms: Mutex::new(HashMap::new()),
-            tombs: Mutex::new(HashMap::new()),
+            ops: Mutex::new(KeyedMap::default()),
+            ctl_sends: Mutex::new(KeyedMap::default()),
+            tms: Mutex::new(KeyedMap::default()),
+            tombs: Mutex::new(KeyedMap::default()),
             handshakes: Mutex::new(BTreeSet::new()),
             handshake_timeout,
             work,

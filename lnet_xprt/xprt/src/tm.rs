@@ -1,7 +1,6 @@
 //! A transfer machine over LNet: its MEs and MDs, the operations of its
 //! queued buffers, and what each LNet event means for them.
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -10,6 +9,7 @@ use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
 use colibri_lnet_rt::colibri_lnet::matching::{
     Event, EventKind, MdHandle, MdOptions, MdSpec, MemKey, MemRef, OpError, Threshold, Unlink,
 };
+use colibri_lnet_rt::colibri_lnet::nidmap::KeyedMap;
 use colibri_net::desc::NetBufDesc;
 use colibri_net::xprt::{
     DelReason, Delivery, EpAddr, PassiveClaim, PassiveError, QueuedBuf, TmSink, XprtTm,
@@ -164,15 +164,19 @@ struct TmSt {
     /// Receive buffers added before start.
     pending: Vec<Arc<Op>>,
     /// Operations by buffer token.
-    ops: HashMap<u64, Arc<Op>>,
+    ops: KeyedMap<u64, Arc<Op>>,
     /// Claimed passive operations by (requester, xid).
-    claims: HashMap<(ProcessId, u64), Arc<Op>>,
+    claims: KeyedMap<(ProcessId, u64), Arc<Op>>,
     /// Control and catch-all MDs.
     infra: Vec<Arc<Op>>,
     /// Control MD memory, by operation id.
-    ctl_mem: HashMap<u64, colibri_lnet_rt::MemRegion>,
+    ctl_mem: KeyedMap<u64, colibri_lnet_rt::MemRegion>,
     /// Messages being sent, by sequence number.
-    sends: HashMap<u32, Arc<Op>>,
+    sends: KeyedMap<u32, Arc<Op>>,
+    /// The last remote sender's address, printed (a machine usually hears
+    /// from the same peer many times in a row; printing one costs more
+    /// than the rest of a message's handling here).
+    last_sender: Option<((ProcessId, u32, u16), String)>,
 }
 
 /// State shared by a transfer machine's transport object and the engine.
@@ -396,13 +400,21 @@ impl TmShared {
                 return (Some(peer), own);
             }
         }
+        let key = (ev.info.initiator, portal, tmid);
+        if let Some((k, name)) = &self.st.lock().last_sender
+            && *k == key
+        {
+            return (Some(peer), name.clone());
+        }
         let a = LnetAddr {
             nid: ev.info.initiator.nid,
             pid: ev.info.initiator.pid,
             portal,
             tmid: Some(tmid),
-        };
-        (Some(peer), a.to_string())
+        }
+        .to_string();
+        self.st.lock().last_sender = Some((key, a.clone()));
+        (Some(peer), a)
     }
 
     // ------------------------------------------------------------------

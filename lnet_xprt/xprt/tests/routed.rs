@@ -10,8 +10,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use colibri_lnet_rt::colibri_lnet::fault::{DelayRuleSpec, FaultMatch, MsgMask, Trigger};
 use colibri_lnet_rt::colibri_lnet::ids::{Net, Nid};
 use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
+use colibri_lnet_rt::colibri_lnet::wire::MsgType;
 use colibri_lnet_rt::{Lnet, LnetConfig};
 use colibri_lnet_xprt::{LnetTransport, LnetXprtConfig};
 use colibri_net::{
@@ -220,6 +222,20 @@ fn messages_and_1_and_16_mib_bulk_both_ways_through_a_router() {
 
 fn router_killed_mid_transfer(base: u8, n: usize, size: usize) {
     let f = fabric(base);
+    // One GET in every 8 the server receives is held 3 s: whatever the
+    // machine's speed, most transfers complete and at least one is still
+    // in flight when the router dies (it is killed at the first
+    // completion, well within the 3 s).
+    f.server
+        .add_delay_rule(DelayRuleSpec {
+            matcher: FaultMatch {
+                msg_mask: MsgMask::of(MsgType::Get),
+                ..FaultMatch::ANY
+            },
+            trigger: Trigger::Rate(8),
+            latency: Duration::from_secs(3),
+        })
+        .unwrap();
     let c = end(&f.client, &format!("127.0.{base}.2@tcp:12345:30:*"));
     let s = end(&f.server, &format!("127.0.{}.4@tcp1:12345:30:*", base + 1));
     let mut descs = Vec::new();

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use colibri_lnet::health::HealthStatus;
 use colibri_lnet::ids::{Nid, Pid};
+use colibri_lnet::nidmap::{KeyedMap, NidMap};
 use colibri_lnet::node::{Payload, RxAction, RxId, Transmit, TxId};
 use colibri_lnet::socklnd::frame::LNET_FRAME_HDR_LEN;
 use colibri_lnet::socklnd::{
@@ -152,7 +153,7 @@ impl Conn {
 /// One peer of one NI.
 struct Peer {
     conns: PeerConns,
-    refs: HashMap<ConnId, Arc<Conn>>,
+    refs: KeyedMap<ConnId, Arc<Conn>>,
     reconnect: Reconnect,
     keepalive: Keepalive,
     /// Messages waiting for a connection.
@@ -174,7 +175,7 @@ pub(crate) struct SockNi {
     pub(crate) nid: Nid,
     pub(crate) local: LocalEnd,
     pub(crate) listen: Option<SocketAddr>,
-    peers: Mutex<HashMap<Nid, Peer>>,
+    peers: Mutex<NidMap<Peer>>,
     /// Wakes the NI's acceptor.
     waker: Option<Arc<mio::Waker>>,
     /// The NI was deleted: its acceptor stops.
@@ -217,14 +218,14 @@ pub(crate) enum ConndJob {
 pub(crate) struct SockLnd {
     pub(crate) cfg: SockCfg,
     pub(crate) shared: Weak<Shared>,
-    nis: RwLock<HashMap<Nid, Arc<SockNi>>>,
-    peer_addrs: RwLock<HashMap<Nid, SocketAddr>>,
+    nis: RwLock<NidMap<Arc<SockNi>>>,
+    peer_addrs: RwLock<NidMap<SocketAddr>>,
     scheds: Vec<SchedHandle>,
     next_sched: AtomicUsize,
     next_conn: AtomicU64,
     connd_tx: Sender<ConndJob>,
     /// Parked messages: which connection holds each.
-    pub(crate) parked: Mutex<HashMap<RxId, (usize, ConnId)>>,
+    pub(crate) parked: Mutex<KeyedMap<RxId, (usize, ConnId)>>,
     close_log: Mutex<VecDeque<String>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     acceptor_wakers: Mutex<Vec<Arc<mio::Waker>>>,
@@ -277,13 +278,13 @@ impl SockLnd {
         let lnd = Arc::new(Self {
             cfg,
             shared: Arc::downgrade(shared),
-            nis: RwLock::new(HashMap::new()),
-            peer_addrs: RwLock::new(peers),
+            nis: RwLock::new(NidMap::default()),
+            peer_addrs: RwLock::new(peers.into_iter().collect()),
             scheds,
             next_sched: AtomicUsize::new(0),
             next_conn: AtomicU64::new(1),
             connd_tx,
-            parked: Mutex::new(HashMap::new()),
+            parked: Mutex::new(KeyedMap::default()),
             close_log: Mutex::new(VecDeque::new()),
             threads: Mutex::new(Vec::new()),
             acceptor_wakers: Mutex::new(Vec::new()),
@@ -355,7 +356,7 @@ impl SockLnd {
                 incarnation,
             },
             listen: acceptor.as_ref().map(|_| bound),
-            peers: Mutex::new(HashMap::new()),
+            peers: Mutex::new(NidMap::default()),
             waker: acceptor.as_ref().map(|a| a.2.clone()),
             deleted: AtomicBool::new(false),
             conns_per_peer: if conns_per_peer == 0 {
@@ -463,7 +464,7 @@ impl SockLnd {
     fn new_peer(&self, conns_per_peer: u32, nid: Nid, now: Time) -> Peer {
         Peer {
             conns: PeerConns::new(nid, conns_per_peer),
-            refs: HashMap::new(),
+            refs: KeyedMap::default(),
             reconnect: Reconnect::new(self.cfg.tun.min_reconnect(), self.cfg.tun.max_reconnect()),
             keepalive: Keepalive::new(self.cfg.keepalive, now),
             pending: VecDeque::new(),

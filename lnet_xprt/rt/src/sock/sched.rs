@@ -3,13 +3,13 @@
 //! in two steps (headers, then the payload straight into the place the
 //! node names).
 
-use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use colibri_lnet::credits::PoolKind;
 use colibri_lnet::fault::HealthError;
+use colibri_lnet::nidmap::KeyedMap;
 use colibri_lnet::node::{Payload, PayloadOutcome, RxAction, RxId};
 use colibri_lnet::socklnd::{
     ConnId, Crc32, Frame, FrameReceiver, KsockMsgHeader, SocketError, TxFailure, Want,
@@ -153,7 +153,7 @@ pub(super) struct Scheduler {
     cmds: Receiver<SchedCmd>,
     s: Arc<Shared>,
     lnd: Arc<SockLnd>,
-    conns: HashMap<ConnId, SchedConn>,
+    conns: KeyedMap<ConnId, SchedConn>,
     inputs: Vec<Input>,
     scratch: Vec<u8>,
 }
@@ -176,7 +176,7 @@ impl Scheduler {
             cmds,
             s,
             lnd,
-            conns: HashMap::new(),
+            conns: KeyedMap::default(),
             inputs: Vec::new(),
             scratch: vec![0; SCRATCH],
         }
