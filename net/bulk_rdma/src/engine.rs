@@ -7,7 +7,7 @@
 //! that arrived before the arm raises no event) and blocks in `epoll_wait`
 //! on the sockets, the completion channel and the command waker.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddrV4};
 use std::sync::Arc;
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use colibri_net::addr::InetAddr;
 use colibri_net::desc::NetBufDesc;
+use colibri_net::fasthash::FastMap;
 use colibri_net::xprt::{
     DelReason, Delivery, PassiveClaim, PassiveError, QueuedBuf, RecvClaim, TmSink,
 };
@@ -156,14 +157,14 @@ impl Engine {
             max_desc_size: limits.max_desc_size,
             poll,
             cq,
-            conns: HashMap::new(),
-            out_conns: HashMap::new(),
-            routes: HashMap::new(),
-            listeners: HashMap::new(),
-            outs: HashMap::new(),
-            by_token: HashMap::new(),
-            ins: HashMap::new(),
-            wrs: HashMap::new(),
+            conns: FastMap::default(),
+            out_conns: FastMap::default(),
+            routes: FastMap::default(),
+            listeners: FastMap::default(),
+            outs: FastMap::default(),
+            by_token: FastMap::default(),
+            ins: FastMap::default(),
+            wrs: FastMap::default(),
             next_token: FIRST,
             next_xid: 1,
             next_wr: 1,
@@ -411,17 +412,17 @@ struct Loop {
     params: QpParams,
     poll: Poll,
     cq: Cq,
-    conns: HashMap<usize, Conn>,
-    out_conns: HashMap<SocketAddrV4, usize>,
+    conns: FastMap<usize, Conn>,
+    out_conns: FastMap<SocketAddrV4, usize>,
     /// Peer listeners reachable over connections they opened to us
     /// (learned from the sender addresses of their requests).
-    routes: HashMap<SocketAddrV4, usize>,
-    listeners: HashMap<usize, Arc<ListenerSlot>>,
-    outs: HashMap<u64, OutOp>,
-    by_token: HashMap<BufToken, u64>,
-    ins: HashMap<(usize, u64), InOp>,
+    routes: FastMap<SocketAddrV4, usize>,
+    listeners: FastMap<usize, Arc<ListenerSlot>>,
+    outs: FastMap<u64, OutOp>,
+    by_token: FastMap<BufToken, u64>,
+    ins: FastMap<(usize, u64), InOp>,
     /// Posted work requests.
-    wrs: HashMap<u64, WrOwner>,
+    wrs: FastMap<u64, WrOwner>,
     next_token: usize,
     next_xid: u64,
     next_wr: u64,
