@@ -195,6 +195,11 @@ struct BenchArgs {
     /// its own thread either way: compare the modes with --no-pin.
     #[arg(long, value_enum, default_value = "off")]
     tm_threads: TmThreads,
+    /// lnet: how long (µs) each LNet node's engine thread looks for its
+    /// next event, yielding the CPU, before it sleeps (the transport's
+    /// `LnetXprtConfig::spin`; 0: it sleeps at once).
+    #[arg(long, default_value_t = 50)]
+    lnet_spin: u64,
     /// CPUs for the client and server threads (two numbers).
     #[arg(long, value_delimiter = ',', num_args = 2, default_values_t = [1, 0])]
     cpus: Vec<usize>,
@@ -347,6 +352,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
             return Err("--routed: only for --xprt lnet".into());
         }
         xprt::set_lnet_tm_threads(tm_threads);
+        xprt::set_lnet_spin(std::time::Duration::from_micros(a.lnet_spin));
         let pair = a.xprt.pair(a.routed);
         let xprt = match a.engine_threads {
             Some(n) if matches!(a.xprt, Xprt::Mem | Xprt::Tcp | Xprt::Rdma) => {
@@ -422,9 +428,15 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
             } else if a.routed {
                 "transfer machines on two LNet nets, through a router node".to_string()
             } else if s.tm_threads {
-                "LNet, a delivery thread per transfer machine".to_string()
+                format!(
+                    "LNet, a delivery thread per transfer machine, engines look {} µs before they sleep",
+                    a.lnet_spin
+                )
             } else if report.transport == "lnet" {
-                "LNet, callbacks on the nodes' engine threads".to_string()
+                format!(
+                    "LNet, callbacks on the nodes' engine threads, which look {} µs before they sleep",
+                    a.lnet_spin
+                )
             } else if let Some(n) = a.engine_threads {
                 format!("one shared engine of {n} thread(s) for every domain")
             } else if report.transport == "tcp" || report.transport == "rdma" {

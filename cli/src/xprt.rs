@@ -29,6 +29,29 @@ pub(crate) fn set_lnet_tm_threads(on: bool) {
     LNET_TM_THREADS.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// LNet: how long the engine threads look for work before they sleep, in
+/// nanoseconds (`--lnet-spin`; `LnetXprtConfig::spin`; `u64::MAX`: the
+/// transport's default).
+static LNET_SPIN_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// Sets the engine threads' look-before-sleep time of LNet transports
+/// built from now on.
+pub(crate) fn set_lnet_spin(t: std::time::Duration) {
+    let ns = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX - 1);
+    LNET_SPIN_NS.store(ns, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The LNet transport configuration of this program: the defaults, with
+/// `--tm-threads` and `--lnet-spin`.
+fn lnet_xprt_config() -> LnetXprtConfig {
+    let cfg = LnetXprtConfig::default()
+        .thread_per_tm(LNET_TM_THREADS.load(std::sync::atomic::Ordering::Relaxed));
+    match LNET_SPIN_NS.load(std::sync::atomic::Ordering::Relaxed) {
+        u64::MAX => cfg,
+        ns => cfg.spin(std::time::Duration::from_nanos(ns)),
+    }
+}
+
 /// The LNet transport over one node made from a configuration file (the
 /// YAML of `colibri lnet run`: NIs, peers, routes, globals).
 pub(crate) fn lnet_from_config(path: &std::path::Path) -> Result<Arc<dyn Transport>, String> {
@@ -62,9 +85,7 @@ pub(crate) fn lnet_from_config(path: &std::path::Path) -> Result<Arc<dyn Transpo
         l.shutdown();
         return Err(e);
     }
-    let cfg = LnetXprtConfig::default()
-        .thread_per_tm(LNET_TM_THREADS.load(std::sync::atomic::Ordering::Relaxed));
-    match LnetTransport::new(vec![l.clone()], cfg) {
+    match LnetTransport::new(vec![l.clone()], lnet_xprt_config()) {
         Ok(x) => Ok(Arc::new(x)),
         Err(e) => {
             l.shutdown();
@@ -196,12 +217,7 @@ impl Xprt {
             nodes.push(Lnet::start(cfg).map_err(|e| e.to_string())?);
         }
         Ok(Arc::new(
-            LnetTransport::new(
-                nodes,
-                LnetXprtConfig::default()
-                    .thread_per_tm(LNET_TM_THREADS.load(std::sync::atomic::Ordering::Relaxed)),
-            )
-            .map_err(|e| e.to_string())?,
+            LnetTransport::new(nodes, lnet_xprt_config()).map_err(|e| e.to_string())?,
         ))
     }
 

@@ -90,7 +90,11 @@ pub(crate) fn lnet_err(e: &LnetError, dest: &str) -> NetError {
 impl Engine {
     /// Starts the engine of `lnet` (which must deliver its events to its
     /// queue: the engine consumes them).
-    pub(crate) fn start(lnet: Lnet, handshake_timeout: Duration) -> Result<Arc<Self>> {
+    pub(crate) fn start(
+        lnet: Lnet,
+        handshake_timeout: Duration,
+        spin: Duration,
+    ) -> Result<Arc<Self>> {
         let events = lnet.event_queue().ok_or_else(|| {
             NetError::InvalidArgument(
                 "the LNet node delivers its events to a handler; start it with Lnet::start".into(),
@@ -135,7 +139,7 @@ impl Engine {
             .name("colibri-lnet-xprt".into())
             .spawn(move || {
                 let _mark = colibri_net::wait::DeliveryThread::enter();
-                run(&me, &events, &work_rx);
+                run(&me, &events, &work_rx, spin);
             })
             .map_err(NetError::from)?;
         *e.thread.lock() = Some(t);
@@ -416,7 +420,25 @@ impl Engine {
     }
 }
 
-fn run(me: &Weak<Engine>, events: &Receiver<Event>, work: &Receiver<Work>) {
+/// Looks for an event or work for up to `spin`, yielding the CPU between
+/// looks: `true` if one came (the caller takes it without sleeping).
+fn await_briefly(events: &Receiver<Event>, work: &Receiver<Work>, spin: Duration) -> bool {
+    if spin.is_zero() {
+        return false;
+    }
+    let until = Instant::now() + spin;
+    loop {
+        if !events.is_empty() || !work.is_empty() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
+fn run(me: &Weak<Engine>, events: &Receiver<Event>, work: &Receiver<Work>, spin: Duration) {
     let tick = Duration::from_millis(100);
     let mut next_check = Instant::now() + tick;
     loop {
@@ -430,6 +452,26 @@ fn run(me: &Weak<Engine>, events: &Receiver<Event>, work: &Receiver<Work>) {
                 Work::Stop => return,
                 w => do_work(me, w),
             }
+        }
+        // Expired handshakes, checked every tick whatever path the loop
+        // takes (a steady stream of events never sleeps).
+        let now = Instant::now();
+        if now >= next_check {
+            next_check = now + tick;
+            if let Some(e) = me.upgrade() {
+                e.expire_handshakes(now);
+            }
+        }
+        // Before sleeping, a short look for the next event (work first,
+        // as above): in a ping-pong it is usually on its way.
+        if await_briefly(events, work, spin) {
+            if work.is_empty()
+                && let Ok(ev) = events.try_recv()
+            {
+                let Some(e) = me.upgrade() else { return };
+                e.on_event(&ev);
+            }
+            continue;
         }
         let timeout = next_check.saturating_duration_since(Instant::now());
         crossbeam_channel::select! {
@@ -451,13 +493,6 @@ fn run(me: &Weak<Engine>, events: &Receiver<Event>, work: &Receiver<Work>) {
                 Ok(w) => do_work(me, w),
             },
             default(timeout) => {}
-        }
-        let now = Instant::now();
-        if now >= next_check {
-            next_check = now + tick;
-            if let Some(e) = me.upgrade() {
-                e.expire_handshakes(now);
-            }
         }
     }
 }

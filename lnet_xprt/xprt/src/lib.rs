@@ -110,9 +110,18 @@ pub struct LnetXprtConfig {
     /// [`TmHandle::confine`](colibri_net::TmHandle::confine) pins that
     /// thread (`Caps::confine` is declared only then). Off by default: the
     /// engine thread runs the callbacks of its node's machines, one thread
-    /// switch less per event (the 64 B round trip is about 1.5x longer
-    /// with threads, BENCHMARKS.md).
+    /// switch less per event (BENCHMARKS.md compares the two).
     pub thread_per_tm: bool,
+    /// How long a node's engine thread keeps looking for its next event
+    /// after its last one before it sleeps, giving the CPU to any other
+    /// runnable thread between looks (`sched_yield`). An event that comes
+    /// meanwhile is taken without a thread wake-up (15-20 µs across cores
+    /// on a VM; the 64 B round trip is about 1.6x shorter with the
+    /// default, BENCHMARKS.md). `Duration::ZERO` sleeps at once (no CPU
+    /// spent waiting). Default 50 µs, as [`TcpConfig::spin`].
+    ///
+    /// [`TcpConfig::spin`]: https://docs.rs/colibri-bulk-tcp
+    pub spin: Duration,
 }
 
 impl Default for LnetXprtConfig {
@@ -120,6 +129,7 @@ impl Default for LnetXprtConfig {
         Self {
             handshake_timeout: Duration::from_secs(10),
             thread_per_tm: false,
+            spin: Duration::from_micros(50),
         }
     }
 }
@@ -129,6 +139,14 @@ impl LnetXprtConfig {
     #[must_use]
     pub fn handshake_timeout(mut self, t: Duration) -> Self {
         self.handshake_timeout = t;
+        self
+    }
+
+    /// Sets how long the engine threads look for work before they sleep
+    /// ([`LnetXprtConfig::spin`]).
+    #[must_use]
+    pub fn spin(mut self, t: Duration) -> Self {
+        self.spin = t;
         self
     }
 
@@ -210,7 +228,7 @@ impl LnetTransport {
         }
         let mut engines = Vec::with_capacity(nodes.len());
         for n in &nodes {
-            engines.push(Engine::start(n.clone(), cfg.handshake_timeout)?);
+            engines.push(Engine::start(n.clone(), cfg.handshake_timeout, cfg.spin)?);
         }
         Ok(Self {
             inner: Arc::new(XprtInner {
