@@ -49,6 +49,9 @@ fn node(nids: &[&str], routing: bool, puts: Option<Arc<AtomicU64>>) -> Result<Ln
     cfg.accept = AcceptPolicy::All;
     cfg.node.routing = routing;
     cfg.node.discovery = false;
+    // The runtime's threads block in epoll_wait (no look before sleeping),
+    // as the raw baseline's reads block.
+    cfg.spin = Duration::ZERO;
     match puts {
         Some(n) => Lnet::start_with_handler(cfg, move |ev: Event| {
             if ev.kind() == EventKind::Put {

@@ -195,9 +195,11 @@ struct BenchArgs {
     /// its own thread either way: compare the modes with --no-pin.
     #[arg(long, value_enum, default_value = "off")]
     tm_threads: TmThreads,
-    /// lnet: how long (µs) each LNet node's engine thread looks for its
-    /// next event, yielding the CPU, before it sleeps (the transport's
-    /// `LnetXprtConfig::spin`; 0: it sleeps at once).
+    /// lnet, polling mode: how long (µs) LNet's threads (the socket LND's
+    /// schedulers, the transport's engines) look for their next event,
+    /// yielding the CPU, before they sleep (`LnetConfig::spin`,
+    /// `LnetXprtConfig::spin`; 0: at once). In blocking mode they sleep at
+    /// once, as the raw baseline's reads block.
     #[arg(long, default_value_t = 50)]
     lnet_spin: u64,
     /// CPUs for the client and server threads (two numbers).
@@ -429,13 +431,13 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 "transfer machines on two LNet nets, through a router node".to_string()
             } else if s.tm_threads {
                 format!(
-                    "LNet, a delivery thread per transfer machine, engines look {} µs before they sleep",
-                    a.lnet_spin
+                    "LNet, a delivery thread per transfer machine, LNet threads look {} µs before they sleep",
+                    if s.mode == "polling" { a.lnet_spin } else { 0 }
                 )
             } else if report.transport == "lnet" {
                 format!(
-                    "LNet, callbacks on the nodes' engine threads, which look {} µs before they sleep",
-                    a.lnet_spin
+                    "LNet, callbacks on the nodes' engine threads, LNet threads look {} µs before they sleep",
+                    if s.mode == "polling" { a.lnet_spin } else { 0 }
                 )
             } else if let Some(n) = a.engine_threads {
                 format!("one shared engine of {n} thread(s) for every domain")

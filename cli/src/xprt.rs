@@ -29,27 +29,38 @@ pub(crate) fn set_lnet_tm_threads(on: bool) {
     LNET_TM_THREADS.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// LNet: how long the engine threads look for work before they sleep, in
-/// nanoseconds (`--lnet-spin`; `LnetXprtConfig::spin`; `u64::MAX`: the
-/// transport's default).
+/// LNet: how long the socket LND's schedulers and the transport's engines
+/// look for work before they sleep, in nanoseconds (`--lnet-spin`;
+/// `LnetConfig::spin`, `LnetXprtConfig::spin`; `u64::MAX`: the defaults).
 static LNET_SPIN_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
 
-/// Sets the engine threads' look-before-sleep time of LNet transports
-/// built from now on.
+/// Sets the look-before-sleep time of the LNet threads of transports built
+/// from now on in polling mode.
 pub(crate) fn set_lnet_spin(t: std::time::Duration) {
     let ns = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX - 1);
     LNET_SPIN_NS.store(ns, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// The LNet transport configuration of this program: the defaults, with
-/// `--tm-threads` and `--lnet-spin`.
-fn lnet_xprt_config() -> LnetXprtConfig {
-    let cfg = LnetXprtConfig::default()
-        .thread_per_tm(LNET_TM_THREADS.load(std::sync::atomic::Ordering::Relaxed));
-    match LNET_SPIN_NS.load(std::sync::atomic::Ordering::Relaxed) {
-        u64::MAX => cfg,
-        ns => cfg.spin(std::time::Duration::from_nanos(ns)),
+/// How long LNet's threads (the socket LND's schedulers and the
+/// transport's engines) look for work before they sleep: `--lnet-spin`
+/// (the defaults, 50 µs, without it) when `polling`, none otherwise (every
+/// hand-off a wake-up, as the raw blocking baseline's).
+fn lnet_spin(polling: bool) -> std::time::Duration {
+    if !polling {
+        return std::time::Duration::ZERO;
     }
+    match LNET_SPIN_NS.load(std::sync::atomic::Ordering::Relaxed) {
+        u64::MAX => LnetXprtConfig::default().spin,
+        ns => std::time::Duration::from_nanos(ns),
+    }
+}
+
+/// The LNet transport configuration of this program: the defaults, with
+/// `--tm-threads` and the engines' look before sleeping.
+fn lnet_xprt_config(spin: std::time::Duration) -> LnetXprtConfig {
+    LnetXprtConfig::default()
+        .thread_per_tm(LNET_TM_THREADS.load(std::sync::atomic::Ordering::Relaxed))
+        .spin(spin)
 }
 
 /// The LNet transport over one node made from a configuration file (the
@@ -85,7 +96,7 @@ pub(crate) fn lnet_from_config(path: &std::path::Path) -> Result<Arc<dyn Transpo
         l.shutdown();
         return Err(e);
     }
-    match LnetTransport::new(vec![l.clone()], lnet_xprt_config()) {
+    match LnetTransport::new(vec![l.clone()], lnet_xprt_config(lnet_spin(true))) {
         Ok(x) => Ok(Arc::new(x)),
         Err(e) => {
             l.shutdown();
@@ -138,6 +149,7 @@ impl Xprt {
         if self != Self::Lnet {
             return Ok(self.transport(polling, workers));
         }
+        let spin = lnet_spin(polling);
         let mut nids: Vec<Nid> = Vec::new();
         for a in own {
             let a = LnetAddr::parse(a).map_err(|e| e.to_string())?;
@@ -152,6 +164,7 @@ impl Xprt {
             // Any source port: the program runs without privilege.
             cfg.accept = AcceptPolicy::All;
             cfg.node.transaction_timeout = std::time::Duration::from_secs(20);
+            cfg.spin = spin;
             nodes.push(Lnet::start(cfg).map_err(|e| format!("LNet node {nid}: {e}"))?);
         }
         // In one process, nodes on different nets talk through a router
@@ -174,6 +187,7 @@ impl Xprt {
             cfg.accept = AcceptPolicy::All;
             cfg.node.routing = true;
             cfg.node.transaction_timeout = std::time::Duration::from_secs(20);
+            cfg.spin = spin;
             let router = Lnet::start(cfg).map_err(|e| format!("LNet router: {e}"))?;
             for n in &nodes {
                 let own = n.nids()[0].net();
@@ -214,10 +228,11 @@ impl Xprt {
             let mut cfg =
                 LnetConfig::new(&["127.0.0.1@tcp".parse().map_err(|e| format!("{e}"))?]);
             cfg.accept_port = 0;
+            cfg.spin = spin;
             nodes.push(Lnet::start(cfg).map_err(|e| e.to_string())?);
         }
         Ok(Arc::new(
-            LnetTransport::new(nodes, lnet_xprt_config()).map_err(|e| e.to_string())?,
+            LnetTransport::new(nodes, lnet_xprt_config(spin)).map_err(|e| e.to_string())?,
         ))
     }
 

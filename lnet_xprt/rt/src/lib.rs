@@ -311,6 +311,7 @@ impl Lnet {
             sock_timeout: cfg.tcp.timeout(LND_TIMEOUT),
             keepalive: cfg.tcp.keepalive_after(),
             conns_per_peer: cfg.tcp.conns_per_peer_for_speed(None),
+            spin: cfg.spin,
         };
         let lnd = SockLnd::start(&shared, sock_cfg, cfg.peers.clone(), nscheds, nconnds)?;
         let _ = shared.lnd.set(lnd.clone());

@@ -56,6 +56,9 @@ pub(crate) struct SockCfg {
     pub(crate) sock_timeout: Duration,
     pub(crate) keepalive: Duration,
     pub(crate) conns_per_peer: u32,
+    /// How long a scheduler looks for events before it blocks
+    /// (`LnetConfig::spin`).
+    pub(crate) spin: Duration,
 }
 
 /// One message waiting for, or on, a connection.

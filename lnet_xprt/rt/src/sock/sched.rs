@@ -6,6 +6,7 @@
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use colibri_lnet::credits::PoolKind;
 use colibri_lnet::fault::HealthError;
@@ -185,13 +186,24 @@ impl Scheduler {
     pub(super) fn run(mut self) {
         let mut events = mio::Events::with_capacity(256);
         let mut stop = false;
+        // Until `spin` after the last event, look without blocking
+        // (`LnetConfig::spin`).
+        let spin = self.lnd.cfg.spin;
+        let mut busy_at = Instant::now();
         while !stop {
-            if let Err(e) = self.poll.poll(&mut events, None) {
+            let looking = !spin.is_zero() && busy_at.elapsed() < spin;
+            let timeout = looking.then_some(Duration::ZERO);
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
                 tracing::error!(target: TARGET, error = %e, "scheduler poll failed");
                 break;
+            }
+            if !events.is_empty() {
+                busy_at = Instant::now();
+            } else if looking {
+                std::thread::yield_now();
             }
             for ev in &events {
                 if ev.token() == WAKER {
