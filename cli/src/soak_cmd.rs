@@ -21,7 +21,7 @@ const LNET_NIDS: [&str; 2] = ["127.0.64.1@tcp:12345:30:*", "127.0.64.2@tcp:12345
 
 /// The LNet nodes of a two-process soak: ours and the child's (each
 /// process has its own, on its own loopback address; the parent picks a
-/// free port for each child and tells both sides where the other
+/// free port for the children once and tells both sides where the other
 /// listens).
 const LNET_PARENT: &str = "127.0.65.1@tcp";
 const LNET_CHILD: &str = "127.0.65.2@tcp";
@@ -278,8 +278,8 @@ pub(crate) fn soak_cmd(a: &SoakArgs) -> Result<(), String> {
                 c.arg("--no-faults");
             }
             if let Some(n) = &parent_node {
-                // The child's node listens on a port picked now; ours
-                // learns it before the child starts.
+                // The child's node listens on the port picked for the
+                // children; ours learns it before the child starts.
                 let child: Nid = LNET_CHILD.parse().unwrap_or(Nid::ANY);
                 let ip = std::net::Ipv4Addr::from(child.addr());
                 let port = *child_port.get_or_init(|| free_port(ip).unwrap_or(0));

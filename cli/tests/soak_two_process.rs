@@ -44,6 +44,38 @@ fn wait_for(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
+/// Runs `colibri soak --two-process --xprt XPRT` with these bounds and
+/// returns its JSON summary (the run must succeed).
+fn two_process_soak(
+    xprt: &str,
+    ops: u64,
+    duration_s: u64,
+    epoch_ops: u64,
+    kill_every: u64,
+    seed: u64,
+) -> serde_json::Value {
+    let out = colibri()
+        .args(["soak", "--xprt", xprt, "--two-process", "--ops"])
+        .arg(ops.to_string())
+        .arg("--duration")
+        .arg(duration_s.to_string())
+        .arg("--epoch-ops")
+        .arg(epoch_ops.to_string())
+        .arg("--kill-every")
+        .arg(kill_every.to_string())
+        .arg("--seed")
+        .arg(seed.to_string())
+        .args(["--json", "-q"])
+        .output()
+        .expect("run colibri");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Kills the parent if the test fails half-way.
 struct Reaper(Child);
 
@@ -57,33 +89,7 @@ impl Drop for Reaper {
 #[test]
 fn two_process_soak_checks_both_sides_and_leaves_no_child() {
     let seed = 914_001;
-    let out = colibri()
-        .args([
-            "soak",
-            "--xprt",
-            "tcp",
-            "--two-process",
-            "--ops",
-            "30000",
-            "--duration",
-            "60",
-            "--epoch-ops",
-            "3000",
-            "--kill-every",
-            "3",
-            "--seed",
-            &seed.to_string(),
-            "--json",
-            "-q",
-        ])
-        .output()
-        .expect("run colibri");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = two_process_soak("tcp", 30_000, 60, 3000, 3, seed);
     assert_eq!(v["two_process"], true, "{v}");
     assert_eq!(v["adds"], v["finals"], "{v}");
     assert!(v["ops"].as_u64().unwrap() >= 30_000, "{v}");
@@ -112,35 +118,9 @@ fn two_process_soak_checks_both_sides_and_leaves_no_child() {
 fn two_process_soak_over_lnet_checks_both_sides_and_leaves_no_child() {
     // Each process has its own LNet node (127.0.65.1 and .2, free ports
     // given to both by the parent); every child killed leaves our node
-    // with a dead peer, whose successor listens on a new port.
+    // with a dead peer, whose successor listens on the same port.
     let seed = 914_004;
-    let out = colibri()
-        .args([
-            "soak",
-            "--xprt",
-            "lnet",
-            "--two-process",
-            "--ops",
-            "20000",
-            "--duration",
-            "90",
-            "--epoch-ops",
-            "4000",
-            "--kill-every",
-            "2",
-            "--seed",
-            &seed.to_string(),
-            "--json",
-            "-q",
-        ])
-        .output()
-        .expect("run colibri");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = two_process_soak("lnet", 20_000, 90, 4000, 2, seed);
     assert_eq!(v["transport"], "lnet", "{v}");
     assert_eq!(v["two_process"], true, "{v}");
     assert_eq!(v["adds"], v["finals"], "{v}");
