@@ -202,6 +202,12 @@ struct BenchArgs {
     /// once, as the raw baseline's reads block.
     #[arg(long, default_value_t = 50)]
     lnet_spin: u64,
+    /// lnet: socket LND scheduler threads per LNet node. The bench's nodes
+    /// share this machine's CPUs, so each gets one by default, as each
+    /// side of the raw baseline has one thread (0: the runtime's default,
+    /// 2, Lustre's on a small machine).
+    #[arg(long, default_value_t = 1)]
+    lnet_scheds: usize,
     /// CPUs for the client and server threads (two numbers).
     #[arg(long, value_delimiter = ',', num_args = 2, default_values_t = [1, 0])]
     cpus: Vec<usize>,
@@ -355,6 +361,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         }
         xprt::set_lnet_tm_threads(tm_threads);
         xprt::set_lnet_spin(std::time::Duration::from_micros(a.lnet_spin));
+        xprt::set_lnet_scheds(a.lnet_scheds);
         let pair = a.xprt.pair(a.routed);
         let xprt = match a.engine_threads {
             Some(n) if matches!(a.xprt, Xprt::Mem | Xprt::Tcp | Xprt::Rdma) => {

@@ -41,6 +41,23 @@ pub(crate) fn set_lnet_spin(t: std::time::Duration) {
     LNET_SPIN_NS.store(ns, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// LNet: socket LND schedulers per node of transports built from now on
+/// (`--lnet-scheds`; 0: `LnetConfig`'s default).
+static LNET_SCHEDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Sets the schedulers per LNet node of transports built from now on (0:
+/// the runtime's default).
+pub(crate) fn set_lnet_scheds(n: usize) {
+    LNET_SCHEDS.store(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn lnet_scheds() -> Option<usize> {
+    match LNET_SCHEDS.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => None,
+        n => Some(n),
+    }
+}
+
 /// How long LNet's threads (the socket LND's schedulers and the
 /// transport's engines) look for work before they sleep: `--lnet-spin`
 /// (the defaults, 50 µs, without it) when `polling`, none otherwise (every
@@ -165,6 +182,9 @@ impl Xprt {
             cfg.accept = AcceptPolicy::All;
             cfg.node.transaction_timeout = std::time::Duration::from_secs(20);
             cfg.spin = spin;
+            if let Some(n) = lnet_scheds() {
+                cfg.nscheds = n;
+            }
             nodes.push(Lnet::start(cfg).map_err(|e| format!("LNet node {nid}: {e}"))?);
         }
         // In one process, nodes on different nets talk through a router
@@ -188,6 +208,9 @@ impl Xprt {
             cfg.node.routing = true;
             cfg.node.transaction_timeout = std::time::Duration::from_secs(20);
             cfg.spin = spin;
+            if let Some(n) = lnet_scheds() {
+                cfg.nscheds = n;
+            }
             let router = Lnet::start(cfg).map_err(|e| format!("LNet router: {e}"))?;
             for n in &nodes {
                 let own = n.nids()[0].net();
@@ -229,6 +252,9 @@ impl Xprt {
                 LnetConfig::new(&["127.0.0.1@tcp".parse().map_err(|e| format!("{e}"))?]);
             cfg.accept_port = 0;
             cfg.spin = spin;
+            if let Some(n) = lnet_scheds() {
+                cfg.nscheds = n;
+            }
             nodes.push(Lnet::start(cfg).map_err(|e| e.to_string())?);
         }
         Ok(Arc::new(

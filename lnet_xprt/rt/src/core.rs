@@ -6,6 +6,7 @@
 //! queue, runtime thread), nothing else. User code (event handlers), socket
 //! I/O and region locks are never reached with the node lock held.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -27,6 +28,37 @@ use crate::mem::{MemTable, Resolved, RouterBuffers, copy_pieces};
 use crate::stats::{Counters, add};
 
 const TARGET: &str = "colibri_lnet_rt";
+
+/// What a node's events hook is told: where it is called from.
+pub type EventHook = Arc<dyn Fn(HookCall) + Send + Sync>;
+
+/// Where an [`EventHook`] is called from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookCall {
+    /// A socket LND scheduler thread, between two turns of its loop: it
+    /// holds no lock and no connection state, so the hook may take the
+    /// node's events and run the application's code on it (as Lustre's
+    /// event callbacks run in its LND threads). The scheduler's sockets
+    /// wait meanwhile.
+    Scheduler,
+    /// Any other thread: the application's own (an API call that produced
+    /// events), the runtime thread, connection daemons. The hook must not
+    /// run application code there; it wakes whoever takes the events.
+    Other,
+}
+
+thread_local! {
+    /// Events went into the queue from this thread since the hook last ran.
+    static QUEUED: Cell<bool> = const { Cell::new(false) };
+    /// This thread is a socket scheduler (it calls the hook at its own
+    /// safe points).
+    static SCHEDULER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as a socket scheduler (for its life).
+pub(crate) fn mark_scheduler_thread() {
+    SCHEDULER.with(|c| c.set(true));
+}
 
 /// An LND driven by the runtime (the socket LND; loopback is built in).
 pub(crate) trait Lnd: Send + Sync {
@@ -91,6 +123,8 @@ pub(crate) struct Shared {
     pub(crate) shutdown: AtomicBool,
     /// The runtime thread's current wake-up time (ns on the runtime's clock).
     deadline: AtomicU64,
+    /// Called when events were queued (`Lnet::set_event_hook`).
+    hook: parking_lot::RwLock<Option<EventHook>>,
 }
 
 /// Converts a health status to the node's completion error.
@@ -144,7 +178,30 @@ impl Shared {
             lnd: OnceLock::new(),
             shutdown: AtomicBool::new(false),
             deadline: AtomicU64::new(u64::MAX),
+            hook: parking_lot::RwLock::new(None),
         }
+    }
+
+    /// Sets (or clears) the events hook.
+    pub(crate) fn set_hook(&self, hook: Option<EventHook>) {
+        *self.hook.write() = hook;
+    }
+
+    /// Tells the hook about events this thread queued: on a scheduler at
+    /// its safe point (`HookCall::Scheduler`), elsewhere at once.
+    fn call_hook(&self, from: HookCall) {
+        if !QUEUED.with(|q| q.replace(false)) {
+            return;
+        }
+        let hook = self.hook.read().clone();
+        if let Some(h) = hook {
+            h(from);
+        }
+    }
+
+    /// A scheduler's safe point: no lock held, no connection borrowed.
+    pub(crate) fn scheduler_safe_point(&self) {
+        self.call_hook(HookCall::Scheduler);
     }
 
     /// The runtime's clock.
@@ -184,6 +241,9 @@ impl Shared {
                 break;
             }
         }
+        if !SCHEDULER.with(Cell::get) {
+            self.call_hook(HookCall::Other);
+        }
         match result {
             Some(r) => r,
             None => unreachable!("run calls f exactly once"),
@@ -208,6 +268,7 @@ impl Shared {
             if self.events_tx.send(ev).is_err() {
                 tracing::trace!(target: TARGET, "event dropped: nobody listens");
             }
+            QUEUED.with(|q| q.set(true));
         }
         while let Some(r) = node.poll_ping_result() {
             let mut r = Some(r);

@@ -146,6 +146,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 pub use crate::config::LnetConfig;
+pub use crate::core::{EventHook, HookCall};
 use crate::core::{Lnd, RtMsg, Shared};
 pub use crate::error::LnetError;
 pub use crate::mem::{ForeignMemory, MemRegion};
@@ -374,6 +375,24 @@ impl Lnet {
     #[must_use]
     pub fn event_queue(&self) -> Option<Receiver<Event>> {
         self.h.events.clone()
+    }
+
+    /// Sets the hook called when events were queued (a node started with
+    /// [`Lnet::start`]; `None` removes it). On a socket LND scheduler it
+    /// is called between two turns of the scheduler's loop, with
+    /// [`HookCall::Scheduler`]: the hook may take the events from
+    /// [`Lnet::event_queue`] and run application code there, with no
+    /// runtime lock held, sparing the thread switch to a consumer thread
+    /// (a transfer machine's callback then answers from the thread that
+    /// read the message, as Lustre's event callbacks run in its LND
+    /// threads). Elsewhere (an application thread whose API call queued
+    /// events, the runtime thread, connection daemons) it is called after
+    /// the call with [`HookCall::Other`]: the hook must not run application
+    /// code there, only wake its consumer. Events are in the queue before
+    /// the hook is called; the hook may be called when another thread took
+    /// them already.
+    pub fn set_event_hook(&self, hook: Option<EventHook>) {
+        self.shared().set_hook(hook);
     }
 
     // ------------------------------------------------------------------

@@ -3,7 +3,7 @@
 //! user value, and the node's transfer machines by portal and TMID.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use colibri_lnet_rt::colibri_lnet::matching::{
     Event, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, MemKey, MemRef, Threshold, Unlink,
 };
 use colibri_lnet_rt::colibri_lnet::nidmap::KeyedMap;
-use colibri_lnet_rt::{Lnet, LnetError, MemRegion};
+use colibri_lnet_rt::{EventHook, HookCall, Lnet, LnetError, MemRegion};
 use colibri_net::xprt::{Delivery, QueuedBuf, TmSink};
 use colibri_net::{NetError, Result};
 use crossbeam_channel::{Receiver, Sender};
@@ -34,8 +34,6 @@ pub(crate) enum Work {
     Complete(TmSink, QueuedBuf, Result<usize>),
     /// Pin the thread to this CPU (a transfer machine's own thread).
     Pin(usize),
-    /// Leave.
-    Stop,
 }
 
 /// An LNet node seen by the transport.
@@ -56,7 +54,25 @@ pub(crate) struct Engine {
     /// Bulk requests waiting for a verdict: (deadline, operation id).
     pub(crate) handshakes: Mutex<BTreeSet<(Instant, u64)>>,
     pub(crate) handshake_timeout: Duration,
+    /// The node's events (taken with `try_recv` only: nobody sleeps on
+    /// the queue, so queueing one wakes no thread).
+    events: Receiver<Event>,
+    /// Work for whoever holds the token (taken with `try_recv` only).
     work: Sender<Work>,
+    work_rx: Receiver<Work>,
+    /// Held by the one thread that takes events and work at a time (a
+    /// socket scheduler at its safe point, or the engine thread): the
+    /// node's events and the callbacks run in order, one at a time.
+    token: AtomicBool,
+    /// Handshake deadlines are due for a look (set by the engine thread's
+    /// tick, honoured by the token's holder).
+    expire_due: AtomicBool,
+    /// The engine thread is asked to leave / has left: work then runs on
+    /// the thread that queues it.
+    stopping: AtomicBool,
+    stopped: AtomicBool,
+    /// Wakes the engine thread (one pending wake-up is enough).
+    wake: Sender<()>,
     /// Loss events (`NoBuffers`, refused bulk requests): run on a thread
     /// of their own, so that a slow error callback never holds up the
     /// counting of further losses or the node's other events.
@@ -89,7 +105,11 @@ pub(crate) fn lnet_err(e: &LnetError, dest: &str) -> NetError {
 
 impl Engine {
     /// Starts the engine of `lnet` (which must deliver its events to its
-    /// queue: the engine consumes them).
+    /// queue: the engine consumes them). The node's socket schedulers take
+    /// the events themselves through the events hook
+    /// ([`Lnet::set_event_hook`]); the engine thread takes what other
+    /// threads queue (work from application threads, loopback messages,
+    /// timers).
     pub(crate) fn start(
         lnet: Lnet,
         handshake_timeout: Duration,
@@ -103,9 +123,10 @@ impl Engine {
         let (pid, nids) = lnet.with_node(|n| (n.config().pid, n.nids()));
         let empty = lnet.register(&MemRegion::zeroed(0));
         // Work items: deliveries and completions, bounded by the buffers
-        // queued; the thread drains them.
+        // queued; the token's holder drains them.
         #[allow(clippy::disallowed_methods)]
         let (work, work_rx) = crossbeam_channel::unbounded();
+        let (wake, wake_rx) = crossbeam_channel::bounded(1);
         // Loss events are coalesced by the core: a few at a time.
         #[allow(clippy::disallowed_methods)]
         let (notices, notice_rx) = crossbeam_channel::unbounded::<Option<Delivery>>();
@@ -128,7 +149,14 @@ impl Engine {
             tombs: Mutex::new(KeyedMap::default()),
             handshakes: Mutex::new(BTreeSet::new()),
             handshake_timeout,
+            events,
             work,
+            work_rx,
+            token: AtomicBool::new(false),
+            expire_due: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            wake,
             notices,
             thread: Mutex::new(None),
             notice_thread: Mutex::new(Some(nt)),
@@ -137,18 +165,98 @@ impl Engine {
         let me = Arc::downgrade(&e);
         let t = std::thread::Builder::new()
             .name("colibri-lnet-xprt".into())
-            .spawn(move || {
-                let _mark = colibri_net::wait::DeliveryThread::enter();
-                run(&me, &events, &work_rx, spin);
-            })
+            .spawn(move || run(&me, &wake_rx, spin))
             .map_err(NetError::from)?;
         *e.thread.lock() = Some(t);
+        let hook_of = Arc::downgrade(&e);
+        let hook: EventHook = Arc::new(move |from| {
+            if let Some(e) = hook_of.upgrade() {
+                e.notify(from == HookCall::Scheduler);
+            }
+        });
+        e.lnet.set_event_hook(Some(hook));
         Ok(e)
+    }
+
+    /// Takes the node's events and the queued work, unless another thread
+    /// holds the token (it then takes what is queued before it lets go).
+    /// Runs callbacks: only on a thread that may (a scheduler at its safe
+    /// point, the engine thread, or any thread once the engine stopped).
+    pub(crate) fn pump(&self) {
+        loop {
+            if self
+                .token
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                return;
+            }
+            {
+                let _mark = colibri_net::wait::DeliveryThread::enter();
+                self.drain();
+            }
+            self.token.store(false, Ordering::Release);
+            // Whatever came while we held the token was left to us.
+            fence(Ordering::SeqCst);
+            if !self.has_pending() {
+                return;
+            }
+        }
+    }
+
+    fn has_pending(&self) -> bool {
+        !self.work_rx.is_empty()
+            || (!self.events.is_empty() && !self.stopped.load(Ordering::Relaxed))
+            || self.expire_due.load(Ordering::Relaxed)
+    }
+
+    /// Work first: completions and deliveries give buffers back (an echo's
+    /// send completing re-queues its receive buffer), so they run before
+    /// further messages, which could otherwise find no receive buffer.
+    fn drain(&self) {
+        loop {
+            if self.expire_due.swap(false, Ordering::Relaxed) {
+                self.expire_handshakes(Instant::now());
+            }
+            while let Ok(w) = self.work_rx.try_recv() {
+                do_work(w);
+            }
+            if self.stopped.load(Ordering::Relaxed) {
+                // A stopped engine takes no more of the node's events.
+                return;
+            }
+            match self.events.try_recv() {
+                Ok(ev) => self.on_event(&ev),
+                Err(_) => {
+                    if self.work_rx.is_empty() && !self.expire_due.load(Ordering::Relaxed) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Something was queued: `here` (a scheduler's safe point) takes it on
+    /// this thread; otherwise the token's holder or the engine thread does.
+    fn notify(&self, here: bool) {
+        if here {
+            self.pump();
+            return;
+        }
+        fence(Ordering::SeqCst);
+        if self.stopped.load(Ordering::Acquire) {
+            // No engine thread any more: run what must run here.
+            self.pump();
+        } else if !self.token.load(Ordering::Relaxed) {
+            let _ = self.wake.try_send(());
+        }
     }
 
     /// Stops the thread (pending work runs first).
     pub(crate) fn stop(&self) {
-        let _ = self.work.send(Work::Stop);
+        self.lnet.set_event_hook(None);
+        self.stopping.store(true, Ordering::Release);
+        let _ = self.wake.try_send(());
         // Operations refer to their machines, which refer to the engine.
         // What LNet still holds for them, the tombs and the control
         // messages in flight go back to the nodes, which outlive the
@@ -193,14 +301,10 @@ impl Engine {
 
     pub(crate) fn push(&self, w: Work) {
         if let Err(e) = self.work.send(w) {
-            // The engine is gone: run what must run.
-            match e.0 {
-                Work::Deliver(d) => d.run(),
-                Work::Started(tm, own) => tm.sink().post_started(&own),
-                Work::Complete(s, q, r) => s.complete(&q, r),
-                Work::Pin(_) | Work::Stop => {}
-            }
+            do_work(e.0);
+            return;
         }
+        self.notify(false);
     }
 
     /// A new operation id, unique in the process (an operation made
@@ -362,7 +466,7 @@ impl Engine {
         r
     }
 
-    fn on_event(self: &Arc<Self>, ev: &Event) {
+    fn on_event(&self, ev: &Event) {
         trace!(kind = ?ev.kind(), md = ?ev.md, unlinked = ev.unlinked, status = ?ev.info.status, "LNet event");
         if ev.user_ptr & CTL_SEND_BIT != 0 {
             let Some((key, op)) = (if ev.unlinked {
@@ -420,15 +524,15 @@ impl Engine {
     }
 }
 
-/// Looks for an event or work for up to `spin`, yielding the CPU between
-/// looks: `true` if one came (the caller takes it without sleeping).
-fn await_briefly(events: &Receiver<Event>, work: &Receiver<Work>, spin: Duration) -> bool {
+/// Looks for something to take for up to `spin`, yielding the CPU between
+/// looks: `true` if something came (the caller takes it without sleeping).
+fn await_briefly(e: &Engine, spin: Duration) -> bool {
     if spin.is_zero() {
         return false;
     }
     let until = Instant::now() + spin;
     loop {
-        if !events.is_empty() || !work.is_empty() {
+        if e.has_pending() {
             return true;
         }
         if Instant::now() >= until {
@@ -438,72 +542,44 @@ fn await_briefly(events: &Receiver<Event>, work: &Receiver<Work>, spin: Duration
     }
 }
 
-fn run(me: &Weak<Engine>, events: &Receiver<Event>, work: &Receiver<Work>, spin: Duration) {
+/// The engine thread: takes what threads other than the schedulers queue
+/// (they wake it), and looks at the handshake deadlines every tick.
+fn run(me: &Weak<Engine>, wake: &Receiver<()>, spin: Duration) {
     let tick = Duration::from_millis(100);
     let mut next_check = Instant::now() + tick;
     loop {
-        // Work first: completions and deliveries give buffers back (an
-        // echo's send completing re-queues its receive buffer), and under
-        // a steady stream of events `select!`'s random choice could leave
-        // several of them waiting behind newer messages, which then found
-        // no receive buffer.
-        while let Ok(w) = work.try_recv() {
-            match w {
-                Work::Stop => return,
-                w => do_work(me, w),
-            }
+        let Some(e) = me.upgrade() else { return };
+        if e.stopping.load(Ordering::Acquire) {
+            // From now on whoever queues work runs it; what is queued now
+            // runs here (or on the token's holder, before it lets go).
+            e.stopped.store(true, Ordering::Release);
+            fence(Ordering::SeqCst);
+            e.pump();
+            return;
         }
-        // Expired handshakes, checked every tick whatever path the loop
-        // takes (a steady stream of events never sleeps).
         let now = Instant::now();
         if now >= next_check {
             next_check = now + tick;
-            if let Some(e) = me.upgrade() {
-                e.expire_handshakes(now);
-            }
+            e.expire_due.store(true, Ordering::Relaxed);
         }
-        // Before sleeping, a short look for the next event (work first,
-        // as above): in a ping-pong it is usually on its way.
-        if await_briefly(events, work, spin) {
-            if work.is_empty()
-                && let Ok(ev) = events.try_recv()
-            {
-                let Some(e) = me.upgrade() else { return };
-                e.on_event(&ev);
-            }
+        e.pump();
+        // Before sleeping, a short look: in a ping-pong the next item is
+        // usually on its way.
+        if await_briefly(&e, spin) {
             continue;
         }
+        drop(e);
         let timeout = next_check.saturating_duration_since(Instant::now());
-        crossbeam_channel::select! {
-            recv(events) -> ev => match ev {
-                Ok(ev) => {
-                    let Some(e) = me.upgrade() else { return };
-                    e.on_event(&ev);
-                }
-                Err(_) => {
-                    // The runtime is gone: only work remains.
-                    match work.recv() {
-                        Ok(Work::Stop) | Err(_) => return,
-                        Ok(w) => do_work(me, w),
-                    }
-                }
-            },
-            recv(work) -> w => match w {
-                Ok(Work::Stop) | Err(_) => return,
-                Ok(w) => do_work(me, w),
-            },
-            default(timeout) => {}
-        }
+        let _ = wake.recv_timeout(timeout);
     }
 }
 
-fn do_work(_me: &Weak<Engine>, w: Work) {
+fn do_work(w: Work) {
     match w {
         Work::Deliver(d) => d.run(),
         Work::Started(tm, own) => tm.sink().post_started(&own),
         Work::Complete(sink, q, r) => sink.complete(&q, r),
         // The engine serves several machines: it is never pinned for one.
         Work::Pin(cpu) => warn!(cpu, "pin for the engine thread ignored"),
-        Work::Stop => warn!("stop handled by the loop"),
     }
 }

@@ -90,6 +90,5 @@ fn run(w: Work) {
         Work::Pin(cpu) => {
             colibri_net::cpu::pin_current_thread(cpu, "LNet transfer machine delivery thread");
         }
-        Work::Stop => {}
     }
 }

@@ -214,3 +214,60 @@ fn core_affinity_of_current() -> Option<Vec<usize>> {
     }
     Some(v)
 }
+
+/// Over the socket LND, a message's receive callback runs on the
+/// scheduler thread that read it (no hand-off to the engine thread), with
+/// blocking waits refused there as on every delivery thread; the node's
+/// loopback messages still go through the engine thread.
+#[test]
+fn a_message_from_another_node_is_taken_by_the_scheduler_that_read_it() {
+    use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
+    let node = |n: &str| {
+        let mut c = LnetConfig::new(&[n.parse().unwrap()]);
+        c.accept_port = 0;
+        c.accept = AcceptPolicy::All;
+        Lnet::start(c).unwrap()
+    };
+    let (an, bn) = ("127.0.76.5@tcp", "127.0.76.6@tcp");
+    let (a, b) = (node(an), node(bn));
+    a.set_peer_addr(
+        bn.parse().unwrap(),
+        b.listen_addr(bn.parse().unwrap()).unwrap(),
+    );
+    b.set_peer_addr(
+        an.parse().unwrap(),
+        a.listen_addr(an.parse().unwrap()).unwrap(),
+    );
+    let x = LnetTransport::new(vec![a.clone(), b.clone()], LnetXprtConfig::default()).unwrap();
+    let dom = Domain::new(&x).unwrap();
+    let start = |addr: &str| {
+        let tm = dom.tm_init(ignore_tm_events()).unwrap();
+        tm.start(addr).unwrap();
+        tm.wait_for_state(TmState::Started, WAIT).unwrap();
+        tm
+    };
+    let (ta, tb) = (
+        start(&format!("{an}:12345:30:*")),
+        start(&format!("{bn}:12345:30:*")),
+    );
+    let (tx, seen) = bounded(4);
+    let cbs = Arc::new(BufferCallbacks::new().on_all(move |tm, ev| {
+        if ev.queue() == QueueType::MsgRecv {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            // A blocking wait here would stall the scheduler: refused.
+            let refused = matches!(
+                tm.wait_for_state(TmState::Started, Duration::from_millis(1)),
+                Err(NetError::ApiMisuse(_))
+            );
+            let _ = tx.send((ev.message().ok(), name, refused));
+        }
+    }));
+    message(&dom, &tb, &ta, cbs);
+    let (msg, name, refused) = seen.recv_timeout(WAIT).expect("the message came");
+    assert_eq!(msg.as_deref(), Some(&b"ping"[..]));
+    assert!(name.starts_with("socknal_sd"), "{name}");
+    assert!(refused, "a blocking wait on a scheduler was allowed");
+    finish(vec![ta, tb]);
+    dom.fini().map_err(|e| e.error).unwrap();
+    x.shutdown();
+}

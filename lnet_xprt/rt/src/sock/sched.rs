@@ -184,6 +184,7 @@ impl Scheduler {
     }
 
     pub(super) fn run(mut self) {
+        crate::core::mark_scheduler_thread();
         let mut events = mio::Events::with_capacity(256);
         let mut stop = false;
         // Until `spin` after the last event, look without blocking
@@ -237,6 +238,9 @@ impl Scheduler {
                 }
             }
             self.flush();
+            // Events this turn queued go to the events hook here, where
+            // the scheduler holds nothing (`HookCall::Scheduler`).
+            self.s.scheduler_safe_point();
         }
         let ids: Vec<ConnId> = self.conns.keys().copied().collect();
         for id in ids {
