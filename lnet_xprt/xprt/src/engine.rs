@@ -171,7 +171,7 @@ impl Engine {
         let hook_of = Arc::downgrade(&e);
         let hook: EventHook = Arc::new(move |from| {
             if let Some(e) = hook_of.upgrade() {
-                e.notify(from == HookCall::Scheduler);
+                e.notify(from == HookCall::Scheduler, false);
             }
         });
         e.lnet.set_event_hook(Some(hook));
@@ -238,15 +238,19 @@ impl Engine {
 
     /// Something was queued: `here` (a scheduler's safe point) takes it on
     /// this thread; otherwise the token's holder or the engine thread does.
-    fn notify(&self, here: bool) {
+    /// A queued event is left alone once the engine stopped (it takes no
+    /// more); queued work then runs here, on the thread that queued it, as
+    /// nothing else would run it (`push`).
+    fn notify(&self, here: bool, work: bool) {
         if here {
             self.pump();
             return;
         }
         fence(Ordering::SeqCst);
         if self.stopped.load(Ordering::Acquire) {
-            // No engine thread any more: run what must run here.
-            self.pump();
+            if work {
+                self.pump();
+            }
         } else if !self.token.load(Ordering::Relaxed) {
             let _ = self.wake.try_send(());
         }
@@ -304,7 +308,7 @@ impl Engine {
             do_work(e.0);
             return;
         }
-        self.notify(false);
+        self.notify(false, true);
     }
 
     /// A new operation id, unique in the process (an operation made
