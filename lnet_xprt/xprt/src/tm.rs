@@ -633,13 +633,16 @@ impl TmShared {
                 {
                     Some(claim) => {
                         // Posted (queued for delivery) before the sender is
-                        // told, callbacks after.
+                        // told. The callback runs first: an echo it sends
+                        // leaves before the DELIVERED (which is off the
+                        // round trip's path), as TCP's acknowledgement
+                        // leaves with the echo.
                         let d = self.sink.post_msg_deferred(claim, ml, &sender);
+                        self.run_cb(d);
                         answer(Ctl::Delivered {
                             xid: seq,
                             len: ml as u64,
                         });
-                        self.run_cb(d);
                         if ev.unlinked {
                             let mut s = op.st.lock();
                             s.stage = Stage::Done;
