@@ -51,10 +51,13 @@ pub(crate) fn set_lnet_scheds(n: usize) {
     LNET_SCHEDS.store(n, std::sync::atomic::Ordering::Relaxed);
 }
 
-fn lnet_scheds() -> Option<usize> {
+/// This program's settings for the LNet nodes it starts: the schedulers'
+/// look before sleeping, and `--lnet-scheds` if given.
+fn tune(cfg: &mut LnetConfig, spin: std::time::Duration) {
+    cfg.spin = spin;
     match LNET_SCHEDS.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => None,
-        n => Some(n),
+        0 => {}
+        n => cfg.nscheds = n,
     }
 }
 
@@ -181,10 +184,7 @@ impl Xprt {
             // Any source port: the program runs without privilege.
             cfg.accept = AcceptPolicy::All;
             cfg.node.transaction_timeout = std::time::Duration::from_secs(20);
-            cfg.spin = spin;
-            if let Some(n) = lnet_scheds() {
-                cfg.nscheds = n;
-            }
+            tune(&mut cfg, spin);
             nodes.push(Lnet::start(cfg).map_err(|e| format!("LNet node {nid}: {e}"))?);
         }
         // In one process, nodes on different nets talk through a router
@@ -207,10 +207,7 @@ impl Xprt {
             cfg.accept = AcceptPolicy::All;
             cfg.node.routing = true;
             cfg.node.transaction_timeout = std::time::Duration::from_secs(20);
-            cfg.spin = spin;
-            if let Some(n) = lnet_scheds() {
-                cfg.nscheds = n;
-            }
+            tune(&mut cfg, spin);
             let router = Lnet::start(cfg).map_err(|e| format!("LNet router: {e}"))?;
             for n in &nodes {
                 let own = n.nids()[0].net();
@@ -251,10 +248,7 @@ impl Xprt {
             let mut cfg =
                 LnetConfig::new(&["127.0.0.1@tcp".parse().map_err(|e| format!("{e}"))?]);
             cfg.accept_port = 0;
-            cfg.spin = spin;
-            if let Some(n) = lnet_scheds() {
-                cfg.nscheds = n;
-            }
+            tune(&mut cfg, spin);
             nodes.push(Lnet::start(cfg).map_err(|e| e.to_string())?);
         }
         Ok(Arc::new(

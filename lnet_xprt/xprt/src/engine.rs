@@ -171,7 +171,10 @@ impl Engine {
         let hook_of = Arc::downgrade(&e);
         let hook: EventHook = Arc::new(move |from| {
             if let Some(e) = hook_of.upgrade() {
-                e.notify(from == HookCall::Scheduler, false);
+                match from {
+                    HookCall::Scheduler => e.pump(),
+                    HookCall::Other => e.hand_over(false),
+                }
             }
         });
         e.lnet.set_event_hook(Some(hook));
@@ -236,16 +239,12 @@ impl Engine {
         }
     }
 
-    /// Something was queued: `here` (a scheduler's safe point) takes it on
-    /// this thread; otherwise the token's holder or the engine thread does.
-    /// A queued event is left alone once the engine stopped (it takes no
-    /// more); queued work then runs here, on the thread that queued it, as
-    /// nothing else would run it (`push`).
-    fn notify(&self, here: bool, work: bool) {
-        if here {
-            self.pump();
-            return;
-        }
+    /// Something was queued on a thread that may not run callbacks: the
+    /// token's holder or the engine thread takes it. A queued event is
+    /// left alone once the engine stopped (it takes no more); queued
+    /// `work` then runs here, on the thread that queued it, as nothing else
+    /// would run it (`push`).
+    fn hand_over(&self, work: bool) {
         fence(Ordering::SeqCst);
         if self.stopped.load(Ordering::Acquire) {
             if work {
@@ -308,7 +307,7 @@ impl Engine {
             do_work(e.0);
             return;
         }
-        self.notify(false, true);
+        self.hand_over(true);
     }
 
     /// A new operation id, unique in the process (an operation made
