@@ -26,7 +26,12 @@
 //!   first use, cached per domain, and closed by the skulker after
 //!   [`TcpConfig::idle_timeout`] without traffic. Buffer callbacks run on
 //!   the I/O thread that completes the buffer (keep them short, or use
-//!   synchronous delivery).
+//!   synchronous delivery). While it spins, an I/O thread reads the
+//!   connection that last had data directly; after 64 such reads in a row
+//!   it takes that connection out of its epoll set (a socket in an epoll
+//!   set makes every arrival cost its sender the work of telling epoll)
+//!   and puts it back before it blocks or when another connection becomes
+//!   the busy one ([`StatsSnapshot::detaches`] counts them).
 //! * Supports multi-message receive buffers, buffer timeouts, synchronous
 //!   delivery, and confining the domain's I/O thread to a CPU.
 //!
