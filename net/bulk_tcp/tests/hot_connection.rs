@@ -101,7 +101,7 @@ impl PingState {
         b.bufvec_mut().copy_in(0, &self.seq.to_le_bytes()).unwrap();
         let to = self.to.clone().unwrap();
         if let Err(e) = tm.add_msg_send(b, &to, 8) {
-            let _ = self.done.send(Err(e.error.to_string()));
+            let _ = self.done.try_send(Err(e.error.to_string()));
         }
     }
 }
@@ -117,7 +117,7 @@ struct Pinger {
 impl Pinger {
     fn start(server: &str) -> Self {
         let mut node = Node::start("127.0.0.1:0:2", cfg());
-        let (tx, done) = crossbeam_channel::unbounded();
+        let (tx, done) = crossbeam_channel::bounded(64);
         let st = Arc::new(Mutex::new(PingState {
             left: 0,
             seq: 0,
@@ -134,13 +134,13 @@ impl Pinger {
                     if let Err(e) = ev.status() {
                         // Buffers come back cancelled when the client stops.
                         if !st.closing {
-                            let _ = st.done.send(Err(format!("receive: {e}")));
+                            let _ = st.done.try_send(Err(format!("receive: {e}")));
                         }
                         return;
                     }
                     let m = ev.message().unwrap();
                     if m.len() != 8 {
-                        let _ = st.done.send(Err(format!("echo of {} bytes", m.len())));
+                        let _ = st.done.try_send(Err(format!("echo of {} bytes", m.len())));
                         return;
                     }
                     let got = u64::from_le_bytes(m[..8].try_into().unwrap());
@@ -156,7 +156,7 @@ impl Pinger {
                     st.seq += 1;
                     st.left -= 1;
                     if st.left == 0 {
-                        let _ = st.done.send(Ok(st.seq));
+                        let _ = st.done.try_send(Ok(st.seq));
                     } else {
                         st.send(tm);
                     }
@@ -166,7 +166,7 @@ impl Pinger {
                     if let Err(e) = ev.status()
                         && !st.closing
                     {
-                        let _ = st.done.send(Err(format!("send: {e}")));
+                        let _ = st.done.try_send(Err(format!("send: {e}")));
                     }
                     if let Some(b) = ev.take_buffer() {
                         st.free.push(b);
