@@ -14,6 +14,8 @@
 //! * Both use little-endian byte order unless built with [`Endian::Big`],
 //!   which serves layouts that may arrive byte-swapped (an LNet ping buffer
 //!   travels in its sender's byte order).
+//! * [`gather::gathered`] writes a frame that sits in several small pieces
+//!   as one piece (cheaper for the kernel than a gather list).
 //!
 //! ```
 //! use colibri_wire::{Reader, Short, Writer};
@@ -40,6 +42,8 @@
 //! ```
 
 #![forbid(unsafe_code)]
+
+pub mod gather;
 
 use std::fmt;
 

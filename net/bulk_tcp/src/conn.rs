@@ -11,6 +11,7 @@ use std::net::SocketAddrV4;
 use std::time::Instant;
 
 use colibri_net::{BufToken, BufVec, NetError, Result};
+use colibri_wire::gather::Pieces;
 use mio::net::TcpStream;
 use parking_lot::MappedMutexGuard;
 use smallvec::SmallVec;
@@ -25,34 +26,14 @@ const MAX_BATCH: usize = 64;
 const MAX_BATCH_BYTES: usize = 8 << 20;
 /// Most slices in one `writev` (beyond it the call is cut short).
 const MAX_IOV: usize = 512;
-/// Largest batch of several pieces copied into one contiguous buffer and
-/// written with one plain `send`: on loopback, a `sendmsg` of three pieces
-/// cost 0.3 us more per round trip than one piece of the same 200 bytes,
-/// and 1.2 us more at 4 KiB, while copying up to 16 KiB first was cheaper
-/// than either (BENCHMARKS.md, issue 9).
-const COALESCE_MAX: usize = 16 << 10;
-
-thread_local! {
-    /// The I/O thread's buffer for coalesced writes.
-    static STAGE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Writes `iov` to `sock`, as one contiguous piece when it is several
-/// small ones (see [`COALESCE_MAX`]). MSG_NOSIGNAL: a peer that reset the
+/// Writes `iov` to `sock`, as one piece when it is several small ones
+/// ([`colibri_wire::gather`]). MSG_NOSIGNAL: a peer that reset the
 /// connection must not kill a process that did not ignore SIGPIPE.
 fn send_iov(sock: &TcpStream, iov: &[IoSlice<'_>]) -> io::Result<usize> {
     let sr = socket2::SockRef::from(sock);
-    let total: usize = iov.iter().map(|s| s.len()).sum();
-    if iov.len() < 2 || total > COALESCE_MAX {
-        return sr.send_vectored_with_flags(iov, libc::MSG_NOSIGNAL);
-    }
-    STAGE.with(|stage| {
-        let mut stage = stage.borrow_mut();
-        stage.clear();
-        for s in iov {
-            stage.extend_from_slice(s);
-        }
-        sr.send_with_flags(&stage, libc::MSG_NOSIGNAL)
+    colibri_wire::gather::gathered(iov, |p| match p {
+        Pieces::One(b) => sr.send_with_flags(b, libc::MSG_NOSIGNAL),
+        Pieces::Many(v) => sr.send_vectored_with_flags(v, libc::MSG_NOSIGNAL),
     })
 }
 
@@ -232,7 +213,9 @@ impl RbufPool {
 mod tests {
     use std::io::{IoSlice, Read};
 
-    use super::{COALESCE_MAX, send_iov};
+    use colibri_wire::gather::GATHER_MAX;
+
+    use super::send_iov;
 
     /// Writes of several small pieces (copied into one) and of large ones
     /// (vectored) into a socket that nobody reads fill it, are cut short,
@@ -253,7 +236,7 @@ mod tests {
                     .collect()
             })
             .collect();
-        let big: Vec<u8> = (0..COALESCE_MAX + 1).map(|i| (i % 251) as u8).collect();
+        let big: Vec<u8> = (0..GATHER_MAX + 1).map(|i| (i % 251) as u8).collect();
         let (mut sent, mut wrote) = (Vec::new(), 0);
         for round in 0..10_000 {
             let iov: Vec<IoSlice<'_>> = if round % 7 == 6 {

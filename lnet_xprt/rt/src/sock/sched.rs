@@ -17,6 +17,7 @@ use colibri_lnet::socklnd::{
     payload_checksum,
 };
 use colibri_lnet::time::Time;
+use colibri_wire::gather::Pieces;
 use crossbeam_channel::Receiver;
 
 use super::{Conn, SockLnd, TARGET, TxItem};
@@ -735,7 +736,7 @@ pub(super) fn start_tx(
 }
 
 /// Writes as much of `t` as the socket takes, header and payload with one
-/// vectored write each time: `Ok(true)` once it is all written,
+/// write each time (copied into one piece when small, else vectored): `Ok(true)` once it is all written,
 /// `Ok(false)` when the socket is full.
 pub(super) fn write_tx(
     stream: &mut impl Write,
@@ -767,7 +768,12 @@ pub(super) fn write_tx(
                     bufs.push(IoSlice::new(&p[skip..]));
                     skip = 0;
                 }
-                stream.write_vectored(&bufs).map(|n| (n, total))
+                // Small pieces go as one (see colibri_wire::gather).
+                colibri_wire::gather::gathered(&bufs, |p| match p {
+                    Pieces::One(b) => stream.write(b),
+                    Pieces::Many(v) => stream.write_vectored(v),
+                })
+                .map(|n| (n, total))
             })
         };
         let Some(r) = r else {
