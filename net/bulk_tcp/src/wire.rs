@@ -9,12 +9,16 @@
 //! ```text
 //! off  size  field
 //!   0     4  magic "CLTP" (0x5054_4c43)
-//!   4     1  version (1)
+//!   4     1  version (2)
 //!   5     1  opcode (Opcode)
 //!   6     1  queue: the requester's active queue code (GET, PUT), else 0
-//!   7     1  flags: bit 0 LAST (last chunk of a bulk transfer)
+//!   7     1  flags: bit 0 LAST (last chunk of a bulk transfer, GET, PUT and
+//!            GET_DATA only); bit 1 ACKS (MSG only: the frame also
+//!            acknowledges a message of its receiver's, see `offset`)
 //!   8     8  xid: transfer id chosen by the requester, echoed in responses
-//!  16     8  offset of the chunk in the transfer (bulk), else 0
+//!  16     8  offset of the chunk in the transfer (bulk); in a MSG with
+//!            ACKS, the xid of the receiver's message it acknowledges as
+//!            taken (what a MSG_ACK with status 0 says); else 0
 //!  24     8  total: message length (MSG), active buffer capacity (GET),
 //!            bytes to write (PUT), transfer length (GET_DATA), else 0
 //!  32     4  chunk: bytes asked for (GET), bytes carried (GET_DATA), else 0
@@ -47,12 +51,19 @@ use crate::addr::TcpAddr;
 
 /// Magic number at the start of every frame ("CLTP").
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CLTP");
-/// Current wire version.
-pub const VERSION: u8 = 1;
+/// Current wire version (2: MSG frames may carry an acknowledgement,
+/// [`FLAG_ACKS`]).
+pub const VERSION: u8 = 2;
 /// Size of the frame header in bytes.
 pub const HEADER_LEN: usize = 68;
 /// Flag: the last chunk of a bulk transfer.
 pub const FLAG_LAST: u8 = 1;
+/// Flag (MSG only): the frame also acknowledges, with success, the message
+/// of its receiver's whose xid is in `offset`, as a MSG_ACK with status 0
+/// would. A successful MSG_ACK waiting to be written when a message leaves
+/// on the same connection rides in that message's header instead: a
+/// request-response exchange then writes one frame per direction.
+pub const FLAG_ACKS: u8 = 2;
 /// Largest status detail body a response may carry.
 pub const MAX_DETAIL: u32 = 4096;
 
@@ -107,7 +118,7 @@ pub struct Header {
     pub opcode: Opcode,
     /// Requester's active queue code (GET and PUT), else 0.
     pub queue: u8,
-    /// Flags ([`FLAG_LAST`]).
+    /// Flags ([`FLAG_LAST`], [`FLAG_ACKS`]).
     pub flags: u8,
     /// Transfer id.
     pub xid: u64,
@@ -173,6 +184,11 @@ impl Header {
     /// True when the LAST flag is set.
     pub fn is_last(&self) -> bool {
         self.flags & FLAG_LAST != 0
+    }
+
+    /// The xid of the message this MSG frame acknowledges ([`FLAG_ACKS`]).
+    pub fn acks(&self) -> Option<u64> {
+        (self.flags & FLAG_ACKS != 0).then_some(self.offset)
     }
 
     /// Data bytes of the body (after the descriptor).
@@ -284,8 +300,12 @@ impl Header {
         if self.status != 0 && !(MIN_STATUS..=MAX_STATUS).contains(&self.status) {
             return Err(proto(format!("unknown status {}", self.status)));
         }
-        let bulk = matches!(self.opcode, Get | GetData | Put);
-        if self.flags & !FLAG_LAST != 0 || (!bulk && self.flags != 0) {
+        let allowed = match self.opcode {
+            Get | GetData | Put => FLAG_LAST,
+            Msg => FLAG_ACKS,
+            _ => 0,
+        };
+        if self.flags & !allowed != 0 {
             return Err(proto("unknown flags"));
         }
         let want_queue = match self.opcode {
@@ -308,8 +328,11 @@ impl Header {
                 if failed {
                     return Err(must_be_zero("status", self.opcode));
                 }
-                if self.offset != 0 {
-                    return Err(must_be_zero("offset", self.opcode));
+                // Transfer ids start at 1.
+                if (self.offset != 0) != (self.flags & FLAG_ACKS != 0) {
+                    return Err(proto(
+                        "offset must name the acknowledged message with ACKS, else be 0 in Msg",
+                    ));
                 }
                 if self.chunk != 0 {
                     return Err(must_be_zero("chunk", self.opcode));
@@ -622,6 +645,28 @@ mod tests {
         let mut h = msg(10);
         h.status = 99;
         assert!(Header::decode(&h.encode(), 1000).is_err());
+        // ACKS: on MSG only, and then with the acknowledged xid in
+        // `offset` (which is 0 otherwise).
+        let mut h = msg(10);
+        h.flags = FLAG_ACKS;
+        h.offset = 7;
+        assert_eq!(Header::decode(&h.encode(), 1000).unwrap().acks(), Some(7));
+        h.offset = 0;
+        assert!(Header::decode(&h.encode(), 1000).is_err(), "ACKS of xid 0");
+        let mut h = msg(10);
+        h.offset = 7;
+        assert!(
+            Header::decode(&h.encode(), 1000).is_err(),
+            "offset without ACKS"
+        );
+        let mut h = Header::new(Opcode::MsgAck, 1, addr("1.1.1.1:1:1"), addr("1.1.1.1:2:1"));
+        assert!(Header::decode(&h.encode(), 1000).is_ok());
+        h.flags = FLAG_ACKS;
+        h.offset = 1;
+        assert!(
+            Header::decode(&h.encode(), 1000).is_err(),
+            "ACKS on a MSG_ACK"
+        );
         let mut p = Header::new(Opcode::Put, 1, addr("1.1.1.1:1:1"), addr("1.1.1.1:2:1"));
         p.queue = QueueType::ActiveBulkRecv.code(); // a PUT claiming the wrong queue
         p.desc_len = 10;

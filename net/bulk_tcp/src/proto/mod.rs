@@ -52,7 +52,7 @@ use colibri_net::{BufVec, NetBufDesc, NetError, QueueType, Result};
 use tracing::{debug, trace};
 
 use crate::addr::TcpAddr;
-use crate::wire::{FLAG_LAST, HEADER_LEN, Header, Opcode, decode_status, encode_status};
+use crate::wire::{FLAG_ACKS, FLAG_LAST, HEADER_LEN, Header, Opcode, decode_status, encode_status};
 
 #[cfg(test)]
 mod tests;
@@ -142,6 +142,9 @@ enum Data {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tag {
     Plain,
+    /// A MSG_ACK with status 0 for the peer's message `xid` (it may ride in
+    /// the header of a message that follows it, [`FLAG_ACKS`]).
+    Ack(u64),
     /// A request frame of outgoing transfer `xid`.
     Req(u64),
     /// A data chunk of incoming GET transfer `xid`.
@@ -156,6 +159,9 @@ struct Frame {
     len: usize,
     done: usize,
     tag: Tag,
+    /// The peer's message this frame's header acknowledges
+    /// ([`FLAG_ACKS`]), else 0.
+    acks: u64,
 }
 
 impl Frame {
@@ -173,6 +179,7 @@ impl Frame {
             len: HEADER_LEN + desc_len + data_len,
             done: 0,
             tag,
+            acks: h.acks().unwrap_or(0),
         }
     }
 
@@ -712,6 +719,18 @@ impl<M: Machine> Proto<M> {
         let mut h = Header::new(Opcode::Msg, xid, own, dest);
         h.total = len as u64;
         h.body_len = len as u32;
+        // A successful MSG_ACK queued last and not yet started rides in
+        // this header instead of going as a frame of its own.
+        if let Some(Frame {
+            tag: Tag::Ack(acked),
+            done: 0,
+            ..
+        }) = self.wq.back()
+        {
+            h.flags |= FLAG_ACKS;
+            h.offset = *acked;
+            self.wq.pop_back();
+        }
         let data = Data::Buf {
             q: q.clone(),
             off: 0,
@@ -833,7 +852,21 @@ impl<M: Machine> Proto<M> {
                 return true;
             }
             if f.done == 0 {
-                return false;
+                if f.acks == 0 {
+                    return false;
+                }
+                // The acknowledgement it carries still goes, alone.
+                match Header::decode(&f.hdr, u32::MAX) {
+                    Ok(h) => {
+                        let ack = Header::new(Opcode::MsgAck, f.acks, h.sender, h.receiver);
+                        *f = Frame::new(&ack, None, Data::None, Tag::Ack(f.acks));
+                        return true;
+                    }
+                    Err(e) => {
+                        res = Err(e);
+                        return false;
+                    }
+                }
             }
             if let Err(e) = f.detach() {
                 res = Err(e);
@@ -1058,8 +1091,12 @@ impl<M: Machine> Proto<M> {
         match status {
             None => {
                 let h = Header::new(op, req.xid, req.receiver, req.sender);
-                self.wq
-                    .push_back(Frame::new(&h, None, Data::None, Tag::Plain));
+                let tag = if op == Opcode::MsgAck {
+                    Tag::Ack(req.xid)
+                } else {
+                    Tag::Plain
+                };
+                self.wq.push_back(Frame::new(&h, None, Data::None, tag));
             }
             Some(e) => self.push_status(op, req.xid, req.receiver, req.sender, e),
         }
@@ -1341,6 +1378,11 @@ impl<M: Machine> Proto<M> {
         let body_len = h.body_len as usize;
         match h.opcode {
             Opcode::Msg => {
+                if let Some(acked) = h.acks() {
+                    // As if the MSG_ACK had come first, as its own frame.
+                    let ack = Header::new(Opcode::MsgAck, acked, h.receiver, h.sender);
+                    self.on_status(&ack, Ok(()))?;
+                }
                 let body = match self.target_tm(&h, dir)? {
                     None => Body::Discard(Some(NetError::Unreachable(h.receiver.to_string()))),
                     Some(tm) => match self.claim_recv(&tm, body_len) {

@@ -196,6 +196,74 @@ fn message_round_trip_in_any_pieces() {
     }
 }
 
+/// `b` receives `a`'s request and answers it before its MSG_ACK is
+/// written; returns the answer's send token.
+fn answer_before_the_ack_leaves(
+    p: &mut Pair,
+    cbs: &std::sync::Arc<colibri_net::BufferCallbacks>,
+    ev: &EventReceiver,
+) -> (BufToken, BufToken) {
+    for n in [&p.a, &p.b] {
+        let rbuf = registered(n, &[], 4096, cbs);
+        n.tm.add_msg_recv(rbuf, RecvParams::default()).unwrap();
+    }
+    let req = pattern(100, 1);
+    let st = p.send(&req, cbs);
+    assert_eq!(ops(&p.a_to_b().unwrap()), [Opcode::Msg]);
+    assert_eq!(event(ev).message().unwrap(), req);
+    assert!(p.ba.has_output(), "the MSG_ACK waits to be written");
+    let ans = pattern(50, 2);
+    let ep = p.b.tm.ep_create(A).unwrap();
+    let buf = registered(&p.b, &ans, 50, cbs);
+    let at = p.b.tm.add_msg_send(buf, &ep, 50).unwrap();
+    p.b.start_last(&mut p.ba);
+    (st, at)
+}
+
+#[test]
+fn an_answer_carries_the_acknowledgement_of_its_request() {
+    let mut p = Pair::new(1 << 20);
+    let (cbs, ev) = event_channel(8);
+    let (st, at) = answer_before_the_ack_leaves(&mut p, &cbs, &ev);
+    // One frame: the answer, acknowledging message 1.
+    let fs = p.b_to_a().unwrap();
+    assert_eq!(ops(&fs), [Opcode::Msg]);
+    assert_eq!((fs[0].0.acks(), fs[0].0.body_len), (Some(1), 50));
+    // `a`: the request completes, and the answer arrives.
+    let mut got: Vec<_> = (0..2).map(|_| event(&ev)).collect();
+    got.sort_by_key(|e| e.queue() != QueueType::MsgSend);
+    assert_eq!((got[0].queue(), got[0].length()), (QueueType::MsgSend, 100));
+    assert!(got[0].is_ok());
+    assert_eq!(got[1].message().unwrap(), pattern(50, 2));
+    assert_eq!(p.a.m.completions_of(st), 1);
+    // `a` has nothing to answer with: its MSG_ACK goes alone.
+    let fs = p.a_to_b().unwrap();
+    assert_eq!(ops(&fs), [Opcode::MsgAck]);
+    assert_eq!(fs[0].0.acks(), None);
+    let e = event(&ev);
+    assert_eq!((e.queue(), e.length()), (QueueType::MsgSend, 50));
+    assert_eq!(p.b.m.completions_of(at), 1);
+    no_event(&ev);
+    assert!(p.ab.is_idle() && p.ba.is_idle());
+}
+
+#[test]
+fn a_cancelled_answer_still_sends_the_acknowledgement_it_carried() {
+    let mut p = Pair::new(1 << 20);
+    let (cbs, ev) = event_channel(8);
+    let (st, at) = answer_before_the_ack_leaves(&mut p, &cbs, &ev);
+    del_through_core(&p.b, &mut p.ba, at);
+    assert_eq!(event(&ev).error(), Some(&NetError::Cancelled));
+    let fs = p.b_to_a().unwrap();
+    assert_eq!(ops(&fs), [Opcode::MsgAck]);
+    assert_eq!((fs[0].0.xid, fs[0].0.status), (1, 0));
+    let e = event(&ev);
+    assert_eq!((e.queue(), e.length()), (QueueType::MsgSend, 100));
+    assert!(e.is_ok());
+    assert_eq!(p.a.m.completions_of(st), 1);
+    no_event(&ev);
+}
+
 #[test]
 fn large_bodies_are_read_straight_into_the_claimed_buffer() {
     let mut p = Pair::new(1 << 20);
