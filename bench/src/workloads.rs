@@ -137,6 +137,10 @@ fn filled(
 struct RtState {
     run: Run,
     free_send: Vec<NetBuffer>,
+    /// Receive buffers of answers already taken, queued again once the
+    /// next request is on its way (from the send completion, which the
+    /// transports run after their writes), off the round trip's path.
+    used_recv: Vec<NetBuffer>,
     want_send: bool,
     server: Option<EndPoint>,
     client: Option<TmHandle>,
@@ -194,6 +198,7 @@ impl RoundTrip {
         let sh = Shared::new(RtState {
             run: Run::default(),
             free_send: Vec::new(),
+            used_recv: Vec::new(),
             want_send: false,
             server: Some(pair.server_ep()?),
             client: Some(pair.client.tm.handle()),
@@ -221,18 +226,25 @@ impl RoundTrip {
                         let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
                         st.lat.push(ns);
                     }
-                    if let Some(b) = ev.take_buffer()
-                        && let Err(e) = tm.add_msg_recv(b, RecvParams::default())
-                    {
-                        st.run.fail(e.error);
+                    if let Some(b) = ev.take_buffer() {
+                        st.used_recv.push(b);
                     }
                     if st.run.tick() {
                         c1.cv.notify_all();
                     } else {
                         st.send_next();
                     }
+                    // 15 more are queued; this one too if the next request
+                    // could not leave.
+                    if st.used_recv.len() > 1 || st.run.finished {
+                        for b in std::mem::take(&mut st.used_recv) {
+                            if let Err(e) = tm.add_msg_recv(b, RecvParams::default()) {
+                                st.run.fail(e.error);
+                            }
+                        }
+                    }
                 })
-                .on(QueueType::MsgSend, move |_tm, mut ev| {
+                .on(QueueType::MsgSend, move |tm, mut ev| {
                     let mut st = c2.st.lock();
                     if st.run.closing {
                         return;
@@ -244,6 +256,11 @@ impl RoundTrip {
                     }
                     if let Some(b) = ev.take_buffer() {
                         st.free_send.push(b);
+                    }
+                    for b in std::mem::take(&mut st.used_recv) {
+                        if let Err(e) = tm.add_msg_recv(b, RecvParams::default()) {
+                            st.run.fail(e.error);
+                        }
                     }
                     if std::mem::take(&mut st.want_send) {
                         st.send_next();
@@ -346,6 +363,7 @@ impl RoundTrip {
             |st| {
                 (
                     std::mem::take(&mut st.free_send),
+                    std::mem::take(&mut st.used_recv),
                     st.server.take(),
                     st.client.take(),
                 )
