@@ -587,11 +587,15 @@ impl Loop {
         }
     }
 
-    /// Puts the detached connection back into the epoll set.
+    /// Puts the detached connection back into the epoll set. It leaves the
+    /// set again only after another `DETACH_STREAK` reads in a row with
+    /// data: traffic that comes and goes (the thread blocks between
+    /// messages) never pays two `epoll_ctl` calls a message.
     fn attach_hot(&mut self) {
         let Some(t) = self.detached.take() else {
             return;
         };
+        self.streak = 0;
         let Some(c) = self.conns.get_mut(&t) else {
             return;
         };

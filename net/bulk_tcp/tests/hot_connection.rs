@@ -233,12 +233,24 @@ fn a_busy_connection_read_outside_epoll_loses_nothing() {
     client.go(500);
     assert_eq!(client.wait(), 3500);
 
+    // Messages with pauses longer than the spin: the connection goes back
+    // into epoll at each pause and does not leave it again for each one.
+    let stats = |s: &Echo, c: &Pinger| s.xprt.stats().detaches + c.node.xprt.stats().detaches;
+    let before = stats(&server, &client);
+    for i in 0..20 {
+        std::thread::sleep(Duration::from_millis(30));
+        client.go(1);
+        assert_eq!(client.wait(), 3501 + i);
+    }
+    let churn = stats(&server, &client) - before;
+    assert!(churn <= 2, "{churn} detaches for 20 messages with pauses");
+
     // Another sender while the busy connection is out of the server's set:
     // its messages are read too, and the burst goes on.
     let other = Node::start("127.0.0.1:0:3", cfg());
     other.recv_buffers(4, 256);
     let to = other.ep(&server.addr);
-    client.go(4000);
+    client.go(3980);
     for i in 0..20u64 {
         other
             .send(&to, &i.to_le_bytes())
