@@ -224,9 +224,11 @@ fn router_killed_mid_transfer(base: u8, n: usize, size: usize) {
     let f = fabric(base);
     // One GET in every 8 the server's machine receives (on its portal,
     // 30: not LNet's own pings of discovery, which are GETs too) is held
-    // 3 s: whatever the machine's speed, most transfers complete and at
-    // least one is still in flight when the router dies (it is killed at
-    // the first completion, well within the 3 s).
+    // 3 s: whatever the machine's speed, at least one is still in flight
+    // when the router dies (it is killed at the first completion, or after
+    // one second if none came: on a loaded machine, with the other tests
+    // of this file running beside it, the first completion was seen to
+    // come after the 3 s, and every transfer then succeeded).
     f.server
         .add_delay_rule(DelayRuleSpec {
             matcher: FaultMatch {
@@ -252,12 +254,16 @@ fn router_killed_mid_transfer(base: u8, n: usize, size: usize) {
         tokens.push(c.tm.add_active_recv(c.empty(size), d).unwrap());
     }
     // Let some transfers start, then kill the router.
-    let first = c.next(QueueType::ActiveBulkRecv);
+    let first = c.events.recv_timeout(Duration::from_secs(1)).ok();
     f.router.shutdown();
     let mut seen: HashMap<_, usize> = HashMap::new();
-    let mut ok = usize::from(first.is_ok());
-    *seen.entry(first.token()).or_default() += 1;
-    drop(first);
+    let mut ok = 0;
+    if let Some(first) = first {
+        assert_eq!(first.queue(), QueueType::ActiveBulkRecv, "{first:?}");
+        assert!(first.is_final());
+        ok += usize::from(first.is_ok());
+        *seen.entry(first.token()).or_default() += 1;
+    }
     let started = Instant::now();
     while seen.len() < n {
         let ev = c.next(QueueType::ActiveBulkRecv);
