@@ -158,6 +158,15 @@ struct RtState {
 const LAT_SAMPLES: usize = 1 << 20;
 
 impl RtState {
+    /// Queues the receive buffers in `used_recv` again.
+    fn requeue_recv(&mut self, tm: &TmHandle) {
+        for b in std::mem::take(&mut self.used_recv) {
+            if let Err(e) = tm.add_msg_recv(b, RecvParams::default()) {
+                self.run.fail(e.error);
+            }
+        }
+    }
+
     fn send_next(&mut self) {
         let Some(buf) = self.free_send.pop() else {
             self.want_send = true;
@@ -237,11 +246,7 @@ impl RoundTrip {
                     // 15 more are queued; this one too if the next request
                     // could not leave.
                     if st.used_recv.len() > 1 || st.run.finished {
-                        for b in std::mem::take(&mut st.used_recv) {
-                            if let Err(e) = tm.add_msg_recv(b, RecvParams::default()) {
-                                st.run.fail(e.error);
-                            }
-                        }
+                        st.requeue_recv(tm);
                     }
                 })
                 .on(QueueType::MsgSend, move |tm, mut ev| {
@@ -257,11 +262,7 @@ impl RoundTrip {
                     if let Some(b) = ev.take_buffer() {
                         st.free_send.push(b);
                     }
-                    for b in std::mem::take(&mut st.used_recv) {
-                        if let Err(e) = tm.add_msg_recv(b, RecvParams::default()) {
-                            st.run.fail(e.error);
-                        }
-                    }
+                    st.requeue_recv(tm);
                     if std::mem::take(&mut st.want_send) {
                         st.send_next();
                     }

@@ -179,6 +179,10 @@ pub(crate) fn claim_addr(want: TcpAddr, tm: &Arc<TmShared>) -> Result<(Arc<Liste
 /// makes clients beyond it wait a SYN retransmission, a second).
 const BACKLOG: i32 = 4096;
 
+/// What the epoll set watches on a connection (when it is accepted or
+/// opened, and when it goes back into the set after a detach).
+const CONN_INTEREST: Interest = Interest::READABLE.add(Interest::WRITABLE);
+
 /// Reads in a row that must find data on the hot connection before the
 /// spinning loop takes it out of the epoll set ([`Loop::detach_hot`]).
 const DETACH_STREAK: u32 = 64;
@@ -599,11 +603,11 @@ impl Loop {
         let Some(c) = self.conns.get_mut(&t) else {
             return;
         };
-        if let Err(e) = self.poll.registry().register(
-            &mut c.sock,
-            Token(t),
-            Interest::READABLE | Interest::WRITABLE,
-        ) {
+        if let Err(e) = self
+            .poll
+            .registry()
+            .register(&mut c.sock, Token(t), CONN_INTEREST)
+        {
             // Without epoll the connection would be read only while the
             // loop spins: fail it rather than leave it deaf.
             warn!(conn = t, %e, "could not put a connection back into epoll");
@@ -767,11 +771,11 @@ impl Loop {
                     let t = self.token();
                     let proto = Proto::accepted(t, self.pcfg, l.addr, Instant::now());
                     let mut c = Conn::new(stream, peer, proto);
-                    if let Err(e) = self.poll.registry().register(
-                        &mut c.sock,
-                        Token(t),
-                        Interest::READABLE | Interest::WRITABLE,
-                    ) {
+                    if let Err(e) =
+                        self.poll
+                            .registry()
+                            .register(&mut c.sock, Token(t), CONN_INTEREST)
+                    {
                         warn!(%e, "could not register an accepted connection");
                         continue;
                     }
@@ -823,11 +827,9 @@ impl Loop {
         let now = Instant::now();
         let proto = Proto::connecting(t, self.pcfg, now, now + self.eng.cfg.connect_timeout);
         let mut c = Conn::new(stream, peer, proto);
-        self.poll.registry().register(
-            &mut c.sock,
-            Token(t),
-            Interest::READABLE | Interest::WRITABLE,
-        )?;
+        self.poll
+            .registry()
+            .register(&mut c.sock, Token(t), CONN_INTEREST)?;
         self.eng.stats.connects.fetch_add(1, Ordering::Relaxed);
         trace!(conn = t, %peer, "connecting");
         self.conns.insert(t, c);

@@ -736,8 +736,8 @@ pub(super) fn start_tx(
 }
 
 /// Writes as much of `t` as the socket takes, header and payload with one
-/// write each time (copied into one piece when small, else vectored): `Ok(true)` once it is all written,
-/// `Ok(false)` when the socket is full.
+/// write each time (copied into one piece when small, else vectored):
+/// `Ok(true)` once it is all written, `Ok(false)` when the socket is full.
 pub(super) fn write_tx(
     stream: &mut impl Write,
     t: &mut TxProgress,

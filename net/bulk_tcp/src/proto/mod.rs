@@ -159,9 +159,6 @@ struct Frame {
     len: usize,
     done: usize,
     tag: Tag,
-    /// The peer's message this frame's header acknowledges
-    /// ([`FLAG_ACKS`]), else 0.
-    acks: u64,
 }
 
 impl Frame {
@@ -179,7 +176,6 @@ impl Frame {
             len: HEADER_LEN + desc_len + data_len,
             done: 0,
             tag,
-            acks: h.acks().unwrap_or(0),
         }
     }
 
@@ -852,21 +848,22 @@ impl<M: Machine> Proto<M> {
                 return true;
             }
             if f.done == 0 {
-                if f.acks == 0 {
-                    return false;
-                }
-                // The acknowledgement it carries still goes, alone.
-                match Header::decode(&f.hdr, u32::MAX) {
-                    Ok(h) => {
-                        let ack = Header::new(Opcode::MsgAck, f.acks, h.sender, h.receiver);
-                        *f = Frame::new(&ack, None, Data::None, Tag::Ack(f.acks));
-                        return true;
-                    }
+                // A message that carries an acknowledgement ([`FLAG_ACKS`])
+                // leaves it behind, as a frame of its own.
+                return match Header::decode(&f.hdr, u32::MAX) {
+                    Ok(h) => match h.acks() {
+                        Some(acked) => {
+                            let ack = Header::new(Opcode::MsgAck, acked, h.sender, h.receiver);
+                            *f = Frame::new(&ack, None, Data::None, Tag::Ack(acked));
+                            true
+                        }
+                        None => false,
+                    },
                     Err(e) => {
                         res = Err(e);
-                        return false;
+                        false
                     }
-                }
+                };
             }
             if let Err(e) = f.detach() {
                 res = Err(e);
