@@ -131,6 +131,11 @@ pub enum InsertPos {
     Before,
     /// Tail of the list (`LNET_INS_AFTER`).
     After,
+    /// Just before this ME in the list the new one goes to (as the older
+    /// `LNetMEInsert(current, LNET_INS_BEFORE)`), so that an ME meant to
+    /// be searched last (a catch-all) stays last while others are added;
+    /// at the tail when that ME is not in the list.
+    Ahead(MeHandle),
 }
 
 /// A caller's opaque key for a piece of memory (a registered buffer, a page
@@ -652,6 +657,10 @@ impl<T> MatchTable<T> {
         match spec.pos {
             InsertPos::Before => list.insert(0, h),
             InsertPos::After => list.push(h),
+            InsertPos::Ahead(next) => match list.iter().rposition(|x| *x == next) {
+                Some(i) => list.insert(i, h),
+                None => list.push(h),
+            },
         }
         Ok(h)
     }
@@ -1220,6 +1229,38 @@ mod tests {
             t.match_request(put(6, 7, 4), 0, &no_peer).unwrap().0,
             MatchOutcome::Drop
         );
+    }
+
+    #[test]
+    fn ahead_keeps_an_me_last() {
+        let mut t = Table::new(1);
+        // A catch-all ignoring every bit, then MEs added ahead of it.
+        let (last, catch) = attach(
+            &mut t,
+            me(5, 0, u64::MAX),
+            MdSpec::new(mem(8), MdOptions::OP_PUT),
+        );
+        let mut ahead = me(5, 0, 1);
+        ahead.pos = InsertPos::Ahead(last);
+        let (_, a) = attach(
+            &mut t,
+            ahead,
+            MdSpec::new(mem(8), MdOptions::OP_PUT).threshold(Threshold::Count(1)),
+        );
+        let (_, b) = attach(
+            &mut t,
+            ahead,
+            MdSpec::new(mem(8), MdOptions::OP_PUT).threshold(Threshold::Count(1)),
+        );
+        // In the order they were added, both before the catch-all.
+        assert_eq!(matched(&mut t, put(5, 1, 4)).md, a);
+        assert_eq!(matched(&mut t, put(5, 0, 4)).md, b);
+        assert_eq!(matched(&mut t, put(5, 0, 4)).md, catch);
+        assert_eq!(matched(&mut t, put(5, 0x77, 4)).md, catch);
+        // Once the catch-all is gone, ahead of it means at the tail.
+        t.me_unlink(last).unwrap();
+        let (_, c) = attach(&mut t, ahead, MdSpec::new(mem(8), MdOptions::OP_PUT));
+        assert_eq!(matched(&mut t, put(5, 1, 4)).md, c);
     }
 
     #[test]

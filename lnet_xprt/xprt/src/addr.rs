@@ -16,17 +16,44 @@ pub const TMID_MAX: u16 = 4095;
 /// Bits of the match bits below the TMID.
 pub const COUNTER_BITS: u32 = 52;
 
-/// Counter value of messages (the ME of every receive buffer, with
-/// [`RECV_IGNORE`], and the catch-all that sees messages no buffer took).
+/// Counter value of messages (Motr's: counter 0 is the TMID's
+/// unsolicited messages). Every receive buffer's ME and the catch-all
+/// match it with [`RECV_IGNORE`], so a message may also carry an
+/// acknowledgement in its counter ([`msg_counter`]).
 pub const CNT_MSG: u64 = 0;
-/// Ignore bits of a receive buffer's ME: it matches counters 0 and 1, so
-/// it sits on the portal's ignore list, searched before the catch-all.
-pub const RECV_IGNORE: u64 = 1;
+/// Counter bit of a message that carries an acknowledgement: the
+/// sequence number of a message the receiver sent to the sender and that
+/// the sender posted (what a DELIVERED control message says otherwise),
+/// in the counter's low 24 bits.
+pub const ACK_FLAG: u64 = 1 << 51;
+/// Ignore bits of the MEs that take messages (receive buffers and the
+/// catch-all): the acknowledgement a message may carry. They put those MEs
+/// on the portal's ignore list, searched before the exact MEs.
+pub const RECV_IGNORE: u64 = ACK_FLAG | SEQ_MASK as u64;
 /// Counter value of the transfer machine's control messages (bulk
-/// requests, verdicts, aborts).
-pub const CNT_CTL: u64 = 2;
-/// First counter value of passive buffers.
-pub const CNT_PASSIVE_MIN: u64 = 3;
+/// requests, verdicts, aborts): a bit no message sets.
+pub const CNT_CTL: u64 = 1 << 50;
+/// Counter bit of every passive buffer's match bits (a bit no message
+/// sets), above the buffer's number and chunk.
+pub const CNT_PASSIVE: u64 = 1 << 49;
+
+/// The counter of a message: [`CNT_MSG`], or with an acknowledgement of
+/// the receiver's send `ack` (its sequence number).
+pub const fn msg_counter(ack: Option<u32>) -> u64 {
+    match ack {
+        Some(seq) => ACK_FLAG | (seq & SEQ_MASK) as u64,
+        None => CNT_MSG,
+    }
+}
+
+/// The acknowledgement a message's match bits carry, if any.
+pub const fn carried_ack(bits: u64) -> Option<u32> {
+    if bits & ACK_FLAG != 0 {
+        Some((bits & SEQ_MASK as u64) as u32)
+    } else {
+        None
+    }
+}
 
 const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
 
@@ -231,7 +258,20 @@ mod tests {
 
     #[test]
     fn match_bits_layout() {
-        assert_eq!(match_bits(5, CNT_CTL), (5 << 52) | 2);
+        assert_eq!(match_bits(5, CNT_CTL), (5 << 52) | (1 << 50));
+        assert_eq!(match_bits(5, msg_counter(None)), 5 << 52);
+        let carrier = match_bits(5, msg_counter(Some(0x12_3456)));
+        assert_eq!(carrier, (5 << 52) | (1 << 51) | 0x12_3456);
+        assert_eq!(carried_ack(carrier), Some(0x12_3456));
+        assert_eq!(carried_ack(match_bits(5, CNT_MSG)), None);
+        // A receive ME (bits of counter 0, RECV_IGNORE) takes plain
+        // messages and carriers, never control messages or passive bits.
+        let takes = |bits: u64| (match_bits(5, CNT_MSG) ^ bits) & !RECV_IGNORE == 0;
+        assert!(takes(match_bits(5, CNT_MSG)));
+        assert!(takes(carrier));
+        assert!(!takes(match_bits(5, CNT_CTL)));
+        assert!(!takes(match_bits(5, CNT_PASSIVE | 1 << 8)));
+        assert!(!takes(match_bits(6, CNT_MSG)));
         assert_eq!(
             split_bits(match_bits(4095, COUNTER_MASK)),
             (4095, COUNTER_MASK)

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use colibri_lnet_rt::colibri_lnet::ids::{Nid, Pid, ProcessId};
 use colibri_lnet_rt::colibri_lnet::matching::{
-    Event, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, MemKey, MemRef, Threshold, Unlink,
+    Event, InsertPos, MdHandle, MdOptions, MdSpec, MeHandle, MeSpec, MemKey, MemRef, Threshold,
+    Unlink,
 };
 use colibri_lnet_rt::colibri_lnet::nidmap::KeyedMap;
 use colibri_lnet_rt::{EventHook, HookCall, Lnet, LnetError, MemRegion};
@@ -387,17 +388,36 @@ impl Engine {
         unlink: Unlink,
         md: MdSpec,
     ) -> std::result::Result<MdHandle, LnetError> {
+        self.attach_at(portal, bits, ignore, unlink, md, InsertPos::After)
+            .map(|(_, md)| md)
+    }
+
+    /// [`Engine::attach`] with the ME at `pos` in its portal's list;
+    /// returns the ME too.
+    pub(crate) fn attach_at(
+        &self,
+        portal: u32,
+        bits: u64,
+        ignore: u64,
+        unlink: Unlink,
+        md: MdSpec,
+        pos: InsertPos,
+    ) -> std::result::Result<(MeHandle, MdHandle), LnetError> {
         let me = self.lnet.me_attach(MeSpec {
             portal,
             match_id: ProcessId::ANY,
             match_bits: bits,
             ignore_bits: ignore,
             unlink,
-            pos: InsertPos::After,
+            pos,
         })?;
-        self.lnet.md_attach(me, md).inspect_err(|_| {
-            let _ = self.lnet.me_unlink(me);
-        })
+        match self.lnet.md_attach(me, md) {
+            Ok(md) => Ok((me, md)),
+            Err(err) => {
+                let _ = self.lnet.me_unlink(me);
+                Err(err)
+            }
+        }
     }
 
     /// `LNetMDBind` of a free MD over `mem` (`threshold` events, unlinked

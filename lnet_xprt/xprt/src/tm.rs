@@ -1,13 +1,15 @@
 //! A transfer machine over LNet: its MEs and MDs, the operations of its
 //! queued buffers, and what each LNet event means for them.
 
+use std::cell::Cell;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use colibri_lnet_rt::ForeignMemory;
 use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
 use colibri_lnet_rt::colibri_lnet::matching::{
-    Event, EventKind, MdHandle, MdOptions, MdSpec, MemKey, MemRef, OpError, Threshold, Unlink,
+    Event, EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeHandle, MemKey, MemRef, OpError,
+    Threshold, Unlink,
 };
 use colibri_lnet_rt::colibri_lnet::nidmap::KeyedMap;
 use colibri_net::desc::NetBufDesc;
@@ -20,8 +22,8 @@ use tracing::{debug, trace, warn};
 
 use crate::XprtInner;
 use crate::addr::{
-    CNT_CTL, CNT_MSG, CNT_PASSIVE_MIN, COUNTER_BITS, HDR_BULK, HDR_MSG, LnetAddr, RECV_IGNORE,
-    SEQ_MASK, hdr_data, match_bits, parse_hdr,
+    CNT_CTL, CNT_MSG, CNT_PASSIVE, COUNTER_BITS, HDR_BULK, HDR_MSG, LnetAddr, RECV_IGNORE,
+    SEQ_MASK, carried_ack, hdr_data, match_bits, msg_counter, parse_hdr,
 };
 use crate::ctl::{CTL_MAX, Ctl};
 use crate::desc::BulkTarget;
@@ -112,6 +114,49 @@ pub(crate) struct Peer {
     seq: u32,
 }
 
+/// The DELIVERED a received message's answer owes its sender, while the
+/// message's callback runs on this thread: a message that callback sends
+/// from the receiving machine back to the sender carries the
+/// acknowledgement in its match bits ([`msg_counter`]), and the DELIVERED
+/// is not sent (one LNet message each way per exchange instead of two, as
+/// TCP's acknowledgements ride on its answers). What no send took is sent
+/// as a DELIVERED once the callback returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct OwedAck {
+    /// The engine (node) that received the message.
+    node: usize,
+    /// The message's sender: its process, portal and TMID.
+    to: ProcessId,
+    portal: u32,
+    tmid: u16,
+    /// The receiving machine's portal and TMID.
+    from: (u32, u16),
+    /// The message's sequence number and length.
+    seq: u32,
+    len: u64,
+}
+
+thread_local! {
+    static OWED: Cell<Option<OwedAck>> = const { Cell::new(None) };
+}
+
+/// Takes the acknowledgement owed on this thread if a send from `from` on
+/// `e` to `dest` can carry it.
+fn take_owed(e: &Engine, dest: &LnetAddr, from: (u32, u16)) -> Option<(u32, u64)> {
+    OWED.with(|c| {
+        let o = c.get()?;
+        let fits = o.node == std::ptr::from_ref(e) as usize
+            && o.to == dest.process()
+            && o.portal == dest.portal
+            && Some(o.tmid) == dest.tmid
+            && o.from == from;
+        fits.then(|| {
+            c.set(None);
+            (o.seq, o.len)
+        })
+    })
+}
+
 #[derive(Default)]
 struct OpSt {
     stage: Stage,
@@ -134,6 +179,11 @@ struct OpSt {
     len: usize,
     /// Its entry in the engine's deadlines (an answer it waits for).
     deadline: Option<Instant>,
+    /// A message send that carries the acknowledgement of a message its
+    /// receiver sent us: (that message's sequence number, its length). If
+    /// the send fails before it left, the acknowledgement goes as a
+    /// DELIVERED of its own.
+    carried: Option<(u32, u64)>,
     /// A transfer in chunks: their operations, how many have not ended,
     /// bytes moved.
     children: Vec<Arc<Op>>,
@@ -169,6 +219,9 @@ struct TmSt {
     claims: KeyedMap<(ProcessId, u64), Arc<Op>>,
     /// Control and catch-all MDs.
     infra: Vec<Arc<Op>>,
+    /// The catch-all's ME: receive buffers' MEs go ahead of it, so that
+    /// it stays the last of the machine's MEs that take messages.
+    catch_me: Option<MeHandle>,
     /// Control MD memory, by operation id.
     ctl_mem: KeyedMap<u64, colibri_lnet_rt::MemRegion>,
     /// Messages being sent, by sequence number.
@@ -340,14 +393,20 @@ impl TmShared {
             self.engine().remove_op(op.id);
         }
         if let Some(q) = &op.buf {
+            self.forget_send(op);
+            let d = self.sink.complete_deferred(q, r);
+            // Out of the table only once the completion is decided: a
+            // `del` that finds no operation completes the buffer
+            // `Cancelled` (on the machine's own thread, if it has one),
+            // which must not overtake this one (the conformance case
+            // cancel_races_completion, with a thread per machine).
             {
                 let mut st = self.st.lock();
                 if st.ops.get(&q.token().raw()).is_some_and(|o| o.id == op.id) {
                     st.ops.remove(&q.token().raw());
                 }
             }
-            self.forget_send(op);
-            self.run_cb(self.sink.complete_deferred(q, r));
+            self.run_cb(d);
         }
     }
 
@@ -462,15 +521,21 @@ impl TmShared {
         if p.max_receive_msgs > 1 {
             spec = spec.max_size(p.min_receive_size as u32);
         }
-        let r = e.attach(
+        let pos = self
+            .st
+            .lock()
+            .catch_me
+            .map_or(InsertPos::After, InsertPos::Ahead);
+        let r = e.attach_at(
             addr.portal,
             match_bits(tmid, CNT_MSG),
             RECV_IGNORE,
             Unlink::Unlink,
             spec,
+            pos,
         );
         match r {
-            Ok(md) => {
+            Ok((_, md)) => {
                 let mut s = op.st.lock();
                 s.md = Some(md);
                 s.stage = Stage::Live;
@@ -488,13 +553,14 @@ impl TmShared {
     fn attach_infra(self: &Arc<Self>, e: &Engine, addr: LnetAddr, kind: Kind) -> Result<Arc<Op>> {
         let op = self.new_op(e, kind, None);
         let tmid = addr.tmid.unwrap_or(0);
-        let (bits, mem, opts, thr, unlink) = if kind == Kind::Ctl {
+        let (bits, ignore, mem, opts, thr, unlink) = if kind == Kind::Ctl {
             let region = colibri_lnet_rt::MemRegion::zeroed(CTL_MD_BYTES);
             let key = e.lnet.register(&region);
             self.st.lock().ctl_mem.insert(op.id, region);
             op.st.lock().key = Some(key);
             (
                 match_bits(tmid, CNT_CTL),
+                0,
                 MemRef::new(key, 0, CTL_MD_BYTES as u32),
                 MdOptions::OP_PUT.with(MdOptions::ACK_DISABLE),
                 Threshold::Infinite,
@@ -503,6 +569,7 @@ impl TmShared {
         } else {
             (
                 match_bits(tmid, CNT_MSG),
+                RECV_IGNORE,
                 MemRef::new(e.empty, 0, 0),
                 // No ACK: the receiver answers with a NAK once it counted
                 // the loss, so the sender never learns of it first.
@@ -524,9 +591,19 @@ impl TmShared {
         // The ME goes with its MD, which is unlinked when the machine
         // stops (a retained catch-all ME stayed in the portal's match
         // list for good, one per start).
-        let r = e.attach(addr.portal, bits, 0, Unlink::Unlink, spec);
+        let r = e.attach_at(
+            addr.portal,
+            bits,
+            ignore,
+            Unlink::Unlink,
+            spec,
+            InsertPos::After,
+        );
         match r {
-            Ok(md) => {
+            Ok((me, md)) => {
+                if kind == Kind::Catch {
+                    self.st.lock().catch_me = Some(me);
+                }
                 let mut s = op.st.lock();
                 s.md = Some(md);
                 s.stage = Stage::Live;
@@ -576,6 +653,7 @@ impl TmShared {
             }
             Kind::Catch => {
                 if ev.kind() == EventKind::Put && ev.info.status.is_ok() {
+                    self.ack_carried(ev);
                     self.notice(&e, self.sink.count_no_buffers(ev.info.rlength as usize));
                     if let (Some(p), _) = self.sender(&e, ev) {
                         let from = self.from();
@@ -597,6 +675,7 @@ impl TmShared {
         let Some(q) = &op.buf else { return };
         match (ev.kind(), ev.info.status) {
             (EventKind::Put, Ok(())) => {
+                self.ack_carried(ev);
                 let (rl, ml) = (ev.info.rlength as usize, ev.info.mlength as usize);
                 let (peer, sender) = self.sender(e, ev);
                 let answer = |m: Ctl| {
@@ -633,16 +712,28 @@ impl TmShared {
                 {
                     Some(claim) => {
                         // Posted (queued for delivery) before the sender is
-                        // told. The callback runs first: an echo it sends
-                        // leaves before the DELIVERED (which is off the
-                        // round trip's path), as TCP's acknowledgement
-                        // leaves with the echo.
+                        // told. The callback runs first: an answer it sends
+                        // back carries the acknowledgement (`OwedAck`);
+                        // otherwise the DELIVERED leaves after it, off the
+                        // round trip's path.
                         let d = self.sink.post_msg_deferred(claim, ml, &sender);
-                        self.run_cb(d);
-                        answer(Ctl::Delivered {
-                            xid: seq,
+                        let owed = peer.map(|p| OwedAck {
+                            node: std::ptr::from_ref(e) as usize,
+                            to: p.proc_,
+                            portal: p.portal,
+                            tmid: p.tmid,
+                            from: self.from(),
+                            seq: p.seq,
                             len: ml as u64,
                         });
+                        let outer = OWED.replace(owed);
+                        self.run_cb(d);
+                        if OWED.replace(outer).is_some() {
+                            answer(Ctl::Delivered {
+                                xid: seq,
+                                len: ml as u64,
+                            });
+                        }
                         if ev.unlinked {
                             let mut s = op.st.lock();
                             s.stage = Stage::Done;
@@ -686,6 +777,9 @@ impl TmShared {
     fn ev_send(&self, op: &Arc<Op>, ev: &Event) {
         // The receiver's DELIVERED or NAK completes a send; LNet only
         // reports failures to send.
+        if ev.info.status.is_err() || ev.kind() == EventKind::Unlink {
+            self.pay_carried(op);
+        }
         if let Err(err) = ev.info.status {
             let del = op.st.lock().del;
             let r = if del {
@@ -960,6 +1054,66 @@ impl TmShared {
         st.addr.map_or((0, 0), |a| (a.portal, a.tmid.unwrap_or(0)))
     }
 
+    /// The receiver of our send `seq` posted it: a DELIVERED (with the
+    /// length it got) or an acknowledgement its answer carried (the whole
+    /// message: a truncated one is NAKed).
+    fn delivered(&self, seq: u32, len: Option<u64>) {
+        let op = self
+            .st
+            .lock()
+            .sends
+            .get(&seq)
+            .cloned()
+            .filter(|o| o.kind == Kind::Send);
+        if let Some(op) = op {
+            let want = op.st.lock().len;
+            let r = match len {
+                Some(len) if len != want as u64 => Err(NetError::Protocol(format!(
+                    "receiver reports {len} bytes of a {want}-byte message"
+                ))),
+                _ => Ok(want),
+            };
+            self.finish(&op, r);
+        }
+    }
+
+    /// The acknowledgement a message that reached us carries (whether a
+    /// buffer took it or not: it arrived).
+    fn ack_carried(&self, ev: &Event) {
+        if let Some(seq) = carried_ack(ev.info.match_bits) {
+            self.delivered(seq, None);
+        }
+    }
+
+    /// A send carrying an acknowledgement did not leave: the
+    /// acknowledgement goes as a DELIVERED of its own (a second one, if
+    /// the carrier arrived after all, finds nothing to complete).
+    fn pay_carried(&self, op: &Op) {
+        let Some((seq, len)) = op.st.lock().carried.take() else {
+            return;
+        };
+        let Some(dest) = op
+            .buf
+            .as_ref()
+            .and_then(QueuedBuf::end_point)
+            .and_then(|ep| ep.downcast::<LnetAddr>().copied())
+        else {
+            return;
+        };
+        let e = self.engine();
+        let _ = e.send_ctl(
+            dest.process(),
+            dest.portal,
+            dest.tmid.unwrap_or(0),
+            self.from(),
+            &Ctl::Delivered {
+                xid: u64::from(seq),
+                len,
+            },
+            0,
+        );
+    }
+
     fn forget_claim(&self, op: &Op) {
         let (peer, xid) = {
             let s = op.st.lock();
@@ -1043,20 +1197,8 @@ impl TmShared {
                 self.on_verdict(e, &op, peer, result);
             }
             Ctl::Delivered { xid, len } => {
-                let op = u32::try_from(xid)
-                    .ok()
-                    .and_then(|seq| self.st.lock().sends.get(&seq).cloned())
-                    .filter(|o| o.kind == Kind::Send);
-                if let Some(op) = op {
-                    let want = op.st.lock().len;
-                    let r = if len == want as u64 {
-                        Ok(want)
-                    } else {
-                        Err(NetError::Protocol(format!(
-                            "receiver reports {len} bytes of a {want}-byte message"
-                        )))
-                    };
-                    self.finish(&op, r);
+                if let Ok(seq) = u32::try_from(xid) {
+                    self.delivered(seq, Some(len));
                 }
             }
             Ctl::Nak { xid, status } => {
@@ -1545,9 +1687,7 @@ impl TmShared {
 /// the chunk index of a transfer larger than one LNet message.
 fn passive_bits(tmid: u16, q: &QueuedBuf) -> u64 {
     let slot = q.token().raw() & 0xffff_ffff;
-    let counter = (slot + 1) << CHUNK_BITS;
-    debug_assert!(counter >= CNT_PASSIVE_MIN);
-    match_bits(tmid, counter & ((1 << COUNTER_BITS) - 1))
+    match_bits(tmid, CNT_PASSIVE | ((slot + 1) << CHUNK_BITS))
 }
 
 /// Bits of a passive buffer's match bits that number its chunks.
@@ -1569,6 +1709,151 @@ pub(crate) struct LnetTm {
 }
 
 impl LnetTm {
+    /// What `buf_add` starts for `op` (already in the machine's table of
+    /// operations): an error refuses the buffer.
+    fn start_op(
+        &self,
+        e: &Arc<Engine>,
+        q: &QueuedBuf,
+        op: &Arc<Op>,
+        addr: Option<LnetAddr>,
+        started: bool,
+    ) -> Result<()> {
+        let sh = &self.sh;
+        match op.kind {
+            Kind::Recv => {
+                if let (true, Some(a)) = (started, addr) {
+                    sh.attach_recv(e, a, op)?;
+                } else {
+                    sh.st.lock().pending.push(Arc::clone(op));
+                }
+            }
+            Kind::Send => {
+                let dest = q
+                    .end_point()
+                    .and_then(|ep| ep.downcast::<LnetAddr>().copied())
+                    .ok_or_else(|| {
+                        NetError::InvalidArgument("send without an LNet end point".into())
+                    })?;
+                let a = addr.ok_or(NetError::WrongState {
+                    op: "send",
+                    state: colibri_net::TmState::Initialized,
+                })?;
+                let len = q.length();
+                if len > MTU {
+                    // LNet's limit (LNET_MTU, as Motr's LNet transport):
+                    // refused at add, the buffer back in the caller's hands.
+                    return Err(NetError::MessageTooLarge { len, space: MTU });
+                }
+                op.st.lock().len = len;
+                sh.st.lock().sends.insert(seq_of(op.id), Arc::clone(op));
+                let key = sh.register(e, op, len).ok_or(NetError::Cancelled)?;
+                e.add_op(op);
+                let from = (a.portal, a.tmid.unwrap_or(0));
+                let ack = take_owed(e, &dest, from);
+                op.st.lock().carried = ack;
+                let r = e.bind_and_start(
+                    MemRef::new(key, 0, len as u32),
+                    1,
+                    op.id,
+                    |md| {
+                        {
+                            let mut s = op.st.lock();
+                            s.md = Some(md);
+                            s.stage = Stage::Live;
+                        }
+                        arm_deadline(e, op);
+                    },
+                    |md| {
+                        e.lnet.put(
+                            md,
+                            false,
+                            dest.process(),
+                            dest.portal,
+                            match_bits(
+                                dest.tmid.unwrap_or(0),
+                                msg_counter(ack.map(|(seq, _)| seq)),
+                            ),
+                            0,
+                            hdr_data(HDR_MSG, from.0, from.1, seq_of(op.id)),
+                        )
+                    },
+                );
+                if let Err(err) = r {
+                    // Reported as the send's completion, as a failure on
+                    // the wire would be.
+                    sh.pay_carried(op);
+                    if op.st.lock().md.is_none() {
+                        e.remove_op(op.id);
+                        TmShared::unregister(e, op);
+                        sh.complete_later(e, op, Err(lnet_err(&err, &dest.to_string())));
+                    } else {
+                        op.st.lock().fail = Some(lnet_err(&err, &dest.to_string()));
+                    }
+                }
+            }
+            Kind::Passive => {}
+            Kind::Active => {
+                let fields = q
+                    .desc()
+                    .ok_or_else(|| NetError::InvalidDescriptor("missing".into()))?;
+                let mut t = BulkTarget::decode(&fields.extra)?;
+                t.owner.clone_from(&fields.owner);
+                let owner = LnetAddr::parse(&fields.owner).map_err(|_| {
+                    NetError::InvalidDescriptor("owner is not an LNet address".into())
+                })?;
+                if owner.process() != t.proc_
+                    || owner.portal != t.portal
+                    || owner.tmid != Some(t.tmid)
+                {
+                    return Err(NetError::InvalidDescriptor(
+                        "the descriptor's LNet target does not match its owner".into(),
+                    ));
+                }
+                let a = addr.ok_or(NetError::WrongState {
+                    op: "active bulk",
+                    state: colibri_net::TmState::Initialized,
+                })?;
+                let recv = q.queue() == QueueType::ActiveBulkRecv;
+                let mem_len = if recv { q.size() } else { q.length() };
+                let size = mem_len as u64;
+                let key = sh.register(e, op, mem_len).ok_or(NetError::Cancelled)?;
+                let _ = key;
+                {
+                    let mut s = op.st.lock();
+                    s.stage = Stage::Verdict;
+                    s.target = Some(t.clone());
+                    s.len = mem_len;
+                }
+                e.add_op(op);
+                sh.st.lock().sends.insert(seq_of(op.id), Arc::clone(op));
+                let desc = NetBufDesc::encode(fields, 4096)?;
+                let req = Ctl::Request {
+                    xid: op.id,
+                    active: q.queue(),
+                    size,
+                    desc: desc.as_bytes().to_vec(),
+                };
+                arm_deadline(e, op);
+                if let Err(err) = e.send_ctl(
+                    t.proc_,
+                    t.portal,
+                    t.tmid,
+                    (a.portal, a.tmid.unwrap_or(0)),
+                    &req,
+                    op.id,
+                ) {
+                    e.remove_op(op.id);
+                    TmShared::unregister(e, op);
+                    op.st.lock().stage = Stage::Done;
+                    sh.complete_later(e, op, Err(lnet_err(&err, &t.owner)));
+                }
+            }
+            Kind::Ctl | Kind::Catch | Kind::Tomb | Kind::Chunk => {}
+        }
+        Ok(())
+    }
+
     pub(crate) fn new(id: TmId, sink: TmSink, x: &Arc<XprtInner>) -> Result<Self> {
         let lane = OnceLock::new();
         if x.thread_per_tm {
@@ -1789,132 +2074,22 @@ impl XprtTm for LnetTm {
         };
         let e = engine.unwrap_or_else(|| Arc::clone(&sh.home));
         let op = sh.new_op(&e, kind_of(q.queue()), Some(q.clone()));
-        match op.kind {
-            Kind::Recv => {
-                if let (true, Some(a)) = (started, addr) {
-                    sh.attach_recv(&e, a, &op)?;
-                } else {
-                    sh.st.lock().pending.push(Arc::clone(&op));
-                }
+        // In the table before anything starts: an answer may complete the
+        // operation (and take it out again) before this call returns.
+        let token = q.token().raw();
+        sh.st.lock().ops.insert(token, Arc::clone(&op));
+        let r = self.start_op(&e, q, &op, addr, started);
+        if r.is_err() {
+            // Refused: the buffer goes back to the caller, nothing queued.
+            let mut st = sh.st.lock();
+            if st.ops.get(&token).is_some_and(|o| o.id == op.id) {
+                st.ops.remove(&token);
             }
-            Kind::Send => {
-                let dest = q
-                    .end_point()
-                    .and_then(|ep| ep.downcast::<LnetAddr>().copied())
-                    .ok_or_else(|| {
-                        NetError::InvalidArgument("send without an LNet end point".into())
-                    })?;
-                let a = addr.ok_or(NetError::WrongState {
-                    op: "send",
-                    state: colibri_net::TmState::Initialized,
-                })?;
-                let len = q.length();
-                if len > MTU {
-                    // LNet's limit (LNET_MTU, as Motr's LNet transport):
-                    // refused at add, the buffer back in the caller's hands.
-                    return Err(NetError::MessageTooLarge { len, space: MTU });
-                }
-                op.st.lock().len = len;
-                sh.st.lock().sends.insert(seq_of(op.id), Arc::clone(&op));
-                let key = sh.register(&e, &op, len).ok_or(NetError::Cancelled)?;
-                e.add_op(&op);
-                let r = e.bind_and_start(
-                    MemRef::new(key, 0, len as u32),
-                    1,
-                    op.id,
-                    |md| {
-                        {
-                            let mut s = op.st.lock();
-                            s.md = Some(md);
-                            s.stage = Stage::Live;
-                        }
-                        arm_deadline(&e, &op);
-                    },
-                    |md| {
-                        e.lnet.put(
-                            md,
-                            false,
-                            dest.process(),
-                            dest.portal,
-                            match_bits(dest.tmid.unwrap_or(0), CNT_MSG),
-                            0,
-                            hdr_data(HDR_MSG, a.portal, a.tmid.unwrap_or(0), seq_of(op.id)),
-                        )
-                    },
-                );
-                if let Err(err) = r {
-                    // Reported as the send's completion, as a failure on
-                    // the wire would be.
-                    if op.st.lock().md.is_none() {
-                        e.remove_op(op.id);
-                        TmShared::unregister(&e, &op);
-                        sh.complete_later(&e, &op, Err(lnet_err(&err, &dest.to_string())));
-                    } else {
-                        op.st.lock().fail = Some(lnet_err(&err, &dest.to_string()));
-                    }
-                }
+            if st.sends.get(&seq_of(op.id)).is_some_and(|o| o.id == op.id) {
+                st.sends.remove(&seq_of(op.id));
             }
-            Kind::Passive => {}
-            Kind::Active => {
-                let fields = q
-                    .desc()
-                    .ok_or_else(|| NetError::InvalidDescriptor("missing".into()))?;
-                let mut t = BulkTarget::decode(&fields.extra)?;
-                t.owner.clone_from(&fields.owner);
-                let owner = LnetAddr::parse(&fields.owner).map_err(|_| {
-                    NetError::InvalidDescriptor("owner is not an LNet address".into())
-                })?;
-                if owner.process() != t.proc_
-                    || owner.portal != t.portal
-                    || owner.tmid != Some(t.tmid)
-                {
-                    return Err(NetError::InvalidDescriptor(
-                        "the descriptor's LNet target does not match its owner".into(),
-                    ));
-                }
-                let a = addr.ok_or(NetError::WrongState {
-                    op: "active bulk",
-                    state: colibri_net::TmState::Initialized,
-                })?;
-                let recv = q.queue() == QueueType::ActiveBulkRecv;
-                let mem_len = if recv { q.size() } else { q.length() };
-                let size = mem_len as u64;
-                let key = sh.register(&e, &op, mem_len).ok_or(NetError::Cancelled)?;
-                let _ = key;
-                {
-                    let mut s = op.st.lock();
-                    s.stage = Stage::Verdict;
-                    s.target = Some(t.clone());
-                    s.len = mem_len;
-                }
-                e.add_op(&op);
-                sh.st.lock().sends.insert(seq_of(op.id), Arc::clone(&op));
-                let desc = NetBufDesc::encode(fields, 4096)?;
-                let req = Ctl::Request {
-                    xid: op.id,
-                    active: q.queue(),
-                    size,
-                    desc: desc.as_bytes().to_vec(),
-                };
-                arm_deadline(&e, &op);
-                if let Err(err) = e.send_ctl(
-                    t.proc_,
-                    t.portal,
-                    t.tmid,
-                    (a.portal, a.tmid.unwrap_or(0)),
-                    &req,
-                    op.id,
-                ) {
-                    e.remove_op(op.id);
-                    TmShared::unregister(&e, &op);
-                    op.st.lock().stage = Stage::Done;
-                    sh.complete_later(&e, &op, Err(lnet_err(&err, &t.owner)));
-                }
-            }
-            Kind::Ctl | Kind::Catch | Kind::Tomb | Kind::Chunk => {}
         }
-        sh.st.lock().ops.insert(q.token().raw(), op);
-        Ok(())
+        r
     }
 
     fn buf_del(&self, q: &QueuedBuf, reason: DelReason) {
@@ -1928,7 +2103,9 @@ impl XprtTm for LnetTm {
             )
         };
         let Some(op) = op else {
-            // Never started here (refused in buf_add) or already done.
+            // Not ours (a fault wrapper above us holds it) or already
+            // completed: an operation leaves the table only once its
+            // completion was decided, so this one is then ignored.
             sh.push(
                 &e,
                 Work::Complete(sh.sink.clone(), q.clone(), Err(NetError::Cancelled)),

@@ -53,7 +53,7 @@ fn garbage_and_forgeries_are_dropped_and_the_machine_serves_on() {
     let me = tm.ep().unwrap();
     let a = LnetAddr::parse(me.addr()).unwrap();
     let tmid = u64::from(a.tmid.unwrap());
-    let ctl_bits = (tmid << 52) | 2;
+    let ctl_bits = (tmid << 52) | (1 << 50);
     let msg_bits = tmid << 52;
     // Our header data: magic 0xC1, sequence, TMID, portal, kind.
     let hdr = |kind: u64, seq: u64| (0xC1 << 56) | (seq << 32) | (tmid << 16) | (40 << 8) | kind;
@@ -79,6 +79,19 @@ fn garbage_and_forgeries_are_dropped_and_the_machine_serves_on() {
         assert!(std::time::Instant::now() < deadline, "drop not counted");
         std::thread::sleep(Duration::from_millis(5));
     }
+    // A message carrying an acknowledgement of a send that does not
+    // exist: the acknowledgement finds nothing, the message is counted.
+    raw_put(
+        &l,
+        40,
+        msg_bits | (1 << 51) | 0xFE_DCBA,
+        hdr(1, 10),
+        vec![4; 8],
+    );
+    while tm.no_buffer_drops() < 2 {
+        assert!(std::time::Instant::now() < deadline, "drop not counted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // An oversize message fails the receive buffer it landed in.
     tm.add_msg_recv(
         dom.register(BufVec::new(1, 16))
@@ -87,7 +100,10 @@ fn garbage_and_forgeries_are_dropped_and_the_machine_serves_on() {
         RecvParams::default(),
     )
     .unwrap();
-    raw_put(&l, 40, msg_bits, hdr(1, 9), vec![3; 64]);
+    // (Its NAK comes back to this machine, which names itself as the
+    // sender: a sequence number far from those of the machine's own
+    // sends, or it would fail one of them.)
+    raw_put(&l, 40, msg_bits, hdr(1, 0xAB_CDEF), vec![3; 64]);
     let e = ev.recv_timeout(WAIT).unwrap();
     assert_eq!(e.queue(), QueueType::MsgRecv);
     assert!(
