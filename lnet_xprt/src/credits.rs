@@ -347,6 +347,14 @@ impl<T> TxCredits<T> {
     }
 
     fn ni_stage(&mut self, tx: Tx<T>, ready: &mut Vec<Tx<T>>) {
+        if let Some(tx) = self.ni_acquire(tx) {
+            ready.push(tx);
+        }
+    }
+
+    /// NI credit for `tx`, which holds its peer NI credit: `tx` back if it
+    /// got it, `None` if it waits for it.
+    fn ni_acquire(&mut self, tx: Tx<T>) -> Option<Tx<T>> {
         let max = self.tunables(tx.local.net()).credits.max(1);
         let q = self.ni.entry(tx.local).or_insert_with(|| CreditQueue {
             max,
@@ -354,15 +362,16 @@ impl<T> TxCredits<T> {
             min: i64::from(max),
             queue: VecDeque::new(),
         });
-        if let Acquire::Granted(tx) = q.acquire(tx) {
-            ready.push(tx);
+        match q.acquire(tx) {
+            Acquire::Granted(tx) => Some(tx),
+            _ => None,
         }
     }
 
     /// Queues `item` for sending from `local` to `peer_ni` with `bytes` of
-    /// payload: peer NI credit first, then NI credit. Returns what can be
-    /// handed to the LND now (the item itself, or nothing if it waits).
-    pub fn send(&mut self, local: Nid, peer_ni: Nid, bytes: u32, item: T) -> Vec<Tx<T>> {
+    /// payload: peer NI credit first, then NI credit. Returns the item if
+    /// it can be handed to the LND now, `None` if it waits.
+    pub fn send(&mut self, local: Nid, peer_ni: Nid, bytes: u32, item: T) -> Option<Tx<T>> {
         *self.queued_bytes.entry(peer_ni).or_default() += u64::from(bytes) + HEADER_BYTES;
         let tx = Tx {
             local,
@@ -370,11 +379,10 @@ impl<T> TxCredits<T> {
             bytes,
             item,
         };
-        let mut ready = Vec::new();
-        if let Acquire::Granted(tx) = self.peer_queue(peer_ni).acquire(tx) {
-            self.ni_stage(tx, &mut ready);
+        match self.peer_queue(peer_ni).acquire(tx) {
+            Acquire::Granted(tx) => self.ni_acquire(tx),
+            _ => None,
         }
-        ready
     }
 
     /// A message that held both credits finished (`lnet_return_tx_credits`):
@@ -769,16 +777,18 @@ mod tests {
             },
         )
         .unwrap();
-        let items = |v: Vec<Tx<u32>>| v.into_iter().map(|t| t.item).collect::<Vec<_>>();
+        fn items(v: impl IntoIterator<Item = Tx<u32>>) -> Vec<u32> {
+            v.into_iter().map(|t| t.item).collect()
+        }
         assert_eq!(items(tx.send(l, p1, 100, 1)), vec![1]);
         assert_eq!(items(tx.send(l, p1, 100, 2)), vec![2]);
         // Peer NI p1 out of credits: 3 waits on the peer queue.
-        assert!(tx.send(l, p1, 100, 3).is_empty());
+        assert!(tx.send(l, p1, 100, 3).is_none());
         assert_eq!(tx.peer_ni_credits(p1), -1);
         assert_eq!(tx.ni_credits(l), 1);
         // p2 uses the last NI credit; 5 waits on the NI queue.
         assert_eq!(items(tx.send(l, p2, 0, 4)), vec![4]);
-        assert!(tx.send(l, p2, 0, 5).is_empty());
+        assert!(tx.send(l, p2, 0, 5).is_none());
         assert_eq!(tx.ni_credits(l), -1);
         assert_eq!(tx.queued_bytes(p1), 3 * 172);
         // 1 completes: its NI credit goes to 5 (head of the NI queue), its
@@ -923,7 +933,7 @@ mod tests {
                 for send in ops {
                     let out = if send {
                         next += 1;
-                        tx.send(l, p, 10, next)
+                        tx.send(l, p, 10, next).into_iter().collect()
                     } else if in_flight > 0 {
                         in_flight -= 1;
                         tx.complete(l, p, 10).unwrap()

@@ -650,6 +650,20 @@ impl<M> Discovery<M> {
 
     // ---------------------------------------------------------------- SEND
 
+    /// Whether a message to `target` goes out at once, without a word
+    /// from discovery (its peer is known and discovered): what
+    /// [`handle_send`](Self::handle_send) would answer with a single
+    /// `Transmit`, asked without moving the message (the send path's
+    /// common case).
+    #[must_use]
+    pub fn sends_at_once(&self, target: Nid) -> bool {
+        !target.is_any()
+            && !target.is_lo()
+            && self.table.peer_id_of(target).is_some_and(|id| {
+                matches!(self.peer_state(id), PeerState::PushSent | PeerState::Active)
+            })
+    }
+
     /// `LNET_EVENT_SEND`: the node wants to send `msg` to `target`.
     ///
     /// | state | result |

@@ -2317,7 +2317,7 @@ impl Node {
             self.transmit(id);
             return;
         }
-        if msg.via_lnd {
+        if msg.via_lnd || self.disc.sends_at_once(dst) {
             self.route_and_post(now, msg);
             return;
         }
@@ -2341,7 +2341,7 @@ impl Node {
                 let id = self.new_msg_id();
                 self.msgs.insert(id, msg);
                 // Peer NI credit, then NI credit; strictly FIFO when short.
-                for tx in self.credits.send(local, next_hop, bytes, id) {
+                if let Some(tx) = self.credits.send(local, next_hop, bytes, id) {
                     self.post_send(now, tx.item);
                 }
             }

@@ -9,6 +9,7 @@ use colibri_lnet::matching::{MemKey, MemRef};
 use colibri_lnet::nidmap::KeyedMap;
 use colibri_lnet::node::RxId;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use smallvec::SmallVec;
 
 /// Bytes the application owns and shares with the runtime.
 ///
@@ -168,9 +169,13 @@ pub(crate) struct Resolved {
     pub(crate) len: usize,
 }
 
+/// Pieces of memory a message is read from or written to: a few, kept on
+/// the stack (a message's buffer is usually one or two segments).
+pub(crate) type Pieces<T> = SmallVec<[T; 4]>;
+
 /// The pieces of `[start, start + len)` over `segs`.
-fn pieces<'a>(segs: &[&'a [u8]], start: usize, len: usize) -> Vec<&'a [u8]> {
-    let mut out = Vec::with_capacity(segs.len().min(8));
+fn pieces<'a>(segs: &[&'a [u8]], start: usize, len: usize) -> Pieces<&'a [u8]> {
+    let mut out = Pieces::new();
     let (mut skip, mut left) = (start, len);
     for s in segs {
         if left == 0 {
@@ -189,8 +194,8 @@ fn pieces<'a>(segs: &[&'a [u8]], start: usize, len: usize) -> Vec<&'a [u8]> {
 }
 
 /// The pieces of `[start, start + len)` over `segs`, mutably.
-fn pieces_mut<'a>(segs: &'a mut [&mut [u8]], start: usize, len: usize) -> Vec<&'a mut [u8]> {
-    let mut out = Vec::with_capacity(segs.len().min(8));
+fn pieces_mut<'a>(segs: &'a mut [&mut [u8]], start: usize, len: usize) -> Pieces<&'a mut [u8]> {
+    let mut out = Pieces::new();
     let (mut skip, mut left) = (start, len);
     for s in segs.iter_mut() {
         if left == 0 {

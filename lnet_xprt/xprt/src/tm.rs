@@ -18,6 +18,7 @@ use colibri_net::xprt::{
 };
 use colibri_net::{NetError, QueueType, Result, TmId};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use tracing::{debug, trace, warn};
 
 use crate::XprtInner;
@@ -57,7 +58,7 @@ impl ForeignMemory for BufMem {
         let Some(g) = self.q.data() else {
             return false;
         };
-        let segs: Vec<&[u8]> = g.segments().collect();
+        let segs: SmallVec<[&[u8]; 4]> = g.segments().collect();
         f(&segs);
         true
     }
@@ -66,7 +67,7 @@ impl ForeignMemory for BufMem {
         let Some(mut g) = self.q.data() else {
             return false;
         };
-        let mut segs: Vec<&mut [u8]> = g.segments_mut().collect();
+        let mut segs: SmallVec<[&mut [u8]; 4]> = g.segments_mut().collect();
         f(&mut segs);
         true
     }
@@ -207,7 +208,7 @@ pub(crate) struct Op {
 struct TmSt {
     engine: Option<Arc<Engine>>,
     addr: Option<LnetAddr>,
-    own: String,
+    own: Arc<str>,
     started: bool,
     stopping: bool,
     abort: bool,
@@ -229,7 +230,7 @@ struct TmSt {
     /// The last remote sender's address, printed (a machine usually hears
     /// from the same peer many times in a row; printing one costs more
     /// than the rest of a message's handling here).
-    last_sender: Option<((ProcessId, u32, u16), String)>,
+    last_sender: Option<((ProcessId, u32, u16), Arc<str>)>,
 }
 
 /// State shared by a transfer machine's transport object and the engine.
@@ -438,11 +439,11 @@ impl TmShared {
     }
 
     /// The canonical address of the sender of `ev`.
-    fn sender(&self, e: &Engine, ev: &Event) -> (Option<Peer>, String) {
+    fn sender(&self, e: &Engine, ev: &Event) -> (Option<Peer>, Arc<str>) {
         let Some((_, portal, tmid, seq)) = parse_hdr(ev.info.hdr_data) else {
             return (
                 None,
-                format!("{}:{}:0:0", ev.info.initiator.nid, ev.info.initiator.pid),
+                format!("{}:{}:0:0", ev.info.initiator.nid, ev.info.initiator.pid).into(),
             );
         };
         let peer = Peer {
@@ -465,14 +466,15 @@ impl TmShared {
         {
             return (Some(peer), name.clone());
         }
-        let a = LnetAddr {
+        let a: Arc<str> = LnetAddr {
             nid: ev.info.initiator.nid,
             pid: ev.info.initiator.pid,
             portal,
             tmid: Some(tmid),
         }
-        .to_string();
-        self.st.lock().last_sender = Some((key, a.clone()));
+        .to_string()
+        .into();
+        self.st.lock().last_sender = Some((key, Arc::clone(&a)));
         (Some(peer), a)
     }
 
@@ -1972,7 +1974,7 @@ impl XprtTm for LnetTm {
             let mut st = sh.st.lock();
             st.engine = Some(Arc::clone(&e));
             st.addr = Some(a);
-            st.own = a.to_string();
+            st.own = a.to_string().into();
         }
         let mut infra = Vec::new();
         for kind in std::iter::repeat_n(Kind::Ctl, CTL_MDS).chain([Kind::Catch]) {

@@ -752,7 +752,7 @@ pub(super) fn write_tx(
             with_src(&t.src, &t.item.payload, |payload| {
                 let plen: usize = payload.iter().map(|p| p.len()).sum();
                 let total = head_len + plen;
-                let mut bufs: Vec<IoSlice<'_>> = Vec::with_capacity(payload.len() + 1);
+                let mut bufs: smallvec::SmallVec<[IoSlice<'_>; 4]> = smallvec::SmallVec::new();
                 if w < head_len {
                     bufs.push(IoSlice::new(&head[w..]));
                 }
@@ -866,7 +866,7 @@ fn read_into(stream: &mut mio::net::TcpStream, dest: &mut Dest, done: usize) -> 
     match dest {
         Dest::Mem(r) => r
             .write(|pieces| {
-                let mut bufs: Vec<IoSliceMut<'_>> = Vec::with_capacity(pieces.len());
+                let mut bufs: smallvec::SmallVec<[IoSliceMut<'_>; 4]> = smallvec::SmallVec::new();
                 let mut skip = done;
                 for p in pieces.iter_mut() {
                     if skip >= p.len() {
