@@ -233,16 +233,7 @@ impl Xprt {
             nodes.push(router);
         }
         if in_process {
-            for a in &nodes {
-                for b in &nodes {
-                    let nb = b.nids()[0];
-                    if a.nids()[0] != nb
-                        && let Some(at) = b.listen_addr(nb)
-                    {
-                        a.set_peer_addr(nb, at);
-                    }
-                }
-            }
+            Lnet::introduce(&nodes);
         }
         if nodes.is_empty() {
             let mut cfg =

@@ -48,14 +48,7 @@ impl LnetTcp {
                     Lnet::start(cfg).expect("LNet node")
                 })
                 .collect();
-            for a in &nodes {
-                for b in &nodes {
-                    let nb = b.nids()[0];
-                    if a.nids()[0] != nb {
-                        a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
-                    }
-                }
-            }
+            Lnet::introduce(&nodes);
             let x = LnetXprtConfig::default().thread_per_tm(self.thread_per_tm);
             LnetTransport::new(nodes, x).expect("transport")
         })

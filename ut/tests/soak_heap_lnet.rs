@@ -41,14 +41,7 @@ fn run(secs: u64) -> (Vec<(Duration, isize)>, Counts, Counts) {
             Lnet::start(cfg).expect("LNet node")
         })
         .collect();
-    for a in &nodes {
-        for b in &nodes {
-            let nb = b.nids()[0];
-            if a.nids()[0] != nb {
-                a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
-            }
-        }
-    }
+    Lnet::introduce(&nodes);
     let handles = nodes.clone();
     let lnet = LnetTransport::new(nodes, LnetXprtConfig::default()).expect("transport");
     let xprt = Arc::new(lnet.clone());

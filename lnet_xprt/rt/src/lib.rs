@@ -927,6 +927,25 @@ impl Lnet {
         }
     }
 
+    /// Tells each of `nodes` where the others listen (their first NID's
+    /// [`listen_addr`](Self::listen_addr)): nodes of one process on
+    /// loopback addresses with accept ports picked by the system
+    /// (`accept_port = 0`) then find each other without a fixed port.
+    pub fn introduce(nodes: &[Lnet]) {
+        for a in nodes {
+            for b in nodes {
+                let Some(&nb) = b.nids().first() else {
+                    continue;
+                };
+                if a.nids().first() != Some(&nb)
+                    && let Some(at) = b.listen_addr(nb)
+                {
+                    a.set_peer_addr(nb, at);
+                }
+            }
+        }
+    }
+
     /// Why the latest connections (and refused connection attempts) were
     /// closed, oldest first (at most 64).
     #[must_use]

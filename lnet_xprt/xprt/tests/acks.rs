@@ -33,14 +33,7 @@ fn transport(nids: [&str; 2]) -> LnetTransport {
             Lnet::start(cfg).unwrap()
         })
         .collect();
-    for a in &nodes {
-        for b in &nodes {
-            let nb = b.nids()[0];
-            if a.nids()[0] != nb {
-                a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
-            }
-        }
-    }
+    Lnet::introduce(&nodes);
     let cfg = LnetXprtConfig::default().handshake_timeout(Duration::from_secs(120));
     LnetTransport::new(nodes, cfg).unwrap()
 }

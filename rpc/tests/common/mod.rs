@@ -105,14 +105,7 @@ impl Net {
                     Lnet::start(cfg).expect("LNet node")
                 })
                 .collect();
-            for a in &nodes {
-                for b in &nodes {
-                    let nb = b.nids()[0];
-                    if a.nids()[0] != nb {
-                        a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
-                    }
-                }
-            }
+            Lnet::introduce(&nodes);
             colibri_lnet_xprt::LnetTransport::new(
                 nodes,
                 colibri_lnet_xprt::LnetXprtConfig::default().thread_per_tm(threads),
