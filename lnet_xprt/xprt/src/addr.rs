@@ -37,6 +37,12 @@ pub const CNT_CTL: u64 = 1 << 50;
 /// sets), above the buffer's number and chunk.
 pub const CNT_PASSIVE: u64 = 1 << 49;
 
+/// A counter bit no passive buffer's match bits set (their buffer number
+/// stays below bit 41): the ignore bit of a passive ME made for one
+/// requester, which keeps it a wildcard ME of the portal (LNet does not
+/// mix the two kinds on one portal).
+pub const PASSIVE_SPARE: u64 = 1 << 48;
+
 /// The counter of a message: [`CNT_MSG`], or with an acknowledgement of
 /// the receiver's send `ack` (its sequence number).
 pub const fn msg_counter(ack: Option<u32>) -> u64 {
@@ -272,6 +278,8 @@ mod tests {
         assert!(!takes(match_bits(5, CNT_CTL)));
         assert!(!takes(match_bits(5, CNT_PASSIVE | 1 << 8)));
         assert!(!takes(match_bits(6, CNT_MSG)));
+        // The spare bit of passive MEs is above every buffer number.
+        assert_eq!(((u64::from(u32::MAX) + 1) << 8) & PASSIVE_SPARE, 0);
         assert_eq!(
             split_bits(match_bits(4095, COUNTER_MASK)),
             (4095, COUNTER_MASK)

@@ -21,7 +21,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use tracing::{debug, trace, warn};
 
-use crate::addr::{CNT_CTL, HDR_CTL, SEQ_MASK, TMID_MAX, hdr_data, match_bits};
+use crate::addr::{CNT_CTL, HDR_CTL, PASSIVE_SPARE, SEQ_MASK, TMID_MAX, hdr_data, match_bits};
 use crate::ctl::Ctl;
 use crate::tm::{Op, TmShared};
 
@@ -390,6 +390,34 @@ impl Engine {
     ) -> std::result::Result<MdHandle, LnetError> {
         self.attach_at(portal, bits, ignore, unlink, md, InsertPos::After)
             .map(|(_, md)| md)
+    }
+
+    /// An ME and MD for one process only: a passive buffer claimed for
+    /// `from`'s request, so that nobody else who learnt its match bits
+    /// (the descriptor's) can GET or PUT against it meanwhile (the
+    /// allowed-actor check holds for the data too, not only the request).
+    /// At the head of the portal's ignore list: the ME ignores a bit no
+    /// passive match bits set ([`PASSIVE_SPARE`]), since LNet does not mix
+    /// MEs for one process without ignore bits with the portal's wildcard
+    /// ones; claims live for one transfer, so the list's head stays short.
+    pub(crate) fn attach_for(
+        &self,
+        portal: u32,
+        bits: u64,
+        from: ProcessId,
+        md: MdSpec,
+    ) -> std::result::Result<MdHandle, LnetError> {
+        let me = self.lnet.me_attach(MeSpec {
+            portal,
+            match_id: from,
+            match_bits: bits,
+            ignore_bits: PASSIVE_SPARE,
+            unlink: Unlink::Unlink,
+            pos: InsertPos::Before,
+        })?;
+        self.lnet.md_attach(me, md).inspect_err(|_| {
+            let _ = self.lnet.me_unlink(me);
+        })
     }
 
     /// [`Engine::attach`] with the ME at `pos` in its portal's list;

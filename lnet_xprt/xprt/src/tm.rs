@@ -1341,11 +1341,10 @@ impl TmShared {
         if len > MTU {
             return self.attach_passive_chunks(e, &op, addr, key, opts, bits, peer, xid);
         }
-        let r = e.attach(
+        let r = e.attach_for(
             addr.portal,
             bits,
-            0,
-            Unlink::Unlink,
+            peer.proc_,
             one_shot(MemRef::new(key, 0, len as u32), opts, op.id),
         );
         match r {
@@ -1394,11 +1393,10 @@ impl TmShared {
             let c = self.new_chunk(e, op);
             c.st.lock().len = n;
             e.add_op(&c);
-            let r = e.attach(
+            let r = e.attach_for(
                 addr.portal,
                 bits + k as u64,
-                0,
-                Unlink::Unlink,
+                peer.proc_,
                 one_shot(MemRef::new(key, off as u64, n as u32), opts, c.id),
             );
             match r {
