@@ -407,17 +407,15 @@ impl Engine {
         from: ProcessId,
         md: MdSpec,
     ) -> std::result::Result<MdHandle, LnetError> {
-        let me = self.lnet.me_attach(MeSpec {
+        let me = MeSpec {
             portal,
             match_id: from,
             match_bits: bits,
             ignore_bits: PASSIVE_SPARE,
             unlink: Unlink::Unlink,
             pos: InsertPos::Before,
-        })?;
-        self.lnet.md_attach(me, md).inspect_err(|_| {
-            let _ = self.lnet.me_unlink(me);
-        })
+        };
+        self.attach_me(me, md).map(|(_, md)| md)
     }
 
     /// [`Engine::attach`] with the ME at `pos` in its portal's list;
@@ -431,14 +429,25 @@ impl Engine {
         md: MdSpec,
         pos: InsertPos,
     ) -> std::result::Result<(MeHandle, MdHandle), LnetError> {
-        let me = self.lnet.me_attach(MeSpec {
+        let me = MeSpec {
             portal,
             match_id: ProcessId::ANY,
             match_bits: bits,
             ignore_bits: ignore,
             unlink,
             pos,
-        })?;
+        };
+        self.attach_me(me, md)
+    }
+
+    /// The ME, then the MD on it; an ME whose MD cannot be attached is
+    /// unlinked again (see [`Engine::attach`]).
+    fn attach_me(
+        &self,
+        me: MeSpec,
+        md: MdSpec,
+    ) -> std::result::Result<(MeHandle, MdHandle), LnetError> {
+        let me = self.lnet.me_attach(me)?;
         match self.lnet.md_attach(me, md) {
             Ok(md) => Ok((me, md)),
             Err(err) => {

@@ -201,16 +201,13 @@ fn an_acknowledgement_counts_when_its_carrier_finds_no_buffer() {
             answer(tm, ev, &errs);
         }
     }));
-    let b = dom
-        .register(BufVec::new(1, 64))
-        .unwrap()
-        .with_callbacks(Arc::clone(&server_cbs));
-    server.add_msg_recv(b, RecvParams::default()).unwrap();
-    let b = dom
-        .register(BufVec::new(1, 64))
-        .unwrap()
-        .with_callbacks(Arc::clone(&client_cbs));
-    client.add_msg_recv(b, RecvParams::default()).unwrap();
+    for (tm, cbs) in [(&server, &server_cbs), (&client, &client_cbs)] {
+        let b = dom
+            .register(BufVec::new(1, 64))
+            .unwrap()
+            .with_callbacks(Arc::clone(cbs));
+        tm.add_msg_recv(b, RecvParams::default()).unwrap();
+    }
     let server_ep = client.ep_create(server.ep().unwrap().addr()).unwrap();
     let first = dom
         .register(BufVec::new(1, 64))
