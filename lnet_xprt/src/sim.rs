@@ -453,6 +453,9 @@ pub struct Sim {
     names: Vec<String>,
     nodes: Vec<Node>,
     drivers: Vec<Driver>,
+    /// The connections holding a parked message (and those queued behind
+    /// it); an idle connection has no entry, so a delivery looks up a
+    /// small map instead of one entry per connection ever used.
     links: BTreeMap<LinkKey, Link>,
     payload_faults: BTreeMap<Nid, u32>,
     events: Vec<Vec<(Time, Event)>>,
@@ -1005,8 +1008,8 @@ impl Sim {
     /// A message reached a connection: read at once, or queued behind a
     /// parked message.
     fn arrive(&mut self, key: LinkKey, wire: Wire) {
-        let link = self.links.entry(key).or_default();
-        if link.stalled.is_some() || !link.backlog.is_empty() {
+        // Only connections holding a parked message are in `links`.
+        if let Some(link) = self.links.get_mut(&key) {
             link.backlog.push_back(wire);
             return;
         }
@@ -1071,6 +1074,13 @@ impl Sim {
             };
             let Some(wire) = next else { break };
             self.read_message(key, wire);
+        }
+        if self
+            .links
+            .get(&key)
+            .is_some_and(|l| l.stalled.is_none() && l.backlog.is_empty())
+        {
+            self.links.remove(&key);
         }
     }
 
@@ -1330,6 +1340,55 @@ mod tests {
         assert_eq!(parse_duration("5"), None);
         assert_eq!(parse_duration("us"), None);
         assert_eq!(parse_duration("5h"), None);
+    }
+
+    #[test]
+    fn only_connections_holding_a_parked_message_are_kept() {
+        use crate::ids::ProcessId;
+        use crate::matching::{InsertPos, MdOptions, MdSpec, MeSpec, Unlink};
+        let topo =
+            Topology::parse("node a 10.0.0.1@tcp nodiscovery\nnode b 10.0.0.2@tcp nodiscovery\n")
+                .unwrap();
+        let mut sim = Sim::new(topo).unwrap();
+        let b = nid("10.0.0.2@tcp");
+        sim.with_node("b", |n, _| n.set_lazy_portal(9, true).map(drop))
+            .unwrap();
+        let data = sim.register_mem("a", b"parked".to_vec());
+        for _ in 0..2 {
+            sim.with_node("a", |n, now| {
+                let md = n.md_bind(MdSpec::new(data, MdOptions::empty()))?;
+                n.put(now, md, false, ProcessId::lustre(b), 9, 0, 0, 0)
+            })
+            .unwrap();
+        }
+        sim.run_for(Duration::from_millis(1)).unwrap();
+        // The first PUT waits on the lazy portal, the second behind it.
+        assert_eq!((sim.stalled("b"), sim.links.len()), (2, 1));
+        let inbox = sim.register_mem("b", vec![0; 12]);
+        sim.with_node("b", |n, now| {
+            let me = n.me_attach(MeSpec {
+                portal: 9,
+                match_id: ProcessId::ANY,
+                match_bits: 0,
+                ignore_bits: !0,
+                unlink: Unlink::Retain,
+                pos: InsertPos::After,
+            })?;
+            n.md_attach(now, me, MdSpec::new(inbox, MdOptions::OP_PUT))
+        })
+        .unwrap();
+        sim.run_until_idle().unwrap();
+        // Both read: the idle connection is forgotten.
+        assert_eq!((sim.stalled("b"), sim.links.len()), (0, 0));
+        assert_eq!(&sim.mem("b", inbox.key)[..12], b"parkedparked");
+        // A message to an idle connection is read at once, keeping nothing.
+        sim.with_node("a", |n, now| {
+            let md = n.md_bind(MdSpec::new(data, MdOptions::empty()))?;
+            n.put(now, md, false, ProcessId::lustre(b), 9, 0, 0, 0)
+        })
+        .unwrap();
+        sim.run_until_idle().unwrap();
+        assert_eq!(sim.links.len(), 0);
     }
 
     #[test]
