@@ -144,14 +144,22 @@ fn lnet_soak_heap_stays_flat() {
     let (samples, _, _) = run(40);
     // Samples fall anywhere in an epoch, so they vary with what is in
     // flight; the floor does not: the last third's lowest sample is not
-    // above the middle third's lowest by more than half plus 512 KiB. (A
-    // guard against gross leaks: a few hundred bytes per epoch would pass.)
+    // above the middle third's lowest by more than half plus 512 KiB, plus
+    // one machine's control memory. (A stop waits up to the 10 s handshake
+    // timeout for a request whose verdict was lost, and the heap stays
+    // where it was meanwhile: a plateau that held a machine's 3 MiB of
+    // control MDs covered the whole last third of a run on a loaded
+    // machine, and the floor seemed to grow by that much. A guard against
+    // gross leaks, of megabytes over a third's tens of epochs; a few
+    // hundred bytes per epoch would pass. Machine states kept, the leak
+    // this test was written for, are counted directly above.)
+    const MACHINE_CONTROL_MEMORY: f64 = 3.0 * 1048576.0;
     let third = samples.len() / 3;
     assert!(third >= 2, "{samples:?}");
     let min = |s: &[(Duration, isize)]| s.iter().map(|x| x.1).min().unwrap_or(0);
     let (mid, last) = (min(&samples[third..2 * third]), min(&samples[2 * third..]));
     assert!(
-        last as f64 <= mid as f64 * 1.5 + 512.0 * 1024.0,
+        last as f64 <= mid as f64 * 1.5 + 512.0 * 1024.0 + MACHINE_CONTROL_MEMORY,
         "live heap floor grew from {mid} to {last} bytes"
     );
 }
