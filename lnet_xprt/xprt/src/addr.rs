@@ -75,10 +75,15 @@ pub const fn split_bits(bits: u64) -> (u16, u64) {
 
 /// Header data kinds: a message.
 pub const HDR_MSG: u8 = 1;
-/// A control message.
+/// A control message that expects an answer (a bulk request or verdict):
+/// a stopped machine's tomb answers it GONE.
 pub const HDR_CTL: u8 = 2;
 /// An active bulk PUT.
 pub const HDR_BULK: u8 = 3;
+/// A control message that expects no answer (DELIVERED, NAK, ABORT,
+/// GONE): a tomb drops it. (Answered, a GONE between two tombs would be
+/// answered for as long as both addresses stayed free.)
+pub const HDR_NOTE: u8 = 4;
 const HDR_MAGIC: u64 = 0xC1;
 
 /// Bits of the sequence number in the header data.

@@ -144,6 +144,14 @@ impl Ctl {
         }
     }
 
+    /// Whether the receiver answers it (a bulk request gets a verdict, a
+    /// verdict an ABORT or the transfer), so that a stopped machine's tomb
+    /// answers it GONE. The others are notes: answering them could only
+    /// start an exchange without end.
+    pub(crate) fn expects_answer(&self) -> bool {
+        matches!(self, Self::Request { .. } | Self::Verdict { .. })
+    }
+
     /// The bytes on the wire.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(64);

@@ -21,7 +21,9 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use tracing::{debug, trace, warn};
 
-use crate::addr::{CNT_CTL, HDR_CTL, PASSIVE_SPARE, SEQ_MASK, TMID_MAX, hdr_data, match_bits};
+use crate::addr::{
+    CNT_CTL, HDR_CTL, HDR_NOTE, PASSIVE_SPARE, SEQ_MASK, TMID_MAX, hdr_data, match_bits,
+};
 use crate::ctl::Ctl;
 use crate::tm::{Op, TmShared};
 
@@ -498,6 +500,11 @@ impl Engine {
         op: u64,
     ) -> std::result::Result<(), LnetError> {
         let bytes = msg.encode();
+        let kind = if msg.expects_answer() {
+            HDR_CTL
+        } else {
+            HDR_NOTE
+        };
         let len = bytes.len() as u32;
         let key = self.lnet.register(&MemRegion::from_vec(bytes));
         let id = self.new_id() | CTL_SEND_BIT;
@@ -515,7 +522,7 @@ impl Engine {
                     portal,
                     match_bits(tmid, CNT_CTL),
                     0,
-                    hdr_data(HDR_CTL, from.0, from.1, (msg.xid() as u32) & SEQ_MASK),
+                    hdr_data(kind, from.0, from.1, (msg.xid() as u32) & SEQ_MASK),
                 )
             },
         );

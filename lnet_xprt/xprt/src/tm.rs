@@ -23,7 +23,7 @@ use tracing::{debug, trace, warn};
 
 use crate::XprtInner;
 use crate::addr::{
-    CNT_CTL, CNT_MSG, CNT_PASSIVE, COUNTER_BITS, HDR_BULK, HDR_MSG, LnetAddr, RECV_IGNORE,
+    CNT_CTL, CNT_MSG, CNT_PASSIVE, COUNTER_BITS, HDR_BULK, HDR_CTL, HDR_MSG, LnetAddr, RECV_IGNORE,
     SEQ_MASK, carried_ack, hdr_data, match_bits, msg_counter, parse_hdr,
 };
 use crate::ctl::{CTL_MAX, Ctl};
@@ -113,6 +113,20 @@ pub(crate) struct Peer {
     tmid: u16,
     /// Sequence number of the message it came with.
     seq: u32,
+}
+
+impl Peer {
+    /// The sending machine of `ev`, from its initiator and our header
+    /// data (none without it).
+    fn of(ev: &Event) -> Option<Self> {
+        let (_, portal, tmid, seq) = parse_hdr(ev.info.hdr_data)?;
+        Some(Self {
+            proc_: ev.info.initiator,
+            portal,
+            tmid,
+            seq,
+        })
+    }
 }
 
 /// The DELIVERED a received message's answer owes its sender, while the
@@ -271,6 +285,34 @@ fn op_err(e: OpError, dest: &str) -> NetError {
 }
 
 impl Op {
+    /// Whether `peer` is the machine this message send or bulk request
+    /// went to (its process, portal and TMID; any NID of the process, as
+    /// Multi-Rail may answer from another): only that machine's answer
+    /// (DELIVERED, NAK, GONE, a carried acknowledgement) ends it. Sequence
+    /// numbers are per sender, so a stray or forged answer from anyone
+    /// else that happens to name one must not.
+    fn went_to(&self, peer: &Peer) -> bool {
+        let (pid, portal, tmid) = match self.kind {
+            Kind::Send => match self
+                .buf
+                .as_ref()
+                .and_then(QueuedBuf::end_point)
+                .and_then(|ep| ep.downcast::<LnetAddr>().copied())
+            {
+                Some(d) => (d.pid, d.portal, d.tmid.unwrap_or(0)),
+                None => return false,
+            },
+            Kind::Active => match &self.st.lock().target {
+                Some(t) => (t.proc_.pid, t.portal, t.tmid),
+                None => return false,
+            },
+            _ => return false,
+        };
+        // The header data keeps six bits of the portal and twelve of the
+        // TMID (addr.rs).
+        pid == peer.proc_.pid && portal & 0x3f == peer.portal && tmid & 0xfff == peer.tmid
+    }
+
     /// The MDs LNet may still hold for this operation (its own, or its
     /// chunks').
     fn live_mds(&self) -> Vec<MdHandle> {
@@ -642,15 +684,20 @@ impl TmShared {
                 {
                     let from = self.from();
                     let xid = u64::from(p.seq);
-                    let nak = if parse_hdr(ev.info.hdr_data).is_some_and(|h| h.0 == HDR_MSG) {
-                        Ctl::Nak {
+                    // A message gets a NAK, a request or verdict a GONE;
+                    // notes and bulk PUTs nothing (an answered note could
+                    // be a GONE to another tomb, which would answer it).
+                    let answer = match parse_hdr(ev.info.hdr_data).map(|h| h.0) {
+                        Some(HDR_MSG) => Some(Ctl::Nak {
                             xid,
                             status: NetError::Unreachable(String::new()),
-                        }
-                    } else {
-                        Ctl::Gone { xid }
+                        }),
+                        Some(HDR_CTL) => Some(Ctl::Gone { xid }),
+                        _ => None,
                     };
-                    let _ = e.send_ctl(p.proc_, p.portal, p.tmid, from, &nak, 0);
+                    if let Some(a) = answer {
+                        let _ = e.send_ctl(p.proc_, p.portal, p.tmid, from, &a, 0);
+                    }
                 }
             }
             Kind::Catch => {
@@ -1059,14 +1106,14 @@ impl TmShared {
     /// The receiver of our send `seq` posted it: a DELIVERED (with the
     /// length it got) or an acknowledgement its answer carried (the whole
     /// message: a truncated one is NAKed).
-    fn delivered(&self, seq: u32, len: Option<u64>) {
+    fn delivered(&self, peer: &Peer, seq: u32, len: Option<u64>) {
         let op = self
             .st
             .lock()
             .sends
             .get(&seq)
             .cloned()
-            .filter(|o| o.kind == Kind::Send);
+            .filter(|o| o.kind == Kind::Send && o.went_to(peer));
         if let Some(op) = op {
             let want = op.st.lock().len;
             let r = match len {
@@ -1082,8 +1129,10 @@ impl TmShared {
     /// The acknowledgement a message that reached us carries (whether a
     /// buffer took it or not: it arrived).
     fn ack_carried(&self, ev: &Event) {
-        if let Some(seq) = carried_ack(ev.info.match_bits) {
-            self.delivered(seq, None);
+        if let Some(seq) = carried_ack(ev.info.match_bits)
+            && let Some(peer) = Peer::of(ev)
+        {
+            self.delivered(&peer, seq, None);
         }
     }
 
@@ -1200,14 +1249,14 @@ impl TmShared {
             }
             Ctl::Delivered { xid, len } => {
                 if let Ok(seq) = u32::try_from(xid) {
-                    self.delivered(seq, Some(len));
+                    self.delivered(&peer, seq, Some(len));
                 }
             }
             Ctl::Nak { xid, status } => {
                 let op = u32::try_from(xid)
                     .ok()
                     .and_then(|seq| self.st.lock().sends.get(&seq).cloned())
-                    .filter(|o| o.kind == Kind::Send);
+                    .filter(|o| o.kind == Kind::Send && o.went_to(&peer));
                 if let Some(op) = op {
                     let len = op.st.lock().len;
                     let status = match status {
@@ -1231,7 +1280,7 @@ impl TmShared {
                 let op = u32::try_from(xid)
                     .ok()
                     .and_then(|seq| self.st.lock().sends.get(&seq).cloned())
-                    .filter(|o| o.kind == Kind::Active);
+                    .filter(|o| o.kind == Kind::Active && o.went_to(&peer));
                 if let Some(op) = op
                     && op.st.lock().stage == Stage::Verdict
                 {
