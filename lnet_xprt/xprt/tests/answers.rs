@@ -5,45 +5,15 @@
 
 use std::time::Duration;
 
-use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
-use colibri_lnet_rt::colibri_lnet::matching::{MdOptions, MdSpec, MemRef, Threshold, Unlink};
-use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
+use colibri_lnet_rt::{Lnet, LnetConfig};
 use colibri_lnet_xprt::{LnetAddr, LnetTransport, LnetXprtConfig};
 use colibri_net::{BufVec, Domain, NetError, QueueType, TmState, event_channel, ignore_tm_events};
 
+#[path = "support/raw.rs"]
+mod raw;
+use raw::{ctl, hdr, raw_put};
+
 const WAIT: Duration = Duration::from_secs(30);
-
-/// PUTs `bytes` with `hdr` to `(portal, bits)` of the node itself.
-fn raw_put(l: &Lnet, portal: u32, bits: u64, hdr: u64, bytes: Vec<u8>) {
-    let len = bytes.len() as u32;
-    let key = l.register(&MemRegion::from_vec(bytes));
-    let md = l
-        .md_bind(
-            MdSpec::new(MemRef::new(key, 0, len), MdOptions::empty())
-                .threshold(Threshold::Count(1))
-                .unlink(Unlink::Unlink),
-        )
-        .unwrap();
-    l.put(
-        md,
-        false,
-        ProcessId::lustre(l.nids()[0]),
-        portal,
-        bits,
-        0,
-        hdr,
-    )
-    .unwrap();
-}
-
-/// A control note (kind 5 DELIVERED or 4 NAK) for sequence number `xid`.
-fn note(kind: u8, xid: u64, tail: [u8; 8]) -> Vec<u8> {
-    let mut b = b"CLNC".to_vec();
-    b.extend_from_slice(&[1, kind, 0, 0]);
-    b.extend_from_slice(&xid.to_le_bytes());
-    b.extend_from_slice(&tail);
-    b
-}
 
 #[test]
 fn answers_from_another_machine_end_no_send() {
@@ -74,14 +44,14 @@ fn answers_from_another_machine_end_no_send() {
     // went.
     let ctl_bits = (tmid << 52) | (1 << 50);
     for seq in 1..512u64 {
-        let hdr = (0xC1 << 56) | (seq << 32) | (7 << 16) | (42 << 8) | 4;
-        raw_put(&l, 42, ctl_bits, hdr, note(5, seq, 16u64.to_le_bytes()));
+        let hdr = hdr(4, 42, 7, seq);
+        raw_put(&l, 42, ctl_bits, hdr, ctl(5, seq, 16u64.to_le_bytes()));
         raw_put(
             &l,
             42,
             ctl_bits,
             hdr,
-            note(4, seq, [11, 0, 0, 0, 0, 0, 0, 0]),
+            ctl(4, seq, [11, 0, 0, 0, 0, 0, 0, 0]),
         );
     }
     let e = ev.recv_timeout(WAIT).unwrap();

@@ -6,38 +6,17 @@
 
 use std::time::Duration;
 
-use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
-use colibri_lnet_rt::colibri_lnet::matching::{MdOptions, MdSpec, MemRef, Threshold, Unlink};
-use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
+use colibri_lnet_rt::{Lnet, LnetConfig};
 use colibri_lnet_xprt::{LnetAddr, LnetTransport, LnetXprtConfig};
 use colibri_net::{
     BufVec, Domain, NetError, QueueType, RecvParams, TmState, event_channel, ignore_tm_events,
 };
 
-const WAIT: Duration = Duration::from_secs(30);
+#[path = "support/raw.rs"]
+mod raw;
+use raw::raw_put;
 
-/// PUTs `bytes` with `hdr` to `(portal, bits)` of the node itself.
-fn raw_put(l: &Lnet, portal: u32, bits: u64, hdr: u64, bytes: Vec<u8>) {
-    let len = bytes.len() as u32;
-    let key = l.register(&MemRegion::from_vec(bytes));
-    let md = l
-        .md_bind(
-            MdSpec::new(MemRef::new(key, 0, len), MdOptions::empty())
-                .threshold(Threshold::Count(1))
-                .unlink(Unlink::Unlink),
-        )
-        .unwrap();
-    l.put(
-        md,
-        false,
-        ProcessId::lustre(l.nids()[0]),
-        portal,
-        bits,
-        0,
-        hdr,
-    )
-    .unwrap();
-}
+const WAIT: Duration = Duration::from_secs(30);
 
 #[test]
 fn garbage_and_forgeries_are_dropped_and_the_machine_serves_on() {

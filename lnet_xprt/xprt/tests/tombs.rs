@@ -6,50 +6,15 @@
 
 use std::time::Duration;
 
-use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
-use colibri_lnet_rt::colibri_lnet::matching::{MdOptions, MdSpec, MemRef, Threshold, Unlink};
-use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
+use colibri_lnet_rt::{Lnet, LnetConfig};
 use colibri_lnet_xprt::{LnetAddr, LnetTransport, LnetXprtConfig};
 use colibri_net::{Domain, TmState, ignore_tm_events};
 
+#[path = "support/raw.rs"]
+mod raw;
+use raw::{ctl, hdr, raw_put};
+
 const WAIT: Duration = Duration::from_secs(30);
-
-/// PUTs `bytes` with `hdr` to `(portal, bits)` of the node itself.
-fn raw_put(l: &Lnet, portal: u32, bits: u64, hdr: u64, bytes: Vec<u8>) {
-    let len = bytes.len() as u32;
-    let key = l.register(&MemRegion::from_vec(bytes));
-    let md = l
-        .md_bind(
-            MdSpec::new(MemRef::new(key, 0, len), MdOptions::empty())
-                .threshold(Threshold::Count(1))
-                .unlink(Unlink::Unlink),
-        )
-        .unwrap();
-    l.put(
-        md,
-        false,
-        ProcessId::lustre(l.nids()[0]),
-        portal,
-        bits,
-        0,
-        hdr,
-    )
-    .unwrap();
-}
-
-/// Our header data: magic 0xC1, sequence, TMID, portal, kind.
-fn hdr(kind: u64, portal: u64, tmid: u64, seq: u64) -> u64 {
-    (0xC1 << 56) | (seq << 32) | (tmid << 16) | (portal << 8) | kind
-}
-
-/// A GONE (kind 6) for sequence number `xid`.
-fn gone(xid: u64) -> Vec<u8> {
-    let mut b = b"CLNC".to_vec();
-    b.extend_from_slice(&[1, 6, 0, 0]);
-    b.extend_from_slice(&xid.to_le_bytes());
-    b.extend_from_slice(&[0; 8]);
-    b
-}
 
 #[test]
 fn tombs_do_not_answer_what_expects_no_answer() {
@@ -89,12 +54,12 @@ fn tombs_do_not_answer_what_expects_no_answer() {
     let msg_bits = |tmid: u64| tmid << 52;
     // A GONE (a note, kind 4) at tomb `a`, from tomb `b`'s address:
     // nothing answers it.
-    raw_put(&l, 41, ctl_bits(a), hdr(4, 41, b, 5), gone(5));
+    raw_put(&l, 41, ctl_bits(a), hdr(4, 41, b, 5), ctl(6, 5, [0; 8]));
     let n = quiet("a GONE at a tomb");
     assert_eq!(n, before + 1, "only the GONE left");
     // A control message that expects an answer (kind 2), from `b`: `a`
     // answers GONE once, and `b`, a tomb too, does not answer that.
-    raw_put(&l, 41, ctl_bits(a), hdr(2, 41, b, 6), gone(6));
+    raw_put(&l, 41, ctl_bits(a), hdr(2, 41, b, 6), ctl(6, 6, [0; 8]));
     let m = quiet("a request between two tombs");
     assert_eq!(m, n + 2, "the request and one GONE");
     // A message from `b`: one NAK, not answered either.

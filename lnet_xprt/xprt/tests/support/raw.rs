@@ -1,0 +1,48 @@
+//! Raw LNet traffic for the transport's hostile-input tests: PUTs from
+//! the node's own LNet API, with whatever match bits and header data a
+//! test forges.
+
+// Each test binary uses part of it.
+#![allow(dead_code)]
+
+use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
+use colibri_lnet_rt::colibri_lnet::matching::{MdOptions, MdSpec, MemRef, Threshold, Unlink};
+use colibri_lnet_rt::{Lnet, MemRegion};
+
+/// PUTs `bytes` with `hdr` to `(portal, bits)` of the node itself.
+pub(crate) fn raw_put(l: &Lnet, portal: u32, bits: u64, hdr: u64, bytes: Vec<u8>) {
+    let len = bytes.len() as u32;
+    let key = l.register(&MemRegion::from_vec(bytes));
+    let md = l
+        .md_bind(
+            MdSpec::new(MemRef::new(key, 0, len), MdOptions::empty())
+                .threshold(Threshold::Count(1))
+                .unlink(Unlink::Unlink),
+        )
+        .unwrap();
+    l.put(
+        md,
+        false,
+        ProcessId::lustre(l.nids()[0]),
+        portal,
+        bits,
+        0,
+        hdr,
+    )
+    .unwrap();
+}
+
+/// Our header data: magic 0xC1, sequence, TMID, portal, kind.
+pub(crate) fn hdr(kind: u64, portal: u64, tmid: u64, seq: u64) -> u64 {
+    (0xC1 << 56) | (seq << 32) | (tmid << 16) | (portal << 8) | kind
+}
+
+/// A control message of `kind` for `xid` with an 8-byte body (GONE,
+/// DELIVERED, NAK, ABORT).
+pub(crate) fn ctl(kind: u8, xid: u64, body: [u8; 8]) -> Vec<u8> {
+    let mut b = b"CLNC".to_vec();
+    b.extend_from_slice(&[1, kind, 0, 0]);
+    b.extend_from_slice(&xid.to_le_bytes());
+    b.extend_from_slice(&body);
+    b
+}
