@@ -1313,10 +1313,9 @@ impl TmShared {
             }
             Ctl::Abort { xid, status } => {
                 // From the passive side: our active operation ends.
-                if let Some(op) = e
-                    .op(xid)
-                    .filter(|o| Arc::ptr_eq(&o.tm, self) && o.kind == Kind::Active)
-                {
+                if let Some(op) = e.op(xid).filter(|o| {
+                    Arc::ptr_eq(&o.tm, self) && o.kind == Kind::Active && o.went_to(&peer)
+                }) {
                     let (stage, md) = {
                         let mut s = op.st.lock();
                         s.fail = Some(status.clone());

@@ -1,7 +1,8 @@
-//! Only the machine a message went to can end its send: DELIVERED and
-//! NAK name the send by its sequence number, and sequence numbers are per
-//! sender, so the same number from anyone else (here: forged, for every
-//! number the send could have) is ignored.
+//! Only the machine a message or bulk request went to can end it:
+//! DELIVERED, NAK, ABORT and GONE name the operation by its sequence
+//! number or id, and those are per sender, so the same number from anyone
+//! else (here: forged, for every number the operation could have, from
+//! another TMID of the same process) is ignored.
 
 use std::time::Duration;
 
@@ -68,4 +69,88 @@ fn answers_from_another_machine_end_no_send() {
     dom.fini().map_err(|e| e.error).unwrap();
     drop(x);
     l.shutdown();
+}
+
+#[test]
+fn aborts_and_gones_from_another_machine_end_no_bulk_request() {
+    use colibri_lnet_rt::colibri_lnet::fault::{DropRuleSpec, FaultMatch, Trigger};
+    let nodes: Vec<Lnet> = ["127.0.78.2@tcp", "127.0.78.3@tcp"]
+        .iter()
+        .map(|n| {
+            let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
+            cfg.accept_port = 0;
+            Lnet::start(cfg).unwrap()
+        })
+        .collect();
+    Lnet::introduce(&nodes);
+    let (a, p) = (&nodes[0], &nodes[1]);
+    let mut xc = LnetXprtConfig::default();
+    xc.handshake_timeout = Duration::from_secs(2);
+    let x = LnetTransport::new(nodes.clone(), xc).unwrap();
+    let dom = Domain::new(&x).unwrap();
+    let (cbs, ev) = event_channel(64);
+    let active = dom.tm_init(ignore_tm_events()).unwrap();
+    active.start("127.0.78.2@tcp:12345:43:5").unwrap();
+    let passive = dom.tm_init(ignore_tm_events()).unwrap();
+    passive.start("127.0.78.3@tcp:12345:43:6").unwrap();
+    for tm in [&active, &passive] {
+        tm.wait_for_state(TmState::Started, WAIT).unwrap();
+    }
+    let mut pb = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(cbs.clone());
+    pb.bufvec_mut().copy_in(0, &[7; 64]).unwrap();
+    let (_, desc) = passive.add_passive_send(pb, 64, None).unwrap();
+    // Everything from the active node to the passive one is dropped: the
+    // request never arrives, and no verdict comes.
+    p.add_drop_rule(DropRuleSpec {
+        matcher: FaultMatch::between(a.nids()[0], p.nids()[0]),
+        trigger: Trigger::Rate(1),
+        health_mask: 0,
+    })
+    .unwrap();
+    let ab = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(cbs);
+    let t0 = std::time::Instant::now();
+    active.add_active_recv(ab, &desc).unwrap();
+    // ABORT (Cancelled) and GONE for every operation id it can have, from
+    // TMID 7 of the active node: not the machine the request went to.
+    let tmid = 5;
+    let ctl_bits = (tmid << 52) | (1 << 50);
+    for xid in 1..1024u64 {
+        let h = hdr(4, 43, 7, xid & 0xff_ffff);
+        raw_put(a, 43, ctl_bits, h, ctl(3, xid, [1, 0, 0, 0, 0, 0, 0, 0]));
+        raw_put(a, 43, ctl_bits, h, ctl(6, xid, [0; 8]));
+    }
+    let e = ev.recv_timeout(WAIT).unwrap();
+    assert_eq!(e.queue(), QueueType::ActiveBulkRecv, "{e:?}");
+    assert!(
+        matches!(e.error(), Some(NetError::Unreachable(_)))
+            && t0.elapsed() >= Duration::from_millis(1900),
+        "the request ended otherwise than by its handshake timeout: {e:?} after {:?}",
+        t0.elapsed()
+    );
+    drop(e);
+    for tm in [&active, &passive] {
+        tm.stop(true).unwrap();
+        tm.wait_stopped(WAIT).unwrap();
+    }
+    // The passive buffer, never asked for, ends with the stop.
+    let e = ev.recv_timeout(WAIT).unwrap();
+    assert_eq!(e.queue(), QueueType::PassiveBulkSend, "{e:?}");
+    assert!(matches!(e.error(), Some(NetError::Cancelled)), "{e:?}");
+    drop(e);
+    assert!(ev.try_recv().is_none(), "one final event per buffer");
+    drop(desc);
+    for tm in [active, passive] {
+        tm.fini().map_err(|e| e.error).unwrap();
+    }
+    dom.fini().map_err(|e| e.error).unwrap();
+    drop(x);
+    for n in &nodes {
+        n.shutdown();
+    }
 }
