@@ -1301,7 +1301,17 @@ impl TmShared {
                     .lock()
                     .claims
                     .iter()
-                    .filter(|((p, x), _)| *p == peer.proc_ && (*x & u64::from(SEQ_MASK)) == xid)
+                    .filter(|((p, x), o)| {
+                        // The requesting machine's tomb: its process,
+                        // portal and TMID (another machine of that process
+                        // can have a request with the same low bits).
+                        *p == peer.proc_
+                            && (*x & u64::from(SEQ_MASK)) == xid
+                            && o.st
+                                .lock()
+                                .peer
+                                .is_some_and(|q| q.portal == peer.portal && q.tmid == peer.tmid)
+                    })
                     .map(|(_, o)| Arc::clone(o))
                     .collect();
                 for op in claimed {

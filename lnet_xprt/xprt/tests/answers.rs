@@ -2,7 +2,8 @@
 //! DELIVERED, NAK, ABORT and GONE name the operation by its sequence
 //! number or id, and those are per sender, so the same number from anyone
 //! else (here: forged, for every number the operation could have, from
-//! another TMID of the same process) is ignored.
+//! another TMID of the same process) is ignored. Likewise a GONE hands a
+//! passive claim back only from the requesting machine's own address.
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use colibri_net::{BufVec, Domain, NetError, QueueType, TmState, event_channel, i
 
 #[path = "support/raw.rs"]
 mod raw;
-use raw::{ctl, hdr, raw_put};
+use raw::{ctl, hdr, raw_put, raw_put_to};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -146,6 +147,121 @@ fn aborts_and_gones_from_another_machine_end_no_bulk_request() {
     assert!(ev.try_recv().is_none(), "one final event per buffer");
     drop(desc);
     for tm in [active, passive] {
+        tm.fini().map_err(|e| e.error).unwrap();
+    }
+    dom.fini().map_err(|e| e.error).unwrap();
+    drop(x);
+    for n in &nodes {
+        n.shutdown();
+    }
+}
+
+#[test]
+fn gones_from_another_machine_of_the_requester_leave_its_claim() {
+    use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
+    const LEN: usize = 4096;
+    const XID: u64 = 0x12_3456;
+    let nodes: Vec<Lnet> = ["127.0.78.4@tcp", "127.0.78.5@tcp"]
+        .iter()
+        .map(|n| {
+            let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
+            cfg.accept_port = 0;
+            Lnet::start(cfg).unwrap()
+        })
+        .collect();
+    Lnet::introduce(&nodes);
+    let (a, s) = (&nodes[0], &nodes[1]);
+    let mut xc = LnetXprtConfig::default();
+    xc.handshake_timeout = Duration::from_secs(20);
+    let x = LnetTransport::new(nodes.clone(), xc).unwrap();
+    let dom = Domain::new(&x).unwrap();
+    let (cbs, ev) = event_channel(64);
+    let client = dom.tm_init(ignore_tm_events()).unwrap();
+    client.start("127.0.78.4@tcp:12345:44:5").unwrap();
+    let server = dom.tm_init(ignore_tm_events()).unwrap();
+    server.start("127.0.78.5@tcp:12345:44:6").unwrap();
+    for tm in [&client, &server] {
+        tm.wait_for_state(TmState::Started, WAIT).unwrap();
+    }
+    let pb = dom
+        .register(BufVec::new(1, LEN))
+        .unwrap()
+        .with_callbacks(cbs.clone());
+    let (_, desc) = server.add_passive_recv(pb, None).unwrap();
+    let to_server = |hdr: u64, bytes: Vec<u8>| {
+        raw_put_to(
+            a,
+            ProcessId::lustre(s.nids()[0]),
+            44,
+            (6u64 << 52) | (1 << 50),
+            hdr,
+            bytes,
+        );
+    };
+    // A request from the client node's TMID 9, where no machine is: the
+    // server claims its buffer for it and waits (its verdict goes nowhere).
+    let mut req = b"CLNC".to_vec();
+    req.extend_from_slice(&[1, 1, 0, 0]);
+    req.extend_from_slice(&XID.to_le_bytes());
+    req.extend_from_slice(&[QueueType::ActiveBulkSend.code(), 0, 0, 0, 0, 0, 0, 0]);
+    req.extend_from_slice(&(LEN as u64).to_le_bytes());
+    req.extend_from_slice(&(desc.as_bytes().len() as u16).to_le_bytes());
+    req.extend_from_slice(desc.as_bytes());
+    to_server(hdr(2, 44, 9, XID), req);
+    // While it is claimed, the real client's request is refused.
+    let send = |data: u8| {
+        let mut b = dom
+            .register(BufVec::new(1, LEN))
+            .unwrap()
+            .with_callbacks(cbs.clone());
+        b.bufvec_mut().copy_in(0, &[data; LEN]).unwrap();
+        client.add_active_send(b, &desc, LEN).unwrap();
+    };
+    let active_result = || {
+        let e = ev.recv_timeout(WAIT).unwrap();
+        assert_eq!(e.queue(), QueueType::ActiveBulkSend, "{e:?}");
+        e.error().cloned()
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    send(1);
+    assert!(matches!(active_result(), Some(NetError::Busy(_))));
+    // GONEs for that request id from TMID 7 of the client node (another
+    // machine of the requester's process, as a stopped one's tomb would
+    // send): not about this claim, which stays.
+    to_server(hdr(4, 44, 7, XID), ctl(6, XID, [0; 8]));
+    std::thread::sleep(Duration::from_millis(200));
+    send(2);
+    assert!(
+        matches!(active_result(), Some(NetError::Busy(_))),
+        "a GONE from another machine handed the claim back"
+    );
+    // The same GONE from the requester's own address (its tomb): the
+    // claim goes back, and the client's request gets the buffer.
+    to_server(hdr(4, 44, 9, XID), ctl(6, XID, [0; 8]));
+    std::thread::sleep(Duration::from_millis(200));
+    send(3);
+    let mut done = Vec::new();
+    while done.len() < 2 {
+        let e = ev.recv_timeout(WAIT).expect("both buffers complete");
+        assert!(e.is_ok(), "{e:?}");
+        if e.queue() == QueueType::PassiveBulkRecv {
+            assert_eq!(
+                e.with_data(|d| d.to_vec(0, LEN)).unwrap().unwrap(),
+                vec![3; LEN]
+            );
+        }
+        done.push(e.queue());
+    }
+    assert!(
+        done.contains(&QueueType::PassiveBulkRecv) && done.contains(&QueueType::ActiveBulkSend),
+        "{done:?}"
+    );
+    drop(desc);
+    for tm in [&client, &server] {
+        tm.stop(false).unwrap();
+        tm.wait_stopped(WAIT).unwrap();
+    }
+    for tm in [client, server] {
         tm.fini().map_err(|e| e.error).unwrap();
     }
     dom.fini().map_err(|e| e.error).unwrap();

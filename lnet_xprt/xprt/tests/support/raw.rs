@@ -11,6 +11,18 @@ use colibri_lnet_rt::{Lnet, MemRegion};
 
 /// PUTs `bytes` with `hdr` to `(portal, bits)` of the node itself.
 pub(crate) fn raw_put(l: &Lnet, portal: u32, bits: u64, hdr: u64, bytes: Vec<u8>) {
+    raw_put_to(l, ProcessId::lustre(l.nids()[0]), portal, bits, hdr, bytes);
+}
+
+/// PUTs `bytes` with `hdr` from node `l` to `(portal, bits)` of `to`.
+pub(crate) fn raw_put_to(
+    l: &Lnet,
+    to: ProcessId,
+    portal: u32,
+    bits: u64,
+    hdr: u64,
+    bytes: Vec<u8>,
+) {
     let len = bytes.len() as u32;
     let key = l.register(&MemRegion::from_vec(bytes));
     let md = l
@@ -20,16 +32,7 @@ pub(crate) fn raw_put(l: &Lnet, portal: u32, bits: u64, hdr: u64, bytes: Vec<u8>
                 .unlink(Unlink::Unlink),
         )
         .unwrap();
-    l.put(
-        md,
-        false,
-        ProcessId::lustre(l.nids()[0]),
-        portal,
-        bits,
-        0,
-        hdr,
-    )
-    .unwrap();
+    l.put(md, false, to, portal, bits, 0, hdr).unwrap();
 }
 
 /// Our header data: magic 0xC1, sequence, TMID, portal, kind.
