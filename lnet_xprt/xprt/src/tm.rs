@@ -313,6 +313,15 @@ impl Op {
         pid == peer.proc_.pid && portal & 0x3f == peer.portal && tmid & 0xfff == peer.tmid
     }
 
+    /// Whether this passive claim is for `peer`'s machine (its portal and
+    /// TMID; claims are filed by the requester's process and request id).
+    fn claimed_by(&self, peer: &Peer) -> bool {
+        self.st
+            .lock()
+            .peer
+            .is_some_and(|q| q.portal == peer.portal && q.tmid == peer.tmid)
+    }
+
     /// The MDs LNet may still hold for this operation (its own, or its
     /// chunks').
     fn live_mds(&self) -> Vec<MdHandle> {
@@ -1305,12 +1314,7 @@ impl TmShared {
                         // The requesting machine's tomb: its process,
                         // portal and TMID (another machine of that process
                         // can have a request with the same low bits).
-                        *p == peer.proc_
-                            && (*x & u64::from(SEQ_MASK)) == xid
-                            && o.st
-                                .lock()
-                                .peer
-                                .is_some_and(|q| q.portal == peer.portal && q.tmid == peer.tmid)
+                        *p == peer.proc_ && (*x & u64::from(SEQ_MASK)) == xid && o.claimed_by(&peer)
                     })
                     .map(|(_, o)| Arc::clone(o))
                     .collect();
@@ -1354,7 +1358,7 @@ impl TmShared {
                 }
                 // From the active side: hand the claim back.
                 let claimed = self.st.lock().claims.get(&(peer.proc_, xid)).cloned();
-                if let Some(op) = claimed {
+                if let Some(op) = claimed.filter(|o| o.claimed_by(&peer)) {
                     op.st.lock().release = true;
                     for md in op.live_mds() {
                         let _ = e.lnet.md_unlink(md);

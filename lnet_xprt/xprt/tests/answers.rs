@@ -229,11 +229,13 @@ fn gones_from_another_machine_of_the_requester_leave_its_claim() {
     // machine of the requester's process, as a stopped one's tomb would
     // send): not about this claim, which stays.
     to_server(hdr(4, 44, 7, XID), ctl(6, XID, [0; 8]));
+    // Nor is an ABORT (Cancelled) for it from there.
+    to_server(hdr(4, 44, 7, XID), ctl(3, XID, [1, 0, 0, 0, 0, 0, 0, 0]));
     std::thread::sleep(Duration::from_millis(200));
     send(2);
     assert!(
         matches!(active_result(), Some(NetError::Busy(_))),
-        "a GONE from another machine handed the claim back"
+        "a GONE or ABORT from another machine handed the claim back"
     );
     // The same GONE from the requester's own address (its tomb): the
     // claim goes back, and the client's request gets the buffer.
