@@ -41,31 +41,46 @@ fn tombs_do_not_answer_what_expects_no_answer() {
     }
     let (a, b) = (tmids[0], tmids[1]);
     let sends = || l.with_node(|n| n.stats().send_count);
-    let quiet = |what: &str| {
-        // Whatever answers there are leave at once; then nothing more.
-        std::thread::sleep(Duration::from_millis(300));
-        let n = sends();
-        std::thread::sleep(Duration::from_millis(300));
+    // Waits until `want` LNet messages left in all (or, with no count
+    // expected, until the count holds still), then checks that no more
+    // leave (an answer that keeps being answered would).
+    let settle = |want: Option<u64>, what: &str| {
+        let deadline = std::time::Instant::now() + WAIT;
+        let mut n = sends();
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = sends();
+            let done = match want {
+                Some(w) => now >= w,
+                None => now == n,
+            };
+            n = now;
+            if done {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{what}: {n} sent");
+        }
+        std::thread::sleep(Duration::from_millis(500));
         assert_eq!(sends(), n, "{what}: LNet messages keep leaving");
+        if let Some(w) = want {
+            assert_eq!(n, w, "{what}");
+        }
         n
     };
-    let before = quiet("at rest");
+    let before = settle(None, "at rest");
     let ctl_bits = |tmid: u64| (tmid << 52) | (1 << 50);
     let msg_bits = |tmid: u64| tmid << 52;
     // A GONE (a note, kind 4) at tomb `a`, from tomb `b`'s address:
-    // nothing answers it.
+    // nothing answers it (only the GONE leaves).
     raw_put(&l, 41, ctl_bits(a), hdr(4, 41, b, 5), ctl(6, 5, [0; 8]));
-    let n = quiet("a GONE at a tomb");
-    assert_eq!(n, before + 1, "only the GONE left");
+    let n = settle(Some(before + 1), "a GONE at a tomb");
     // A control message that expects an answer (kind 2), from `b`: `a`
     // answers GONE once, and `b`, a tomb too, does not answer that.
     raw_put(&l, 41, ctl_bits(a), hdr(2, 41, b, 6), ctl(6, 6, [0; 8]));
-    let m = quiet("a request between two tombs");
-    assert_eq!(m, n + 2, "the request and one GONE");
+    let m = settle(Some(n + 2), "a request between two tombs");
     // A message from `b`: one NAK, not answered either.
     raw_put(&l, 41, msg_bits(a), hdr(1, 41, b, 7), vec![1; 8]);
-    let k = quiet("a message between two tombs");
-    assert_eq!(k, m + 2, "the message and one NAK");
+    settle(Some(m + 2), "a message between two tombs");
     drop(dom);
     drop(x);
     l.shutdown();
