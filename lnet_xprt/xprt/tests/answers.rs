@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use colibri_lnet_rt::{Lnet, LnetConfig};
-use colibri_lnet_xprt::{LnetAddr, LnetTransport, LnetXprtConfig};
+use colibri_lnet_xprt::{LnetTransport, LnetXprtConfig};
 use colibri_net::{BufVec, Domain, NetError, QueueType, TmState, event_channel, ignore_tm_events};
 
 #[path = "support/raw.rs"]
@@ -17,65 +17,20 @@ use raw::{ctl, hdr, raw_put, raw_put_to};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-#[test]
-fn answers_from_another_machine_end_no_send() {
-    let mut cfg = LnetConfig::new(&["127.0.78.1@tcp".parse().unwrap()]);
-    cfg.accept_port = 0;
-    let l = Lnet::start(cfg).unwrap();
-    let mut xc = LnetXprtConfig::default();
-    xc.handshake_timeout = Duration::from_secs(2);
-    let x = LnetTransport::new(vec![l.clone()], xc).unwrap();
-    let dom = Domain::new(&x).unwrap();
-    let (cbs, ev) = event_channel(64);
-    let tm = dom.tm_init(ignore_tm_events()).unwrap();
-    tm.start("127.0.78.1@tcp:12345:42:5").unwrap();
-    tm.wait_for_state(TmState::Started, WAIT).unwrap();
-    let me = LnetAddr::parse(tm.ep().unwrap().addr()).unwrap();
-    let tmid = u64::from(me.tmid.unwrap());
-    // A send to TMID 9, where no machine is (LNet drops it, nobody
-    // answers): it waits for its answer until the handshake timeout.
-    let nobody = tm.ep_create("127.0.78.1@tcp:12345:42:9").unwrap();
-    let mut b = dom
-        .register(BufVec::new(1, 16))
-        .unwrap()
-        .with_callbacks(cbs);
-    b.bufvec_mut().copy_in(0, b"sixteen bytes..!").unwrap();
-    tm.add_msg_send(b, &nobody, 16).unwrap();
-    // Every sequence number the send can have, DELIVERED (16 bytes) and
-    // NAK, from TMID 7 of the same process and portal: not where the send
-    // went.
-    let ctl_bits = (tmid << 52) | (1 << 50);
-    for seq in 1..512u64 {
-        let hdr = hdr(4, 42, 7, seq);
-        raw_put(&l, 42, ctl_bits, hdr, ctl(5, seq, 16u64.to_le_bytes()));
-        raw_put(
-            &l,
-            42,
-            ctl_bits,
-            hdr,
-            ctl(4, seq, [11, 0, 0, 0, 0, 0, 0, 0]),
-        );
-    }
-    let e = ev.recv_timeout(WAIT).unwrap();
-    assert_eq!(e.queue(), QueueType::MsgSend);
-    assert!(
-        matches!(e.error(), Some(NetError::TimedOut)),
-        "the send ended otherwise than by its timeout: {e:?}"
-    );
-    drop(e);
-    drop(nobody);
-    tm.stop(false).unwrap();
-    tm.wait_stopped(WAIT).unwrap();
-    tm.fini().map_err(|e| e.error).unwrap();
-    dom.fini().map_err(|e| e.error).unwrap();
-    drop(x);
-    l.shutdown();
+/// Two nodes of this process, each with a started machine at TMID 5
+/// (on the first) and 6 (on the second) of `portal`, and one event
+/// channel for all buffers.
+struct Pair {
+    nodes: Vec<Lnet>,
+    x: LnetTransport,
+    dom: Domain,
+    tms: [colibri_net::TransferMachine; 2],
+    cbs: std::sync::Arc<colibri_net::BufferCallbacks>,
+    ev: colibri_net::EventReceiver,
 }
 
-#[test]
-fn aborts_and_gones_from_another_machine_end_no_bulk_request() {
-    use colibri_lnet_rt::colibri_lnet::fault::{DropRuleSpec, FaultMatch, Trigger};
-    let nodes: Vec<Lnet> = ["127.0.78.2@tcp", "127.0.78.3@tcp"]
+fn pair(nids: [&str; 2], portal: u32, handshake: Duration) -> Pair {
+    let nodes: Vec<Lnet> = nids
         .iter()
         .map(|n| {
             let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
@@ -84,23 +39,102 @@ fn aborts_and_gones_from_another_machine_end_no_bulk_request() {
         })
         .collect();
     Lnet::introduce(&nodes);
-    let (a, p) = (&nodes[0], &nodes[1]);
     let mut xc = LnetXprtConfig::default();
-    xc.handshake_timeout = Duration::from_secs(2);
+    xc.handshake_timeout = handshake;
     let x = LnetTransport::new(nodes.clone(), xc).unwrap();
     let dom = Domain::new(&x).unwrap();
     let (cbs, ev) = event_channel(64);
-    let active = dom.tm_init(ignore_tm_events()).unwrap();
-    active.start("127.0.78.2@tcp:12345:43:5").unwrap();
-    let passive = dom.tm_init(ignore_tm_events()).unwrap();
-    passive.start("127.0.78.3@tcp:12345:43:6").unwrap();
-    for tm in [&active, &passive] {
+    let tms = [(nids[0], 5), (nids[1], 6)].map(|(nid, tmid)| {
+        let tm = dom.tm_init(ignore_tm_events()).unwrap();
+        tm.start(&format!("{nid}:12345:{portal}:{tmid}")).unwrap();
         tm.wait_for_state(TmState::Started, WAIT).unwrap();
+        tm
+    });
+    Pair {
+        nodes,
+        x,
+        dom,
+        tms,
+        cbs,
+        ev,
     }
-    let mut pb = dom
+}
+
+impl Pair {
+    /// Stops (what a test did not stop) and finalises everything.
+    fn finish(self) {
+        for tm in &self.tms {
+            if tm.state() != TmState::Stopped {
+                tm.stop(false).unwrap();
+                tm.wait_stopped(WAIT).unwrap();
+            }
+        }
+        drop(self.ev);
+        drop(self.cbs);
+        for tm in self.tms {
+            tm.fini().map_err(|e| e.error).unwrap();
+        }
+        self.dom.fini().map_err(|e| e.error).unwrap();
+        drop(self.x);
+        for n in &self.nodes {
+            n.shutdown();
+        }
+    }
+}
+
+#[test]
+fn answers_from_another_machine_end_no_send() {
+    let f = pair(
+        ["127.0.78.1@tcp", "127.0.78.6@tcp"],
+        42,
+        Duration::from_secs(2),
+    );
+    let (l, tm) = (&f.nodes[0], &f.tms[0]);
+    // A send to TMID 9, where no machine is (LNet drops it, nobody
+    // answers): it waits for its answer until the handshake timeout.
+    let nobody = tm.ep_create("127.0.78.1@tcp:12345:42:9").unwrap();
+    let mut b = f
+        .dom
+        .register(BufVec::new(1, 16))
+        .unwrap()
+        .with_callbacks(f.cbs.clone());
+    b.bufvec_mut().copy_in(0, b"sixteen bytes..!").unwrap();
+    tm.add_msg_send(b, &nobody, 16).unwrap();
+    // Every sequence number the send can have, DELIVERED (16 bytes) and
+    // NAK, from TMID 7 of the same process and portal: not where the send
+    // went (the machine is TMID 5).
+    let ctl_bits = (5 << 52) | (1 << 50);
+    for seq in 1..512u64 {
+        let h = hdr(4, 42, 7, seq);
+        raw_put(l, 42, ctl_bits, h, ctl(5, seq, 16u64.to_le_bytes()));
+        raw_put(l, 42, ctl_bits, h, ctl(4, seq, [11, 0, 0, 0, 0, 0, 0, 0]));
+    }
+    let e = f.ev.recv_timeout(WAIT).unwrap();
+    assert_eq!(e.queue(), QueueType::MsgSend);
+    assert!(
+        matches!(e.error(), Some(NetError::TimedOut)),
+        "the send ended otherwise than by its timeout: {e:?}"
+    );
+    drop(e);
+    drop(nobody);
+    f.finish();
+}
+
+#[test]
+fn aborts_and_gones_from_another_machine_end_no_bulk_request() {
+    use colibri_lnet_rt::colibri_lnet::fault::{DropRuleSpec, FaultMatch, Trigger};
+    let f = pair(
+        ["127.0.78.2@tcp", "127.0.78.3@tcp"],
+        43,
+        Duration::from_secs(2),
+    );
+    let (a, p) = (&f.nodes[0], &f.nodes[1]);
+    let [active, passive] = &f.tms;
+    let mut pb = f
+        .dom
         .register(BufVec::new(1, 64))
         .unwrap()
-        .with_callbacks(cbs.clone());
+        .with_callbacks(f.cbs.clone());
     pb.bufvec_mut().copy_in(0, &[7; 64]).unwrap();
     let (_, desc) = passive.add_passive_send(pb, 64, None).unwrap();
     // Everything from the active node to the passive one is dropped: the
@@ -111,22 +145,22 @@ fn aborts_and_gones_from_another_machine_end_no_bulk_request() {
         health_mask: 0,
     })
     .unwrap();
-    let ab = dom
+    let ab = f
+        .dom
         .register(BufVec::new(1, 64))
         .unwrap()
-        .with_callbacks(cbs);
+        .with_callbacks(f.cbs.clone());
     let t0 = std::time::Instant::now();
     active.add_active_recv(ab, &desc).unwrap();
     // ABORT (Cancelled) and GONE for every operation id it can have, from
     // TMID 7 of the active node: not the machine the request went to.
-    let tmid = 5;
-    let ctl_bits = (tmid << 52) | (1 << 50);
+    let ctl_bits = (5 << 52) | (1 << 50);
     for xid in 1..1024u64 {
         let h = hdr(4, 43, 7, xid & 0xff_ffff);
         raw_put(a, 43, ctl_bits, h, ctl(3, xid, [1, 0, 0, 0, 0, 0, 0, 0]));
         raw_put(a, 43, ctl_bits, h, ctl(6, xid, [0; 8]));
     }
-    let e = ev.recv_timeout(WAIT).unwrap();
+    let e = f.ev.recv_timeout(WAIT).unwrap();
     assert_eq!(e.queue(), QueueType::ActiveBulkRecv, "{e:?}");
     assert!(
         matches!(e.error(), Some(NetError::Unreachable(_)))
@@ -135,25 +169,18 @@ fn aborts_and_gones_from_another_machine_end_no_bulk_request() {
         t0.elapsed()
     );
     drop(e);
-    for tm in [&active, &passive] {
+    for tm in &f.tms {
         tm.stop(true).unwrap();
         tm.wait_stopped(WAIT).unwrap();
     }
     // The passive buffer, never asked for, ends with the stop.
-    let e = ev.recv_timeout(WAIT).unwrap();
+    let e = f.ev.recv_timeout(WAIT).unwrap();
     assert_eq!(e.queue(), QueueType::PassiveBulkSend, "{e:?}");
     assert!(matches!(e.error(), Some(NetError::Cancelled)), "{e:?}");
     drop(e);
-    assert!(ev.try_recv().is_none(), "one final event per buffer");
+    assert!(f.ev.try_recv().is_none(), "one final event per buffer");
     drop(desc);
-    for tm in [active, passive] {
-        tm.fini().map_err(|e| e.error).unwrap();
-    }
-    dom.fini().map_err(|e| e.error).unwrap();
-    drop(x);
-    for n in &nodes {
-        n.shutdown();
-    }
+    f.finish();
 }
 
 #[test]
@@ -161,28 +188,14 @@ fn gones_from_another_machine_of_the_requester_leave_its_claim() {
     use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
     const LEN: usize = 4096;
     const XID: u64 = 0x12_3456;
-    let nodes: Vec<Lnet> = ["127.0.78.4@tcp", "127.0.78.5@tcp"]
-        .iter()
-        .map(|n| {
-            let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
-            cfg.accept_port = 0;
-            Lnet::start(cfg).unwrap()
-        })
-        .collect();
-    Lnet::introduce(&nodes);
-    let (a, s) = (&nodes[0], &nodes[1]);
-    let mut xc = LnetXprtConfig::default();
-    xc.handshake_timeout = Duration::from_secs(20);
-    let x = LnetTransport::new(nodes.clone(), xc).unwrap();
-    let dom = Domain::new(&x).unwrap();
-    let (cbs, ev) = event_channel(64);
-    let client = dom.tm_init(ignore_tm_events()).unwrap();
-    client.start("127.0.78.4@tcp:12345:44:5").unwrap();
-    let server = dom.tm_init(ignore_tm_events()).unwrap();
-    server.start("127.0.78.5@tcp:12345:44:6").unwrap();
-    for tm in [&client, &server] {
-        tm.wait_for_state(TmState::Started, WAIT).unwrap();
-    }
+    let f = pair(
+        ["127.0.78.4@tcp", "127.0.78.5@tcp"],
+        44,
+        Duration::from_secs(20),
+    );
+    let (a, s) = (&f.nodes[0], &f.nodes[1]);
+    let [client, server] = &f.tms;
+    let (dom, cbs, ev) = (&f.dom, &f.cbs, &f.ev);
     let pb = dom
         .register(BufVec::new(1, LEN))
         .unwrap()
@@ -259,16 +272,5 @@ fn gones_from_another_machine_of_the_requester_leave_its_claim() {
         "{done:?}"
     );
     drop(desc);
-    for tm in [&client, &server] {
-        tm.stop(false).unwrap();
-        tm.wait_stopped(WAIT).unwrap();
-    }
-    for tm in [client, server] {
-        tm.fini().map_err(|e| e.error).unwrap();
-    }
-    dom.fini().map_err(|e| e.error).unwrap();
-    drop(x);
-    for n in &nodes {
-        n.shutdown();
-    }
+    f.finish();
 }
