@@ -4,7 +4,8 @@
 //! off size field (little-endian)
 //!   0    4 magic "CLNC"
 //!   4    1 version (1)
-//!   5    1 kind: 1 REQUEST, 2 VERDICT, 3 ABORT, 4 NAK, 5 DELIVERED, 6 GONE
+//!   5    1 kind: 1 REQUEST, 2 VERDICT, 3 ABORT, 4 NAK, 5 DELIVERED, 6 GONE,
+//!            7 DELIVERED_MANY
 //!   6    2 reserved (0)
 //!   8    8 xid: the active operation (the requester's MD user value)
 //!  16    .. body
@@ -16,6 +17,10 @@
 //! DELIVERED: length u64                        (xid: the message's sequence number)
 //! GONE:    8 reserved       (xid: the sequence number of a control message that reached
 //!                            a stopped machine)
+//! DELIVERED_MANY: n x (sequence number u32 | 4 reserved | length u64)
+//!                           (xid: n, 2 to DELIVERED_MANY_MAX: several DELIVEREDs to one
+//!                            machine, as a receiver that took several messages at once
+//!                            sends them)
 //! ```
 
 use colibri_net::{NetError, QueueType};
@@ -26,6 +31,9 @@ const HEAD: usize = 16;
 
 /// Largest control message (a request with a 1 KiB descriptor fits).
 pub(crate) const CTL_MAX: usize = 1536;
+
+/// Most acknowledgements in one DELIVERED_MANY.
+pub(crate) const DELIVERED_MANY_MAX: usize = 64;
 
 /// A control message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +72,12 @@ pub(crate) enum Ctl {
         xid: u64,
         /// Bytes received.
         len: u64,
+    },
+    /// Several DELIVEREDs for one machine: (sequence number, bytes
+    /// received) each, 2 to [`DELIVERED_MANY_MAX`] of them.
+    DeliveredMany {
+        /// The messages.
+        acks: Vec<(u32, u64)>,
     },
     /// A control message reached a machine that stopped (answered by what
     /// it left behind).
@@ -141,6 +155,7 @@ impl Ctl {
             | Self::Nak { xid, .. }
             | Self::Delivered { xid, .. }
             | Self::Gone { xid } => *xid,
+            Self::DeliveredMany { acks } => acks.len() as u64,
         }
     }
 
@@ -162,6 +177,7 @@ impl Ctl {
             Self::Nak { .. } => 4,
             Self::Delivered { .. } => 5,
             Self::Gone { .. } => 6,
+            Self::DeliveredMany { .. } => 7,
         };
         v.extend_from_slice(&MAGIC.to_le_bytes());
         v.extend_from_slice(&[VERSION, kind, 0, 0]);
@@ -202,6 +218,13 @@ impl Ctl {
             }
             Self::Delivered { len, .. } => v.extend_from_slice(&len.to_le_bytes()),
             Self::Gone { .. } => v.extend_from_slice(&[0; 8]),
+            Self::DeliveredMany { acks } => {
+                for (seq, len) in acks.iter().take(DELIVERED_MANY_MAX) {
+                    v.extend_from_slice(&seq.to_le_bytes());
+                    v.extend_from_slice(&[0; 4]);
+                    v.extend_from_slice(&len.to_le_bytes());
+                }
+            }
         }
         v
     }
@@ -292,6 +315,26 @@ impl Ctl {
                     len: u64at(16)?,
                 })
             }
+            7 => {
+                let n = usize::try_from(xid).unwrap_or(usize::MAX);
+                if !(2..=DELIVERED_MANY_MAX).contains(&n) {
+                    return Err(bad("bad acknowledgement count"));
+                }
+                exact(HEAD + 16 * n)?;
+                let acks = b[HEAD..]
+                    .chunks_exact(16)
+                    .map(|e| {
+                        if e[4..8].iter().any(|&x| x != 0) {
+                            return Err(bad("reserved bytes set"));
+                        }
+                        Ok((
+                            u32::from_le_bytes([e[0], e[1], e[2], e[3]]),
+                            u64::from_le_bytes(e[8..16].try_into().map_err(|_| bad("truncated"))?),
+                        ))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Self::DeliveredMany { acks })
+            }
             3 | 4 => {
                 exact(24)?;
                 let status = err_decode(u16at(16)?, u16at(18)?, String::new())
@@ -359,6 +402,14 @@ mod tests {
             },
             Ctl::Delivered { xid: 13, len: 77 },
             Ctl::Gone { xid: 14 },
+            Ctl::DeliveredMany {
+                acks: vec![(15, 1), (0xff_ffff, 1 << 20)],
+            },
+            Ctl::DeliveredMany {
+                acks: (0..DELIVERED_MANY_MAX as u32)
+                    .map(|i| (i, u64::from(i)))
+                    .collect(),
+            },
         ]
     }
 
@@ -382,7 +433,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn delivered_many_counts_are_bounded() {
+        let many = |n: usize| {
+            let mut b = Ctl::DeliveredMany {
+                acks: vec![(1, 2); 2],
+            }
+            .encode();
+            b[8..16].copy_from_slice(&(n as u64).to_le_bytes());
+            b.resize(HEAD + 16 * n, 0);
+            b
+        };
+        assert!(Ctl::decode(&many(2)).is_ok());
+        for n in [0, 1, DELIVERED_MANY_MAX + 1] {
+            assert!(Ctl::decode(&many(n)).is_err(), "{n} acknowledgements");
+        }
+        let mut b = many(2);
+        b[HEAD + 5] = 1;
+        assert!(Ctl::decode(&b).is_err(), "reserved bytes");
+    }
+
     proptest! {
+        #[test]
+        fn delivered_many_round_trips(acks in proptest::collection::vec(any::<(u32, u64)>(), 2..=DELIVERED_MANY_MAX)) {
+            let c = Ctl::DeliveredMany { acks };
+            prop_assert_eq!(Ctl::decode(&c.encode()).unwrap(), c);
+        }
+
         #[test]
         fn random_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Ctl::decode(&b);

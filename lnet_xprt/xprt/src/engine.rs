@@ -24,7 +24,7 @@ use tracing::{debug, trace, warn};
 use crate::addr::{
     CNT_CTL, HDR_CTL, HDR_NOTE, PASSIVE_SPARE, SEQ_MASK, TMID_MAX, hdr_data, match_bits,
 };
-use crate::ctl::Ctl;
+use crate::ctl::{Ctl, DELIVERED_MANY_MAX};
 use crate::tm::{Op, TmShared};
 
 /// Work for an engine's thread.
@@ -40,6 +40,27 @@ pub(crate) enum Work {
 }
 
 /// An LNet node seen by the transport.
+/// A DELIVERED owed: to the sending machine (process, portal, TMID) from
+/// the receiving one (portal, TMID), for the message with sequence number
+/// `seq` and `len` bytes received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OwedDelivered {
+    pub(crate) to: ProcessId,
+    pub(crate) portal: u32,
+    pub(crate) tmid: u16,
+    pub(crate) from: (u32, u16),
+    pub(crate) seq: u32,
+    pub(crate) len: u64,
+}
+
+impl OwedDelivered {
+    /// Whether `other` goes from the same machine to the same machine.
+    fn same_machines(&self, other: &Self) -> bool {
+        (self.to, self.portal, self.tmid, self.from)
+            == (other.to, other.portal, other.tmid, other.from)
+    }
+}
+
 pub(crate) struct Engine {
     pub(crate) lnet: Lnet,
     pub(crate) pid: Pid,
@@ -56,6 +77,10 @@ pub(crate) struct Engine {
     pub(crate) tombs: Mutex<KeyedMap<(u32, u16), MdHandle>>,
     /// Bulk requests waiting for a verdict: (deadline, operation id).
     pub(crate) handshakes: Mutex<BTreeSet<(Instant, u64)>>,
+    /// DELIVEREDs owed for messages taken in this turn of the token's
+    /// holder: sent when it has taken every queued event, one control
+    /// message per sending machine (`flush_delivered`).
+    delivered: Mutex<Vec<OwedDelivered>>,
     pub(crate) handshake_timeout: Duration,
     /// The node's events (taken with `try_recv` only: nobody sleeps on
     /// the queue, so queueing one wakes no thread).
@@ -151,6 +176,7 @@ impl Engine {
             tms: Mutex::new(KeyedMap::default()),
             tombs: Mutex::new(KeyedMap::default()),
             handshakes: Mutex::new(BTreeSet::new()),
+            delivered: Mutex::new(Vec::new()),
             handshake_timeout,
             events,
             work,
@@ -216,10 +242,56 @@ impl Engine {
             || self.expire_due.load(Ordering::Relaxed)
     }
 
+    /// Takes what is queued, then sends the DELIVEREDs owed for the
+    /// messages it took.
+    fn drain(&self) {
+        self.drain_queued();
+        self.flush_delivered();
+    }
+
+    /// Owes the sender of a message the DELIVERED for it: sent with the
+    /// others owed to the same machine once the queued events are taken
+    /// (or at once when [`DELIVERED_MANY_MAX`] are owed), so that a
+    /// receiver taking a burst of messages answers each sending machine
+    /// once instead of once per message.
+    pub(crate) fn owe_delivered(&self, d: OwedDelivered) {
+        let full = {
+            let mut v = self.delivered.lock();
+            v.push(d);
+            v.len() >= DELIVERED_MANY_MAX
+        };
+        if full {
+            self.flush_delivered();
+        }
+    }
+
+    /// Sends the DELIVEREDs owed: one DELIVERED_MANY (or a DELIVERED, for
+    /// one message) per sending machine, in the order owed.
+    fn flush_delivered(&self) {
+        let owed = std::mem::take(&mut *self.delivered.lock());
+        let mut groups: Vec<(OwedDelivered, Vec<(u32, u64)>)> = Vec::new();
+        for d in owed {
+            match groups.iter_mut().find(|(k, _)| k.same_machines(&d)) {
+                Some((_, acks)) => acks.push((d.seq, d.len)),
+                None => groups.push((d, vec![(d.seq, d.len)])),
+            }
+        }
+        for (k, acks) in groups {
+            let msg = match acks[..] {
+                [(seq, len)] => Ctl::Delivered {
+                    xid: u64::from(seq),
+                    len,
+                },
+                _ => Ctl::DeliveredMany { acks },
+            };
+            let _ = self.send_ctl(k.to, k.portal, k.tmid, k.from, &msg, 0);
+        }
+    }
+
     /// Work first: completions and deliveries give buffers back (an echo's
     /// send completing re-queues its receive buffer), so they run before
     /// further messages, which could otherwise find no receive buffer.
-    fn drain(&self) {
+    fn drain_queued(&self) {
         loop {
             if self.expire_due.swap(false, Ordering::Relaxed) {
                 self.expire_handshakes(Instant::now());

@@ -28,7 +28,7 @@ use crate::addr::{
 };
 use crate::ctl::{CTL_MAX, Ctl};
 use crate::desc::BulkTarget;
-use crate::engine::{Engine, Work, lnet_err};
+use crate::engine::{Engine, OwedDelivered, Work, lnet_err};
 use crate::lane::Lane;
 
 /// Control MDs kept attached per transfer machine.
@@ -134,21 +134,16 @@ impl Peer {
 /// from the receiving machine back to the sender carries the
 /// acknowledgement in its match bits ([`msg_counter`]), and the DELIVERED
 /// is not sent (one LNet message each way per exchange instead of two, as
-/// TCP's acknowledgements ride on its answers). What no send took is sent
-/// as a DELIVERED once the callback returned.
+/// TCP's acknowledgements ride on its answers). What no send took is owed
+/// to the engine once the callback returned, which sends it with the
+/// other DELIVEREDs of the burst (`Engine::owe_delivered`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct OwedAck {
     /// The engine (node) that received the message.
     node: usize,
-    /// The message's sender: its process, portal and TMID.
-    to: ProcessId,
-    portal: u32,
-    tmid: u16,
-    /// The receiving machine's portal and TMID.
-    from: (u32, u16),
-    /// The message's sequence number and length.
-    seq: u32,
-    len: u64,
+    /// The DELIVERED it stands for: to the message's sender, from the
+    /// receiving machine, with the message's sequence number and length.
+    d: OwedDelivered,
 }
 
 thread_local! {
@@ -161,13 +156,13 @@ fn take_owed(e: &Engine, dest: &LnetAddr, from: (u32, u16)) -> Option<(u32, u64)
     OWED.with(|c| {
         let o = c.get()?;
         let fits = o.node == std::ptr::from_ref(e) as usize
-            && o.to == dest.process()
-            && o.portal == dest.portal
-            && Some(o.tmid) == dest.tmid
-            && o.from == from;
+            && o.d.to == dest.process()
+            && o.d.portal == dest.portal
+            && Some(o.d.tmid) == dest.tmid
+            && o.d.from == from;
         fits.then(|| {
             c.set(None);
-            (o.seq, o.len)
+            (o.d.seq, o.d.len)
         })
     })
 }
@@ -777,20 +772,19 @@ impl TmShared {
                         let d = self.sink.post_msg_deferred(claim, ml, &sender);
                         let owed = peer.map(|p| OwedAck {
                             node: std::ptr::from_ref(e) as usize,
-                            to: p.proc_,
-                            portal: p.portal,
-                            tmid: p.tmid,
-                            from: self.from(),
-                            seq: p.seq,
-                            len: ml as u64,
+                            d: OwedDelivered {
+                                to: p.proc_,
+                                portal: p.portal,
+                                tmid: p.tmid,
+                                from: self.from(),
+                                seq: p.seq,
+                                len: ml as u64,
+                            },
                         });
                         let outer = OWED.replace(owed);
                         self.run_cb(d);
-                        if OWED.replace(outer).is_some() {
-                            answer(Ctl::Delivered {
-                                xid: seq,
-                                len: ml as u64,
-                            });
+                        if let Some(o) = OWED.replace(outer) {
+                            e.owe_delivered(o.d);
                         }
                         if ev.unlinked {
                             let mut s = op.st.lock();
@@ -1258,6 +1252,11 @@ impl TmShared {
             }
             Ctl::Delivered { xid, len } => {
                 if let Ok(seq) = u32::try_from(xid) {
+                    self.delivered(&peer, seq, Some(len));
+                }
+            }
+            Ctl::DeliveredMany { acks } => {
+                for (seq, len) in acks {
                     self.delivered(&peer, seq, Some(len));
                 }
             }

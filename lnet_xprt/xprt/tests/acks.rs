@@ -1,8 +1,9 @@
 //! A message answered from its receive callback carries the
 //! acknowledgement of the message it answers (no DELIVERED of its own):
-//! one LNet message each way per exchange, counted on the nodes; and an
+//! one LNet message each way per exchange, counted on the nodes; an
 //! acknowledgement still counts when the message carrying it finds no
-//! receive buffer.
+//! receive buffer; and messages taken together are acknowledged
+//! together (DELIVERED_MANY).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -250,6 +251,84 @@ fn an_acknowledgement_counts_when_its_carrier_finds_no_buffer() {
     assert!(sends.contains(&Ok(())), "{seen:?}");
     assert!(sends.contains(&Err(NetError::NoBuffers)), "{seen:?}");
     assert_eq!(server.no_buffer_drops(), 1);
+    drop((server_ep, client_cbs, server_cbs));
+    finish(dom, vec![client, server], &x);
+}
+
+#[test]
+fn a_burst_of_messages_is_acknowledged_in_one_control_message() {
+    const N: usize = 40;
+    let x = transport(["127.0.78.5@tcp", "127.0.78.6@tcp"]);
+    let server_node = x.nodes()[1].clone();
+    let dom = Domain::new(&x).unwrap();
+    let server = started(&dom, "127.0.78.6@tcp:12345:32:*");
+    let client = started(&dom, "127.0.78.5@tcp:12345:32:*");
+    // The server's first receive callback holds its thread until all the
+    // other messages were sent: they wait, and are then taken together.
+    let (got, got_rx) = bounded::<()>(N);
+    let (go, go_rx) = bounded::<()>(1);
+    let held = Arc::new(AtomicUsize::new(0));
+    let h = Arc::clone(&held);
+    let server_cbs = Arc::new(BufferCallbacks::new().on_all(move |_tm, ev| {
+        assert!(ev.is_ok(), "{ev:?}");
+        if h.fetch_add(1, Ordering::SeqCst) == 0 {
+            let _ = go_rx.recv_timeout(WAIT);
+        }
+        let _ = got.try_send(());
+    }));
+    for _ in 0..N {
+        let b = dom
+            .register(BufVec::new(1, 64))
+            .unwrap()
+            .with_callbacks(Arc::clone(&server_cbs));
+        server.add_msg_recv(b, RecvParams::default()).unwrap();
+    }
+    let (sent, sent_rx) = bounded::<Result<(), NetError>>(N);
+    let client_cbs = Arc::new(BufferCallbacks::new().on_all(move |_tm, ev| {
+        let _ = sent.try_send(ev.status().clone());
+    }));
+    let server_ep: EndPoint = client.ep_create(server.ep().unwrap().addr()).unwrap();
+    // The first message (after discovery, whose pings and pushes are not
+    // counted) holds the server's callback.
+    let mut b = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(Arc::clone(&client_cbs));
+    b.bufvec_mut().copy_in(0, b"first").unwrap();
+    client.add_msg_send(b, &server_ep, 5).unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while held.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "first message lost");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let before = server_node.stats().send_count;
+    for i in 1..N {
+        let mut b = dom
+            .register(BufVec::new(1, 64))
+            .unwrap()
+            .with_callbacks(Arc::clone(&client_cbs));
+        b.bufvec_mut().copy_in(0, &[i as u8; 8]).unwrap();
+        client.add_msg_send(b, &server_ep, 8).unwrap();
+    }
+    // Time for them to reach the server's socket; then it goes on.
+    std::thread::sleep(Duration::from_millis(200));
+    go.send(()).unwrap();
+    // Every send completes once, successfully; every message arrives.
+    for _ in 0..N {
+        sent_rx
+            .recv_timeout(WAIT)
+            .expect("a send completes")
+            .unwrap();
+        got_rx.recv_timeout(WAIT).expect("a message arrives");
+    }
+    assert!(sent_rx.recv_timeout(Duration::from_millis(100)).is_err());
+    // The server answered the messages it took together with a few
+    // control messages, not one DELIVERED each.
+    let acks = server_node.stats().send_count - before;
+    assert!(
+        acks < (N as u64) / 4,
+        "{acks} LNet messages from the server for {N} messages"
+    );
     drop((server_ep, client_cbs, server_cbs));
     finish(dom, vec![client, server], &x);
 }
