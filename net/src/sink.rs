@@ -94,6 +94,18 @@ impl QueuedBuf {
         self.0.flag(crate::tm::F_IN_USE)
     }
 
+    /// For a [`Caps::network_owned`](crate::xprt::Caps::network_owned)
+    /// transport, from inside [`XprtTm::buf_add`](crate::xprt::XprtTm::buf_add)
+    /// only (its caller holds the transfer machine's lock, so no deletion
+    /// can interleave): the network took the buffer's operation (LNet: its
+    /// PUT, or its bulk request, is under way). The buffer then shows in
+    /// use ([`crate::BufState::in_use`]) and a stop without abort lets it
+    /// finish. A buffer the network only holds, as a receive buffer's MD
+    /// waiting for messages, is not in use.
+    pub fn mark_taken_by_network(&self) {
+        self.0.set(crate::tm::F_IN_USE);
+    }
+
     /// Locks the buffer's memory. `None` once the buffer was handed back.
     ///
     /// Data locks are the lowest locks of the hierarchy: take one with no

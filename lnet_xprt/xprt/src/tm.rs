@@ -808,12 +808,20 @@ impl TmShared {
             (EventKind::Put, Err(err)) => {
                 debug!(tm = %self.id, %err, "message lost while being received");
                 if ev.unlinked {
-                    let r = op
-                        .st
-                        .lock()
-                        .fail
-                        .take()
-                        .unwrap_or_else(|| op_err(err, "sender"));
+                    // A buffer deleted while a message was coming in (the
+                    // unlink waited for LNet to give the message up) ends
+                    // `Cancelled`: the failure is the sender's.
+                    let r = {
+                        let mut s = op.st.lock();
+                        let del = s.del;
+                        s.fail.take().unwrap_or_else(|| {
+                            if del {
+                                NetError::Cancelled
+                            } else {
+                                op_err(err, "sender")
+                            }
+                        })
+                    };
                     self.finish(op, Err(r));
                 }
             }
@@ -1840,6 +1848,9 @@ impl LnetTm {
                         )
                     },
                 );
+                if r.is_ok() {
+                    q.mark_taken_by_network();
+                }
                 if let Err(err) = r {
                     // Reported as the send's completion, as a failure on
                     // the wire would be.
@@ -1908,6 +1919,8 @@ impl LnetTm {
                     TmShared::unregister(e, op);
                     op.st.lock().stage = Stage::Done;
                     sh.complete_later(e, op, Err(lnet_err(&err, &t.owner)));
+                } else {
+                    q.mark_taken_by_network();
                 }
             }
             Kind::Ctl | Kind::Catch | Kind::Tomb | Kind::Chunk => {}

@@ -187,7 +187,7 @@ impl Slot {
     pub(crate) fn flag(&self, f: u8) -> bool {
         self.flags.load(Ordering::Acquire) & f != 0
     }
-    pub(super) fn set(&self, f: u8) {
+    pub(crate) fn set(&self, f: u8) {
         self.flags.fetch_or(f, Ordering::AcqRel);
     }
     pub(super) fn clear(&self, f: u8) {
