@@ -79,9 +79,27 @@ pub trait Staller: Send {
     /// a large enough send to it stays in flight.
     fn deaf_peer(&mut self) -> String;
 
+    /// Bytes of a send that stays in flight to a [`Staller::deaf_peer`]:
+    /// [`STALL_MSG`] (more than the sockets buffer) unless the transport's
+    /// messages are smaller and its peers stall before taking any byte
+    /// (LNet's are at most 1 MiB, and a deaf peer never completes the
+    /// socket LND's handshake).
+    fn stall_msg(&self) -> usize {
+        STALL_MSG
+    }
+
     /// Sends the start of a `len`-byte message to the transfer machine at
     /// `to` and stops, so that a receive buffer stays claimed.
     fn stalled_message(&mut self, to: &str, len: usize);
+
+    /// Whether a [`Staller::stalled_message`] shows its receive buffer in
+    /// use while the message's bytes stop coming. LNet reports a message
+    /// only once all of it arrived, so its transport cannot (false): the
+    /// case that deletes such a buffer mid-message then does not run, and
+    /// the transport's own tests cover it.
+    fn shows_stalled_receives(&self) -> bool {
+        true
+    }
 
     /// Starts an active send of `len` bytes into the passive receive
     /// buffer named by `desc` and stops half-way, so that the passive

@@ -5,33 +5,51 @@
 //! defaults, and in module `threads` with a delivery thread per transfer
 //! machine (`LnetXprtConfig::thread_per_tm`).
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
+use colibri_lnet_rt::colibri_lnet::ids::Nid;
+use colibri_lnet_rt::colibri_lnet::socklnd::{AcceptPolicy, ConnReq, ConnType, Hello, LnetFrame};
+use colibri_lnet_rt::colibri_lnet::wire::{Body, Header, WireHandle};
 use colibri_lnet_rt::{Lnet, LnetConfig};
-use colibri_lnet_xprt::{LnetTransport, LnetXprtConfig};
-use colibri_net::Transport;
-use colibri_ut::Factory;
+use colibri_lnet_xprt::addr::{CNT_CTL, CNT_MSG, HDR_CTL, HDR_MSG, SEQ_MASK, hdr_data, match_bits};
+use colibri_lnet_xprt::{LnetAddr, LnetTransport, LnetXprtConfig};
+use colibri_net::{NetBufDesc, QueueType, Transport};
+use colibri_ut::{Factory, Staller};
 
 /// Two LNet nodes on `nids`, each knowing where the other listens, and a
 /// transport over both, made on first use.
 struct LnetTcp {
     nids: [&'static str; 2],
+    /// Third octet of the loopback addresses the staller's peers use
+    /// (`127.0.<octet>.n`), one per suite so that they never meet.
+    stall_net: u8,
+    /// The socket LND's `sock_timeout` (seconds).
+    sock_timeout: u32,
     thread_per_tm: bool,
     xprt: OnceLock<LnetTransport>,
     next: AtomicU32,
 }
 
 impl LnetTcp {
-    const fn new(nids: [&'static str; 2], thread_per_tm: bool) -> Self {
+    const fn new(nids: [&'static str; 2], stall_net: u8, thread_per_tm: bool) -> Self {
         Self {
             nids,
+            stall_net,
+            sock_timeout: 50,
             thread_per_tm,
             xprt: OnceLock::new(),
             next: AtomicU32::new(0),
         }
+    }
+
+    /// The same with the socket LND's `sock_timeout` set to `secs`.
+    const fn sock_timeout(mut self, secs: u32) -> Self {
+        self.sock_timeout = secs;
+        self
     }
 
     fn xprt(&self) -> &LnetTransport {
@@ -45,6 +63,7 @@ impl LnetTcp {
                     cfg.accept = AcceptPolicy::All;
                     cfg.node.transaction_timeout = Duration::from_secs(10);
                     cfg.node.retry_count = 1;
+                    cfg.tcp.sock_timeout = self.sock_timeout;
                     Lnet::start(cfg).expect("LNet node")
                 })
                 .collect();
@@ -73,16 +92,258 @@ impl Factory for LnetTcp {
     fn unreachable_addr(&self) -> String {
         "10.255.255.1@tcp9:12345:30:1".into()
     }
+    fn staller(&self) -> Option<Box<dyn Staller>> {
+        Some(Box::new(RawPeers {
+            nodes: self.xprt().nodes().to_vec(),
+            net: self.stall_net,
+            deaf: Vec::new(),
+            stalled: Vec::new(),
+        }))
+    }
 }
 
-static DEFAULT: LnetTcp = LnetTcp::new(["127.0.42.1@tcp", "127.0.42.2@tcp"], false);
+/// Peers made of raw sockets speaking the socket LND's protocol (the
+/// acceptor's request, a V3 HELLO, `ksock_msg` frames), which stop
+/// half-way and hold their sockets until dropped.
+struct RawPeers {
+    nodes: Vec<Lnet>,
+    net: u8,
+    /// Listeners that never accept: a node's connection attempt gets no
+    /// HELLO back, so what it sends there waits in LNet.
+    deaf: Vec<TcpListener>,
+    /// Connections that sent half a message and hold still.
+    stalled: Vec<TcpStream>,
+}
+
+/// Host numbers of the staller's peers, so that every peer is a new NID.
+static NEXT_PEER: AtomicU32 = AtomicU32::new(1);
+
+impl RawPeers {
+    /// A loopback NID no node uses yet, and its IP address.
+    fn fresh_nid(&self) -> (Nid, [u8; 4]) {
+        let n = NEXT_PEER.fetch_add(1, Ordering::Relaxed);
+        // Hosts 1 to 254 of 127.<net>.<n / 254>.
+        let ip = [127, self.net, (n / 254) as u8, (n % 254 + 1) as u8];
+        let nid = format!("{}.{}.{}.{}@tcp", ip[0], ip[1], ip[2], ip[3])
+            .parse()
+            .unwrap();
+        (nid, ip)
+    }
+
+    /// Connects to the node serving `to` as peer `me`, with a connection
+    /// of type `ctype` (from our side), and completes the handshake.
+    fn connect(&self, to: Nid, (me, ip): (Nid, [u8; 4]), ctype: ConnType) -> TcpStream {
+        let at = self
+            .nodes
+            .iter()
+            .find_map(|n| n.listen_addr(to))
+            .expect("a node serves the address");
+        // From the peer's own address: a connection from an unprivileged
+        // port names a userspace peer by its source address, so peers
+        // sharing 127.0.0.1 would be one peer to the node.
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.bind(&SocketAddr::from((ip, 0)).into()).unwrap();
+        sock.connect(&at.into()).expect("connect to the node");
+        let mut s: TcpStream = sock.into();
+        s.write_all(&ConnReq::new(to).encode()).unwrap();
+        let hello = Hello {
+            src_nid: me,
+            dst_nid: to,
+            src_pid: 12345,
+            dst_pid: 0,
+            src_incarnation: 1,
+            dst_incarnation: 0,
+            conn_type: Some(ctype),
+        };
+        s.write_all(&hello.encode()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut answer = [0u8; 56];
+        s.read_exact(&mut answer).expect("the node's HELLO");
+        let answer = Hello::decode(&answer).expect("a HELLO").hello;
+        assert!(answer.conn_type.is_some(), "connection refused: {answer:?}");
+        s
+    }
+
+    /// Connects to the machine at `to` as a new peer and writes the
+    /// header of a PUT of `len` bytes to its portal with `bits` and
+    /// `hdr`, then `payload` (all of the payload or part of it).
+    fn put_to(&mut self, to: &LnetAddr, bits: u64, hdr: u64, len: usize, payload: &[u8]) {
+        let me = self.fresh_nid();
+        // A bulk-sized message travels on our BULK_OUT connection.
+        let ctype = if len >= 1024 {
+            ConnType::BulkOut
+        } else {
+            ConnType::Control
+        };
+        let mut s = self.connect(to.nid, me, ctype);
+        let header = Header {
+            dest_nid: to.nid,
+            src_nid: me.0,
+            dest_pid: to.pid,
+            src_pid: 12345,
+            payload_length: len as u32,
+            body: Body::Put {
+                ack_wmd: WireHandle::NONE,
+                match_bits: bits,
+                hdr_data: hdr,
+                ptl_index: to.portal,
+                offset: 0,
+            },
+        };
+        let mut frame = LnetFrame::new(header).encode().to_vec();
+        frame.extend_from_slice(payload);
+        s.write_all(&frame).unwrap();
+        self.stalled.push(s);
+    }
+}
+
+/// Our peers' address: portal 30, TMID 1 of their NID.
+const PEER_PORTAL: u32 = 30;
+const PEER_TMID: u16 = 1;
+
+impl Staller for RawPeers {
+    fn deaf_peer(&mut self) -> String {
+        let (nid, ip) = self.fresh_nid();
+        let l = TcpListener::bind(SocketAddr::from((ip, 0))).unwrap();
+        let at = l.local_addr().unwrap();
+        for n in &self.nodes {
+            n.set_peer_addr(nid, at);
+        }
+        self.deaf.push(l);
+        format!("{nid}:12345:30:1")
+    }
+
+    /// An LNet message (1 MiB at most) sent as a transfer machine sends
+    /// one, of which half the payload is written.
+    fn stalled_message(&mut self, to: &str, len: usize) {
+        let to = LnetAddr::parse(to).unwrap();
+        let bits = match_bits(to.tmid.unwrap(), CNT_MSG);
+        let hdr = hdr_data(HDR_MSG, PEER_PORTAL, PEER_TMID, 1);
+        self.put_to(&to, bits, hdr, len, &vec![0x5a; len / 2]);
+    }
+
+    /// LNet reports a message when all of it arrived: the buffer does
+    /// not show in use meanwhile (module `stalls` tests the deletion).
+    fn shows_stalled_receives(&self) -> bool {
+        false
+    }
+
+    fn stall_msg(&self) -> usize {
+        colibri_lnet_rt::colibri_lnet::wire::LNET_MTU as usize
+    }
+
+    /// The transport's bulk handshake stopped after its first step: the
+    /// request for the passive buffer (control message REQUEST, which the
+    /// passive machine accepts, so that its buffer is claimed) and never
+    /// the PUT of the data, nor any answer.
+    fn stalled_put(&mut self, desc: &NetBufDesc, len: usize) {
+        static XID: AtomicU32 = AtomicU32::new(1);
+        let owner = LnetAddr::parse(&desc.decode().unwrap().owner).unwrap();
+        let xid = u64::from(XID.fetch_add(1, Ordering::Relaxed));
+        // REQUEST (src/ctl.rs): head, then queue, size and descriptor.
+        let d = desc.as_bytes();
+        let mut ctl = b"CLNC".to_vec();
+        ctl.extend_from_slice(&[1, 1, 0, 0]);
+        ctl.extend_from_slice(&xid.to_le_bytes());
+        ctl.extend_from_slice(&[QueueType::ActiveBulkSend.code(), 0, 0, 0, 0, 0, 0, 0]);
+        ctl.extend_from_slice(&(len as u64).to_le_bytes());
+        ctl.extend_from_slice(&(d.len() as u16).to_le_bytes());
+        ctl.extend_from_slice(d);
+        let bits = match_bits(owner.tmid.unwrap(), CNT_CTL);
+        let hdr = hdr_data(HDR_CTL, PEER_PORTAL, PEER_TMID, xid as u32 & SEQ_MASK);
+        let n = ctl.len();
+        self.put_to(&owner, bits, hdr, n, &ctl);
+    }
+}
+
+static DEFAULT: LnetTcp = LnetTcp::new(["127.0.42.1@tcp", "127.0.42.2@tcp"], 43, false);
 
 colibri_ut::conformance_tests!(DEFAULT);
 
 /// The same suite with a delivery thread per transfer machine.
 mod threads {
     static THREADS: super::LnetTcp =
-        super::LnetTcp::new(["127.0.42.3@tcp", "127.0.42.4@tcp"], true);
+        super::LnetTcp::new(["127.0.42.3@tcp", "127.0.42.4@tcp"], 44, true);
 
     colibri_ut::conformance_tests!(THREADS);
+}
+
+/// A receive whose sender stalls half-way through its message, which the
+/// suite's case `del_ends_a_stalled_receive` cannot reach over LNet: LNet
+/// reports a message only once all of it arrived, so the buffer never
+/// shows in use while the bytes come. `del` unlinks the MD, and the buffer
+/// completes once, `Cancelled`, when the socket LND gives the stalled
+/// connection up (`sock_timeout`, 2 s here) and lets go of its memory; a
+/// stop with abort does the same; the node goes on serving.
+mod stalls {
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    use colibri_net::{NetError, QueueType, RecvParams};
+    use colibri_ut::{Factory, Node};
+
+    static STALLS: super::LnetTcp =
+        super::LnetTcp::new(["127.0.42.5@tcp", "127.0.42.6@tcp"], 45, false).sock_timeout(2);
+
+    const LEN: usize = 1 << 20;
+
+    /// Posts a receive buffer on `a`, has a raw peer stall half-way
+    /// through a message into it, and returns the buffer's token once the
+    /// payload had time to start arriving.
+    fn stalled(a: &Node, st: &mut Box<dyn colibri_ut::Staller>) -> colibri_net::BufToken {
+        let t =
+            a.tm.add_msg_recv(a.buf(LEN), RecvParams::default())
+                .unwrap();
+        st.stalled_message(&a.addr, LEN);
+        thread::sleep(Duration::from_millis(300));
+        t
+    }
+
+    fn cancelled_within(ev: &colibri_net::BufferEvent, t0: Instant) {
+        assert!(
+            ev.error().is_some_and(|e| *e == NetError::Cancelled),
+            "{ev:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn del_ends_a_receive_whose_sender_stalled() {
+        let mut st = STALLS.staller().unwrap();
+        let a = Node::start(&STALLS);
+        let b = Node::start(&STALLS);
+        let t = stalled(&a, &mut st);
+        let t0 = Instant::now();
+        assert!(a.tm.del(t).unwrap());
+        let ev = a.next_event_on(QueueType::MsgRecv);
+        cancelled_within(&ev, t0);
+        drop(ev);
+        a.expect_quiet();
+        // The machine still receives.
+        a.tm.add_msg_recv(a.buf(4096), RecvParams::default())
+            .unwrap();
+        let ep = b.ep(&a.addr);
+        b.tm.add_msg_send(b.buf_with(&[7; 100], 0), &ep, 100)
+            .unwrap();
+        assert!(b.next_event_on(QueueType::MsgSend).error().is_none());
+        let got = a.next_event_on(QueueType::MsgRecv);
+        assert_eq!(got.message().unwrap(), vec![7; 100]);
+        drop((got, ep));
+        a.shutdown();
+        b.shutdown();
+    }
+
+    #[test]
+    fn stop_with_abort_ends_a_receive_whose_sender_stalled() {
+        let mut st = STALLS.staller().unwrap();
+        let a = Node::start(&STALLS);
+        stalled(&a, &mut st);
+        let t0 = Instant::now();
+        let evs = a.stop(true);
+        assert_eq!(evs.len(), 1, "exactly one completion: {evs:?}");
+        cancelled_within(&evs[0], t0);
+        drop(evs);
+        a.shutdown();
+    }
 }
