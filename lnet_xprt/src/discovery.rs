@@ -606,6 +606,31 @@ impl<M> Discovery<M> {
         }
     }
 
+    /// Takes out the parked messages `pred` selects, on every peer (the
+    /// messages of an MD unlinked while they waited: they will never be
+    /// sent). Costs nothing while no message is parked.
+    pub fn take_parked(&mut self, mut pred: impl FnMut(&M) -> bool) -> Vec<M> {
+        let mut out = Vec::new();
+        if self.parked_now == 0 {
+            return out;
+        }
+        for d in self.disc.values_mut() {
+            if d.parked.iter().any(|(_, m)| pred(m)) {
+                let mut kept = VecDeque::with_capacity(d.parked.len());
+                for (target, m) in d.parked.drain(..) {
+                    if pred(&m) {
+                        out.push(m);
+                    } else {
+                        kept.push_back((target, m));
+                    }
+                }
+                d.parked = kept;
+            }
+        }
+        self.parked_now -= out.len();
+        out
+    }
+
     fn fail_parked(&mut self, id: PeerId, error: &DiscoveryError, out: &mut Vec<Action<M>>) {
         if let Some(d) = self.disc.get_mut(&id) {
             self.stats.failed += d.parked.len() as u64;

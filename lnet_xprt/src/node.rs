@@ -1597,11 +1597,16 @@ impl Node {
         Ok(self.table.md_bind(spec)?)
     }
 
-    /// `LNetMDUnlink`; an UNLINK event is queued if the MD was idle.
+    /// `LNetMDUnlink`; an UNLINK event is queued if the MD was idle. A
+    /// message of the MD still waiting for its peer's discovery is taken
+    /// back at once ([`Node::withdraw`]): Lustre checks an aborted MD only
+    /// when the message is about to go out, after discovery. One waiting
+    /// for credits is canceled when it gets them; one an LND has ends as
+    /// the LND ends it.
     ///
     /// # Errors
     /// Unknown MD.
-    pub fn md_unlink(&mut self, md: MdHandle) -> Result<(), NodeError> {
+    pub fn md_unlink(&mut self, now: Time, md: MdHandle) -> Result<(), NodeError> {
         if self.internal.contains_key(&md) {
             return Err(NodeError::Invalid("internal MD"));
         }
@@ -1609,7 +1614,30 @@ impl Node {
             self.events.push_back(ev);
         }
         self.trackers.remove_md(md);
+        if self.table.md_is_aborted(md) {
+            self.withdraw(now, md);
+        }
         Ok(())
+    }
+
+    /// Takes back the messages of `md` that wait for their peer's
+    /// discovery, which no LND has seen: each fails `Canceled` (its SEND
+    /// event; the MD's last, `unlinked`, for a one-shot MD) and is never
+    /// sent. Returns how many; 0 when the MD's messages are on their way
+    /// (or it has none), which this does not touch. An extension of
+    /// LNet's API, for a transport whose cancel must say whether a message
+    /// was sent.
+    pub fn withdraw(&mut self, now: Time, md: MdHandle) -> usize {
+        let parked = self
+            .disc
+            .take_parked(|m| matches!(m.role, Role::Request { md: m2 } if m2 == md));
+        let n = parked.len();
+        for msg in parked {
+            tracing::debug!(target: "colibri_lnet::node", dst = %msg.header.dest_nid,
+                "message withdrawn while its peer was being discovered");
+            self.fail_msg(now, msg, OpError::Canceled);
+        }
+        n
     }
 
     /// `LNetMEUnlink`: removes an ME, and unlinks its MD if it has one
@@ -3726,6 +3754,77 @@ mod tests {
     /// A test driver's memory: key → bytes.
     type Arena = BTreeMap<MemKey, Vec<u8>>;
 
+    /// A one-shot PUT from a node with discovery on to a peer it never
+    /// met: the PUT waits for the discovery ping's answer.
+    fn parked_put() -> (Node, MdHandle) {
+        let mut n = node(&["10.0.0.1@tcp"], true);
+        let mut arena = Arena::new();
+        let mem = register(&mut arena, &[1; 64]);
+        let md = n
+            .md_bind(
+                MdSpec::new(mem, MdOptions::empty())
+                    .threshold(Threshold::Count(1))
+                    .unlink(Unlink::Unlink),
+            )
+            .unwrap();
+        let peer = ProcessId::lustre(nid("10.0.0.2@tcp"));
+        n.put(Time::ZERO, md, false, peer, 5, 0, 0, 0).unwrap();
+        assert_eq!(n.discovery().parked_total(), 1);
+        (n, md)
+    }
+
+    /// Only the discovery ping went out (a GET), never the PUT.
+    fn only_the_ping_left(n: &mut Node) {
+        while let Some(tx) = n.poll_transmit() {
+            assert_ne!(Header::decode(&tx.header).unwrap().msg_type(), MsgType::Put);
+        }
+    }
+
+    #[test]
+    fn a_message_waiting_for_discovery_is_withdrawn_never_sent() {
+        let (mut n, md) = parked_put();
+        assert_eq!(n.withdraw(Time::ZERO, md), 1);
+        assert_eq!(n.discovery().parked_total(), 0);
+        let ev = n.poll_event().unwrap();
+        assert_eq!(ev.md, md);
+        assert_eq!(
+            (ev.kind(), ev.status(), ev.unlinked),
+            (EventKind::Send, Err(OpError::Canceled), true)
+        );
+        assert!(n.poll_event().is_none());
+        only_the_ping_left(&mut n);
+        // Nothing left to take back.
+        assert_eq!(n.withdraw(Time::ZERO, md), 0);
+        assert!(n.poll_event().is_none());
+    }
+
+    #[test]
+    fn unlinking_an_md_takes_back_its_message_waiting_for_discovery() {
+        let (mut n, md) = parked_put();
+        n.md_unlink(Time::ZERO, md).unwrap();
+        let ev = n.poll_event().unwrap();
+        assert_eq!(
+            (ev.md, ev.kind(), ev.status(), ev.unlinked),
+            (md, EventKind::Send, Err(OpError::Canceled), true)
+        );
+        assert!(n.poll_event().is_none());
+        assert_eq!(n.discovery().parked_total(), 0);
+        only_the_ping_left(&mut n);
+    }
+
+    #[test]
+    fn a_message_on_its_way_is_not_withdrawn() {
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        let mut arena = Arena::new();
+        let md = put_md(&mut n, &mut arena, &[2; 64]);
+        let peer = ProcessId::lustre(nid("10.0.0.2@tcp"));
+        n.put(Time::ZERO, md, false, peer, 5, 0, 0, 0).unwrap();
+        assert_eq!(n.withdraw(Time::ZERO, md), 0);
+        assert!(n.poll_event().is_none());
+        let tx = n.poll_transmit().unwrap();
+        assert_eq!(Header::decode(&tx.header).unwrap().msg_type(), MsgType::Put);
+    }
+
     fn register(arena: &mut Arena, bytes: &[u8]) -> MemRef {
         let key = MemKey(arena.len() as u64 + 1);
         arena.insert(key, bytes.to_vec());
@@ -4119,7 +4218,7 @@ mod tests {
         );
         // The user unlinks the MD while the driver writes into it: no event
         // yet, the memory is still in use.
-        n.md_unlink(md).unwrap();
+        n.md_unlink(Time::ZERO, md).unwrap();
         assert!(n.poll_event().is_none());
         n.handle_payload(Time::ZERO, rx, PayloadOutcome::Received)
             .unwrap();

@@ -183,7 +183,7 @@ fn response_tracking_decides_which_operations_time_out() {
         // Untracked operations end when their MD is unlinked, at once.
         for (md, tracked) in [(p, put_times_out), (g, get_times_out)] {
             if !tracked {
-                sim.with_node("a", |n, _| n.md_unlink(md)).unwrap();
+                sim.with_node("a", |n, now| n.md_unlink(now, md)).unwrap();
                 sim.run_for(Duration::from_millis(1)).unwrap();
                 let evs = sim.take_events("a");
                 assert_eq!(evs.len(), 1, "{mode:?}: one final event {evs:?}");
@@ -223,7 +223,7 @@ fn unlinking_an_md_waiting_for_its_reply_ends_it_at_once() {
     let sent = kinds(&mut sim, "a");
     assert_eq!(sent, vec![(EventKind::Send, Ok(()), false)]);
     let t0 = sim.now();
-    sim.with_node("a", |n, _| n.md_unlink(g)).unwrap();
+    sim.with_node("a", |n, now| n.md_unlink(now, g)).unwrap();
     sim.run_for(Duration::from_millis(1)).unwrap();
     let evs = sim.take_events("a");
     assert_eq!(evs.len(), 1, "{evs:?}");
@@ -237,7 +237,7 @@ fn unlinking_an_md_waiting_for_its_reply_ends_it_at_once() {
     // Unlinked while its GET is still with the LND: the send's completion
     // is the one final event, at once too.
     let g = get(&mut sim, "a", "10.0.0.2@tcp", 9);
-    sim.with_node("a", |n, _| n.md_unlink(g)).unwrap();
+    sim.with_node("a", |n, now| n.md_unlink(now, g)).unwrap();
     let t0 = sim.now();
     sim.run_for(Duration::from_secs(1)).unwrap();
     let evs = sim.take_events("a");
@@ -472,7 +472,7 @@ fn unlinking_a_tracked_put_waiting_for_its_ack_drops_its_tracker() {
     let p = put(&mut sim, "a", "10.0.0.2@tcp", 9, true);
     sim.run_for(Duration::from_secs(1)).unwrap();
     assert_eq!(sim.node("a").stats().rst_alloc, 1);
-    sim.with_node("a", |n, _| n.md_unlink(p)).unwrap();
+    sim.with_node("a", |n, now| n.md_unlink(now, p)).unwrap();
     assert_eq!(sim.node("a").stats().rst_alloc, 0);
     sim.run_for(Duration::from_secs(20)).unwrap();
     assert_eq!(sim.node("a").stats().response_timeout_count, 0);

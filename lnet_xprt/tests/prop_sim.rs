@@ -183,7 +183,7 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
     // UNLINK event at once.
     for md in &created {
         if !unlinked.contains_key(md) {
-            sim.with_node("c", |n, _| n.md_unlink(*md)).unwrap();
+            sim.with_node("c", |n, now| n.md_unlink(now, *md)).unwrap();
         }
     }
     sim.run_for(Duration::from_millis(1)).unwrap();

@@ -481,7 +481,19 @@ impl Lnet {
     /// Unknown MD (`ENOENT`).
     pub fn md_unlink(&self, md: MdHandle) -> Result<(), LnetError> {
         let s = self.live()?;
-        Ok(s.run(Vec::new(), |c, _| c.node.md_unlink(md))?)
+        Ok(s.run(Vec::new(), |c, now| c.node.md_unlink(now, md))?)
+    }
+
+    /// Takes back the messages of `md` that still wait for their peer's
+    /// discovery (no LND has them): each fails `Canceled` and is never
+    /// sent. Returns how many (0: its messages are on their way, or it has
+    /// none). See [`colibri_lnet::node::Node::withdraw`].
+    ///
+    /// # Errors
+    /// The node was shut down.
+    pub fn withdraw(&self, md: MdHandle) -> Result<usize, LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| c.node.withdraw(now, md)))
     }
 
     /// `LNetMEUnlink`: removes an ME (and unlinks its MD, if any). An ME

@@ -2197,6 +2197,14 @@ impl XprtTm for LnetTm {
             // ACK or REPLY, bounded by LNet's transaction timeout) or its
             // failure; a timeout or a stop with abort ends it at once.
             op.st.lock().del = true;
+            if op.kind == Kind::Send && reason == DelReason::Cancel {
+                // A PUT still waiting for its peer's discovery was never
+                // sent: LNet gives it back, failed `Canceled`, and its
+                // SEND event completes the buffer `Cancelled` at once.
+                for md in op.live_mds() {
+                    let _ = e.lnet.withdraw(md);
+                }
+            }
             return;
         }
         let stage = {
