@@ -334,6 +334,32 @@ mod stalls {
         b.shutdown();
     }
 
+    /// A send to a peer whose connection never comes up waits in LNet
+    /// for the peer's discovery: a cancel takes it back (it was never
+    /// sent) and ends it at once, not at `handshake_timeout` (10 s).
+    #[test]
+    fn cancel_ends_a_send_waiting_for_its_peer_at_once() {
+        let mut st = STALLS.staller().unwrap();
+        let a = Node::start(&STALLS);
+        let ep = a.ep(&st.deaf_peer());
+        let t =
+            a.tm.add_msg_send(a.buf_with(&[3; 4096], 0), &ep, 4096)
+                .unwrap();
+        thread::sleep(Duration::from_millis(200));
+        assert!(a.tm.buffer_state(t).is_some_and(|s| s.in_use));
+        let t0 = Instant::now();
+        assert!(a.tm.del(t).unwrap());
+        let ev = a.next_event_on(QueueType::MsgSend);
+        assert!(
+            ev.error().is_some_and(|e| *e == NetError::Cancelled),
+            "{ev:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        drop((ev, ep));
+        a.expect_quiet();
+        a.shutdown();
+    }
+
     #[test]
     fn stop_with_abort_ends_a_receive_whose_sender_stalled() {
         let mut st = STALLS.staller().unwrap();
