@@ -1604,9 +1604,13 @@ impl Node {
     /// for credits is canceled when it gets them; one an LND has ends as
     /// the LND ends it.
     ///
+    /// Returns whether the MD is still busy: an operation on it goes on
+    /// (a payload being read into it, a message an LND holds), and its
+    /// last event comes when that ends.
+    ///
     /// # Errors
     /// Unknown MD.
-    pub fn md_unlink(&mut self, now: Time, md: MdHandle) -> Result<(), NodeError> {
+    pub fn md_unlink(&mut self, now: Time, md: MdHandle) -> Result<bool, NodeError> {
         if self.internal.contains_key(&md) {
             return Err(NodeError::Invalid("internal MD"));
         }
@@ -1617,7 +1621,7 @@ impl Node {
         if self.table.md_is_aborted(md) {
             self.withdraw(now, md);
         }
-        Ok(())
+        Ok(self.table.md_is_aborted(md))
     }
 
     /// Takes back the messages of `md` that wait for their peer's

@@ -475,11 +475,14 @@ impl Lnet {
     }
 
     /// `LNetMDUnlink`: an idle MD gives an UNLINK event at once; a busy one
-    /// ends with its last operation's event (`unlinked` set).
+    /// ends with its last operation's event (`unlinked` set). Returns
+    /// whether it was busy (true: that event is still to come; a foreign
+    /// memory taken back meanwhile fails what was being read into it, the
+    /// rest of the payload being dropped).
     ///
     /// # Errors
     /// Unknown MD (`ENOENT`).
-    pub fn md_unlink(&self, md: MdHandle) -> Result<(), LnetError> {
+    pub fn md_unlink(&self, md: MdHandle) -> Result<bool, LnetError> {
         let s = self.live()?;
         Ok(s.run(Vec::new(), |c, now| c.node.md_unlink(now, md))?)
     }

@@ -2216,11 +2216,29 @@ impl XprtTm for LnetTm {
         trace!(tm = %sh.id, ?reason, ?stage, kind = ?op.kind, "del");
         match (stage, mds.is_empty()) {
             (Stage::Live, false) => {
+                // Whether an operation still holds an MD: busy, or already
+                // unlinking (a receive MD is exhausted, and unlinks itself,
+                // when the message that fills it is matched).
+                let mut busy = false;
                 for md in mds {
-                    if e.lnet.md_unlink(md).is_err() {
-                        // Already unlinking: its final event completes it.
-                        trace!(tm = %sh.id, "MD already unlinked");
+                    match e.lnet.md_unlink(md) {
+                        Ok(b) => busy |= b,
+                        Err(_) => {
+                            trace!(tm = %sh.id, "MD already unlinking");
+                            busy = true;
+                        }
                     }
+                }
+                if op.kind == Kind::Recv && busy {
+                    // A message may be being read into the buffer, and its
+                    // sender may have stalled: LNet would hold the MD until
+                    // the socket LND gives the connection up. The buffer
+                    // completes now; the LND finds its memory gone, drops
+                    // the rest of that payload and the message fails (a
+                    // message that had arrived meanwhile is refused with a
+                    // NAK, as one for a buffer no longer queued).
+                    op.st.lock().stage = Stage::Done;
+                    sh.complete_later(&e, &op, Err(NetError::Cancelled));
                 }
                 if matches!(op.kind, Kind::Send | Kind::Active) {
                     // An operation LNet may hold until its transaction

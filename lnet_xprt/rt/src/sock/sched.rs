@@ -84,6 +84,9 @@ struct PayloadRx {
     total: usize,
     /// The payload carries a checksum and is kept whole (so it is checked).
     whole: bool,
+    /// The destination's memory went away half-way (the application took
+    /// its buffer back): the rest is read and dropped, the message fails.
+    lost: bool,
 }
 
 enum RxStage {
@@ -442,7 +445,19 @@ impl Scheduler {
                         continue;
                     }
                     let r = if p.done < p.dest.len() {
-                        read_into(&mut sc.stream, &mut p.dest, p.done)
+                        let Some(r) = read_into(&mut sc.stream, &mut p.dest, p.done) else {
+                            // The memory went away (a deleted buffer): the
+                            // rest of the payload is read and dropped, so
+                            // the connection stays in step and lives on;
+                            // the message fails.
+                            tracing::debug!(target: TARGET, peer = %sc.conn.peer,
+                                "payload memory gone while receiving; rest discarded");
+                            p.dest = Dest::None;
+                            p.lost = true;
+                            p.whole = false;
+                            continue;
+                        };
+                        r
                     } else {
                         let k = (p.total - p.read).min(self.scratch.len());
                         sc.stream.read(&mut self.scratch[..k])
@@ -561,6 +576,7 @@ impl Scheduler {
             read: 0,
             total,
             whole,
+            lost: false,
         });
     }
 
@@ -599,6 +615,7 @@ impl Scheduler {
         };
         if let Some(rx) = p.rx {
             let o = match (&outcome, p.dest) {
+                _ if p.lost => PayloadOutcome::Failed,
                 (Err(_), Dest::Router(v, pool, _)) => {
                     self.s.rbufs.give_back(pool, v);
                     PayloadOutcome::Failed
@@ -861,29 +878,32 @@ fn with_src<R>(src: &Src, p: &Payload, f: impl FnOnce(&[&[u8]]) -> R) -> Option<
     }
 }
 
-/// One read from the socket straight into the destination, at `done`.
-fn read_into(stream: &mut mio::net::TcpStream, dest: &mut Dest, done: usize) -> io::Result<usize> {
+/// One read from the socket straight into the destination, at `done`;
+/// `None` if the destination's memory went away.
+fn read_into(
+    stream: &mut mio::net::TcpStream,
+    dest: &mut Dest,
+    done: usize,
+) -> Option<io::Result<usize>> {
     match dest {
-        Dest::Mem(r) => r
-            .write(|pieces| {
-                let mut bufs: smallvec::SmallVec<[IoSliceMut<'_>; 4]> = smallvec::SmallVec::new();
-                let mut skip = done;
-                for p in pieces.iter_mut() {
-                    if skip >= p.len() {
-                        skip -= p.len();
-                        continue;
-                    }
-                    if bufs.len() == MAX_IOV {
-                        break;
-                    }
-                    bufs.push(IoSliceMut::new(&mut p[skip..]));
-                    skip = 0;
+        Dest::Mem(r) => r.write(|pieces| {
+            let mut bufs: smallvec::SmallVec<[IoSliceMut<'_>; 4]> = smallvec::SmallVec::new();
+            let mut skip = done;
+            for p in pieces.iter_mut() {
+                if skip >= p.len() {
+                    skip -= p.len();
+                    continue;
                 }
-                stream.read_vectored(&mut bufs)
-            })
-            .unwrap_or_else(|| Err(io::Error::other("the payload's memory went away"))),
-        Dest::Router(v, _, len) => stream.read(&mut v[done..*len]),
-        Dest::Inline(v) => stream.read(&mut v[done..]),
-        Dest::None => Ok(0),
+                if bufs.len() == MAX_IOV {
+                    break;
+                }
+                bufs.push(IoSliceMut::new(&mut p[skip..]));
+                skip = 0;
+            }
+            stream.read_vectored(&mut bufs)
+        }),
+        Dest::Router(v, _, len) => Some(stream.read(&mut v[done..*len])),
+        Dest::Inline(v) => Some(stream.read(&mut v[done..])),
+        Dest::None => Some(Ok(0)),
     }
 }
