@@ -817,6 +817,16 @@ impl<T> MatchTable<T> {
         }
     }
 
+    /// Whether an operation holds `md` now (a payload being read into it,
+    /// a message on its way), unlinked or not: its last event is still to
+    /// come. False for an unknown MD, or one whose last event was built.
+    #[must_use]
+    pub fn md_busy(&self, md: MdHandle) -> bool {
+        self.mds
+            .get(md.idx, md.generation)
+            .is_some_and(|m| m.refcount > 0)
+    }
+
     /// `LNetMDUnlink`. An idle MD is unlinked at once and an UNLINK event is
     /// returned; a busy MD is marked aborted, and its last pending operation's
     /// event carries `unlinked` (with `TimedOut` if it otherwise succeeded).

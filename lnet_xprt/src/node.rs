@@ -1597,6 +1597,12 @@ impl Node {
         Ok(self.table.md_bind(spec)?)
     }
 
+    /// See [`MatchTable::md_busy`].
+    #[must_use]
+    pub fn md_busy(&self, md: MdHandle) -> bool {
+        self.table.md_busy(md)
+    }
+
     /// `LNetMDUnlink`; an UNLINK event is queued if the MD was idle. A
     /// message of the MD still waiting for its peer's discovery is taken
     /// back at once ([`Node::withdraw`]): Lustre checks an aborted MD only
@@ -1621,7 +1627,7 @@ impl Node {
         if self.table.md_is_aborted(md) {
             self.withdraw(now, md);
         }
-        Ok(self.table.md_is_aborted(md))
+        Ok(self.table.md_busy(md))
     }
 
     /// Takes back the messages of `md` that wait for their peer's
@@ -3827,6 +3833,19 @@ mod tests {
         assert!(n.poll_event().is_none());
         let tx = n.poll_transmit().unwrap();
         assert_eq!(Header::decode(&tx.header).unwrap().msg_type(), MsgType::Put);
+        // The LND has it: the MD stays busy once unlinked, until its end.
+        assert!(n.md_busy(md));
+        assert_eq!(n.md_unlink(Time::ZERO, md), Ok(true));
+        assert!(n.md_busy(md));
+        assert!(n.md_unlink(Time::ZERO, md).is_err());
+        n.handle_tx_done(Time::ZERO, tx.id, Ok(())).unwrap();
+        let ev = n.poll_event().unwrap();
+        assert_eq!((ev.md, ev.kind(), ev.unlinked), (md, EventKind::Send, true));
+        assert!(!n.md_busy(md));
+        // An idle MD is not busy after its unlink either.
+        let idle = put_md(&mut n, &mut arena, &[3; 8]);
+        assert_eq!(n.md_unlink(Time::ZERO, idle), Ok(false));
+        assert!(!n.md_busy(idle));
     }
 
     fn register(arena: &mut Arena, bytes: &[u8]) -> MemRef {

@@ -499,6 +499,14 @@ impl Lnet {
         Ok(s.run(Vec::new(), |c, now| c.node.withdraw(now, md)))
     }
 
+    /// Whether an operation holds `md` now (a payload being read into it,
+    /// a message on its way), unlinked or not: its last event is still to
+    /// come. False for an unknown MD, or one whose last event was built.
+    #[must_use]
+    pub fn md_busy(&self, md: MdHandle) -> bool {
+        self.with_node(|n| n.md_busy(md))
+    }
+
     /// `LNetMEUnlink`: removes an ME (and unlinks its MD, if any). An ME
     /// whose `md_attach` failed stays in its portal's match list until it
     /// is unlinked this way.

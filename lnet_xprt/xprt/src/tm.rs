@@ -797,7 +797,10 @@ impl TmShared {
                         }
                     }
                     None => {
-                        warn!(tm = %self.id, "message for a receive buffer no longer queued");
+                        // Its buffer was deleted while the message's last
+                        // bytes were being read (it completed at once, see
+                        // `buf_del`): the sender is told, as for a drop.
+                        debug!(tm = %self.id, "message for a receive buffer no longer queued");
                         answer(Ctl::Nak {
                             xid: seq,
                             status: NetError::NoBuffers,
@@ -2216,27 +2219,28 @@ impl XprtTm for LnetTm {
         trace!(tm = %sh.id, ?reason, ?stage, kind = ?op.kind, "del");
         match (stage, mds.is_empty()) {
             (Stage::Live, false) => {
-                // Whether an operation still holds an MD: busy, or already
-                // unlinking (a receive MD is exhausted, and unlinks itself,
-                // when the message that fills it is matched).
+                // Whether an operation still holds an MD, unlinked now or
+                // already unlinking (a receive MD is exhausted, and unlinks
+                // itself, when the message that fills it is matched).
                 let mut busy = false;
                 for md in mds {
-                    match e.lnet.md_unlink(md) {
-                        Ok(b) => busy |= b,
+                    busy |= match e.lnet.md_unlink(md) {
+                        Ok(b) => b,
                         Err(_) => {
                             trace!(tm = %sh.id, "MD already unlinking");
-                            busy = true;
+                            e.lnet.md_busy(md)
                         }
-                    }
+                    };
                 }
                 if op.kind == Kind::Recv && busy {
                     // A message may be being read into the buffer, and its
                     // sender may have stalled: LNet would hold the MD until
                     // the socket LND gives the connection up. The buffer
                     // completes now; the LND finds its memory gone, drops
-                    // the rest of that payload and the message fails (a
-                    // message that had arrived meanwhile is refused with a
-                    // NAK, as one for a buffer no longer queued).
+                    // the rest of that payload and the message fails (one
+                    // whose last bytes landed meanwhile is refused with a
+                    // NAK, as one for a buffer no longer queued). Messages
+                    // that had arrived are delivered by their events.
                     op.st.lock().stage = Stage::Done;
                     sh.complete_later(&e, &op, Err(NetError::Cancelled));
                 }
