@@ -12,10 +12,15 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use colibri_lnet_rt::colibri_lnet::ids::Nid;
-use colibri_lnet_rt::colibri_lnet::socklnd::{AcceptPolicy, ConnReq, ConnType, Hello, LnetFrame};
-use colibri_lnet_rt::colibri_lnet::wire::{Body, Header, WireHandle};
+use colibri_lnet_rt::colibri_lnet::socklnd::frame::KSOCK_MSG_HDR_LEN;
+use colibri_lnet_rt::colibri_lnet::socklnd::{
+    AcceptPolicy, ConnReq, ConnType, Endian, Hello, KsockMsgHeader, KsockMsgType, LnetFrame,
+};
+use colibri_lnet_rt::colibri_lnet::wire::{Body, HEADER_LEN, Header, WireHandle};
 use colibri_lnet_rt::{Lnet, LnetConfig};
-use colibri_lnet_xprt::addr::{CNT_CTL, CNT_MSG, HDR_CTL, HDR_MSG, SEQ_MASK, hdr_data, match_bits};
+use colibri_lnet_xprt::addr::{
+    CNT_CTL, CNT_MSG, HDR_BULK, HDR_CTL, HDR_MSG, SEQ_MASK, hdr_data, match_bits,
+};
 use colibri_lnet_xprt::{LnetAddr, LnetTransport, LnetXprtConfig};
 use colibri_net::{NetBufDesc, QueueType, Transport};
 use colibri_ut::{Factory, Staller};
@@ -28,6 +33,8 @@ struct LnetTcp {
     /// (`127.0.<octet>.n`), one per suite so that they never meet.
     stall_net: u8,
     thread_per_tm: bool,
+    /// LNet peer discovery on the nodes (on by default).
+    discovery: bool,
     xprt: OnceLock<LnetTransport>,
     next: AtomicU32,
 }
@@ -38,6 +45,7 @@ impl LnetTcp {
             nids,
             stall_net,
             thread_per_tm,
+            discovery: true,
             xprt: OnceLock::new(),
             next: AtomicU32::new(0),
         }
@@ -53,6 +61,13 @@ impl LnetTcp {
         }
     }
 
+    /// The same without LNet peer discovery: a raw peer's requests are
+    /// answered without pinging it first.
+    const fn without_discovery(mut self) -> Self {
+        self.discovery = false;
+        self
+    }
+
     fn xprt(&self) -> &LnetTransport {
         self.xprt.get_or_init(|| {
             let nodes: Vec<Lnet> = self
@@ -64,6 +79,7 @@ impl LnetTcp {
                     cfg.accept = AcceptPolicy::All;
                     cfg.node.transaction_timeout = Duration::from_secs(10);
                     cfg.node.retry_count = 1;
+                    cfg.node.discovery = self.discovery;
                     Lnet::start(cfg).expect("LNet node")
                 })
                 .collect();
@@ -239,6 +255,15 @@ impl Staller for RawPeers {
     /// passive machine accepts, so that its buffer is claimed) and never
     /// the PUT of the data, nor any answer.
     fn stalled_put(&mut self, desc: &NetBufDesc, len: usize) {
+        self.request(desc, len);
+    }
+}
+
+impl RawPeers {
+    /// Sends the bulk handshake's REQUEST for the passive buffer of
+    /// `desc`, as the active side of an active send of `len` bytes does,
+    /// from a new peer; returns its xid.
+    fn request(&mut self, desc: &NetBufDesc, len: usize) -> u64 {
         static XID: AtomicU32 = AtomicU32::new(1);
         let owner = LnetAddr::parse(&desc.decode().unwrap().owner).unwrap();
         let xid = u64::from(XID.fetch_add(1, Ordering::Relaxed));
@@ -255,6 +280,52 @@ impl Staller for RawPeers {
         let hdr = hdr_data(HDR_CTL, PEER_PORTAL, PEER_TMID, xid as u32 & SEQ_MASK);
         let n = ctl.len();
         self.put_to(&owner, bits, hdr, n, &ctl);
+        xid
+    }
+
+    /// Reads what the node sends on the last connection until a control
+    /// message of `kind` for `xid` comes; returns its bytes. The node must
+    /// answer without pinging us first (no discovery).
+    fn read_ctl(&mut self, kind: u8, xid: u64) -> Vec<u8> {
+        let (s, _) = self.stalled.last_mut().unwrap();
+        loop {
+            let mut k = [0u8; KSOCK_MSG_HDR_LEN];
+            s.read_exact(&mut k).expect("a frame from the node");
+            let ksock = KsockMsgHeader::decode(&k, Endian::Little).unwrap();
+            if ksock.msg_type == KsockMsgType::Noop {
+                continue;
+            }
+            let mut h = [0u8; HEADER_LEN];
+            s.read_exact(&mut h).unwrap();
+            let header = Header::decode(&h).unwrap();
+            let mut payload = vec![0u8; header.payload_length as usize];
+            s.read_exact(&mut payload).unwrap();
+            if payload.len() >= 16
+                && &payload[..4] == b"CLNC"
+                && payload[5] == kind
+                && payload[8..16] == xid.to_le_bytes()
+            {
+                return payload;
+            }
+        }
+    }
+
+    /// The bulk handshake of an active send of `len` bytes into the
+    /// passive buffer of `desc`, as far as half of its PUT: REQUEST, the
+    /// node's VERDICT, then the PUT's header and half its data, on the
+    /// same connection. Returns the request's xid.
+    fn half_bulk_put(&mut self, desc: &NetBufDesc, len: usize) -> u64 {
+        let owner = LnetAddr::parse(&desc.decode().unwrap().owner).unwrap();
+        let xid = self.request(desc, len);
+        // VERDICT: status u16 | aux u16 | 4 reserved | length u64 | bits u64.
+        let v = self.read_ctl(2, xid);
+        assert_eq!(v[16..18], [0, 0], "request refused: {v:?}");
+        let bits = u64::from_le_bytes(v[32..40].try_into().unwrap());
+        let (s, me) = self.stalled.last_mut().unwrap();
+        let hdr = hdr_data(HDR_BULK, PEER_PORTAL, PEER_TMID, 0);
+        s.write_all(&put_head(&owner, *me, bits, hdr, len)).unwrap();
+        s.write_all(&vec![0xa5; len / 2]).unwrap();
+        xid
     }
 }
 
@@ -375,6 +446,32 @@ mod stalls {
         cancelled_within(&ev, t0);
         drop((ev, ep));
         a.expect_quiet();
+        a.shutdown();
+    }
+
+    /// Nodes without discovery, so that a raw peer's bulk request is
+    /// answered at once.
+    static NO_DISCOVERY: super::LnetTcp =
+        super::LnetTcp::new(["127.0.42.7@tcp", "127.0.42.8@tcp"], 46, false).without_discovery();
+
+    /// A passive buffer whose requester stopped half-way through its PUT:
+    /// `del` ends it at once, `Cancelled`, and the requester is told (an
+    /// ABORT for its request).
+    #[test]
+    fn del_ends_a_passive_transfer_whose_data_stalled() {
+        let mut st = NO_DISCOVERY.raw_peers();
+        let a = Node::start(&NO_DISCOVERY);
+        let (t, d) = a.tm.add_passive_recv(a.buf(LEN), None).unwrap();
+        let xid = st.half_bulk_put(&d, LEN);
+        thread::sleep(Duration::from_millis(300));
+        assert!(a.tm.buffer_state(t).is_some_and(|s| s.in_use));
+        let t0 = Instant::now();
+        assert!(a.tm.del(t).unwrap());
+        let ev = a.next_event_on(QueueType::PassiveBulkRecv);
+        cancelled_within(&ev, t0);
+        drop(ev);
+        a.expect_quiet();
+        st.read_ctl(3, xid);
         a.shutdown();
     }
 

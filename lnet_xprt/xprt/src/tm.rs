@@ -909,23 +909,29 @@ impl TmShared {
                     return;
                 }
                 let r = op.st.lock().fail.take().unwrap_or(NetError::Cancelled);
-                if let Some(p) = peer {
-                    let from = self.from();
-                    let _ = e.send_ctl(
-                        p.proc_,
-                        p.portal,
-                        p.tmid,
-                        from,
-                        &Ctl::Abort {
-                            xid,
-                            status: r.clone(),
-                        },
-                        0,
-                    );
-                }
+                self.abort_requester(e, peer, xid, &r);
                 self.finish(op, Err(r));
             }
             _ => {}
+        }
+    }
+
+    /// Tells the requester of a passive buffer that it is gone: its
+    /// operation ends with `status`.
+    fn abort_requester(&self, e: &Engine, peer: Option<Peer>, xid: u64, status: &NetError) {
+        if let Some(p) = peer {
+            let from = self.from();
+            let _ = e.send_ctl(
+                p.proc_,
+                p.portal,
+                p.tmid,
+                from,
+                &Ctl::Abort {
+                    xid,
+                    status: status.clone(),
+                },
+                0,
+            );
         }
     }
 
@@ -2232,7 +2238,11 @@ impl XprtTm for LnetTm {
                         }
                     };
                 }
-                if op.kind == Kind::Recv && busy {
+                let incoming = op.kind == Kind::Recv
+                    || (op.kind == Kind::Passive
+                        && op.buf.as_ref().map(QueuedBuf::queue)
+                            == Some(QueueType::PassiveBulkRecv));
+                if incoming && busy {
                     // A message may be being read into the buffer, and its
                     // sender may have stalled: LNet would hold the MD until
                     // the socket LND gives the connection up. The buffer
@@ -2240,8 +2250,19 @@ impl XprtTm for LnetTm {
                     // the rest of that payload and the message fails (one
                     // whose last bytes landed meanwhile is refused with a
                     // NAK, as one for a buffer no longer queued). Messages
-                    // that had arrived are delivered by their events.
-                    op.st.lock().stage = Stage::Done;
+                    // that had arrived are delivered by their events. A
+                    // passive buffer's requester, whose PUT is coming in,
+                    // is told by an ABORT. (Data going out, a GET's REPLY,
+                    // cannot be cut short: that waits for its end.)
+                    let (peer, xid) = {
+                        let mut s = op.st.lock();
+                        s.stage = Stage::Done;
+                        (s.peer, s.xid)
+                    };
+                    if op.kind == Kind::Passive {
+                        sh.forget_claim(&op);
+                        sh.abort_requester(&e, peer, xid, &NetError::Cancelled);
+                    }
                     sh.complete_later(&e, &op, Err(NetError::Cancelled));
                 }
                 if matches!(op.kind, Kind::Send | Kind::Active) {
