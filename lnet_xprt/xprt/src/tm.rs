@@ -916,22 +916,28 @@ impl TmShared {
         }
     }
 
-    /// Tells the requester of a passive buffer that it is gone: its
-    /// operation ends with `status`.
+    /// Sends an ABORT for operation `xid` to the machine `(process,
+    /// portal, TMID)`: a passive buffer's requester (the buffer is gone)
+    /// or an active request's passive side (the request is given up). Its
+    /// side of the transfer ends with `status`.
+    fn send_abort(&self, e: &Engine, to: (ProcessId, u32, u16), xid: u64, status: &NetError) {
+        let _ = e.send_ctl(
+            to.0,
+            to.1,
+            to.2,
+            self.from(),
+            &Ctl::Abort {
+                xid,
+                status: status.clone(),
+            },
+            0,
+        );
+    }
+
+    /// [`TmShared::send_abort`] to a passive buffer's requester, if any.
     fn abort_requester(&self, e: &Engine, peer: Option<Peer>, xid: u64, status: &NetError) {
         if let Some(p) = peer {
-            let from = self.from();
-            let _ = e.send_ctl(
-                p.proc_,
-                p.portal,
-                p.tmid,
-                from,
-                &Ctl::Abort {
-                    xid,
-                    status: status.clone(),
-                },
-                0,
-            );
+            self.send_abort(e, (p.proc_, p.portal, p.tmid), xid, status);
         }
     }
 
@@ -1031,18 +1037,8 @@ impl TmShared {
             return;
         }
         let r = r.map_err(|e0| op.st.lock().fail.take().unwrap_or(e0));
-        if let (Some(p), Err(err)) = (peer, &r) {
-            let _ = e.send_ctl(
-                p.proc_,
-                p.portal,
-                p.tmid,
-                self.from(),
-                &Ctl::Abort {
-                    xid,
-                    status: err.clone(),
-                },
-                0,
-            );
+        if let Err(err) = &r {
+            self.abort_requester(e, peer, xid, err);
         }
         self.finish(op, r);
     }
@@ -1251,17 +1247,7 @@ impl TmShared {
                 else {
                     // We gave up on it: the passive side waits for nothing.
                     if result.is_ok() {
-                        let _ = e.send_ctl(
-                            peer.proc_,
-                            peer.portal,
-                            peer.tmid,
-                            from,
-                            &Ctl::Abort {
-                                xid,
-                                status: NetError::Cancelled,
-                            },
-                            0,
-                        );
+                        self.abort_requester(e, Some(peer), xid, &NetError::Cancelled);
                     }
                     return;
                 };
@@ -1580,17 +1566,7 @@ impl TmShared {
         let Some(t) = target else { return };
         if stage == Stage::Done {
             // Cancelled while the request was on its way: free the claim.
-            let _ = e.send_ctl(
-                peer.proc_,
-                peer.portal,
-                peer.tmid,
-                self.from(),
-                &Ctl::Abort {
-                    xid: op.id,
-                    status: NetError::Cancelled,
-                },
-                0,
-            );
+            self.abort_requester(e, Some(peer), op.id, &NetError::Cancelled);
             e.remove_op(op.id);
             Self::unregister(e, op);
             return;
@@ -1621,16 +1597,7 @@ impl TmShared {
             len != q.length()
         };
         let from = self.from();
-        let abort = |status| {
-            let _ = e.send_ctl(
-                t.proc_,
-                t.portal,
-                t.tmid,
-                from,
-                &Ctl::Abort { xid: op.id, status },
-                0,
-            );
-        };
+        let abort = |status| self.send_abort(e, (t.proc_, t.portal, t.tmid), op.id, &status);
         if del || bad || op.st.lock().stage == Stage::Done {
             abort(NetError::Cancelled);
             e.remove_op(op.id);
@@ -2285,18 +2252,7 @@ impl XprtTm for LnetTm {
                     s.target.clone()
                 };
                 if let Some(t) = t {
-                    let from = sh.from();
-                    let _ = e.send_ctl(
-                        t.proc_,
-                        t.portal,
-                        t.tmid,
-                        from,
-                        &Ctl::Abort {
-                            xid: op.id,
-                            status: NetError::Cancelled,
-                        },
-                        0,
-                    );
+                    sh.send_abort(&e, (t.proc_, t.portal, t.tmid), op.id, &NetError::Cancelled);
                 }
                 sh.complete_later(&e, &op, Err(NetError::Cancelled));
             }
