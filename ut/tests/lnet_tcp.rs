@@ -386,18 +386,24 @@ mod stalls {
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     }
 
+    /// Deletes `t` of `queue` on `a`: its one event comes within 2 s,
+    /// `Cancelled`, and nothing follows.
+    fn del_cancels_at_once(a: &Node, t: colibri_net::BufToken, queue: QueueType) {
+        let t0 = Instant::now();
+        assert!(a.tm.del(t).unwrap());
+        let ev = a.next_event_on(queue);
+        cancelled_within(&ev, t0);
+        drop(ev);
+        a.expect_quiet();
+    }
+
     #[test]
     fn del_ends_a_receive_whose_sender_stalled() {
         let mut st = STALLS.raw_peers();
         let a = Node::start(&STALLS);
         let b = Node::start(&STALLS);
         let t = stalled(&a, &mut st);
-        let t0 = Instant::now();
-        assert!(a.tm.del(t).unwrap());
-        let ev = a.next_event_on(QueueType::MsgRecv);
-        cancelled_within(&ev, t0);
-        drop(ev);
-        a.expect_quiet();
+        del_cancels_at_once(&a, t, QueueType::MsgRecv);
         // The machine still receives.
         a.tm.add_msg_recv(a.buf(4096), RecvParams::default())
             .unwrap();
@@ -440,12 +446,8 @@ mod stalls {
                 .unwrap();
         thread::sleep(Duration::from_millis(200));
         assert!(a.tm.buffer_state(t).is_some_and(|s| s.in_use));
-        let t0 = Instant::now();
-        assert!(a.tm.del(t).unwrap());
-        let ev = a.next_event_on(QueueType::MsgSend);
-        cancelled_within(&ev, t0);
-        drop((ev, ep));
-        a.expect_quiet();
+        del_cancels_at_once(&a, t, QueueType::MsgSend);
+        drop(ep);
         a.shutdown();
     }
 
@@ -465,12 +467,7 @@ mod stalls {
         let xid = st.half_bulk_put(&d, LEN);
         thread::sleep(Duration::from_millis(300));
         assert!(a.tm.buffer_state(t).is_some_and(|s| s.in_use));
-        let t0 = Instant::now();
-        assert!(a.tm.del(t).unwrap());
-        let ev = a.next_event_on(QueueType::PassiveBulkRecv);
-        cancelled_within(&ev, t0);
-        drop(ev);
-        a.expect_quiet();
+        del_cancels_at_once(&a, t, QueueType::PassiveBulkRecv);
         st.read_ctl(3, xid);
         a.shutdown();
     }
