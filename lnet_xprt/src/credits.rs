@@ -169,17 +169,8 @@ impl<T> CreditQueue<T> {
 
     /// Removes the waiting items `pred` selects (cancelled messages), in
     /// queue order, giving their credits back.
-    pub fn remove_queued(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
-        let mut removed = Vec::new();
-        let mut kept = VecDeque::with_capacity(self.queue.len());
-        for item in self.queue.drain(..) {
-            if pred(&item) {
-                removed.push(item);
-            } else {
-                kept.push_back(item);
-            }
-        }
-        self.queue = kept;
+    pub fn remove_queued(&mut self, pred: impl FnMut(&T) -> bool) -> Vec<T> {
+        let removed = crate::deque::take_where(&mut self.queue, pred);
         self.credits += i64::try_from(removed.len()).unwrap_or(i64::MAX);
         removed
     }

@@ -616,15 +616,8 @@ impl<M> Discovery<M> {
         }
         for d in self.disc.values_mut() {
             if d.parked.iter().any(|(_, m)| pred(m)) {
-                let mut kept = VecDeque::with_capacity(d.parked.len());
-                for (target, m) in d.parked.drain(..) {
-                    if pred(&m) {
-                        out.push(m);
-                    } else {
-                        kept.push_back((target, m));
-                    }
-                }
-                d.parked = kept;
+                let taken = crate::deque::take_where(&mut d.parked, |(_, m)| pred(m));
+                out.extend(taken.into_iter().map(|(_, m)| m));
             }
         }
         self.parked_now -= out.len();

@@ -122,6 +122,7 @@ macro_rules! bit_set {
 }
 
 pub mod credits;
+mod deque;
 pub mod discovery;
 pub mod fault;
 #[cfg(any(test, feature = "fuzzing"))]

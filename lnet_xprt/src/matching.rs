@@ -909,15 +909,8 @@ impl<T> MatchTable<T> {
     pub fn remove_delayed(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
         let mut removed = Vec::new();
         for p in &mut self.portals {
-            let mut kept = VecDeque::with_capacity(p.delayed.len());
-            for (info, msg) in p.delayed.drain(..) {
-                if pred(&msg) {
-                    removed.push(msg);
-                } else {
-                    kept.push_back((info, msg));
-                }
-            }
-            p.delayed = kept;
+            let taken = crate::deque::take_where(&mut p.delayed, |(_, msg)| pred(msg));
+            removed.extend(taken.into_iter().map(|(_, msg)| msg));
         }
         removed
     }
