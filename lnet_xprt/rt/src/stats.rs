@@ -4,7 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters of the bytes the runtime moved, to check the zero-copy claim:
 /// at an end node user payloads only cross the socket (one vectored write
-/// at the sender, reads straight into the MD at the receiver), so
+/// at the sender, reads straight into the MD at the receiver), except the
+/// small messages of CONTROL connections, which arrive several at a time
+/// in one read and are copied from there ([`RuntimeStats::eager_copy_bytes`],
+/// as o2iblnd copies its immediate messages); so
 /// [`RuntimeStats::user_copy_bytes`] stays 0; loopback moves each payload
 /// once, memory to memory, as Lustre's lolnd does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -25,9 +28,17 @@ pub struct RuntimeStats {
     /// Payload bytes the loopback LND moved, memory to memory (the one copy
     /// of Lustre's lolnd).
     pub loopback_copy_bytes: u64,
+    /// Of those read, the payload bytes that came in with their headers in
+    /// one read of a connection of small messages (CONTROL, or untyped:
+    /// up to 4 KiB a read at a message boundary) and were copied from the
+    /// scheduler's buffer to their destination. Payloads of bulk
+    /// connections are never copied; a larger payload on a CONTROL
+    /// connection only for its first bytes. A `min_bulk` of 0 sends every
+    /// message on the bulk connections (no copy at all).
+    pub eager_copy_bytes: u64,
     /// User payload bytes copied in user space by the runtime besides
-    /// socket reads and writes and the loopback move: always 0 (the
-    /// counter exists so tests can say so).
+    /// socket reads and writes, the eager copy of small messages and the
+    /// loopback move: always 0 (the counter exists so tests can say so).
     pub user_copy_bytes: u64,
     /// Messages written to sockets (LNet messages and NOOPs).
     pub frames_sent: u64,
@@ -54,6 +65,7 @@ pub(crate) struct Counters {
     pub(crate) inline_read_bytes: AtomicU64,
     pub(crate) discarded_bytes: AtomicU64,
     pub(crate) loopback_copy_bytes: AtomicU64,
+    pub(crate) eager_copy_bytes: AtomicU64,
     pub(crate) user_copy_bytes: AtomicU64,
     pub(crate) frames_sent: AtomicU64,
     pub(crate) frames_received: AtomicU64,
@@ -77,6 +89,7 @@ impl Counters {
             inline_read_bytes: g(&self.inline_read_bytes),
             discarded_bytes: g(&self.discarded_bytes),
             loopback_copy_bytes: g(&self.loopback_copy_bytes),
+            eager_copy_bytes: g(&self.eager_copy_bytes),
             user_copy_bytes: g(&self.user_copy_bytes),
             frames_sent: g(&self.frames_sent),
             frames_received: g(&self.frames_received),

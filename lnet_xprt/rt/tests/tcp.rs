@@ -83,6 +83,8 @@ fn put_ack_and_get_reply_of_1mib_with_zero_copies() {
     for s in [a1, b1] {
         assert_eq!(s.user_copy_bytes, 0);
         assert_eq!(s.loopback_copy_bytes, 0);
+        // Bulk travels on the bulk connections, read straight into place.
+        assert_eq!(s.eager_copy_bytes, 0);
     }
 
     // GET with REPLY.
@@ -555,6 +557,143 @@ fn shutdown_ends_every_operation_with_one_final_event() {
     assert_eq!(mine.len(), 1, "{rest:#?}");
     assert_eq!(mine[0].kind(), EventKind::Ack);
     assert!(mine[0].status().is_err() && mine[0].unlinked, "{mine:#?}");
+    b.shutdown();
+}
+
+/// A PUT of `len` payload bytes from `me` to `server`'s `portal`.
+fn put_frame(server: Nid, me: Nid, portal: u32, bits: u64, payload: &[u8]) -> Vec<u8> {
+    let header = Header {
+        dest_nid: server,
+        src_nid: me,
+        dest_pid: 12345,
+        src_pid: 12345,
+        payload_length: u32::try_from(payload.len()).unwrap(),
+        body: Body::Put {
+            ack_wmd: WireHandle::NONE,
+            match_bits: bits,
+            hdr_data: 0,
+            ptl_index: portal,
+            offset: 0,
+        },
+    };
+    let mut v = LnetFrame::new(header).encode().to_vec();
+    v.extend_from_slice(payload);
+    v
+}
+
+#[test]
+fn small_messages_come_in_one_read_and_a_parked_one_keeps_what_follows() {
+    let server = nid("127.0.2.26@tcp");
+    let b = start("127.0.2.26@tcp", AcceptPolicy::All);
+    b.set_discovery(false).unwrap();
+    let addr = b.listen_addr(server).unwrap();
+    let me = nid("127.0.2.27@tcp");
+    // The first message waits for an MD (lazy portal 20); ten more follow
+    // it on the same connection, all in one segment, so the read that
+    // takes the first header takes them too.
+    b.set_lazy_portal(20, true).unwrap();
+    let inboxes: Vec<MemRegion> = (0..10).map(|i| MemRegion::zeroed(50 + i)).collect();
+    let targets: Vec<_> = inboxes
+        .iter()
+        .enumerate()
+        .map(|(i, r)| post(&b, r, 21, i as u64, MdOptions::OP_PUT))
+        .collect();
+    let first = pattern(100, 1);
+    let mut wire = put_frame(server, me, 20, 7, &first);
+    let mut total = first.len();
+    for i in 0..10 {
+        wire.extend(put_frame(
+            server,
+            me,
+            21,
+            i as u64,
+            &pattern(50 + i, 2 + i as u8),
+        ));
+        total += 50 + i;
+    }
+    assert!(wire.len() < 4096);
+    let s0 = b.runtime_stats();
+    let mut s = raw_peer(addr, server, me, ConnType::Control, 11);
+    s.write_all(&wire).unwrap();
+    let t0 = Instant::now();
+    while b.with_node(|n| n.rx_pending()) == 0 {
+        assert!(t0.elapsed() < LIMIT, "the first PUT never reached b");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Parked: nothing behind it is delivered, though its bytes were read.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut early = Vec::new();
+    while let Ok(e) = b.next_event(Duration::from_millis(10)) {
+        early.push(e);
+    }
+    assert!(
+        early.iter().all(|e| !targets.contains(&e.md)),
+        "delivered past a parked message: {early:#?}"
+    );
+    let inbox = MemRegion::zeroed(100);
+    let target = post(&b, &inbox, 20, 7, MdOptions::OP_PUT);
+    let last = targets[9];
+    let evs = events_until(&b, |e| e.iter().any(|e| e.md == last));
+    let order: Vec<_> = evs
+        .iter()
+        .filter(|e| e.md == target || targets.contains(&e.md))
+        .map(|e| {
+            assert_eq!(e.kind(), EventKind::Put);
+            assert!(e.status().is_ok(), "{e:#?}");
+            e.md
+        })
+        .collect();
+    let mut want = vec![target];
+    want.extend(&targets);
+    assert_eq!(order, want, "in the order sent");
+    assert_eq!(inbox.to_vec(), first);
+    for (i, r) in inboxes.iter().enumerate() {
+        assert_eq!(r.to_vec(), pattern(50 + i, 2 + i as u8), "message {i}");
+    }
+    let s1 = b.runtime_stats();
+    assert_eq!(s1.socket_read_bytes - s0.socket_read_bytes, total as u64);
+    // Every payload came in with the read of the first header.
+    assert_eq!(s1.eager_copy_bytes - s0.eager_copy_bytes, total as u64);
+    assert_eq!(s1.user_copy_bytes, 0);
+    drop(s);
+    b.shutdown();
+}
+
+#[test]
+fn a_large_payload_is_read_into_place_after_the_first_read() {
+    let server = nid("127.0.2.28@tcp");
+    let b = start("127.0.2.28@tcp", AcceptPolicy::All);
+    b.set_discovery(false).unwrap();
+    let addr = b.listen_addr(server).unwrap();
+    // A CONTROL connection (a peer whose min_bulk let it send 100 KB
+    // there) copies what its first read took; a bulk connection nothing.
+    for (i, (ctype, copied)) in [(ConnType::Control, true), (ConnType::BulkOut, false)]
+        .into_iter()
+        .enumerate()
+    {
+        let me = nid(&format!("127.0.2.{}@tcp", 29 + i));
+        let inbox = MemRegion::zeroed(100_000);
+        let target = post(&b, &inbox, 22, i as u64, MdOptions::OP_PUT);
+        let data = pattern(100_000, 5 + i as u8);
+        let s0 = b.runtime_stats();
+        let mut s = raw_peer(addr, server, me, ctype, 12);
+        s.write_all(&put_frame(server, me, 22, i as u64, &data))
+            .unwrap();
+        let evs = events_until(&b, |e| e.iter().any(|e| e.md == target));
+        let put = evs.iter().find(|e| e.md == target).unwrap();
+        assert!(put.status().is_ok(), "{put:#?}");
+        assert!(inbox.to_vec() == data, "{ctype:?}: payload differs");
+        let s1 = b.runtime_stats();
+        assert_eq!(s1.socket_read_bytes - s0.socket_read_bytes, 100_000);
+        let eager = s1.eager_copy_bytes - s0.eager_copy_bytes;
+        if copied {
+            assert!(eager > 0 && eager < 4096, "{ctype:?}: {eager} bytes copied");
+        } else {
+            assert_eq!(eager, 0, "{ctype:?}");
+        }
+        assert_eq!(s1.user_copy_bytes, 0);
+        drop(s);
+    }
     b.shutdown();
 }
 

@@ -1,7 +1,8 @@
 //! A scheduler thread: owns its connections' sockets, writes each message
 //! with one vectored write straight from where its payload is, and reads
-//! in two steps (headers, then the payload straight into the place the
-//! node names).
+//! headers, then the payload straight into the place the node names (on a
+//! connection of small messages, one read takes a message and those after
+//! it, and small payloads are copied from there).
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::sync::Arc;
@@ -12,8 +13,9 @@ use colibri_lnet::credits::PoolKind;
 use colibri_lnet::fault::HealthError;
 use colibri_lnet::nidmap::KeyedMap;
 use colibri_lnet::node::{Payload, PayloadOutcome, RxAction, RxId};
+use colibri_lnet::socklnd::frame::{KSOCK_MSG_HDR_LEN, LNET_FRAME_HDR_LEN};
 use colibri_lnet::socklnd::{
-    ConnId, Crc32, Frame, FrameReceiver, KsockMsgHeader, SocketError, TxFailure, Want,
+    ConnId, ConnType, Crc32, Frame, FrameReceiver, KsockMsgHeader, SocketError, TxFailure, Want,
     payload_checksum,
 };
 use colibri_lnet::time::Time;
@@ -28,8 +30,32 @@ use crate::stats::add;
 /// The scheduler's waker token.
 pub(super) const WAKER: mio::Token = mio::Token(usize::MAX);
 
-/// Scratch space for discarded payload bytes.
+/// Scratch space for discarded payload bytes and reads ahead.
 const SCRATCH: usize = 64 * 1024;
+
+/// Most bytes one read takes at a message boundary of a connection of
+/// small messages (CONTROL or untyped): a small message (below `min_bulk`,
+/// 1 KiB by default) and those after it arrive with one system call, and
+/// their payloads are copied from there (`RuntimeStats::eager_copy_bytes`).
+const READ_AHEAD: usize = 4096;
+
+/// Bytes read from a socket ahead of their use: `lo..hi` of the
+/// scheduler's scratch buffer.
+#[derive(Clone, Copy, Debug, Default)]
+struct Ahead {
+    lo: usize,
+    hi: usize,
+}
+
+impl Ahead {
+    fn len(self) -> usize {
+        self.hi - self.lo
+    }
+
+    fn is_empty(self) -> bool {
+        self.lo == self.hi
+    }
+}
 
 /// Commands to a scheduler.
 pub(crate) enum SchedCmd {
@@ -120,6 +146,9 @@ struct SchedConn {
     fr: FrameReceiver,
     hdr: [u8; 96],
     hdr_have: usize,
+    /// Bytes read ahead that belong after a parked message (empty unless
+    /// the connection is parked, or just resumed).
+    stash: Vec<u8>,
     /// The message being read carries a payload checksum.
     csum: bool,
     rx: RxStage,
@@ -305,6 +334,7 @@ impl Scheduler {
                 fr,
                 hdr: [0; 96],
                 hdr_have: 0,
+                stash: Vec::new(),
                 csum: false,
                 rx: RxStage::Header,
                 tx: None,
@@ -411,8 +441,47 @@ impl Scheduler {
     }
 
     /// Reads until the socket has nothing more, the connection parks, or
-    /// it fails.
+    /// it fails. Bytes read ahead and not yet used when the connection
+    /// parks wait in `sc.stash` for its resumption.
     fn read(&mut self, sc: &mut SchedConn) -> Result<(), CloseWhy> {
+        if matches!(sc.rx, RxStage::Parked(_)) {
+            return Ok(());
+        }
+        let mut buf = std::mem::take(&mut self.scratch);
+        let mut ahead = Ahead::default();
+        if !sc.stash.is_empty() {
+            let n = sc.stash.len();
+            buf[..n].copy_from_slice(&sc.stash);
+            sc.stash = Vec::new();
+            ahead.hi = n;
+        }
+        let r = self.read_from(sc, &mut buf, &mut ahead);
+        if r.is_ok() && ahead.lo < ahead.hi {
+            // Only a parked message leaves bytes behind.
+            sc.stash.extend_from_slice(&buf[ahead.lo..ahead.hi]);
+        }
+        self.scratch = buf;
+        r
+    }
+
+    /// [`Scheduler::read`] with `buf[ahead.lo..ahead.hi]` the bytes read
+    /// from the socket and not used yet (they come first).
+    fn read_from(
+        &mut self,
+        sc: &mut SchedConn,
+        buf: &mut [u8],
+        ahead: &mut Ahead,
+    ) -> Result<(), CloseWhy> {
+        // Small messages travel on CONTROL (or untyped) connections: a read
+        // there at a message boundary takes up to READ_AHEAD bytes, so a
+        // small message and what follows it come in with one system call.
+        // A bulk connection's read at a boundary takes exactly the 96 bytes
+        // of the headers (never payload bytes: a NOOP is 24 header bytes),
+        // and its payloads are read straight into place.
+        let eager = !matches!(sc.conn.ctype, ConnType::BulkIn | ConnType::BulkOut);
+        // The last header read returned less than it asked for: the socket
+        // was empty then, and edge-triggered polling tells of newer bytes.
+        let mut drained = false;
         loop {
             match &mut sc.rx {
                 RxStage::Parked(_) => return Ok(()),
@@ -423,29 +492,58 @@ impl Scheduler {
                             return Err(CloseWhy::proto("receiver out of step".into()));
                         }
                     };
-                    match sc.stream.read(&mut sc.hdr[sc.hdr_have..n]) {
-                        Ok(0) => return Err(eof(sc)),
-                        Ok(k) => {
-                            sc.hdr_have += k;
-                            self.alive(sc);
-                            if sc.hdr_have < n {
-                                continue;
-                            }
-                            sc.hdr_have = 0;
-                            self.header(sc, n)?;
+                    if ahead.is_empty() {
+                        if drained {
+                            return Ok(());
                         }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(CloseWhy::io(&e, "reading")),
+                        let ask = if eager {
+                            READ_AHEAD
+                        } else if sc.hdr_have == 0 && n == KSOCK_MSG_HDR_LEN {
+                            LNET_FRAME_HDR_LEN
+                        } else {
+                            n - sc.hdr_have
+                        };
+                        match sc.stream.read(&mut buf[..ask]) {
+                            Ok(0) => return Err(eof(sc)),
+                            Ok(k) => {
+                                *ahead = Ahead { lo: 0, hi: k };
+                                drained = k < ask;
+                                self.alive(sc);
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                            Err(e) => return Err(CloseWhy::io(&e, "reading")),
+                        }
                     }
+                    let k = (n - sc.hdr_have).min(ahead.len());
+                    sc.hdr[sc.hdr_have..sc.hdr_have + k]
+                        .copy_from_slice(&buf[ahead.lo..ahead.lo + k]);
+                    ahead.lo += k;
+                    sc.hdr_have += k;
+                    if sc.hdr_have < n {
+                        continue;
+                    }
+                    sc.hdr_have = 0;
+                    self.header(sc, n)?;
                 }
                 RxStage::Payload(p) => {
                     if p.read == p.total {
                         self.payload_done(sc)?;
                         continue;
                     }
+                    let from_ahead = !ahead.is_empty();
+                    if !from_ahead && drained {
+                        return Ok(());
+                    }
                     let r = if p.done < p.dest.len() {
-                        let Some(r) = read_into(&mut sc.stream, &mut p.dest, p.done) else {
+                        let got = if from_ahead {
+                            let take = ahead.len().min(p.total - p.read);
+                            let mut src = &buf[ahead.lo..ahead.lo + take];
+                            read_into(&mut src, &mut p.dest, p.done)
+                        } else {
+                            read_into(&mut sc.stream, &mut p.dest, p.done)
+                        };
+                        let Some(r) = got else {
                             // The memory went away (a deleted buffer): the
                             // rest of the payload is read and dropped, so
                             // the connection stays in step and lives on;
@@ -458,9 +556,11 @@ impl Scheduler {
                             continue;
                         };
                         r
+                    } else if from_ahead {
+                        Ok(ahead.len().min(p.total - p.read))
                     } else {
-                        let k = (p.total - p.read).min(self.scratch.len());
-                        sc.stream.read(&mut self.scratch[..k])
+                        let k = (p.total - p.read).min(buf.len());
+                        sc.stream.read(&mut buf[..k])
                     };
                     match r {
                         Ok(0) => return Err(eof(sc)),
@@ -471,14 +571,20 @@ impl Scheduler {
                                 add(&c.socket_read_bytes, k as u64);
                                 if matches!(p.dest, Dest::Inline(_)) {
                                     add(&c.inline_read_bytes, k as u64);
+                                } else if from_ahead {
+                                    add(&c.eager_copy_bytes, k as u64);
                                 }
                             } else {
                                 add(&c.discarded_bytes, k as u64);
                             }
                             p.read += k;
-                            sc.conn
-                                .last_rx
-                                .store(self.now().as_nanos(), Ordering::Relaxed);
+                            if from_ahead {
+                                ahead.lo += k;
+                            } else {
+                                sc.conn
+                                    .last_rx
+                                    .store(self.now().as_nanos(), Ordering::Relaxed);
+                            }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -878,13 +984,10 @@ fn with_src<R>(src: &Src, p: &Payload, f: impl FnOnce(&[&[u8]]) -> R) -> Option<
     }
 }
 
-/// One read from the socket straight into the destination, at `done`;
+/// One read from `stream` (the socket, or bytes read ahead) straight into
+/// the destination, at `done`;
 /// `None` if the destination's memory went away.
-fn read_into(
-    stream: &mut mio::net::TcpStream,
-    dest: &mut Dest,
-    done: usize,
-) -> Option<io::Result<usize>> {
+fn read_into<R: Read>(stream: &mut R, dest: &mut Dest, done: usize) -> Option<io::Result<usize>> {
     match dest {
         Dest::Mem(r) => r.write(|pieces| {
             let mut bufs: smallvec::SmallVec<[IoSliceMut<'_>; 4]> = smallvec::SmallVec::new();
