@@ -187,7 +187,8 @@ pub(super) struct Scheduler {
     cmds: Receiver<SchedCmd>,
     s: Arc<Shared>,
     lnd: Arc<SockLnd>,
-    conns: KeyedMap<ConnId, SchedConn>,
+    /// Boxed: a connection is taken out of the map while it is served.
+    conns: KeyedMap<ConnId, Box<SchedConn>>,
     inputs: Vec<Input>,
     scratch: Vec<u8>,
 }
@@ -328,7 +329,7 @@ impl Scheduler {
         let closing = conn.closing.load(Ordering::Acquire);
         self.conns.insert(
             id,
-            SchedConn {
+            Box::new(SchedConn {
                 conn,
                 stream,
                 fr,
@@ -338,7 +339,7 @@ impl Scheduler {
                 csum: false,
                 rx: RxStage::Header,
                 tx: None,
-            },
+            }),
         );
         if closing {
             self.close(id, CloseWhy::proto("closed while being set up".into()));
