@@ -83,8 +83,10 @@ fn put_ack_and_get_reply_of_1mib_with_zero_copies() {
     for s in [a1, b1] {
         assert_eq!(s.user_copy_bytes, 0);
         assert_eq!(s.loopback_copy_bytes, 0);
-        // Bulk travels on the bulk connections, read straight into place.
-        assert_eq!(s.eager_copy_bytes, 0);
+        // Bulk travels on the bulk connections, read straight into place;
+        // a PUT that leaves before they are up goes on CONTROL (as Lustre
+        // allows), where only what the first read took is copied.
+        assert!(s.eager_copy_bytes < 4096, "{s:?}");
     }
 
     // GET with REPLY.
