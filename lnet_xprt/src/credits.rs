@@ -415,6 +415,45 @@ impl<T> TxCredits<T> {
         }
         Ok(ready)
     }
+
+    /// Withdraws the messages `pred` selects that wait for credits on the
+    /// way from `local` to `peer_ni` (cancelled before they were sent):
+    /// those waiting for a peer NI credit hold nothing; those waiting for
+    /// the NI credit give their peer NI credit back, which may let the next
+    /// message to `peer_ni` go on. Returns the withdrawn messages, then
+    /// those that now hold both credits, in the order they became ready.
+    pub fn cancel(
+        &mut self,
+        local: Nid,
+        peer_ni: Nid,
+        mut pred: impl FnMut(&T) -> bool,
+    ) -> (Vec<Tx<T>>, Vec<Tx<T>>) {
+        let mut removed = match self.peer.get_mut(&peer_ni) {
+            Some(q) => q.remove_queued(|t| t.peer_ni == peer_ni && pred(&t.item)),
+            None => Vec::new(),
+        };
+        let holding = match self.ni.get_mut(&local) {
+            Some(q) => q.remove_queued(|t| t.peer_ni == peer_ni && pred(&t.item)),
+            None => Vec::new(),
+        };
+        let mut ready = Vec::new();
+        for _ in &holding {
+            let next = match self.peer.get_mut(&peer_ni) {
+                Some(q) => q.release().unwrap_or(None),
+                None => None,
+            };
+            if let Some(tx) = next {
+                self.ni_stage(tx, &mut ready);
+            }
+        }
+        removed.extend(holding);
+        if let Some(q) = self.queued_bytes.get_mut(&peer_ni) {
+            for t in &removed {
+                *q = q.saturating_sub(u64::from(t.bytes) + HEADER_BYTES);
+            }
+        }
+        (removed, ready)
+    }
 }
 
 /// Router buffer pool sizes (lnet.md 6.5).
@@ -726,6 +765,48 @@ mod tests {
         rc.forwarded(a, PoolKind::Small).unwrap();
         assert_eq!(rc.peer(a).unwrap().credits(), 1);
         assert_eq!(rc.pool(PoolKind::Small).credits(), 1);
+    }
+
+    #[test]
+    fn tx_cancel_gives_credits_back() {
+        let (l, p) = (nid("10.0.0.1@tcp"), nid("10.0.0.2@tcp"));
+        let mut tc = TxCredits::new();
+        tc.set_tunables(
+            l.net(),
+            NetTunables {
+                credits: 1,
+                peer_credits: 2,
+                peer_buffer_credits: 0,
+            },
+        )
+        .unwrap();
+        // 1 holds both credits; 2 holds a peer credit and waits for the NI
+        // credit; 3 and 4 wait for a peer credit.
+        assert!(tc.send(l, p, 10, 1).is_some());
+        for i in 2..=4 {
+            assert!(tc.send(l, p, 10, i).is_none());
+        }
+        // 3 gives up: it held nothing, nobody moves.
+        let (gone, ready) = tc.cancel(l, p, |&i| i == 3);
+        assert_eq!(gone.iter().map(|t| t.item).collect::<Vec<_>>(), vec![3]);
+        assert!(ready.is_empty());
+        assert_eq!(tc.peer_ni_credits(p), -1);
+        // 2 gives up: its peer credit goes to 4, which waits for the NI
+        // credit in its place.
+        let (gone, ready) = tc.cancel(l, p, |&i| i == 2);
+        assert_eq!(gone.iter().map(|t| t.item).collect::<Vec<_>>(), vec![2]);
+        assert!(ready.is_empty());
+        assert_eq!(tc.peer_ni_credits(p), 0);
+        assert_eq!(tc.queued_bytes(p), 2 * (10 + HEADER_BYTES));
+        // Another path's cancel touches nothing here.
+        let (gone, _) = tc.cancel(l, nid("10.0.0.3@tcp"), |_| true);
+        assert!(gone.is_empty());
+        // 1 done: 4 goes.
+        let ready = tc.complete(l, p, 10).unwrap();
+        assert_eq!(ready.iter().map(|t| t.item).collect::<Vec<_>>(), vec![4]);
+        tc.complete(l, p, 10).unwrap();
+        assert_eq!((tc.peer_ni_credits(p), tc.ni_credits(l)), (2, 1));
+        assert_eq!(tc.queued_bytes(p), 0);
     }
 
     #[test]

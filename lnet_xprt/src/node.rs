@@ -387,6 +387,18 @@ impl std::fmt::Debug for Payload {
     }
 }
 
+/// A transmit [`Node::withdraw`] asks the driver to take back from its
+/// LND, found by the path it was given ([`Transmit::from`], [`Transmit::to`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Withdrawal {
+    /// The transmit.
+    pub id: TxId,
+    /// Its local NI.
+    pub from: Nid,
+    /// Its next hop.
+    pub to: Nid,
+}
+
 /// A message for an LND to carry: the encoded 72-byte header and where its
 /// `payload_length` payload bytes are. A transmit from and to `0@lo` is for
 /// the loopback LND: the driver feeds it back to this node
@@ -982,6 +994,8 @@ pub struct Node {
     msgs: IdMap<OutMsg>,
     next_msg: u64,
     outbox: VecDeque<Transmit>,
+    /// Transmits [`Node::withdraw`] asks the driver to give back.
+    withdrawals: VecDeque<Withdrawal>,
     events: VecDeque<Event>,
     /// Received messages between header and payload end.
     rx_states: BTreeMap<RxId, RxState>,
@@ -1101,6 +1115,7 @@ impl Node {
             msgs: IdMap::default(),
             next_msg: 1,
             outbox: VecDeque::new(),
+            withdrawals: VecDeque::new(),
             events: VecDeque::new(),
             rx_states: BTreeMap::new(),
             next_rx: 1,
@@ -1630,24 +1645,122 @@ impl Node {
         Ok(self.table.md_busy(md))
     }
 
-    /// Takes back the messages of `md` that wait for their peer's
-    /// discovery, which no LND has seen: each fails `Canceled` (its SEND
-    /// event; the MD's last, `unlinked`, for a one-shot MD) and is never
-    /// sent. Returns how many; 0 when the MD's messages are on their way
-    /// (or it has none), which this does not touch. An extension of
-    /// LNet's API, for a transport whose cancel must say whether a message
-    /// was sent.
+    /// Takes back the messages of `md` that no peer has seen: those waiting
+    /// for their peer's discovery, for tx credits, or held by a fault
+    /// rule's delay fail `Canceled` now (a SEND event; the MD's last,
+    /// `unlinked`, for a one-shot MD), and credits they held go to the
+    /// next message. Those already handed to an LND are asked back
+    /// ([`Node::poll_withdrawal`]): what the LND still holds, not started
+    /// on the wire (waiting for a connection, or queued behind others), it
+    /// gives back through [`Node::handle_tx_withdrawn`], and they fail the
+    /// same way; the rest go on and end as they would have. Returns how
+    /// many were taken back now. An extension of LNet's API, for a
+    /// transport whose cancel must say whether a message was sent (LNet
+    /// itself only fails an aborted MD's message when it gets its
+    /// credits, `LNET_MD_FLAG_ABORTED`).
     pub fn withdraw(&mut self, now: Time, md: MdHandle) -> usize {
         let parked = self
             .disc
             .take_parked(|m| matches!(m.role, Role::Request { md: m2 } if m2 == md));
-        let n = parked.len();
+        let mut n = parked.len();
         for msg in parked {
             tracing::debug!(target: "colibri_lnet::node", dst = %msg.header.dest_nid,
                 "message withdrawn while its peer was being discovered");
             self.fail_msg(now, msg, OpError::Canceled);
         }
+        let mine: Vec<(u64, (Nid, Nid))> = self
+            .msgs
+            .iter()
+            .filter(|(_, m)| matches!(m.role, Role::Request { md: m2 } if m2 == md))
+            .filter_map(|(&id, m)| Some((id, m.path?)))
+            .collect();
+        if mine.is_empty() {
+            return n;
+        }
+        let ids: BTreeSet<u64> = mine.iter().map(|&(id, _)| id).collect();
+        // Waiting for credits, path by path: they hold none when they
+        // leave the queues (`true`: credits already settled).
+        let paths: BTreeSet<(Nid, Nid)> = mine.iter().map(|&(_, p)| p).collect();
+        let mut gone = Vec::new();
+        for (local, hop) in paths {
+            let (out, ready) = self.credits.cancel(local, hop, |id| ids.contains(id));
+            gone.extend(out.into_iter().map(|t| (t.item, true)));
+            for tx in ready {
+                self.post_send(now, tx.item);
+            }
+        }
+        // Held by a fault rule's delay, or encoded and not yet given to
+        // the driver: they hold their credits (none for loopback).
+        let delayed: Vec<(Time, u64)> = self
+            .delayed_tx
+            .iter()
+            .filter(|(_, id)| ids.contains(id))
+            .map(|(&k, _)| k)
+            .collect();
+        for k in delayed {
+            if let Some(id) = self.delayed_tx.remove(&k) {
+                gone.push((id, false));
+            }
+        }
+        self.outbox.retain(|t| {
+            let take = ids.contains(&t.id.0);
+            if take {
+                gone.push((t.id.0, false));
+            }
+            !take
+        });
+        for (id, settled) in gone {
+            if let Some(mut msg) = self.msgs.remove(&id) {
+                if settled {
+                    msg.holds_credits = false;
+                }
+                self.return_credits(now, &msg);
+                msg.holds_credits = false;
+                tracing::debug!(target: "colibri_lnet::node", dst = %msg.header.dest_nid,
+                    "message withdrawn before it was sent");
+                self.fail_msg(now, msg, OpError::Canceled);
+                n += 1;
+            }
+        }
+        // With an LND: ask for them back.
+        for (id, (local, hop)) in mine {
+            if self.msgs.contains_key(&id) && !(local.is_lo() && hop.is_lo()) {
+                self.withdrawals.push_back(Withdrawal {
+                    id: TxId(id),
+                    from: local,
+                    to: hop,
+                });
+            }
+        }
         n
+    }
+
+    /// The next transmit [`Node::withdraw`] asks the driver to give back:
+    /// if its LND has not started writing it, the driver removes it and
+    /// calls [`Node::handle_tx_withdrawn`]; otherwise it does nothing (the
+    /// transmit completes with [`Node::handle_tx_done`] as any other).
+    pub fn poll_withdrawal(&mut self) -> Option<Withdrawal> {
+        self.withdrawals.pop_front()
+    }
+
+    /// The LND gave back a transmit [`Node::poll_withdrawal`] asked for,
+    /// never started on the wire: its message fails `Canceled`, with no
+    /// health consequence (nothing failed), and its credits go to the next
+    /// message.
+    ///
+    /// # Errors
+    /// [`NodeError::NoSuchTransmit`] for an unknown or already completed id.
+    pub fn handle_tx_withdrawn(&mut self, now: Time, id: TxId) -> Result<(), NodeError> {
+        let Some(mut msg) = self.msgs.remove(&id.0) else {
+            return Err(NodeError::NoSuchTransmit(id));
+        };
+        self.return_credits(now, &msg);
+        msg.holds_credits = false;
+        tracing::debug!(target: "colibri_lnet::node", dst = %msg.header.dest_nid,
+            "message withdrawn from its LND before it was sent");
+        self.fail_msg(now, msg, OpError::Canceled);
+        self.after_input(now);
+        Ok(())
     }
 
     /// `LNetMEUnlink`: removes an ME, and unlinks its MD if it has one
@@ -3829,10 +3942,21 @@ mod tests {
         let md = put_md(&mut n, &mut arena, &[2; 64]);
         let peer = ProcessId::lustre(nid("10.0.0.2@tcp"));
         n.put(Time::ZERO, md, false, peer, 5, 0, 0, 0).unwrap();
-        assert_eq!(n.withdraw(Time::ZERO, md), 0);
-        assert!(n.poll_event().is_none());
         let tx = n.poll_transmit().unwrap();
         assert_eq!(Header::decode(&tx.header).unwrap().msg_type(), MsgType::Put);
+        // Handed to the driver: asked back from its LND, which (here) had
+        // already started writing it.
+        assert_eq!(n.withdraw(Time::ZERO, md), 0);
+        assert!(n.poll_event().is_none());
+        assert_eq!(
+            n.poll_withdrawal(),
+            Some(Withdrawal {
+                id: tx.id,
+                from: tx.from,
+                to: tx.to
+            })
+        );
+        assert_eq!(n.poll_withdrawal(), None);
         // The LND has it: the MD stays busy once unlinked, until its end.
         assert!(n.md_busy(md));
         assert_eq!(n.md_unlink(Time::ZERO, md), Ok(true));
@@ -3846,6 +3970,113 @@ mod tests {
         let idle = put_md(&mut n, &mut arena, &[3; 8]);
         assert_eq!(n.md_unlink(Time::ZERO, idle), Ok(false));
         assert!(!n.md_busy(idle));
+    }
+
+    /// A node without discovery whose NI grants `peer_credits` per peer.
+    fn node_with_peer_credits(peer_credits: u32) -> Node {
+        let mut cfg = NodeConfig::new(vec![NiConfig {
+            peer_credits,
+            ..NiConfig::new(nid("10.0.0.1@tcp"))
+        }]);
+        cfg.discovery = false;
+        Node::new(cfg).unwrap()
+    }
+
+    fn one_event(n: &mut Node, md: MdHandle) -> Event {
+        let ev = n.poll_event().expect("an event");
+        assert_eq!(ev.md, md);
+        assert!(n.poll_event().is_none());
+        ev
+    }
+
+    #[test]
+    fn an_lnd_gives_back_a_message_it_had_not_started() {
+        let mut n = node_with_peer_credits(1);
+        let mut arena = Arena::new();
+        let peer = nid("10.0.0.2@tcp");
+        let (a, b) = (
+            put_md(&mut n, &mut arena, &[1; 8]),
+            put_md(&mut n, &mut arena, &[2; 8]),
+        );
+        n.put(Time::ZERO, a, false, ProcessId::lustre(peer), 5, 1, 0, 0)
+            .unwrap();
+        n.put(Time::ZERO, b, false, ProcessId::lustre(peer), 5, 2, 0, 0)
+            .unwrap();
+        let tx = n.poll_transmit().unwrap();
+        assert!(n.poll_transmit().is_none(), "b waits for the peer credit");
+        assert_eq!(n.withdraw(Time::ZERO, a), 0);
+        let w = n.poll_withdrawal().unwrap();
+        assert_eq!(w.id, tx.id);
+        // The LND had it queued: it fails Canceled, with no health
+        // penalty, and its credit lets b go.
+        n.handle_tx_withdrawn(Time::ZERO, w.id).unwrap();
+        let ev = one_event(&mut n, a);
+        assert_eq!(
+            (ev.kind(), ev.status()),
+            (EventKind::Send, Err(OpError::Canceled))
+        );
+        assert_eq!(
+            n.health().local_health(nid("10.0.0.1@tcp")),
+            crate::health::Health::MAX
+        );
+        assert_eq!(n.health().peer_health(peer), crate::health::Health::MAX);
+        let next = n.poll_transmit().expect("b got the credit");
+        assert_eq!(
+            Header::decode(&next.header).unwrap().body.match_bits(),
+            Some(2)
+        );
+        // Twice is an error, and so is a late completion of it.
+        assert!(n.handle_tx_withdrawn(Time::ZERO, w.id).is_err());
+        assert!(n.handle_tx_done(Time::ZERO, w.id, Ok(())).is_err());
+        n.handle_tx_done(Time::ZERO, next.id, Ok(())).unwrap();
+        assert_eq!(one_event(&mut n, b).status(), Ok(()));
+        assert_eq!(n.tx_credits().peer_ni_credits(peer), 1);
+    }
+
+    #[test]
+    fn messages_waiting_for_credits_or_not_yet_taken_are_withdrawn() {
+        let mut n = node_with_peer_credits(1);
+        let mut arena = Arena::new();
+        let peer = nid("10.0.0.2@tcp");
+        let mds: Vec<MdHandle> = (0..3)
+            .map(|i| put_md(&mut n, &mut arena, &[i; 8]))
+            .collect();
+        for (i, &md) in mds.iter().enumerate() {
+            n.put(
+                Time::ZERO,
+                md,
+                false,
+                ProcessId::lustre(peer),
+                5,
+                i as u64,
+                0,
+                0,
+            )
+            .unwrap();
+        }
+        // The first is encoded but not yet taken by the driver; the other
+        // two wait for the peer credit.
+        assert_eq!(n.withdraw(Time::ZERO, mds[1]), 1);
+        let ev = one_event(&mut n, mds[1]);
+        assert_eq!(
+            (ev.kind(), ev.status()),
+            (EventKind::Send, Err(OpError::Canceled))
+        );
+        assert_eq!(n.withdraw(Time::ZERO, mds[0]), 1);
+        assert_eq!(one_event(&mut n, mds[0]).status(), Err(OpError::Canceled));
+        assert!(n.poll_withdrawal().is_none(), "no LND had them");
+        // The credit went to the last one, which alone goes out.
+        let tx = n.poll_transmit().unwrap();
+        assert_eq!(
+            Header::decode(&tx.header).unwrap().body.match_bits(),
+            Some(2)
+        );
+        assert!(n.poll_transmit().is_none());
+        n.handle_tx_done(Time::ZERO, tx.id, Ok(())).unwrap();
+        assert_eq!(one_event(&mut n, mds[2]).status(), Ok(()));
+        let q = n.tx_credits().peer_ni(peer).unwrap();
+        assert_eq!((q.credits(), q.queued()), (1, 0));
+        assert_eq!(n.tx_credits().queued_bytes(peer), 0);
     }
 
     fn register(arena: &mut Arena, bytes: &[u8]) -> MemRef {

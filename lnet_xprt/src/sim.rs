@@ -861,6 +861,9 @@ impl Sim {
             while let Some(tx) = self.nodes[i].poll_transmit() {
                 self.send(i, tx);
             }
+            // The simulated LNDs put a transmit on the wire at once: none
+            // is left to give back.
+            while self.nodes[i].poll_withdrawal().is_some() {}
             self.update_timer(i);
         }
     }

@@ -22,6 +22,9 @@ enum Op {
     Put { ack: bool, len: u8 },
     Get { len: u8 },
     Wait(u16),
+    /// Takes back what LNet has not sent of the k-th MD made so far
+    /// (`Node::withdraw`), and unlinks it too when the flag says so.
+    Cancel(u8, bool),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -38,6 +41,7 @@ fn op() -> impl Strategy<Value = Op> {
         (any::<bool>(), 0u8..40).prop_map(|(ack, len)| Op::Put { ack, len }),
         (0u8..40).prop_map(|len| Op::Get { len }),
         (0u16..2000).prop_map(Op::Wait),
+        (any::<u8>(), any::<bool>()).prop_map(|(k, unlink)| Op::Cancel(k, unlink)),
     ]
 }
 
@@ -168,6 +172,17 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
                     .unwrap();
             }
             Op::Wait(us) => sim.run_for(Duration::from_micros(u64::from(us))).unwrap(),
+            Op::Cancel(k, unlink) => {
+                if let Some(&md) = created.get(usize::from(k) % created.len().max(1)) {
+                    sim.with_node("c", |n, now| {
+                        n.withdraw(now, md);
+                        if unlink {
+                            // Refused once it is unlinked already.
+                            let _ = n.md_unlink(now, md);
+                        }
+                    });
+                }
+            }
         }
     }
     // Past every transaction timeout: nothing may still be in progress.

@@ -456,6 +456,23 @@ mod stalls {
     static NO_DISCOVERY: super::LnetTcp =
         super::LnetTcp::new(["127.0.42.7@tcp", "127.0.42.8@tcp"], 46, false).without_discovery();
 
+    /// Without discovery the same send waits in the socket LND for its
+    /// connection: a cancel takes it back from there, at once too.
+    #[test]
+    fn cancel_ends_a_send_waiting_for_its_connection_at_once() {
+        let mut st = NO_DISCOVERY.raw_peers();
+        let a = Node::start(&NO_DISCOVERY);
+        let ep = a.ep(&st.deaf_peer());
+        let t =
+            a.tm.add_msg_send(a.buf_with(&[4; 4096], 0), &ep, 4096)
+                .unwrap();
+        thread::sleep(Duration::from_millis(200));
+        assert!(a.tm.buffer_state(t).is_some_and(|s| s.in_use));
+        del_cancels_at_once(&a, t, QueueType::MsgSend);
+        drop(ep);
+        a.shutdown();
+    }
+
     /// A passive buffer whose requester stopped half-way through its PUT:
     /// `del` ends it at once, `Cancelled`, and the requester is told (an
     /// ABORT for its request).

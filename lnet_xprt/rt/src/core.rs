@@ -18,7 +18,9 @@ use colibri_lnet::ids::Nid;
 use colibri_lnet::matching::Event;
 use colibri_lnet::nidmap::KeyedMap;
 use colibri_lnet::node::Payload;
-use colibri_lnet::node::{Node, PayloadOutcome, PingError, RxAction, RxId, Transmit, TxId};
+use colibri_lnet::node::{
+    Node, PayloadOutcome, PingError, RxAction, RxId, Transmit, TxId, Withdrawal,
+};
 use colibri_lnet::time::Time;
 use colibri_lnet::wire::PingInfo;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -68,6 +70,10 @@ pub(crate) trait Lnd: Send + Sync {
     fn send(&self, s: &Shared, tx: Transmit, done: &mut Vec<Input>) -> Result<(), HealthStatus>;
     /// The action for a parked message; `false` if no connection holds it.
     fn resume(&self, s: &Shared, rx: RxId, action: RxAction) -> bool;
+    /// Takes back a transmit not started on the wire (waiting for a
+    /// connection, or queued on one); `false` if it is being written or
+    /// gone (it then completes as usual).
+    fn withdraw(&self, w: Withdrawal) -> bool;
     /// Periodic work: keepalives, timeouts, reconnections.
     fn tick(&self, s: &Shared, now: Time);
     /// Stops threads and closes connections (failing what they held).
@@ -81,6 +87,8 @@ pub(crate) enum Input {
     TxDone(TxId, Result<(), HealthError>),
     /// `handle_payload`.
     Payload(RxId, PayloadOutcome),
+    /// `handle_tx_withdrawn`: the LND gave the transmit back unsent.
+    Withdrawn(TxId),
 }
 
 /// The node and what lives with it under the node lock.
@@ -150,11 +158,15 @@ struct Outputs {
     transmits: Vec<Transmit>,
     actions: Vec<(RxId, RxAction)>,
     releases: Vec<RxId>,
+    withdrawals: Vec<Withdrawal>,
 }
 
 impl Outputs {
     fn is_empty(&self) -> bool {
-        self.transmits.is_empty() && self.actions.is_empty() && self.releases.is_empty()
+        self.transmits.is_empty()
+            && self.actions.is_empty()
+            && self.releases.is_empty()
+            && self.withdrawals.is_empty()
     }
 }
 
@@ -264,6 +276,9 @@ impl Shared {
         while let Some(rx) = node.poll_rx_release() {
             out.releases.push(rx);
         }
+        while let Some(w) = node.poll_withdrawal() {
+            out.withdrawals.push(w);
+        }
         while let Some(ev) = node.poll_event() {
             if self.events_tx.send(ev).is_err() {
                 tracing::trace!(target: TARGET, "event dropped: nobody listens");
@@ -330,6 +345,12 @@ impl Shared {
             };
             if let Err(s) = r {
                 inputs.push(Input::TxDone(id, health_error(s)));
+            }
+        }
+        // After the transmits: one of them may be the message asked back.
+        for w in out.withdrawals {
+            if self.lnd.get().is_some_and(|l| l.withdraw(w)) {
+                inputs.push(Input::Withdrawn(w.id));
             }
         }
         for (rx, action) in out.actions {
@@ -565,6 +586,7 @@ fn apply(node: &mut Node, now: Time, inputs: impl Iterator<Item = Input>) {
         let r = match i {
             Input::TxDone(id, res) => node.handle_tx_done(now, id, res),
             Input::Payload(rx, outcome) => node.handle_payload(now, rx, outcome),
+            Input::Withdrawn(id) => node.handle_tx_withdrawn(now, id),
         };
         if let Err(e) = r {
             tracing::warn!(target: TARGET, error = %e, "node refused a completion");

@@ -10,7 +10,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use colibri_lnet_rt::colibri_lnet::ids::{Nid, ProcessId};
-use colibri_lnet_rt::colibri_lnet::matching::{EventKind, MdOptions};
+use colibri_lnet_rt::colibri_lnet::matching::{EventKind, MdOptions, OpError};
 use colibri_lnet_rt::colibri_lnet::socklnd::{AcceptPolicy, ConnReq, ConnType, Hello, LnetFrame};
 use colibri_lnet_rt::colibri_lnet::wire::{Body, Header, WireHandle};
 use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
@@ -476,6 +476,124 @@ fn a_new_incarnation_closes_the_old_connections() {
     // The retry is accepted.
     let again = raw_peer(addr, server, me, ConnType::Control, 2);
     drop(again);
+    b.shutdown();
+}
+
+#[test]
+fn a_put_waiting_for_a_connection_is_withdrawn_at_once() {
+    let a = start("127.0.2.32@tcp", AcceptPolicy::All);
+    let deaf = nid("127.0.2.33@tcp");
+    // A listener that never accepts: the connection daemon's handshake
+    // waits for an answer that never comes.
+    let l = std::net::TcpListener::bind("127.0.2.33:0").unwrap();
+    a.set_peer_addr(deaf, l.local_addr().unwrap());
+    a.set_discovery(false).unwrap();
+    let src = MemRegion::from_vec(vec![7; 5000]);
+    let md = bind(&a, &src);
+    a.put(md, true, ProcessId::lustre(deaf), 4, 0, 0, 0)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        a.next_event(Duration::from_millis(10)).is_err(),
+        "nothing yet"
+    );
+    let t0 = Instant::now();
+    // Not seen by any peer: LNet takes it back from the LND's queue.
+    assert_eq!(a.withdraw(md).unwrap(), 0);
+    let evs = events_until(&a, |e| e.iter().any(|e| e.md == md));
+    let ev = evs.iter().find(|e| e.md == md).unwrap();
+    assert_eq!(ev.kind(), EventKind::Send);
+    assert_eq!(ev.status(), Err(OpError::Canceled), "{ev:#?}");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    std::thread::sleep(Duration::from_millis(300));
+    while let Ok(e) = a.next_event(Duration::from_millis(50)) {
+        assert_ne!(e.md, md, "second event {e:#?}");
+    }
+    assert_eq!(a.stats().send_failures, 1, "{:?}", a.stats());
+    drop(l);
+    a.shutdown();
+}
+
+#[test]
+fn a_put_queued_behind_a_stalled_one_is_withdrawn_the_stalled_one_goes_on() {
+    // Small socket buffers, so that what a parked message holds up stays
+    // in a's queue.
+    let small = |c: &mut LnetConfig| {
+        c.tcp.tx_buffer_size = 128 << 10;
+        c.tcp.rx_buffer_size = 128 << 10;
+    };
+    let (na, nb) = (nid("127.0.2.34@tcp"), nid("127.0.2.35@tcp"));
+    let a = start_with("127.0.2.34@tcp", AcceptPolicy::All, small);
+    let b = start_with("127.0.2.35@tcp", AcceptPolicy::All, small);
+    a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
+    b.set_peer_addr(na, a.listen_addr(na).unwrap());
+    // b parks the first PUT (lazy portal, no MD yet), so nothing more is
+    // read from that connection: the next PUT's write stalls when the
+    // socket is full, and those after it wait in a's queue.
+    b.set_lazy_portal(30, true).unwrap();
+    let data: Vec<Vec<u8>> = (0..6).map(|i| pattern(MIB, 10 + i)).collect();
+    let srcs: Vec<MemRegion> = data
+        .iter()
+        .map(|d| MemRegion::from_vec(d.clone()))
+        .collect();
+    let mds: Vec<_> = srcs.iter().map(|r| bind(&a, r)).collect();
+    a.put(mds[0], false, ProcessId::lustre(nb), 30, 0, 0, 0)
+        .unwrap();
+    let t0 = Instant::now();
+    while b.with_node(|n| n.rx_pending()) == 0 {
+        assert!(t0.elapsed() < LIMIT, "the first PUT never reached b");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for (i, &md) in mds.iter().enumerate().skip(1) {
+        a.put(md, false, ProcessId::lustre(nb), 30, i as u64, 0, 0)
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let last = mds[5];
+    let t0 = Instant::now();
+    assert_eq!(a.withdraw(last).unwrap(), 0);
+    let mut seen = events_until(&a, |e| e.iter().any(|e| e.md == last));
+    let ev = seen.iter().find(|e| e.md == last).unwrap();
+    assert_eq!(
+        (ev.kind(), ev.status()),
+        (EventKind::Send, Err(OpError::Canceled)),
+        "{ev:#?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert!(
+        seen.iter().all(|e| e.md == last),
+        "sent while b held the connection: {seen:#?}"
+    );
+    // The others go on once b has MDs for them; the withdrawn one never
+    // reaches b.
+    let inboxes: Vec<MemRegion> = (0..6).map(|_| MemRegion::zeroed(MIB)).collect();
+    let targets: Vec<_> = inboxes
+        .iter()
+        .enumerate()
+        .map(|(i, r)| post(&b, r, 30, i as u64, MdOptions::OP_PUT))
+        .collect();
+    // (No ACKs asked: one SEND event each.)
+    seen.extend(events_until(&a, |e| {
+        e.iter().filter(|e| mds[..5].contains(&e.md)).count() == 5
+    }));
+    assert!(
+        seen.iter()
+            .filter(|e| mds[..5].contains(&e.md))
+            .all(|e| e.status().is_ok()),
+        "{seen:#?}"
+    );
+    let bev = events_until(&b, |e| {
+        e.iter().filter(|e| targets[..5].contains(&e.md)).count() == 5
+    });
+    assert!(bev.iter().all(|e| e.md != targets[5]), "{bev:#?}");
+    for i in 0..5 {
+        assert!(inboxes[i].to_vec() == data[i], "PUT {i}'s payload differs");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    while let Ok(e) = b.next_event(Duration::from_millis(50)) {
+        assert_ne!(e.md, targets[5], "the withdrawn PUT arrived: {e:#?}");
+    }
+    a.shutdown();
     b.shutdown();
 }
 

@@ -2174,9 +2174,11 @@ impl XprtTm for LnetTm {
             // failure; a timeout or a stop with abort ends it at once.
             op.st.lock().del = true;
             if op.kind == Kind::Send && reason == DelReason::Cancel {
-                // A PUT still waiting for its peer's discovery was never
-                // sent: LNet gives it back, failed `Canceled`, and its
-                // SEND event completes the buffer `Cancelled` at once.
+                // A PUT no peer has seen (waiting for its peer's
+                // discovery, for credits, or in the socket LND for a
+                // connection or behind other messages) was never sent:
+                // LNet gives it back, failed `Canceled`, and its SEND
+                // event completes the buffer `Cancelled` at once.
                 for md in op.live_mds() {
                     let _ = e.lnet.withdraw(md);
                 }

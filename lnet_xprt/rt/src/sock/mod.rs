@@ -23,7 +23,7 @@ use std::time::Duration;
 use colibri_lnet::health::HealthStatus;
 use colibri_lnet::ids::{Nid, Pid};
 use colibri_lnet::nidmap::{KeyedMap, NidMap};
-use colibri_lnet::node::{Payload, RxAction, RxId, Transmit, TxId};
+use colibri_lnet::node::{Payload, RxAction, RxId, Transmit, TxId, Withdrawal};
 use colibri_lnet::socklnd::frame::LNET_FRAME_HDR_LEN;
 use colibri_lnet::socklnd::{
     AcceptPolicy, ConnId, ConnLoad, ConnType, FrameReceiver, Keepalive, KsockMsgHeader, LocalEnd,
@@ -872,6 +872,32 @@ impl Lnd for SockLnd {
             self.write_inline(s, &conn, done);
         }
         Ok(())
+    }
+
+    fn withdraw(&self, w: Withdrawal) -> bool {
+        let Some(ni) = self.ni(w.from) else {
+            return false;
+        };
+        let mut peers = ni.peers.lock();
+        let Some(p) = peers.get_mut(&w.to) else {
+            return false;
+        };
+        if let Some(i) = p.pending.iter().position(|t| t.id == Some(w.id)) {
+            p.pending.remove(i);
+            return true;
+        }
+        // Queued on a connection behind others (the one being written has
+        // left its queue).
+        for c in p.refs.values() {
+            let mut q = c.txq.lock();
+            if let Some(i) = q.iter().position(|t| t.id == Some(w.id)) {
+                if let Some(item) = q.remove(i) {
+                    c.queued_bytes.fetch_sub(item.wire_len(), Ordering::Relaxed);
+                }
+                return true;
+            }
+        }
+        false
     }
 
     fn resume(&self, _s: &Shared, rx: RxId, action: RxAction) -> bool {
