@@ -19,8 +19,13 @@ use proptest::prelude::*;
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
-    Put { ack: bool, len: u8 },
-    Get { len: u8 },
+    Put {
+        ack: bool,
+        len: u8,
+    },
+    Get {
+        len: u8,
+    },
     Wait(u16),
     /// Takes back what LNet has not sent of the k-th MD made so far
     /// (`Node::withdraw`), and unlinks it too when the flag says so.
