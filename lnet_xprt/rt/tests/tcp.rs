@@ -680,14 +680,25 @@ fn shutdown_ends_every_operation_with_one_final_event() {
     b.shutdown();
 }
 
-/// A PUT of `len` payload bytes from `me` to `server`'s `portal`.
-fn put_frame(server: Nid, me: Nid, portal: u32, bits: u64, payload: &[u8]) -> Vec<u8> {
+/// A node at `nid_s` without discovery (raw peers then need not answer a
+/// ping), its NID and listening address.
+fn raw_target(nid_s: &str) -> (Lnet, Nid, SocketAddr) {
+    let server = nid(nid_s);
+    let b = start(nid_s, AcceptPolicy::All);
+    b.set_discovery(false).unwrap();
+    let addr = b.listen_addr(server).unwrap();
+    (b, server, addr)
+}
+
+/// The headers of a PUT of `len` payload bytes from `me` to `server`'s
+/// `portal` (no ACK).
+fn put_head(server: Nid, me: Nid, portal: u32, bits: u64, len: usize) -> Vec<u8> {
     let header = Header {
         dest_nid: server,
         src_nid: me,
         dest_pid: 12345,
         src_pid: 12345,
-        payload_length: u32::try_from(payload.len()).unwrap(),
+        payload_length: u32::try_from(len).unwrap(),
         body: Body::Put {
             ack_wmd: WireHandle::NONE,
             match_bits: bits,
@@ -696,17 +707,19 @@ fn put_frame(server: Nid, me: Nid, portal: u32, bits: u64, payload: &[u8]) -> Ve
             offset: 0,
         },
     };
-    let mut v = LnetFrame::new(header).encode().to_vec();
+    LnetFrame::new(header).encode().to_vec()
+}
+
+/// A whole PUT: its headers, then `payload`.
+fn put_frame(server: Nid, me: Nid, portal: u32, bits: u64, payload: &[u8]) -> Vec<u8> {
+    let mut v = put_head(server, me, portal, bits, payload.len());
     v.extend_from_slice(payload);
     v
 }
 
 #[test]
 fn small_messages_come_in_one_read_and_a_parked_one_keeps_what_follows() {
-    let server = nid("127.0.2.26@tcp");
-    let b = start("127.0.2.26@tcp", AcceptPolicy::All);
-    b.set_discovery(false).unwrap();
-    let addr = b.listen_addr(server).unwrap();
+    let (b, server, addr) = raw_target("127.0.2.26@tcp");
     let me = nid("127.0.2.27@tcp");
     // The first message waits for an MD (lazy portal 20); ten more follow
     // it on the same connection, all in one segment, so the read that
@@ -781,10 +794,7 @@ fn small_messages_come_in_one_read_and_a_parked_one_keeps_what_follows() {
 
 #[test]
 fn a_large_payload_is_read_into_place_after_the_first_read() {
-    let server = nid("127.0.2.28@tcp");
-    let b = start("127.0.2.28@tcp", AcceptPolicy::All);
-    b.set_discovery(false).unwrap();
-    let addr = b.listen_addr(server).unwrap();
+    let (b, server, addr) = raw_target("127.0.2.28@tcp");
     // A CONTROL connection (a peer whose min_bulk let it send 100 KB
     // there) copies what its first read took; a bulk connection nothing.
     for (i, (ctype, copied)) in [(ConnType::Control, true), (ConnType::BulkOut, false)]
@@ -819,29 +829,12 @@ fn a_large_payload_is_read_into_place_after_the_first_read() {
 
 #[test]
 fn sender_dying_mid_payload_fails_the_receive_once() {
-    let server = nid("127.0.2.24@tcp");
-    let b = start("127.0.2.24@tcp", AcceptPolicy::All);
-    let addr = b.listen_addr(server).unwrap();
+    let (b, server, addr) = raw_target("127.0.2.24@tcp");
     let me = nid("127.0.2.25@tcp");
-    b.set_discovery(false).unwrap();
     let inbox = MemRegion::zeroed(100_000);
     let target = post(&b, &inbox, 4, 0, MdOptions::OP_PUT);
     let mut s = raw_peer(addr, server, me, ConnType::Control, 9);
-    let header = Header {
-        dest_nid: server,
-        src_nid: me,
-        dest_pid: 12345,
-        src_pid: 12345,
-        payload_length: 100_000,
-        body: Body::Put {
-            ack_wmd: WireHandle::NONE,
-            match_bits: 0,
-            hdr_data: 0,
-            ptl_index: 4,
-            offset: 0,
-        },
-    };
-    s.write_all(&LnetFrame::new(header).encode()).unwrap();
+    s.write_all(&put_head(server, me, 4, 0, 100_000)).unwrap();
     s.write_all(&[0xee; 10_000]).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     drop(s);
