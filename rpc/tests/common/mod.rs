@@ -323,9 +323,10 @@ pub(crate) fn resend_executes_once(net: &Net) {
     let server = net.machine(RpcConfig::default());
     let runs = Arc::new(AtomicU64::new(0));
     let r = runs.clone();
-    // The reply waits until the client has resent at least twice (seen by
-    // a watcher below), not for a fixed time: on a loaded machine the
-    // client's timer may fire late.
+    // The reply waits until the server has seen at least two resends
+    // (a watcher below), not for a fixed time: on a loaded machine the
+    // client's timer may fire late, and a resend the client made may still
+    // be on its way (or, once the call is answered, taken back unsent).
     let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let g = go.clone();
     server.on(SLOW, move |req, reply| {
@@ -348,7 +349,7 @@ pub(crate) fn resend_executes_once(net: &Net) {
     std::thread::scope(|sc| {
         sc.spawn(|| {
             let deadline = Instant::now() + Duration::from_secs(20);
-            while client.stats().resends < 2 && Instant::now() < deadline {
+            while server.stats().duplicates < 2 && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
             }
             go.store(true, Ordering::SeqCst);
