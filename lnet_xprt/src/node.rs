@@ -945,6 +945,10 @@ impl Trackers {
         }
     }
 
+    fn has_md(&self, md: MdHandle) -> bool {
+        self.by_md.range((md, 0)..=(md, u64::MAX)).next().is_some()
+    }
+
     fn next_deadline(&self) -> Option<Time> {
         self.due.first().map(|&(t, _)| t)
     }
@@ -1616,6 +1620,25 @@ impl Node {
     #[must_use]
     pub fn md_busy(&self, md: MdHandle) -> bool {
         self.table.md_busy(md)
+    }
+
+    /// Takes back an MD bound by [`Node::md_bind`] that never started an
+    /// operation (its first PUT or GET was refused), with no event: for
+    /// the caller nothing happened. A busy MD or one with an operation
+    /// behind it is refused (use [`Node::md_unlink`]).
+    ///
+    /// # Errors
+    /// Unknown, internal or busy MD.
+    pub fn md_unbind(&mut self, md: MdHandle) -> Result<(), NodeError> {
+        if self.internal.contains_key(&md) {
+            return Err(NodeError::Invalid("internal MD"));
+        }
+        if self.table.md_busy(md) || self.trackers.has_md(md) {
+            return Err(NodeError::Invalid("MD in use"));
+        }
+        // Idle: the table hands back the UNLINK event it would queue.
+        let _unlinked: Option<Event> = self.table.md_unlink(md)?;
+        Ok(())
     }
 
     /// `LNetMDUnlink`; an UNLINK event is queued if the MD was idle. A
@@ -3933,6 +3956,37 @@ mod tests {
         assert!(n.poll_event().is_none());
         assert_eq!(n.discovery().parked_total(), 0);
         only_the_ping_left(&mut n);
+    }
+
+    #[test]
+    fn unbinding_takes_back_an_idle_md_without_an_event_and_no_other() {
+        let mut n = node(&["10.0.0.1@tcp"], false);
+        let mut arena = Arena::new();
+        let idle = put_md(&mut n, &mut arena, &[1; 8]);
+        n.md_unbind(idle).unwrap();
+        assert!(n.poll_event().is_none());
+        assert!(n.md_unbind(idle).is_err(), "gone");
+        assert!(n.md_unlink(Time::ZERO, idle).is_err(), "gone");
+        // One with a message on its way is refused, and stays.
+        let busy = put_md(&mut n, &mut arena, &[2; 8]);
+        let peer = ProcessId::lustre(nid("10.0.0.2@tcp"));
+        n.put(Time::ZERO, busy, false, peer, 5, 0, 0, 0).unwrap();
+        assert!(n.md_unbind(busy).is_err());
+        let tx = n.poll_transmit().unwrap();
+        n.handle_tx_done(Time::ZERO, tx.id, Ok(())).unwrap();
+        let ev = n.poll_event().unwrap();
+        assert_eq!((ev.md, ev.kind()), (busy, EventKind::Send));
+        // One waiting for an ACK (a response tracker) is refused too.
+        let md = n
+            .md_bind(
+                MdSpec::new(register(&mut arena, &[3; 8]), MdOptions::empty())
+                    .threshold(Threshold::Count(2)),
+            )
+            .unwrap();
+        n.put(Time::ZERO, md, true, peer, 5, 0, 0, 0).unwrap();
+        let tx = n.poll_transmit().unwrap();
+        n.handle_tx_done(Time::ZERO, tx.id, Ok(())).unwrap();
+        assert!(n.md_unbind(md).is_err());
     }
 
     #[test]

@@ -155,6 +155,37 @@ pub use crate::stats::RuntimeStats;
 
 const TARGET: &str = "colibri_lnet_rt";
 
+/// The operation [`Lnet::bind_start`] starts on the MD it binds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// `LNetPut` of the whole MD (see [`Lnet::put`]).
+    Put {
+        /// Ask for an ACK (the MD then needs threshold 2).
+        ack: bool,
+        /// The receiving process.
+        target: ProcessId,
+        /// Its portal.
+        portal: u32,
+        /// Match bits.
+        match_bits: u64,
+        /// Offset the sender asks for in the receiver's MD.
+        offset: u32,
+        /// Header data carried with the PUT.
+        hdr_data: u64,
+    },
+    /// `LNetGet` into the MD (see [`Lnet::get`]).
+    Get {
+        /// The process asked for the data.
+        target: ProcessId,
+        /// Its portal.
+        portal: u32,
+        /// Match bits.
+        match_bits: u64,
+        /// Offset in the target's MD.
+        offset: u32,
+    },
+}
+
 /// A running LNet node: a cheap, cloneable handle. The runtime stops when
 /// [`Lnet::shutdown`] is called or the last handle is dropped.
 #[derive(Clone)]
@@ -461,6 +492,70 @@ impl Lnet {
         let s = self.live()?;
         self.check_mem(spec.mem)?;
         Ok(s.run(Vec::new(), |c, now| c.node.md_attach(now, me, spec))?)
+    }
+
+    /// `LNetMEAttach` then `LNetMDAttach` on it, in one turn of the node
+    /// (one lock and one look at its outputs instead of two). If the MD is
+    /// refused, the ME is unlinked again and nothing stays attached.
+    ///
+    /// # Errors
+    /// As [`Lnet::me_attach`] and [`Lnet::md_attach`].
+    pub fn me_md_attach(&self, me: MeSpec, md: MdSpec) -> Result<(MeHandle, MdHandle), LnetError> {
+        let s = self.live()?;
+        self.check_mem(md.mem)?;
+        Ok(s.run(Vec::new(), |c, now| {
+            let me = c.node.me_attach(me)?;
+            match c.node.md_attach(now, me, md) {
+                Ok(md) => Ok((me, md)),
+                Err(e) => {
+                    let _ = c.node.me_unlink(me);
+                    Err(e)
+                }
+            }
+        })?)
+    }
+
+    /// `LNetMDBind` then the PUT or GET `start` from it, in one turn of the
+    /// node (as [`Lnet::md_bind`] followed by [`Lnet::put`] or
+    /// [`Lnet::get`], with one lock and one look at the node's outputs
+    /// instead of two). An operation that did not start leaves nothing: the
+    /// MD is taken back with no event ([`Node::md_unbind`]).
+    ///
+    /// # Errors
+    /// As [`Lnet::md_bind`], [`Lnet::put`] and [`Lnet::get`].
+    pub fn bind_start(&self, spec: MdSpec, start: Start) -> Result<MdHandle, LnetError> {
+        let s = self.live()?;
+        self.check_mem(spec.mem)?;
+        Ok(s.run(Vec::new(), |c, now| {
+            let md = c.node.md_bind(spec)?;
+            let r = match start {
+                Start::Put {
+                    ack,
+                    target,
+                    portal,
+                    match_bits,
+                    offset,
+                    hdr_data,
+                } => c
+                    .node
+                    .put(now, md, ack, target, portal, match_bits, offset, hdr_data),
+                Start::Get {
+                    target,
+                    portal,
+                    match_bits,
+                    offset,
+                } => c.node.get(now, md, target, portal, match_bits, offset),
+            };
+            if let Err(e) = r {
+                // A refused operation leaves the MD idle; were it not, its
+                // unlink would end it with an event, as two calls do.
+                if c.node.md_unbind(md).is_err() {
+                    let _ = c.node.md_unlink(now, md);
+                }
+                return Err(e);
+            }
+            Ok(md)
+        })?)
     }
 
     /// `LNetMDBind`: a free-floating MD, the source of a PUT or the sink of

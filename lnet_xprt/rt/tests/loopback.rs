@@ -9,7 +9,7 @@ use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
 use colibri_lnet_rt::colibri_lnet::matching::{
     EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, MemKey, MemRef, Threshold, Unlink,
 };
-use colibri_lnet_rt::{Lnet, LnetConfig, LnetError, MemRegion};
+use colibri_lnet_rt::{Lnet, LnetConfig, LnetError, MemRegion, Start};
 use common::*;
 
 fn node(ip: &str) -> Lnet {
@@ -244,5 +244,183 @@ fn deregistered_memory_fails_the_send_with_one_event() {
     while let Ok(e) = lnet.next_event(Duration::from_millis(100)) {
         assert_ne!(e.md, md, "a second event for the failed PUT: {e:#?}");
     }
+    lnet.shutdown();
+}
+
+#[test]
+fn bind_start_moves_the_bytes_as_bind_and_put_do() {
+    let lnet = node("127.0.1.8");
+    let me = ProcessId::lustre(nid("127.0.1.8@tcp"));
+    let inbox = MemRegion::zeroed(4096);
+    let key_in = lnet.register(&inbox);
+    // The receiver's ME and MD in one call.
+    let (_me, target) = lnet
+        .me_md_attach(
+            MeSpec {
+                portal: 13,
+                match_id: ProcessId::ANY,
+                match_bits: 0x77,
+                ignore_bits: 0,
+                unlink: Unlink::Retain,
+                pos: InsertPos::After,
+            },
+            MdSpec::new(MemRef::new(key_in, 0, 4096), MdOptions::OP_PUT),
+        )
+        .unwrap();
+    let data = pattern(4096, 3);
+    let src = MemRegion::from_vec(data.clone());
+    let key = lnet.register(&src);
+    let md = lnet
+        .bind_start(
+            MdSpec::new(MemRef::new(key, 0, 4096), MdOptions::empty())
+                .threshold(Threshold::Count(2))
+                .unlink(Unlink::Unlink),
+            Start::Put {
+                ack: true,
+                target: me,
+                portal: 13,
+                match_bits: 0x77,
+                offset: 0,
+                hdr_data: 9,
+            },
+        )
+        .unwrap();
+    let evs = until_final(&lnet, md);
+    assert_eq!(kinds(&evs, md), vec![EventKind::Send, EventKind::Ack]);
+    let more = events_until(&lnet, |e| {
+        evs.iter()
+            .chain(e)
+            .any(|e| e.md == target && e.kind() == EventKind::Put)
+    });
+    assert!(
+        evs.iter()
+            .chain(&more)
+            .any(|e| e.md == target && e.info.hdr_data == 9)
+    );
+    assert_eq!(inbox.to_vec(), data);
+    // A GET back into a fresh MD, in one call too.
+    let sink = MemRegion::zeroed(4096);
+    let ks = lnet.register(&sink);
+    let (_, served) = lnet
+        .me_md_attach(
+            MeSpec {
+                portal: 14,
+                match_id: ProcessId::ANY,
+                match_bits: 1,
+                ignore_bits: 0,
+                unlink: Unlink::Retain,
+                pos: InsertPos::After,
+            },
+            MdSpec::new(MemRef::new(key, 0, 4096), MdOptions::OP_GET),
+        )
+        .unwrap();
+    let g = lnet
+        .bind_start(
+            MdSpec::new(MemRef::new(ks, 0, 4096), MdOptions::empty())
+                .threshold(Threshold::Count(2))
+                .unlink(Unlink::Unlink),
+            Start::Get {
+                target: me,
+                portal: 14,
+                match_bits: 1,
+                offset: 0,
+            },
+        )
+        .unwrap();
+    let evs = until_final(&lnet, g);
+    assert!(kinds(&evs, g).contains(&EventKind::Reply), "{evs:?}");
+    assert_eq!(sink.to_vec(), data);
+    assert_ne!(served, g);
+    lnet.shutdown();
+}
+
+#[test]
+fn a_refused_bind_start_or_attach_leaves_nothing_behind() {
+    let lnet = node("127.0.1.9");
+    let me = ProcessId::lustre(nid("127.0.1.9@tcp"));
+    let r = MemRegion::zeroed(64);
+    let key = lnet.register(&r);
+    let spec = || MdSpec::new(MemRef::new(key, 0, 64), MdOptions::empty());
+    // Portal 64 is beyond the table: the PUT is refused, and the MD bound
+    // for it is gone again without an event.
+    let e = lnet
+        .bind_start(
+            spec(),
+            Start::Put {
+                ack: false,
+                target: me,
+                portal: 64,
+                match_bits: 0,
+                offset: 0,
+                hdr_data: 0,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e.errno(), 22, "{e}");
+    let e = lnet
+        .bind_start(
+            spec(),
+            Start::Get {
+                target: me,
+                portal: 64,
+                match_bits: 0,
+                offset: 0,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e.errno(), 22, "{e}");
+    // Unregistered memory: refused before anything is bound.
+    let e = lnet
+        .bind_start(
+            MdSpec::new(MemRef::new(MemKey(999), 0, 4), MdOptions::empty()),
+            Start::Get {
+                target: me,
+                portal: 3,
+                match_bits: 0,
+                offset: 0,
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(e, LnetError::BadMemory { .. }), "{e}");
+    // An MD the ME refuses (a threshold of 0 is not an MD): the ME goes too.
+    let e = lnet
+        .me_md_attach(
+            MeSpec {
+                portal: 5,
+                match_id: ProcessId::ANY,
+                match_bits: 0,
+                ignore_bits: 0,
+                unlink: Unlink::Retain,
+                pos: InsertPos::After,
+            },
+            spec().threshold(Threshold::Count(0)),
+        )
+        .unwrap_err();
+    assert_eq!(e.errno(), 22, "{e}");
+    assert!(
+        lnet.next_event(Duration::from_millis(100)).is_err(),
+        "no event"
+    );
+    // Nothing was left matching on portal 5: a PUT to it is dropped.
+    let src = MemRegion::from_vec(vec![1; 8]);
+    let k2 = lnet.register(&src);
+    let md = lnet
+        .bind_start(
+            MdSpec::new(MemRef::new(k2, 0, 8), MdOptions::empty())
+                .threshold(Threshold::Count(1))
+                .unlink(Unlink::Unlink),
+            Start::Put {
+                ack: false,
+                target: me,
+                portal: 5,
+                match_bits: 0,
+                offset: 0,
+                hdr_data: 0,
+            },
+        )
+        .unwrap();
+    let evs = until_final(&lnet, md);
+    assert_eq!(kinds(&evs, md), vec![EventKind::Send], "{evs:?}");
+    assert_eq!(lnet.stats().drop_count, 1);
     lnet.shutdown();
 }

@@ -14,7 +14,7 @@ use colibri_lnet_rt::colibri_lnet::matching::{
     Unlink,
 };
 use colibri_lnet_rt::colibri_lnet::nidmap::KeyedMap;
-use colibri_lnet_rt::{EventHook, HookCall, Lnet, LnetError, MemRegion};
+use colibri_lnet_rt::{EventHook, HookCall, Lnet, LnetError, MemRegion, Start};
 use colibri_net::xprt::{Delivery, QueuedBuf, TmSink};
 use colibri_net::{NetError, Result};
 use crossbeam_channel::{Receiver, Sender};
@@ -521,40 +521,27 @@ impl Engine {
         me: MeSpec,
         md: MdSpec,
     ) -> std::result::Result<(MeHandle, MdHandle), LnetError> {
-        let me = self.lnet.me_attach(me)?;
-        match self.lnet.md_attach(me, md) {
-            Ok(md) => Ok((me, md)),
-            Err(err) => {
-                let _ = self.lnet.me_unlink(me);
-                Err(err)
-            }
-        }
+        self.lnet.me_md_attach(me, md)
     }
 
     /// `LNetMDBind` of a free MD over `mem` (`threshold` events, unlinked
-    /// after the last, reported with `user`), then `bound` (which records
-    /// the MD) and `start` (the PUT or GET from it); an MD whose operation
-    /// did not start is unlinked again.
+    /// after the last, reported with `user`) and the PUT or GET `start`
+    /// from it, in one turn of the node ([`Lnet::bind_start`]); an MD
+    /// whose operation did not start is gone again, with no event.
     pub(crate) fn bind_and_start(
         &self,
         mem: MemRef,
         threshold: u32,
         user: u64,
-        bound: impl FnOnce(MdHandle),
-        start: impl FnOnce(MdHandle) -> std::result::Result<(), LnetError>,
-    ) -> std::result::Result<(), LnetError> {
-        let md = self.lnet.md_bind(
+        start: Start,
+    ) -> std::result::Result<MdHandle, LnetError> {
+        self.lnet.bind_start(
             MdSpec::new(mem, MdOptions::empty())
                 .threshold(Threshold::Count(threshold))
                 .unlink(Unlink::Unlink)
                 .user_ptr(user),
-        )?;
-        bound(md);
-        let r = start(md);
-        if r.is_err() {
-            let _ = self.lnet.md_unlink(md);
-        }
-        r
+            start,
+        )
     }
 
     /// Sends a control message (a PUT without ACK from memory of its own)
@@ -585,24 +572,20 @@ impl Engine {
             MemRef::new(key, 0, len),
             1,
             id,
-            |_| {},
-            |md| {
-                self.lnet.put(
-                    md,
-                    false,
-                    to,
-                    portal,
-                    match_bits(tmid, CNT_CTL),
-                    0,
-                    hdr_data(kind, from.0, from.1, (msg.xid() as u32) & SEQ_MASK),
-                )
+            Start::Put {
+                ack: false,
+                target: to,
+                portal,
+                match_bits: match_bits(tmid, CNT_CTL),
+                offset: 0,
+                hdr_data: hdr_data(kind, from.0, from.1, (msg.xid() as u32) & SEQ_MASK),
             },
         );
         if r.is_err() {
             self.ctl_sends.lock().remove(&id);
             self.lnet.deregister(key);
         }
-        r
+        r.map(|_| ())
     }
 
     fn on_event(&self, ev: &Event) {

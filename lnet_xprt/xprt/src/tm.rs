@@ -5,13 +5,13 @@ use std::cell::Cell;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use colibri_lnet_rt::ForeignMemory;
 use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
 use colibri_lnet_rt::colibri_lnet::matching::{
     Event, EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeHandle, MemKey, MemRef, OpError,
     Threshold, Unlink,
 };
 use colibri_lnet_rt::colibri_lnet::nidmap::KeyedMap;
+use colibri_lnet_rt::{ForeignMemory, Start};
 use colibri_net::desc::NetBufDesc;
 use colibri_net::xprt::{
     DelReason, Delivery, EpAddr, PassiveClaim, PassiveError, QueuedBuf, TmSink, XprtTm,
@@ -1531,12 +1531,13 @@ impl TmShared {
             c.st.lock().len = n;
             e.add_op(&c);
             op.st.lock().children.push(Arc::clone(&c));
-            let r = e.bind_and_start(
+            let r = bind_and_start(
+                e,
+                &c,
                 MemRef::new(key, off as u64, n as u32),
                 2,
-                c.id,
-                |md| c.st.lock().md = Some(md),
-                |md| move_bulk(e, md, recv, t, bits + k as u64, from),
+                bulk_start(recv, t, bits + k as u64, from),
+                |s, md| s.md = Some(md),
             );
             if let Err(err) = r {
                 // Chunks already started end by themselves; the rest never
@@ -1626,17 +1627,17 @@ impl TmShared {
             }
             return;
         }
-        let r = e.bind_and_start(
+        let r = bind_and_start(
+            e,
+            op,
             MemRef::new(key, 0, len as u32),
             2,
-            op.id,
-            |md| {
-                let mut s = op.st.lock();
+            bulk_start(recv, &t, bits, from),
+            |s, md| {
                 s.md = Some(md);
                 s.stage = Stage::Live;
                 s.len = len;
             },
-            |md| move_bulk(e, md, recv, &t, bits, from),
         );
         if let Err(err) = r {
             abort(NetError::Cancelled);
@@ -1797,31 +1798,27 @@ impl LnetTm {
                 let from = (a.portal, a.tmid.unwrap_or(0));
                 let ack = take_owed(e, &dest, from);
                 op.st.lock().carried = ack;
-                let r = e.bind_and_start(
+                // Before the PUT: its answer may come at once.
+                arm_deadline(e, op);
+                let r = bind_and_start(
+                    e,
+                    op,
                     MemRef::new(key, 0, len as u32),
                     1,
-                    op.id,
-                    |md| {
-                        {
-                            let mut s = op.st.lock();
-                            s.md = Some(md);
-                            s.stage = Stage::Live;
-                        }
-                        arm_deadline(e, op);
+                    Start::Put {
+                        ack: false,
+                        target: dest.process(),
+                        portal: dest.portal,
+                        match_bits: match_bits(
+                            dest.tmid.unwrap_or(0),
+                            msg_counter(ack.map(|(seq, _)| seq)),
+                        ),
+                        offset: 0,
+                        hdr_data: hdr_data(HDR_MSG, from.0, from.1, seq_of(op.id)),
                     },
-                    |md| {
-                        e.lnet.put(
-                            md,
-                            false,
-                            dest.process(),
-                            dest.portal,
-                            match_bits(
-                                dest.tmid.unwrap_or(0),
-                                msg_counter(ack.map(|(seq, _)| seq)),
-                            ),
-                            0,
-                            hdr_data(HDR_MSG, from.0, from.1, seq_of(op.id)),
-                        )
+                    |s, md| {
+                        s.md = Some(md);
+                        s.stage = Stage::Live;
                     },
                 );
                 if r.is_ok() {
@@ -2311,28 +2308,42 @@ fn one_shot(mem: MemRef, opts: MdOptions, user: u64) -> MdSpec {
         .user_ptr(user)
 }
 
-/// The active side's transfer from (or into) `md`: a GET of the passive
-/// buffer when it receives, else a PUT with ACK carrying who sends.
-fn move_bulk(
+/// [`Engine::bind_and_start`] for `op`, whose state stays locked across
+/// the call: `bound` records the MD in it before any thread can act on an
+/// event of the MD (whoever handles one locks the state first).
+fn bind_and_start(
     e: &Engine,
-    md: MdHandle,
-    recv: bool,
-    t: &BulkTarget,
-    bits: u64,
-    from: (u32, u16),
+    op: &Op,
+    mem: MemRef,
+    threshold: u32,
+    start: Start,
+    bound: impl FnOnce(&mut OpSt, MdHandle),
 ) -> std::result::Result<(), colibri_lnet_rt::LnetError> {
+    let mut s = op.st.lock();
+    let md = e.bind_and_start(mem, threshold, op.id, start)?;
+    bound(&mut s, md);
+    Ok(())
+}
+
+/// The active side's transfer: a GET of the passive buffer when it
+/// receives, else a PUT with ACK carrying who sends.
+fn bulk_start(recv: bool, t: &BulkTarget, bits: u64, from: (u32, u16)) -> Start {
     if recv {
-        e.lnet.get(md, t.proc_, t.portal, bits, 0)
+        Start::Get {
+            target: t.proc_,
+            portal: t.portal,
+            match_bits: bits,
+            offset: 0,
+        }
     } else {
-        e.lnet.put(
-            md,
-            true,
-            t.proc_,
-            t.portal,
-            bits,
-            0,
-            hdr_data(HDR_BULK, from.0, from.1, 0),
-        )
+        Start::Put {
+            ack: true,
+            target: t.proc_,
+            portal: t.portal,
+            match_bits: bits,
+            offset: 0,
+            hdr_data: hdr_data(HDR_BULK, from.0, from.1, 0),
+        }
     }
 }
 
