@@ -1034,6 +1034,9 @@ pub struct Node {
     stats: NodeStats,
     /// Traffic per peer NI (next hop or previous hop), until `reset_stats`.
     peer_ni_stats: NidMap<PeerNiStats>,
+    /// The local NIs as path selection sees them, rebuilt per send in
+    /// place (kept for its capacity).
+    sel_local: Vec<SelLocalNi>,
 }
 
 fn event_info(kind: EventKind) -> EventInfo {
@@ -1140,6 +1143,7 @@ impl Node {
             pending_delayed: Vec::new(),
             stats: NodeStats::default(),
             peer_ni_stats: nid_map(),
+            sel_local: Vec::new(),
             cfg: NodeConfig {
                 nis: Vec::new(),
                 ..cfg.clone()
@@ -2440,15 +2444,14 @@ impl Node {
         let health = &self.health;
         let credits = &self.credits;
         let clamp = |c: i64| i32::try_from(c).unwrap_or(if c < 0 { i32::MIN } else { i32::MAX });
-        let local: Vec<SelLocalNi> = self
-            .nis
-            .iter()
-            .map(|n| SelLocalNi {
-                health: health.local_health(n.cfg.nid),
-                tx_credits: clamp(credits.ni_credits(n.cfg.nid)),
-                ..SelLocalNi::new(n.cfg.nid)
-            })
-            .collect();
+        // Filled in place: a send allocates nothing for it.
+        let mut local = std::mem::take(&mut self.sel_local);
+        local.clear();
+        local.extend(self.nis.iter().map(|n| SelLocalNi {
+            health: health.local_health(n.cfg.nid),
+            tx_credits: clamp(credits.ni_credits(n.cfg.nid)),
+            ..SelLocalNi::new(n.cfg.nid)
+        }));
         let stats = |nid: Nid| PeerNiInfo {
             health: health.peer_health(nid),
             tx_credits: clamp(credits.peer_ni_credits(nid)),
@@ -2456,10 +2459,11 @@ impl Node {
             ..PeerNiInfo::default()
         };
         let peer = self.disc.peers().peer_of(dst);
-        match self
+        let chosen = self
             .selector
-            .select(&req, peer, &local, &stats, &mut self.routes)
-        {
+            .select(&req, peer, &local, &stats, &mut self.routes);
+        self.sel_local = local;
+        match chosen {
             Ok(Pathway::Direct { local, peer_ni }) => Ok((local, peer_ni, peer_ni)),
             Ok(Pathway::Routed {
                 local,

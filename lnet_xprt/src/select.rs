@@ -229,6 +229,8 @@ pub struct Selector {
     peer_net_seq: BTreeMap<(PeerId, Net), u64>,
     peer_ni_seq: NidMap<u64>,
     non_mr_pref: NidMap<Nid>,
+    /// The local nets of the send being chosen (kept for its capacity).
+    nets: Vec<Net>,
 }
 
 fn max_health_of(nis: impl Iterator<Item = Health>) -> Health {
@@ -355,9 +357,26 @@ impl Selector {
         if req.dst.is_lo() {
             return Ok(Pathway::Loopback);
         }
-        let mut local_nets: Vec<Net> = local.iter().map(|ni| ni.nid.net()).collect();
+        // Built in place: a send allocates nothing for it.
+        let mut local_nets = std::mem::take(&mut self.nets);
+        local_nets.clear();
+        local_nets.extend(local.iter().map(|ni| ni.nid.net()));
         local_nets.sort_unstable();
         local_nets.dedup();
+        let r = self.select_with(req, peer, local, &local_nets, stats, routes);
+        self.nets = local_nets;
+        r
+    }
+
+    fn select_with(
+        &mut self,
+        req: &SendRequest,
+        peer: Option<&Peer>,
+        local: &[LocalNiInfo],
+        local_nets: &[Net],
+        stats: &impl PathStats,
+        routes: &mut RouteTable,
+    ) -> Result<Pathway, SelectError> {
         let multi_rail = peer.is_some_and(Peer::is_multi_rail) && !req.recovery;
         if let (true, Some(p)) = (multi_rail, peer) {
             // A peer that became Multi-Rail drops its sticky source NI.
@@ -379,14 +398,8 @@ impl Selector {
                     peer_ni: req.dst,
                 })
             } else {
-                let gateway = self.route(
-                    routes,
-                    dst_net,
-                    Some(src.net()),
-                    req.rtr,
-                    &local_nets,
-                    stats,
-                )?;
+                let gateway =
+                    self.route(routes, dst_net, Some(src.net()), req.rtr, local_nets, stats)?;
                 self.stamp(src, None, Some(gateway));
                 Ok(Pathway::Routed {
                     local: src,
@@ -397,12 +410,12 @@ impl Selector {
         }
 
         if !multi_rail || req.response {
-            return self.select_exact(req, local, &local_nets, multi_rail, stats, routes);
+            return self.select_exact(req, local, local_nets, multi_rail, stats, routes);
         }
         let Some(peer) = peer else {
             return Err(SelectError::NoPeerNi);
         };
-        self.select_multi_rail(req, peer, local, &local_nets, stats, routes)
+        self.select_multi_rail(req, peer, local, local_nets, stats, routes)
     }
 
     /// Non-Multi-Rail destinations and responses: the given NID, from the

@@ -234,6 +234,17 @@ impl Shared {
     /// new inputs (transmits that failed at once).
     pub(crate) fn run<R>(&self, inputs: Vec<Input>, f: impl FnOnce(&mut Core, Time) -> R) -> R {
         let mut inputs = inputs;
+        self.run_with(&mut inputs, f)
+    }
+
+    /// [`Shared::run`] with the caller's vector of inputs, which it leaves
+    /// empty with its capacity (a scheduler keeps one for its life, so that
+    /// a message read allocates nothing for its completions).
+    pub(crate) fn run_with<R>(
+        &self,
+        inputs: &mut Vec<Input>,
+        f: impl FnOnce(&mut Core, Time) -> R,
+    ) -> R {
         let mut f = Some(f);
         let mut result = None;
         loop {
@@ -247,7 +258,7 @@ impl Shared {
                 self.collect(&mut core)
             };
             if !out.is_empty() {
-                inputs = self.dispatch(out);
+                self.dispatch(out, inputs);
             }
             if inputs.is_empty() {
                 break;
@@ -314,8 +325,8 @@ impl Shared {
 
     /// Carries out node outputs; returns inputs for transmits that failed
     /// at once.
-    fn dispatch(&self, out: Outputs) -> Vec<Input> {
-        let mut inputs = Vec::new();
+    /// What failed at once goes into `inputs`.
+    fn dispatch(&self, out: Outputs, inputs: &mut Vec<Input>) {
         for rx in out.releases {
             self.rbufs.release(rx);
         }
@@ -335,9 +346,7 @@ impl Shared {
             }
             let id = tx.id;
             let r = match self.lnd.get() {
-                Some(lnd) if !self.shutdown.load(Ordering::Acquire) => {
-                    lnd.send(self, tx, &mut inputs)
-                }
+                Some(lnd) if !self.shutdown.load(Ordering::Acquire) => lnd.send(self, tx, inputs),
                 _ => {
                     tracing::debug!(target: TARGET, to = %tx.to, "no LND for this transmit");
                     Err(HealthStatus::LocalDropped)
@@ -364,7 +373,6 @@ impl Shared {
                 tracing::debug!(target: TARGET, ?rx, "action for a message no connection holds");
             }
         }
-        inputs
     }
 
     // ------------------------------------------------------------------

@@ -294,8 +294,7 @@ impl Scheduler {
     /// Hands the batched completions to the node.
     fn flush(&mut self) {
         if !self.inputs.is_empty() {
-            let inputs = std::mem::take(&mut self.inputs);
-            self.s.run(inputs, |_, _| ());
+            self.s.run_with(&mut self.inputs, |_, _| ());
         }
     }
 
@@ -630,8 +629,7 @@ impl Scheduler {
                 let (ni, from) = (sc.conn.ni, sc.conn.peer);
                 let (sched, conn_id) = (self.idx, sc.conn.id);
                 let parked = &self.lnd.parked;
-                let inputs = std::mem::take(&mut self.inputs);
-                let action = self.s.run(inputs, |core, now| {
+                let action = self.s.run_with(&mut self.inputs, |core, now| {
                     let a = core.node.handle_header(now, ni, from, &header);
                     if let Ok(RxAction::Wait { rx }) = a {
                         // Before anyone can see the action for it.
