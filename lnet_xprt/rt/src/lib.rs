@@ -140,7 +140,8 @@ pub use colibri_lnet;
 use colibri_lnet::fault::{DelayRuleSpec, DropRuleSpec, FaultStats, RuleId};
 use colibri_lnet::ids::{Net, Nid, ProcessId};
 use colibri_lnet::matching::{Event, MdHandle, MdSpec, MeHandle, MeSpec, MemKey, MemRef};
-use colibri_lnet::node::{NiConfig, Node, NodeStats, ResponseTracking};
+use colibri_lnet::node::{NiConfig, Node, NodeError, NodeStats, ResponseTracking};
+use colibri_lnet::time::Time;
 use colibri_lnet::wire::PingInfo;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
@@ -184,6 +185,28 @@ pub enum Start {
         /// Offset in the target's MD.
         offset: u32,
     },
+}
+
+impl Start {
+    /// Starts the operation from `md` (`LNetPut` or `LNetGet`).
+    fn on(self, node: &mut Node, now: Time, md: MdHandle) -> Result<(), NodeError> {
+        match self {
+            Self::Put {
+                ack,
+                target,
+                portal,
+                match_bits,
+                offset,
+                hdr_data,
+            } => node.put(now, md, ack, target, portal, match_bits, offset, hdr_data),
+            Self::Get {
+                target,
+                portal,
+                match_bits,
+                offset,
+            } => node.get(now, md, target, portal, match_bits, offset),
+        }
+    }
 }
 
 /// A running LNet node: a cheap, cloneable handle. The runtime stops when
@@ -528,25 +551,7 @@ impl Lnet {
         self.check_mem(spec.mem)?;
         Ok(s.run(Vec::new(), |c, now| {
             let md = c.node.md_bind(spec)?;
-            let r = match start {
-                Start::Put {
-                    ack,
-                    target,
-                    portal,
-                    match_bits,
-                    offset,
-                    hdr_data,
-                } => c
-                    .node
-                    .put(now, md, ack, target, portal, match_bits, offset, hdr_data),
-                Start::Get {
-                    target,
-                    portal,
-                    match_bits,
-                    offset,
-                } => c.node.get(now, md, target, portal, match_bits, offset),
-            };
-            if let Err(e) = r {
+            if let Err(e) = start.on(&mut c.node, now, md) {
                 // A refused operation leaves the MD idle; were it not, its
                 // unlink would end it with an event, as two calls do.
                 if c.node.md_unbind(md).is_err() {
@@ -640,11 +645,16 @@ impl Lnet {
         offset: u32,
         hdr_data: u64,
     ) -> Result<(), LnetError> {
+        let start = Start::Put {
+            ack,
+            target,
+            portal,
+            match_bits,
+            offset,
+            hdr_data,
+        };
         let s = self.live()?;
-        Ok(s.run(Vec::new(), |c, now| {
-            c.node
-                .put(now, md, ack, target, portal, match_bits, offset, hdr_data)
-        })?)
+        Ok(s.run(Vec::new(), |c, now| start.on(&mut c.node, now, md))?)
     }
 
     /// `LNetGet`: asks `target` for data into a bound MD (threshold 2: SEND
@@ -660,10 +670,14 @@ impl Lnet {
         match_bits: u64,
         offset: u32,
     ) -> Result<(), LnetError> {
+        let start = Start::Get {
+            target,
+            portal,
+            match_bits,
+            offset,
+        };
         let s = self.live()?;
-        Ok(s.run(Vec::new(), |c, now| {
-            c.node.get(now, md, target, portal, match_bits, offset)
-        })?)
+        Ok(s.run(Vec::new(), |c, now| start.on(&mut c.node, now, md))?)
     }
 
     /// `lnetctl ping`: the peer's ping buffer (its NIDs and their status),
@@ -746,7 +760,7 @@ impl Lnet {
             && let Some(l) = s.lnd.get()
         {
             if l.ni(ni.nid).is_some() {
-                return Err(colibri_lnet::node::NodeError::DuplicateNi(ni.nid).into());
+                return Err(NodeError::DuplicateNi(ni.nid).into());
             }
             let inc = wall_nanos();
             l.add_ni(ni.nid, None, inc, ni.conns_per_peer)?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
 use colibri_lnet_rt::colibri_lnet::matching::{
-    EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, MemKey, MemRef, Threshold, Unlink,
+    EventKind, MdHandle, MdOptions, MdSpec, MemKey, MemRef, Threshold, Unlink,
 };
 use colibri_lnet_rt::{Lnet, LnetConfig, LnetError, MemRegion, Start};
 use common::*;
@@ -83,16 +83,7 @@ fn put_within_one_region() {
     let me = ProcessId::lustre(nid("127.0.1.3@tcp"));
     let region = MemRegion::from_vec([vec![9u8; 100], vec![0u8; 100]].concat());
     let key = lnet.register(&region);
-    let me_h = lnet
-        .me_attach(MeSpec {
-            portal: 3,
-            match_id: ProcessId::ANY,
-            match_bits: 1,
-            ignore_bits: 0,
-            unlink: Unlink::Retain,
-            pos: InsertPos::After,
-        })
-        .unwrap();
+    let me_h = lnet.me_attach(me_on(3, 1)).unwrap();
     lnet.md_attach(
         me_h,
         MdSpec::new(MemRef::new(key, 100, 100), MdOptions::OP_PUT),
@@ -256,14 +247,7 @@ fn bind_start_moves_the_bytes_as_bind_and_put_do() {
     // The receiver's ME and MD in one call.
     let (_me, target) = lnet
         .me_md_attach(
-            MeSpec {
-                portal: 13,
-                match_id: ProcessId::ANY,
-                match_bits: 0x77,
-                ignore_bits: 0,
-                unlink: Unlink::Retain,
-                pos: InsertPos::After,
-            },
+            me_on(13, 0x77),
             MdSpec::new(MemRef::new(key_in, 0, 4096), MdOptions::OP_PUT),
         )
         .unwrap();
@@ -303,14 +287,7 @@ fn bind_start_moves_the_bytes_as_bind_and_put_do() {
     let ks = lnet.register(&sink);
     let (_, served) = lnet
         .me_md_attach(
-            MeSpec {
-                portal: 14,
-                match_id: ProcessId::ANY,
-                match_bits: 1,
-                ignore_bits: 0,
-                unlink: Unlink::Retain,
-                pos: InsertPos::After,
-            },
+            me_on(14, 1),
             MdSpec::new(MemRef::new(key, 0, 4096), MdOptions::OP_GET),
         )
         .unwrap();
@@ -384,17 +361,7 @@ fn a_refused_bind_start_or_attach_leaves_nothing_behind() {
     assert!(matches!(e, LnetError::BadMemory { .. }), "{e}");
     // An MD the ME refuses (a threshold of 0 is not an MD): the ME goes too.
     let e = lnet
-        .me_md_attach(
-            MeSpec {
-                portal: 5,
-                match_id: ProcessId::ANY,
-                match_bits: 0,
-                ignore_bits: 0,
-                unlink: Unlink::Retain,
-                pos: InsertPos::After,
-            },
-            spec().threshold(Threshold::Count(0)),
-        )
+        .me_md_attach(me_on(5, 0), spec().threshold(Threshold::Count(0)))
         .unwrap_err();
     assert_eq!(e.errno(), 22, "{e}");
     assert!(

@@ -59,19 +59,22 @@ pub fn kinds(evs: &[Event], md: MdHandle) -> Vec<EventKind> {
     evs.iter().filter(|e| e.md == md).map(Event::kind).collect()
 }
 
+/// An ME on `portal` for `bits` from anyone, kept after use.
+pub fn me_on(portal: u32, bits: u64) -> MeSpec {
+    MeSpec {
+        portal,
+        match_id: ProcessId::ANY,
+        match_bits: bits,
+        ignore_bits: 0,
+        unlink: Unlink::Retain,
+        pos: InsertPos::After,
+    }
+}
+
 /// An ME on `portal` matching `bits` with an MD over the whole `region`.
 pub fn post(lnet: &Lnet, region: &MemRegion, portal: u32, bits: u64, opts: MdOptions) -> MdHandle {
     let key = lnet.register(region);
-    let me = lnet
-        .me_attach(MeSpec {
-            portal,
-            match_id: ProcessId::ANY,
-            match_bits: bits,
-            ignore_bits: 0,
-            unlink: Unlink::Retain,
-            pos: InsertPos::After,
-        })
-        .unwrap();
+    let me = lnet.me_attach(me_on(portal, bits)).unwrap();
     let len = u32::try_from(region.len()).unwrap();
     lnet.md_attach(me, MdSpec::new(MemRef::new(key, 0, len), opts))
         .unwrap()
