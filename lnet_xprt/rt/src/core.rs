@@ -323,9 +323,8 @@ impl Shared {
         out
     }
 
-    /// Carries out node outputs; returns inputs for transmits that failed
-    /// at once.
-    /// What failed at once goes into `inputs`.
+    /// Carries out node outputs; completions of transmits that ended at
+    /// once (written, or failed) go into `inputs`.
     fn dispatch(&self, out: Outputs, inputs: &mut Vec<Input>) {
         for rx in out.releases {
             self.rbufs.release(rx);
