@@ -360,6 +360,7 @@ fn a_refused_bind_start_or_attach_leaves_nothing_behind() {
         .unwrap_err();
     assert!(matches!(e, LnetError::BadMemory { .. }), "{e}");
     // An MD the ME refuses (a threshold of 0 is not an MD): the ME goes too.
+    let mes = lnet.with_node(|n| n.me_count());
     let e = lnet
         .me_md_attach(me_on(5, 0), spec().threshold(Threshold::Count(0)))
         .unwrap_err();
@@ -368,6 +369,7 @@ fn a_refused_bind_start_or_attach_leaves_nothing_behind() {
         lnet.next_event(Duration::from_millis(100)).is_err(),
         "no event"
     );
+    assert_eq!(lnet.with_node(|n| n.me_count()), mes, "no ME left behind");
     // Nothing was left matching on portal 5: a PUT to it is dropped.
     let src = MemRegion::from_vec(vec![1; 8]);
     let k2 = lnet.register(&src);
