@@ -489,7 +489,7 @@ impl Engine {
             unlink: Unlink::Unlink,
             pos: InsertPos::Before,
         };
-        self.attach_me(me, md).map(|(_, md)| md)
+        self.lnet.me_md_attach(me, md).map(|(_, md)| md)
     }
 
     /// [`Engine::attach`] with the ME at `pos` in its portal's list;
@@ -511,19 +511,11 @@ impl Engine {
             unlink,
             pos,
         };
-        self.attach_me(me, md)
+        self.lnet.me_md_attach(me, md)
     }
 
     /// The ME, then the MD on it; an ME whose MD cannot be attached is
     /// unlinked again (see [`Engine::attach`]).
-    fn attach_me(
-        &self,
-        me: MeSpec,
-        md: MdSpec,
-    ) -> std::result::Result<(MeHandle, MdHandle), LnetError> {
-        self.lnet.me_md_attach(me, md)
-    }
-
     /// `LNetMDBind` of a free MD over `mem` (`threshold` events, unlinked
     /// after the last, reported with `user`) and the PUT or GET `start`
     /// from it, in one turn of the node ([`Lnet::bind_start`]); an MD
