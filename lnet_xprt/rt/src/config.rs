@@ -51,9 +51,11 @@ pub struct LnetConfig {
     /// How long the acceptor waits for a connection request and HELLO
     /// (`accept_timeout`, 5 s).
     pub accept_timeout: Duration,
-    /// How long a scheduler thread keeps looking at its sockets (an
-    /// `epoll_wait` that does not block, `sched_yield` between looks)
-    /// after its last event before it blocks. Bytes that come meanwhile
+    /// How long a scheduler thread keeps looking at its sockets (its
+    /// busiest connection read directly, the others by an `epoll_wait`
+    /// that does not block; `sched_yield` between looks only when more
+    /// schedulers spin than there are CPUs) after its last event before
+    /// it blocks. Bytes that come meanwhile
     /// are read without a thread wake-up (15-20 µs across the CPUs of a
     /// VM, several per message exchange), at the price of CPU time while
     /// traffic flows. `Duration::ZERO` blocks at once, as Lustre's kernel

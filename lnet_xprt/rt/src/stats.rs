@@ -55,6 +55,10 @@ pub struct RuntimeStats {
     /// it): each fails its message with one event (logged at debug level,
     /// as the application caused it).
     pub loopback_failures: u64,
+    /// Times a spinning socket scheduler took its busiest connection out
+    /// of the epoll set to read it directly (`LnetConfig::spin`;
+    /// `lnet_xprt/rt/DESIGN.md`, "Receiving").
+    pub hot_detaches: u64,
 }
 
 #[derive(Debug, Default)]
@@ -73,6 +77,7 @@ pub(crate) struct Counters {
     pub(crate) conns_closed: AtomicU64,
     pub(crate) keepalives_sent: AtomicU64,
     pub(crate) loopback_failures: AtomicU64,
+    pub(crate) hot_detaches: AtomicU64,
 }
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {
@@ -97,6 +102,7 @@ impl Counters {
             conns_closed: g(&self.conns_closed),
             keepalives_sent: g(&self.keepalives_sent),
             loopback_failures: g(&self.loopback_failures),
+            hot_detaches: g(&self.hot_detaches),
         }
     }
 }

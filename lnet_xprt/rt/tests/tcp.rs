@@ -852,3 +852,127 @@ fn sender_dying_mid_payload_fails_the_receive_once() {
     assert_eq!(b.stats().payload_failures, 1);
     b.shutdown();
 }
+
+/// Two nodes whose every message, large ones too, goes on the CONTROL
+/// connection (`min_bulk` out of reach), with schedulers that spin for
+/// `spin` after their last event.
+fn spinning_pair(a: &str, b: &str, spin: Duration) -> (Lnet, Lnet) {
+    let (na, nb) = (nid(a), nid(b));
+    let cfg = |c: &mut LnetConfig| {
+        c.spin = spin;
+        c.tcp.min_bulk = u32::MAX;
+    };
+    let la = start_with(a, AcceptPolicy::All, cfg);
+    let lb = start_with(b, AcceptPolicy::All, cfg);
+    la.set_peer_addr(nb, lb.listen_addr(nb).unwrap());
+    lb.set_peer_addr(na, la.listen_addr(na).unwrap());
+    (la, lb)
+}
+
+/// PUTs with ACK of `len` bytes from `a` to portal 15 of `b`, one after
+/// the other, each acknowledged before the next leaves and checked in
+/// `inbox` (where `b` takes them, all at offset 0).
+fn put_acked_in_turn(a: &Lnet, b: &Lnet, inbox: &MemRegion, n: usize, len: usize) {
+    let nb = b.nids()[0];
+    for i in 0..n {
+        let data = pattern(len, u8::try_from(i % 251).unwrap());
+        let src = MemRegion::from_vec(data.clone());
+        let md = bind(a, &src);
+        a.put(md, true, ProcessId::lustre(nb), 15, 7, 0, 0).unwrap();
+        let evs = until_final(a, md);
+        assert!(kinds(&evs, md).contains(&EventKind::Ack), "{evs:#?}");
+        assert!(evs.iter().all(|e| e.status().is_ok()), "{evs:#?}");
+        assert!(inbox.to_vec()[..len] == data[..], "PUT {i} payload differs");
+    }
+}
+
+#[test]
+fn a_spinning_scheduler_reads_its_busy_connection_directly() {
+    // Spinning for longer than the test: the connection stays out of the
+    // epoll sets throughout, so a write that waits for room must be
+    // retried by the spinning scheduler itself (nothing else would tell
+    // it of room before the 60 s are up).
+    let (a, b) = spinning_pair("127.0.2.40@tcp", "127.0.2.41@tcp", Duration::from_secs(60));
+    let inbox = MemRegion::zeroed(MIB);
+    post(
+        &b,
+        &inbox,
+        15,
+        7,
+        MdOptions::OP_PUT | MdOptions::MANAGE_REMOTE,
+    );
+    put_acked_in_turn(&a, &b, &inbox, 40, 64);
+    let detaches = a.runtime_stats().hot_detaches + b.runtime_stats().hot_detaches;
+    assert!(
+        detaches >= 1,
+        "no scheduler took its connection out of epoll"
+    );
+    // 16 MiB in flight on the same connection: more than the sockets
+    // hold, so the sender's scheduler waits for room while its connection
+    // is out.
+    let t0 = Instant::now();
+    let data = pattern(MIB, 77);
+    let src = MemRegion::from_vec(data.clone());
+    let nb = b.nids()[0];
+    let mds: Vec<_> = (0..16)
+        .map(|_| {
+            let md = bind(&a, &src);
+            a.put(md, true, ProcessId::lustre(nb), 15, 7, 0, 0).unwrap();
+            md
+        })
+        .collect();
+    let evs = events_until(&a, |evs| {
+        mds.iter()
+            .all(|md| evs.iter().any(|e| e.md == *md && e.unlinked))
+    });
+    for md in &mds {
+        assert!(kinds(&evs, *md).contains(&EventKind::Ack), "{evs:#?}");
+    }
+    assert!(evs.iter().all(|e| e.status().is_ok()), "{evs:#?}");
+    assert!(
+        inbox.to_vec()[..MIB] == data[..],
+        "1 MiB PUT payload differs"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    assert_eq!(
+        a.runtime_stats().hot_detaches + b.runtime_stats().hot_detaches,
+        detaches,
+        "the connection went back into epoll while its schedulers spun"
+    );
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn a_scheduler_that_stops_spinning_hears_of_its_connection_again() {
+    let (a, b) = spinning_pair(
+        "127.0.2.42@tcp",
+        "127.0.2.43@tcp",
+        Duration::from_millis(100),
+    );
+    let inbox = MemRegion::zeroed(4096);
+    post(
+        &b,
+        &inbox,
+        15,
+        7,
+        MdOptions::OP_PUT | MdOptions::MANAGE_REMOTE,
+    );
+    for round in 0..3 {
+        // (A deaf connection would end only when a `sock_timeout` closed
+        // it and LNet sent again on a new one: far beyond this bound.)
+        let t0 = Instant::now();
+        put_acked_in_turn(&a, &b, &inbox, 20, 64 + round);
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "round {round}: {:?}",
+            t0.elapsed()
+        );
+        // The schedulers stop spinning and block: the connection must be
+        // back in their epoll sets for the next round to be heard.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(a.runtime_stats().hot_detaches + b.runtime_stats().hot_detaches >= 1);
+    a.shutdown();
+    b.shutdown();
+}

@@ -6,7 +6,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use colibri_lnet::credits::PoolKind;
@@ -38,6 +38,67 @@ const SCRATCH: usize = 64 * 1024;
 /// 1 KiB by default) and those after it arrive with one system call, and
 /// their payloads are copied from there (`RuntimeStats::eager_copy_bytes`).
 const READ_AHEAD: usize = 4096;
+
+/// While a scheduler spins, it reads its hot connection on every turn and
+/// asks epoll about the others every `SKIP_EPOLL + 1`th turn.
+const SKIP_EPOLL: u32 = 3;
+
+/// Reads with bytes on the hot connection, and none on another, since the
+/// scheduler last blocked, before it leaves the epoll set
+/// ([`Scheduler::detach_hot`]).
+const DETACH_STREAK: u32 = 4;
+
+/// Schedulers of every runtime of the process that are spinning now.
+static SPINNERS: AtomicUsize = AtomicUsize::new(0);
+
+/// A scheduler's place among [`SPINNERS`] while it spins. With no more
+/// spinning schedulers than CPUs an empty turn only pauses the CPU (a
+/// `sched_yield` costs a trip through the kernel's scheduler, and the
+/// bytes that arrive meanwhile wait for it); with more, it yields, so
+/// that a thread with work (another node's scheduler in the same
+/// process, an application thread) is not kept off a CPU by one that
+/// only looks.
+struct Spinner {
+    on: bool,
+    cpus: usize,
+}
+
+impl Default for Spinner {
+    fn default() -> Self {
+        Self {
+            on: false,
+            cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+        }
+    }
+}
+
+impl Spinner {
+    fn set(&mut self, on: bool) {
+        if on != self.on {
+            self.on = on;
+            if on {
+                SPINNERS.fetch_add(1, Ordering::Relaxed);
+            } else {
+                SPINNERS.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// An empty turn while spinning.
+    fn pause(&self) {
+        if SPINNERS.load(Ordering::Relaxed) > self.cpus {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
 
 /// Bytes read from a socket ahead of their use: `lo..hi` of the
 /// scheduler's scratch buffer.
@@ -191,6 +252,18 @@ pub(super) struct Scheduler {
     conns: KeyedMap<ConnId, Box<SchedConn>>,
     inputs: Vec<Input>,
     scratch: Vec<u8>,
+    /// The connection whose read last found bytes: the one a spinning
+    /// scheduler takes out of its epoll set ([`Scheduler::read_reported`]).
+    hot: Option<ConnId>,
+    /// Reads that returned bytes, for [`Scheduler::poll_hot`] and
+    /// [`Scheduler::read_reported`] to tell whether a read found any.
+    reads: std::cell::Cell<u64>,
+    /// The hot connection while it is out of the epoll set
+    /// ([`Scheduler::detach_hot`]).
+    detached: Option<ConnId>,
+    /// Reads of the hot connection that found bytes since the scheduler
+    /// last blocked or the hot connection changed.
+    streak: u32,
 }
 
 fn token(id: ConnId) -> mio::Token {
@@ -214,6 +287,10 @@ impl Scheduler {
             conns: KeyedMap::default(),
             inputs: Vec::new(),
             scratch: vec![0; SCRATCH],
+            hot: None,
+            reads: std::cell::Cell::new(0),
+            detached: None,
+            streak: 0,
         }
     }
 
@@ -225,20 +302,42 @@ impl Scheduler {
         // (`LnetConfig::spin`).
         let spin = self.lnd.cfg.spin;
         let mut busy_at = Instant::now();
+        // Turns since the last `epoll_wait` (see `SKIP_EPOLL`).
+        let mut skipped = 0;
+        let mut spinner = Spinner::default();
         while !stop {
             let looking = !spin.is_zero() && busy_at.elapsed() < spin;
-            let timeout = looking.then_some(Duration::ZERO);
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
+            spinner.set(looking);
+            let mut got = false;
+            if looking && self.detached.is_some() && skipped < SKIP_EPOLL {
+                // The hot connection is out of the epoll set: it is read
+                // directly, as a raw socket is busy-polled; the others
+                // (and writability) every `SKIP_EPOLL + 1`th turn.
+                skipped += 1;
+                events.clear();
+                got = self.poll_hot();
+            } else {
+                skipped = 0;
+                if looking {
+                    got = self.poll_hot();
+                } else {
+                    // Only epoll tells of bytes while the scheduler
+                    // blocks: the hot connection goes back into its set.
+                    self.attach_hot();
                 }
-                tracing::error!(target: TARGET, error = %e, "scheduler poll failed");
-                break;
+                let timeout = looking.then_some(Duration::ZERO);
+                if let Err(e) = self.poll.poll(&mut events, timeout) {
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    tracing::error!(target: TARGET, error = %e, "scheduler poll failed");
+                    break;
+                }
             }
-            if !events.is_empty() {
+            if got || !events.is_empty() {
                 busy_at = Instant::now();
             } else if looking {
-                std::thread::yield_now();
+                spinner.pause();
             }
             for ev in &events {
                 if ev.token() == WAKER {
@@ -246,7 +345,7 @@ impl Scheduler {
                 }
                 let id = ConnId(ev.token().0 as u64);
                 if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                    self.on_readable(id);
+                    self.read_reported(id, looking);
                 }
                 if ev.is_writable() || ev.is_error() {
                     self.on_writable(id);
@@ -404,6 +503,91 @@ impl Scheduler {
 
     // ------------------------------------------------------------------
     // Reading
+
+    /// Reads a connection epoll reported readable. The connection that
+    /// had bytes becomes the hot one; after `DETACH_STREAK` reads with
+    /// bytes in a row while the scheduler spins, it leaves the epoll set
+    /// ([`Scheduler::detach_hot`]).
+    fn read_reported(&mut self, id: ConnId, looking: bool) {
+        let before = self.reads.get();
+        self.on_readable(id);
+        if self.reads.get() == before || !self.conns.contains_key(&id) {
+            return;
+        }
+        if self.hot != Some(id) {
+            self.attach_hot();
+            self.hot = Some(id);
+        }
+        self.streak = self.streak.saturating_add(1);
+        if looking && self.streak >= DETACH_STREAK && self.detached.is_none() {
+            self.detach_hot(id);
+        }
+    }
+
+    /// Reads the hot connection once while it is out of the epoll set
+    /// (nothing to do otherwise: epoll reports it), and retries its write
+    /// if one waits for room (out of the set, it hears of no writability
+    /// either). A request-response exchange sees its answer without an
+    /// `epoll_wait`. Returns whether the read found bytes.
+    fn poll_hot(&mut self) -> bool {
+        let Some(id) = self.detached else {
+            return false;
+        };
+        let before = self.reads.get();
+        self.on_readable(id);
+        if self.conns.get(&id).is_some_and(|sc| sc.tx.is_some()) {
+            self.on_writable(id);
+        }
+        self.reads.get() != before
+    }
+
+    /// Takes the hot connection out of the epoll set while the scheduler
+    /// spins on it: a socket in an epoll set costs its sender's system
+    /// call the work of waking the set (and `epoll_wait` the work of
+    /// reporting it), which a busy-polled raw socket does not pay.
+    /// [`Scheduler::poll_hot`] reads it (and retries its waiting write)
+    /// on every turn while it is out; it goes back before the scheduler
+    /// blocks and when another connection has bytes. A socket added back
+    /// with bytes waiting is reported at once (epoll checks readiness
+    /// when an entry is added), so nothing is missed. Only after
+    /// `DETACH_STREAK` reads with bytes on it and none on another since
+    /// the scheduler last blocked, so that traffic that comes and goes,
+    /// or moves between connections (a router's), never pays two
+    /// `epoll_ctl` calls a message.
+    fn detach_hot(&mut self, id: ConnId) {
+        let Some(sc) = self.conns.get_mut(&id) else {
+            return;
+        };
+        match self.poll.registry().deregister(&mut sc.stream) {
+            Ok(()) => {
+                self.detached = Some(id);
+                add(&self.s.counters.hot_detaches, 1);
+            }
+            Err(e) => {
+                tracing::debug!(target: TARGET, error = %e, "could not take the hot connection out of epoll");
+            }
+        }
+    }
+
+    /// Puts the detached connection (if any) back into the epoll set.
+    fn attach_hot(&mut self) {
+        self.streak = 0;
+        let Some(id) = self.detached.take() else {
+            return;
+        };
+        let Some(sc) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if let Err(e) = self.poll.registry().register(
+            &mut sc.stream,
+            token(id),
+            mio::Interest::READABLE | mio::Interest::WRITABLE,
+        ) {
+            // Out of epoll it would be read only while the scheduler
+            // spins: close it rather than leave it deaf.
+            self.close(id, CloseWhy::io(&e, "registering"));
+        }
+    }
 
     fn on_readable(&mut self, id: ConnId) {
         let Some(mut sc) = self.conns.remove(&id) else {
@@ -581,6 +765,7 @@ impl Scheduler {
                             if from_ahead {
                                 ahead.lo += k;
                             } else {
+                                self.reads.set(self.reads.get().wrapping_add(1));
                                 sc.conn
                                     .last_rx
                                     .store(self.now().as_nanos(), Ordering::Relaxed);
@@ -596,6 +781,7 @@ impl Scheduler {
     }
 
     fn alive(&self, sc: &SchedConn) {
+        self.reads.set(self.reads.get().wrapping_add(1));
         sc.conn
             .last_rx
             .store(self.now().as_nanos(), Ordering::Relaxed);
@@ -745,7 +931,14 @@ impl Scheduler {
         let Some(mut sc) = self.conns.remove(&id) else {
             return;
         };
-        let _ = self.poll.registry().deregister(&mut sc.stream);
+        if self.detached == Some(id) {
+            self.detached = None;
+        } else {
+            let _ = self.poll.registry().deregister(&mut sc.stream);
+        }
+        if self.hot == Some(id) {
+            self.hot = None;
+        }
         let _ = sc.stream.shutdown(std::net::Shutdown::Both);
         // After a writer in another thread is done; none starts again.
         *sc.conn.writer.lock() = None;
