@@ -53,9 +53,9 @@ pub struct LnetConfig {
     pub accept_timeout: Duration,
     /// How long a scheduler thread keeps looking at its sockets (its
     /// busiest connection read directly, the others by an `epoll_wait`
-    /// that does not block; `sched_yield` between looks only when more
-    /// schedulers spin than there are CPUs) after its last event before
-    /// it blocks. Bytes that come meanwhile
+    /// that does not block; `sched_yield` every fourth empty look, every
+    /// one when more schedulers spin than there are CPUs) after its last
+    /// event before it blocks. Bytes that come meanwhile
     /// are read without a thread wake-up (15-20 µs across the CPUs of a
     /// VM, several per message exchange), at the price of CPU time while
     /// traffic flows. `Duration::ZERO` blocks at once, as Lustre's kernel

@@ -52,21 +52,27 @@ const DETACH_STREAK: u32 = 4;
 static SPINNERS: AtomicUsize = AtomicUsize::new(0);
 
 /// A scheduler's place among [`SPINNERS`] while it spins. With no more
-/// spinning schedulers than CPUs an empty turn only pauses the CPU (a
-/// `sched_yield` costs a trip through the kernel's scheduler, and the
-/// bytes that arrive meanwhile wait for it); with more, it yields, so
-/// that a thread with work (another node's scheduler in the same
-/// process, an application thread) is not kept off a CPU by one that
-/// only looks.
+/// spinning schedulers than CPUs, three empty turns in four only pause
+/// the CPU (a `sched_yield` costs a trip through the kernel's scheduler,
+/// and the bytes that arrive meanwhile wait for it) and the fourth
+/// yields; with more, every empty turn yields, so that a thread with work
+/// (another node's scheduler in the same process, an application thread)
+/// is not kept off a CPU by one that only looks. The count is the
+/// process's: the periodic yield is for spinners it cannot see (another
+/// process's schedulers on the same CPUs, such as a router beside its
+/// client and server on a small machine).
 struct Spinner {
     on: bool,
     cpus: usize,
+    /// Empty turns so far.
+    empty: u32,
 }
 
 impl Default for Spinner {
     fn default() -> Self {
         Self {
             on: false,
+            empty: 0,
             cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         }
     }
@@ -85,8 +91,9 @@ impl Spinner {
     }
 
     /// An empty turn while spinning.
-    fn pause(&self) {
-        if SPINNERS.load(Ordering::Relaxed) > self.cpus {
+    fn pause(&mut self) {
+        self.empty = self.empty.wrapping_add(1);
+        if SPINNERS.load(Ordering::Relaxed) > self.cpus || self.empty.is_multiple_of(4) {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
