@@ -191,8 +191,8 @@ struct BenchArgs {
     /// lnet: give every transfer machine its own delivery thread (its
     /// callbacks run there instead of on its LNet node's engine thread),
     /// "on", "off" (the default) or "both" (one section each, back to
-    /// back). Pinning (--cpus) confines a transfer machine, which gives it
-    /// its own thread either way: compare the modes with --no-pin.
+    /// back). Only a machine with its own thread can be confined: off,
+    /// pinning (--cpus) applies to the baselines' threads alone.
     #[arg(long, value_enum, default_value = "off")]
     tm_threads: TmThreads,
     /// lnet, polling mode: how long (µs) LNet's threads (the socket LND's
@@ -274,7 +274,13 @@ struct Section {
     workers: usize,
     /// lnet: a delivery thread per transfer machine (`--tm-threads`).
     tm_threads: bool,
+    /// CPUs of the client and server threads: the baselines', and the
+    /// transfer machines' when `confined`.
     pinned: Option<(usize, usize)>,
+    /// Whether the transfer machines were confined to `pinned` too (a
+    /// transport without `Caps::confine`, such as LNet without
+    /// `--tm-threads`, runs its callbacks on threads it shares).
+    confined: bool,
     rows: Vec<Row>,
 }
 
@@ -385,6 +391,12 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
                 );
             }
         };
+        // What the pair's machines will do with `pinned` (the bench goes
+        // on without pinning where the transport cannot confine).
+        let confined = pinned.is_some()
+            && colibri_net::Domain::new(&*xprt)
+                .map(|d| d.caps().confine)
+                .unwrap_or(false);
         let rows = run_plan(&plan, &*xprt, &pair, &mut progress).map_err(|e| e.to_string())?;
         report.sections.push(Section {
             mode,
@@ -392,6 +404,7 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
             workers: a.workers.max(1),
             tm_threads,
             pinned,
+            confined,
             rows,
         });
     }
@@ -412,6 +425,9 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
             workers: 1,
             tm_threads: false,
             pinned,
+            // The LNet API rows pin their baselines only (lnet_bench.rs):
+            // the nodes' threads serve both sides.
+            confined: false,
             rows,
         });
     }
@@ -428,10 +444,13 @@ fn bench(a: &BenchArgs) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?;
         for s in &report.sections {
-            let pin = s.pinned.map_or_else(
-                || "not pinned".to_string(),
-                |(c, sv)| format!("client on CPU {c}, server on CPU {sv}"),
-            );
+            let pin = match s.pinned {
+                None => "not pinned".to_string(),
+                Some((c, sv)) if s.confined => format!("client on CPU {c}, server on CPU {sv}"),
+                Some((c, sv)) => format!(
+                    "baselines' client on CPU {c} and server on CPU {sv}; transfer machines not pinned (the transport cannot confine them in this configuration)"
+                ),
+            };
             let threads = if s.mode == "lnet" {
                 "socket LND over loopback, runtime threads block in epoll".to_string()
             } else if a.routed {

@@ -494,7 +494,8 @@ fn bench_scale_smoke() {
 
 /// `--tm-threads both`: the LNet transport measured with callbacks on the
 /// engine threads and with a delivery thread per transfer machine, one
-/// section each, back to back.
+/// section each, back to back; the machines are pinned only in the second
+/// (`confined`).
 #[test]
 fn bench_lnet_tm_threads_smoke() {
     let out = colibri(&[
@@ -528,6 +529,14 @@ fn bench_lnet_tm_threads_smoke() {
         .collect();
     assert_eq!(threads, [false, true]);
     for s in sections {
+        // Only a machine with its own thread can be confined: without one,
+        // the pinning is the baselines' alone, and the report says so.
+        let confinable = s["tm_threads"].as_bool().unwrap();
+        assert_eq!(
+            s["confined"].as_bool(),
+            Some(confinable && !s["pinned"].is_null()),
+            "{s}"
+        );
         let rows = s["rows"].as_array().unwrap();
         assert_eq!(rows[0]["test"], "rtt");
         assert!(rows[0]["ours"]["median"].as_f64().unwrap() > 0.0, "{s}");
