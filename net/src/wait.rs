@@ -36,13 +36,14 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
 
 use crate::buffer::{BufferCallbacks, BufferEvent};
 use crate::error::{NetError, Result};
-use crate::tm::{TmCallback, TmEvent};
+use crate::tm::{TmCallback, TmEvent, TmEventKind};
 use crate::util;
 
 /// True when the calling thread delivers events: it runs a transfer
@@ -168,12 +169,14 @@ pub fn event_channel(capacity: usize) -> (Arc<BufferCallbacks>, EventReceiver) {
 /// The receiving end of [`tm_event_channel`].
 pub struct TmEventReceiver {
     rx: Receiver<TmEvent>,
+    dropped: Arc<AtomicU64>,
 }
 
 impl fmt::Debug for TmEventReceiver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TmEventReceiver")
             .field("queued", &self.rx.len())
+            .field("dropped", &self.dropped())
             .finish()
     }
 }
@@ -191,16 +194,50 @@ impl TmEventReceiver {
     pub fn try_recv(&self) -> Option<TmEvent> {
         self.rx.try_recv().ok()
     }
+
+    /// Error and diagnostic events dropped because the channel was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
 }
 
 /// A transfer machine callback that forwards events into a channel of
 /// `capacity` events, and its receiving end.
+///
+/// The callback never waits: it runs on a transport's thread, which may
+/// serve other machines too, and a stream of losses (`NoBuffers` under
+/// load) that nobody reads must not stop it. An error or diagnostic event
+/// that finds the channel full is dropped; a state change that does makes
+/// room by dropping the oldest event waiting. Either way the drop is
+/// counted ([`TmEventReceiver::dropped`]); losses stay counted in the
+/// machine's statistics too.
 pub fn tm_event_channel(capacity: usize) -> (Arc<TmCallback>, TmEventReceiver) {
     let (tx, rx) = bounded(capacity.max(1));
+    let dropped = Arc::new(AtomicU64::new(0));
+    let d = Arc::clone(&dropped);
+    let oldest: Receiver<TmEvent> = rx.clone();
     let cb: Arc<TmCallback> = Arc::new(move |_tm, ev: &TmEvent| {
-        let _ = tx.send(ev.clone());
+        let mut ev = ev.clone();
+        let state = matches!(ev.kind, TmEventKind::StateChange { .. });
+        loop {
+            match tx.try_send(ev) {
+                Err(TrySendError::Full(back)) => {
+                    if !state {
+                        d.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    // Room for the state change: the oldest event goes
+                    // (unless the reader just took one).
+                    if oldest.try_recv().is_ok() {
+                        d.fetch_add(1, Ordering::Relaxed);
+                    }
+                    ev = back;
+                }
+                Ok(()) | Err(TrySendError::Disconnected(_)) => return,
+            }
+        }
     });
-    (cb, TmEventReceiver { rx })
+    (cb, TmEventReceiver { rx, dropped })
 }
 
 /// A transfer machine callback that ignores every event (state changes can

@@ -800,3 +800,69 @@ fn recycled_slots_keep_nothing_alive_and_stale_tokens_miss() {
     drop((e, ep));
     shutdown(&fake, tm, dom);
 }
+
+/// A stream of losses that nobody reads fills a machine's event channel:
+/// further error events are dropped and counted, so the transport thread
+/// that runs the callback (which may serve other machines) never waits
+/// on it; a state change still gets in, in place of the oldest event.
+#[test]
+fn a_full_event_channel_drops_errors_not_state_changes() {
+    let fake = Fake::new(Caps::new(1));
+    let dom = Domain::new(&fake).unwrap();
+    let (cb, events) = tm_event_channel(2);
+    let tm = dom.tm_init(cb).unwrap();
+    tm.start("ep:me").unwrap();
+    fake.sink().post_started("ep:me");
+    // STARTED and one loss fill the channel; nine more losses, each
+    // delivered before the next (no coalescing), are dropped.
+    for _ in 0..10 {
+        fake.sink().count_no_buffers(10).run();
+    }
+    assert_eq!(events.dropped(), 9);
+    let kinds: Vec<TmEventKind> = std::iter::from_fn(|| events.try_recv())
+        .map(|e| e.kind)
+        .collect();
+    assert!(
+        matches!(
+            kinds.as_slice(),
+            [
+                TmEventKind::StateChange {
+                    state: TmState::Started,
+                    ..
+                },
+                TmEventKind::Error(NetError::NoBuffers)
+            ]
+        ),
+        "{kinds:?}"
+    );
+    // STARTED holds the machine's end point.
+    drop(kinds);
+    for _ in 0..3 {
+        fake.sink().count_no_buffers(10).run();
+    }
+    // Room for two: the third is dropped. Nobody reads: STOPPED makes
+    // room by dropping the oldest loss.
+    assert_eq!(events.dropped(), 10);
+    tm.stop(true).unwrap();
+    fake.pump();
+    tm.wait_stopped(Duration::from_secs(5)).unwrap();
+    assert_eq!(events.dropped(), 11);
+    let kinds: Vec<TmEventKind> = std::iter::from_fn(|| events.try_recv())
+        .map(|e| e.kind)
+        .collect();
+    assert!(
+        matches!(
+            kinds.as_slice(),
+            [
+                TmEventKind::Error(NetError::NoBuffers),
+                TmEventKind::StateChange {
+                    state: TmState::Stopped,
+                    ..
+                }
+            ]
+        ),
+        "{kinds:?}"
+    );
+    tm.fini().unwrap();
+    dom.fini().unwrap();
+}

@@ -19,7 +19,7 @@ use colibri_lnet_rt::colibri_lnet::socklnd::{
 use colibri_lnet_rt::colibri_lnet::wire::{Body, HEADER_LEN, Header, WireHandle};
 use colibri_lnet_rt::{Lnet, LnetConfig};
 use colibri_lnet_xprt::addr::{
-    CNT_CTL, CNT_MSG, HDR_BULK, HDR_CTL, HDR_MSG, SEQ_MASK, hdr_data, match_bits,
+    CNT_ACTIVE, CNT_CTL, CNT_MSG, HDR_CTL, HDR_MSG, SEQ_MASK, hdr_data, match_bits,
 };
 use colibri_lnet_xprt::{LnetAddr, LnetTransport, LnetXprtConfig};
 use colibri_net::{NetBufDesc, QueueType, Transport};
@@ -250,10 +250,10 @@ impl Staller for RawPeers {
         colibri_lnet_rt::colibri_lnet::wire::LNET_MTU as usize
     }
 
-    /// The transport's bulk handshake stopped after its first step: the
-    /// request for the passive buffer (control message REQUEST, which the
-    /// passive machine accepts, so that its buffer is claimed) and never
-    /// the PUT of the data, nor any answer.
+    /// An active send stopped after its first step: the request for the
+    /// passive buffer (control message REQUEST, which the passive machine
+    /// accepts: its buffer is claimed and its GET of our MEs sent) and
+    /// never the REPLY with the data, nor any answer.
     fn stalled_put(&mut self, desc: &NetBufDesc, len: usize) {
         self.request(desc, len);
     }
@@ -267,13 +267,16 @@ impl RawPeers {
         static XID: AtomicU32 = AtomicU32::new(1);
         let owner = LnetAddr::parse(&desc.decode().unwrap().owner).unwrap();
         let xid = u64::from(XID.fetch_add(1, Ordering::Relaxed));
-        // REQUEST (src/ctl.rs): head, then queue, size and descriptor.
+        // REQUEST (src/ctl.rs, version 2): head, then queue, size, the
+        // match bits of our (never attached) MEs and the descriptor.
         let d = desc.as_bytes();
         let mut ctl = b"CLNC".to_vec();
-        ctl.extend_from_slice(&[1, 1, 0, 0]);
+        ctl.extend_from_slice(&[2, 1, 0, 0]);
         ctl.extend_from_slice(&xid.to_le_bytes());
         ctl.extend_from_slice(&[QueueType::ActiveBulkSend.code(), 0, 0, 0, 0, 0, 0, 0]);
         ctl.extend_from_slice(&(len as u64).to_le_bytes());
+        let mine = match_bits(PEER_TMID, CNT_ACTIVE | (xid << 8));
+        ctl.extend_from_slice(&mine.to_le_bytes());
         ctl.extend_from_slice(&(d.len() as u16).to_le_bytes());
         ctl.extend_from_slice(d);
         let bits = match_bits(owner.tmid.unwrap(), CNT_CTL);
@@ -287,6 +290,22 @@ impl RawPeers {
     /// message of `kind` for `xid` comes; returns its bytes. The node must
     /// answer without pinging us first (no discovery).
     fn read_ctl(&mut self, kind: u8, xid: u64) -> Vec<u8> {
+        loop {
+            let (header, payload) = self.read_lnet();
+            if matches!(header.body, Body::Put { .. })
+                && payload.len() >= 16
+                && &payload[..4] == b"CLNC"
+                && payload[5] == kind
+                && payload[8..16] == xid.to_le_bytes()
+            {
+                return payload;
+            }
+        }
+    }
+
+    /// The next LNet message the node sends on the last connection (not
+    /// a keepalive): its header and payload.
+    fn read_lnet(&mut self) -> (Header, Vec<u8>) {
         let (s, _) = self.stalled.last_mut().unwrap();
         loop {
             let mut k = [0u8; KSOCK_MSG_HDR_LEN];
@@ -300,30 +319,39 @@ impl RawPeers {
             let header = Header::decode(&h).unwrap();
             let mut payload = vec![0u8; header.payload_length as usize];
             s.read_exact(&mut payload).unwrap();
-            if payload.len() >= 16
-                && &payload[..4] == b"CLNC"
-                && payload[5] == kind
-                && payload[8..16] == xid.to_le_bytes()
-            {
-                return payload;
-            }
+            return (header, payload);
         }
     }
 
-    /// The bulk handshake of an active send of `len` bytes into the
-    /// passive buffer of `desc`, as far as half of its PUT: REQUEST, the
-    /// node's VERDICT, then the PUT's header and half its data, on the
-    /// same connection. Returns the request's xid.
-    fn half_bulk_put(&mut self, desc: &NetBufDesc, len: usize) -> u64 {
+    /// An active send of `len` bytes into the passive buffer of `desc`,
+    /// as far as half of its data: the REQUEST, the node's GET of our
+    /// MEs, then the REPLY's header and half its data, on the same
+    /// connection. Returns the request's xid.
+    fn half_bulk_reply(&mut self, desc: &NetBufDesc, len: usize) -> u64 {
         let owner = LnetAddr::parse(&desc.decode().unwrap().owner).unwrap();
         let xid = self.request(desc, len);
-        // VERDICT: status u16 | aux u16 | 4 reserved | length u64 | bits u64.
-        let v = self.read_ctl(2, xid);
-        assert_eq!(v[16..18], [0, 0], "request refused: {v:?}");
-        let bits = u64::from_le_bytes(v[32..40].try_into().unwrap());
+        let return_wmd = loop {
+            let (header, payload) = self.read_lnet();
+            assert!(
+                payload.get(..4) != Some(b"CLNC".as_slice()),
+                "request refused: {payload:?}"
+            );
+            if let Body::Get { return_wmd, .. } = header.body {
+                break return_wmd;
+            }
+        };
         let (s, me) = self.stalled.last_mut().unwrap();
-        let hdr = hdr_data(HDR_BULK, PEER_PORTAL, PEER_TMID, 0);
-        s.write_all(&put_head(&owner, *me, bits, hdr, len)).unwrap();
+        let header = Header {
+            dest_nid: owner.nid,
+            src_nid: *me,
+            dest_pid: owner.pid,
+            src_pid: 12345,
+            payload_length: len as u32,
+            body: Body::Reply {
+                dst_wmd: return_wmd,
+            },
+        };
+        s.write_all(&LnetFrame::new(header).encode()).unwrap();
         s.write_all(&vec![0xa5; len / 2]).unwrap();
         xid
     }
@@ -469,15 +497,15 @@ mod stalls {
         cancel_of_a_send_to_a_deaf_peer_ends_at_once(&NO_DISCOVERY);
     }
 
-    /// A passive buffer whose requester stopped half-way through its PUT:
-    /// `del` ends it at once, `Cancelled`, and the requester is told (an
-    /// ABORT for its request).
+    /// A passive buffer whose requester stopped half-way through the
+    /// REPLY to its GET: `del` ends it at once, `Cancelled`, and the
+    /// requester is told (an ABORT for its request).
     #[test]
     fn del_ends_a_passive_transfer_whose_data_stalled() {
         let mut st = NO_DISCOVERY.raw_peers();
         let a = Node::start(&NO_DISCOVERY);
         let (t, d) = a.tm.add_passive_recv(a.buf(LEN), None).unwrap();
-        let xid = st.half_bulk_put(&d, LEN);
+        let xid = st.half_bulk_reply(&d, LEN);
         thread::sleep(Duration::from_millis(300));
         assert!(a.tm.buffer_state(t).is_some_and(|s| s.in_use));
         del_cancels_at_once(&a, t, QueueType::PassiveBulkRecv);

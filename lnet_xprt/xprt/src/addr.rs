@@ -37,6 +37,12 @@ pub const CNT_CTL: u64 = 1 << 50;
 /// sets), above the buffer's number and chunk.
 pub const CNT_PASSIVE: u64 = 1 << 49;
 
+/// Counter bit of every active buffer's match bits (a bit no message,
+/// control message or passive buffer sets), above the operation's
+/// sequence number and chunk: the requester's MEs over its buffer, which
+/// the passive side PUTs into or GETs from.
+pub const CNT_ACTIVE: u64 = 1 << 47;
+
 /// A counter bit no passive buffer's match bits set (their buffer number
 /// stays below bit 41): the ignore bit of a passive ME made for one
 /// requester, which keeps it a wildcard ME of the portal (LNet does not
@@ -78,8 +84,14 @@ pub const HDR_MSG: u8 = 1;
 /// A control message that expects an answer (a bulk request or verdict):
 /// a stopped machine's tomb answers it GONE.
 pub const HDR_CTL: u8 = 2;
-/// An active bulk PUT.
+/// A passive side's bulk PUT into the requester's MEs (a chunk before the
+/// last one of a transfer in several); the sequence number is the
+/// request's (a stopped requester's tomb answers GONE with it).
 pub const HDR_BULK: u8 = 3;
+/// The last (or only) chunk of a passive side's bulk PUT: the requester
+/// knows from it how many chunks the transfer has (the passive buffer may
+/// fill fewer of its MEs than it offered room for).
+pub const HDR_BULK_LAST: u8 = 5;
 /// A control message that expects no answer (DELIVERED, NAK, ABORT,
 /// GONE): a tomb drops it. (Answered, a GONE between two tombs would be
 /// answered for as long as both addresses stayed free.)

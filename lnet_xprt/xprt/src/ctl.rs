@@ -1,17 +1,22 @@
-//! Control messages between transfer machines: the bulk handshake.
+//! Control messages between transfer machines: the bulk request and what
+//! answers it, and the answers to messages.
 //!
 //! ```text
 //! off size field (little-endian)
 //!   0    4 magic "CLNC"
-//!   4    1 version (1)
+//!   4    1 version (2: the REQUEST names the requester's MEs)
 //!   5    1 kind: 1 REQUEST, 2 VERDICT, 3 ABORT, 4 NAK, 5 DELIVERED, 6 GONE,
-//!            7 DELIVERED_MANY
+//!            7 DELIVERED_MANY, 8 LANDED
 //!   6    2 reserved (0)
 //!   8    8 xid: the active operation (the requester's MD user value)
 //!  16    .. body
-//! REQUEST: active queue u8 | 7 reserved | active size u64 | desc len u16 | desc bytes
+//! REQUEST: active queue u8 | 7 reserved | active size u64 | match bits u64 (of the
+//!          requester's MEs over its buffer, for the passive side's PUT or GET)
+//!          | desc len u16 | desc bytes
 //! VERDICT: status u16 | aux u16 (queues of WrongQueue) | 4 reserved | length u64
 //!          | match bits u64 | detail len u16 | detail bytes (UTF-8)
+//!          (the passive side refuses a request with it; status 0, an acceptance,
+//!          is not sent since version 2: the transfer itself answers)
 //! ABORT:   status u16 | 6 reserved
 //! NAK:     status u16 | aux u16 | 4 reserved   (xid: the message's sequence number)
 //! DELIVERED: length u64                        (xid: the message's sequence number)
@@ -21,12 +26,14 @@
 //!                           (xid: n, 2 to DELIVERED_MANY_MAX: several DELIVEREDs to one
 //!                            machine, as a receiver that took several messages at once
 //!                            sends them)
+//! LANDED:  length u64       (xid: the active operation: the passive side's PUT of
+//!                            that many bytes landed in the requester's buffer)
 //! ```
 
 use colibri_net::{NetError, QueueType};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"CLNC");
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const HEAD: usize = 16;
 
 /// Largest control message (a request with a 1 KiB descriptor fits).
@@ -46,6 +53,9 @@ pub(crate) enum Ctl {
         active: QueueType,
         /// Capacity (active receive) or bytes to send (active send).
         size: u64,
+        /// Match bits of the requester's MEs over its buffer (one per MiB,
+        /// consecutive), which the passive side PUTs into or GETs from.
+        bits: u64,
         /// The descriptor's bytes.
         desc: Vec<u8>,
     },
@@ -71,6 +81,16 @@ pub(crate) enum Ctl {
         /// The message's sequence number (from its header data).
         xid: u64,
         /// Bytes received.
+        len: u64,
+    },
+    /// The passive side's PUT landed in the requester's buffer (sent by
+    /// the requester, as a PUT that LNet resends on another rail, where
+    /// an LNet ACK, a response, could not be): the passive buffer
+    /// completes.
+    Landed {
+        /// The active operation (the request's id).
+        xid: u64,
+        /// Bytes that landed.
         len: u64,
     },
     /// Several DELIVEREDs for one machine: (sequence number, bytes
@@ -154,17 +174,18 @@ impl Ctl {
             | Self::Abort { xid, .. }
             | Self::Nak { xid, .. }
             | Self::Delivered { xid, .. }
+            | Self::Landed { xid, .. }
             | Self::Gone { xid } => *xid,
             Self::DeliveredMany { acks } => acks.len() as u64,
         }
     }
 
-    /// Whether the receiver answers it (a bulk request gets a verdict, a
-    /// verdict an ABORT or the transfer), so that a stopped machine's tomb
-    /// answers it GONE. The others are notes: answering them could only
-    /// start an exchange without end.
+    /// Whether the receiver answers it (a bulk request gets the transfer
+    /// or a refusal), so that a stopped machine's tomb answers it GONE.
+    /// The others are notes: answering them could only start an exchange
+    /// without end.
     pub(crate) fn expects_answer(&self) -> bool {
-        matches!(self, Self::Request { .. } | Self::Verdict { .. })
+        matches!(self, Self::Request { .. })
     }
 
     /// The bytes on the wire.
@@ -178,17 +199,23 @@ impl Ctl {
             Self::Delivered { .. } => 5,
             Self::Gone { .. } => 6,
             Self::DeliveredMany { .. } => 7,
+            Self::Landed { .. } => 8,
         };
         v.extend_from_slice(&MAGIC.to_le_bytes());
         v.extend_from_slice(&[VERSION, kind, 0, 0]);
         v.extend_from_slice(&self.xid().to_le_bytes());
         match self {
             Self::Request {
-                active, size, desc, ..
+                active,
+                size,
+                bits,
+                desc,
+                ..
             } => {
                 v.extend_from_slice(&[active.code(), 0, 0, 0, 0, 0, 0, 0]);
                 v.extend_from_slice(&size.to_le_bytes());
-                let n = desc.len().min(CTL_MAX - HEAD - 18);
+                v.extend_from_slice(&bits.to_le_bytes());
+                let n = desc.len().min(CTL_MAX - HEAD - 26);
                 v.extend_from_slice(&(n as u16).to_le_bytes());
                 v.extend_from_slice(&desc[..n]);
             }
@@ -216,7 +243,9 @@ impl Ctl {
                 v.extend_from_slice(&aux.to_le_bytes());
                 v.extend_from_slice(&[0; 4]);
             }
-            Self::Delivered { len, .. } => v.extend_from_slice(&len.to_le_bytes()),
+            Self::Delivered { len, .. } | Self::Landed { len, .. } => {
+                v.extend_from_slice(&len.to_le_bytes());
+            }
             Self::Gone { .. } => v.extend_from_slice(&[0; 8]),
             Self::DeliveredMany { acks } => {
                 for (seq, len) in acks.iter().take(DELIVERED_MANY_MAX) {
@@ -277,13 +306,15 @@ impl Ctl {
                     return Err(bad("reserved bytes set"));
                 }
                 let size = u64at(24)?;
-                let n = usize::from(u16at(32)?);
-                exact(34 + n)?;
+                let bits = u64at(32)?;
+                let n = usize::from(u16at(40)?);
+                exact(42 + n)?;
                 Ok(Self::Request {
                     xid,
                     active,
                     size,
-                    desc: b[34..].to_vec(),
+                    bits,
+                    desc: b[42..].to_vec(),
                 })
             }
             2 => {
@@ -308,11 +339,13 @@ impl Ctl {
                 }
                 Ok(Self::Gone { xid })
             }
-            5 => {
+            5 | 8 => {
                 exact(24)?;
-                Ok(Self::Delivered {
-                    xid,
-                    len: u64at(16)?,
+                let len = u64at(16)?;
+                Ok(if b[5] == 5 {
+                    Self::Delivered { xid, len }
+                } else {
+                    Self::Landed { xid, len }
                 })
             }
             7 => {
@@ -364,6 +397,7 @@ mod tests {
                 xid: 7,
                 active: QueueType::ActiveBulkRecv,
                 size: 1 << 20,
+                bits: (3 << 52) | (1 << 47) | (9 << 8),
                 desc: vec![1, 2, 3],
             },
             Ctl::Verdict {
@@ -401,6 +435,10 @@ mod tests {
                 status: NetError::NoBuffers,
             },
             Ctl::Delivered { xid: 13, len: 77 },
+            Ctl::Landed {
+                xid: 16,
+                len: 1 << 20,
+            },
             Ctl::Gone { xid: 14 },
             Ctl::DeliveredMany {
                 acks: vec![(15, 1), (0xff_ffff, 1 << 20)],

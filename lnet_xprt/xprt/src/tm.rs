@@ -23,8 +23,9 @@ use tracing::{debug, trace, warn};
 
 use crate::XprtInner;
 use crate::addr::{
-    CNT_CTL, CNT_MSG, CNT_PASSIVE, COUNTER_BITS, HDR_BULK, HDR_CTL, HDR_MSG, LnetAddr, RECV_IGNORE,
-    SEQ_MASK, carried_ack, hdr_data, match_bits, msg_counter, parse_hdr,
+    CNT_ACTIVE, CNT_CTL, CNT_MSG, CNT_PASSIVE, COUNTER_BITS, HDR_BULK, HDR_BULK_LAST, HDR_CTL,
+    HDR_MSG, LnetAddr, RECV_IGNORE, SEQ_MASK, carried_ack, hdr_data, match_bits, msg_counter,
+    parse_hdr,
 };
 use crate::ctl::{CTL_MAX, Ctl};
 use crate::desc::BulkTarget;
@@ -97,9 +98,8 @@ enum Stage {
     /// buffer).
     #[default]
     Idle,
-    /// An active operation waiting for the passive side's verdict.
-    Verdict,
-    /// An MD is live.
+    /// An MD is live (an active operation's from its add: its MEs wait
+    /// for the passive side's transfer).
     Live,
     /// Completed (or being completed).
     Done,
@@ -199,6 +199,11 @@ struct OpSt {
     children: Vec<Arc<Op>>,
     left: usize,
     moved: usize,
+    /// An active receive in chunks: how many the passive side PUTs (from
+    /// its header data) and how many landed; the passive side's chunks:
+    /// how many a tomb answered (taking nothing).
+    expect: Option<usize>,
+    landed: usize,
 }
 
 /// One queued buffer's operation (or a transfer machine's own MD).
@@ -341,9 +346,55 @@ impl Op {
     }
 
     /// A send whose MD LNet is done with but whose receiver has not
-    /// answered yet: kept in the engine's table for its deadline.
+    /// answered yet, or a passive buffer's PUT waiting for the requester's
+    /// LANDED: kept in the engine's table for its deadline.
     pub(crate) fn awaits_answer(&self) -> bool {
-        self.kind == Kind::Send && self.st.lock().stage == Stage::Live
+        let s = self.st.lock();
+        s.stage == Stage::Live
+            && match self.kind {
+                Kind::Send | Kind::Passive => self.kind == Kind::Send || self.sends_data(),
+                // Once the passive side's GET took its data.
+                Kind::Active => self.sends_data() && s.landed > 0,
+                _ => false,
+            }
+    }
+
+    /// Whether LNet is done with every MD of the operation.
+    fn lnet_done(&self) -> bool {
+        let s = self.st.lock();
+        s.md.is_none() && s.left == 0
+    }
+
+    /// A bulk buffer whose data goes to the other side (a passive send
+    /// buffer's PUT, an active send buffer's MEs the passive side GETs
+    /// from): once LNet is done with it, it waits for the other side's
+    /// LANDED, so that its completion says the data arrived.
+    fn sends_data(&self) -> bool {
+        let q = self.buf.as_ref().map(QueuedBuf::queue);
+        matches!(
+            (self.kind, q),
+            (Kind::Passive, Some(QueueType::PassiveBulkSend))
+                | (Kind::Active, Some(QueueType::ActiveBulkSend))
+        )
+    }
+
+    /// A bulk buffer the other side's data comes into: once all of it
+    /// arrived, it answers LANDED.
+    fn receives_data(&self) -> bool {
+        let q = self.buf.as_ref().map(QueuedBuf::queue);
+        matches!(
+            (self.kind, q),
+            (Kind::Passive, Some(QueueType::PassiveBulkRecv))
+                | (Kind::Active, Some(QueueType::ActiveBulkRecv))
+        )
+    }
+
+    /// Whether the data of this operation started to go out: a message,
+    /// a passive buffer's PUT (from its claim), an active send buffer
+    /// once the passive side's GET took some of it.
+    fn data_out(&self) -> bool {
+        self.kind == Kind::Send
+            || (self.sends_data() && (self.kind == Kind::Passive || self.st.lock().landed > 0))
     }
 }
 
@@ -413,7 +464,7 @@ impl TmShared {
     fn complete_later(&self, e: &Engine, op: &Op, r: Result<usize>) {
         // Its answer (DELIVERED, NAK, GONE) finds nothing from now on.
         self.forget_send(op);
-        if op.kind == Kind::Send && op.st.lock().md.is_none() {
+        if (op.kind == Kind::Send || op.sends_data()) && op.lnet_done() {
             // LNet is done with it (sent, waiting for the answer): nothing
             // else would take it out of the engine's table (its deadline
             // finds it done and leaves it).
@@ -434,7 +485,7 @@ impl TmShared {
             s.stage = Stage::Done;
             s.md.is_none()
         };
-        if op.kind == Kind::Send && sent {
+        if matches!(op.kind, Kind::Send | Kind::Passive | Kind::Active) && sent && op.lnet_done() {
             // LNet is done with it: forget it (otherwise its last event
             // does).
             self.engine().remove_op(op.id);
@@ -688,15 +739,16 @@ impl TmShared {
                 {
                     let from = self.from();
                     let xid = u64::from(p.seq);
-                    // A message gets a NAK, a request or verdict a GONE;
-                    // notes and bulk PUTs nothing (an answered note could
-                    // be a GONE to another tomb, which would answer it).
+                    // A message gets a NAK, a request or a passive side's
+                    // bulk PUT a GONE (the claim goes back); notes nothing
+                    // (an answered note could be a GONE to another tomb,
+                    // which would answer it).
                     let answer = match parse_hdr(ev.info.hdr_data).map(|h| h.0) {
                         Some(HDR_MSG) => Some(Ctl::Nak {
                             xid,
                             status: NetError::Unreachable(String::new()),
                         }),
-                        Some(HDR_CTL) => Some(Ctl::Gone { xid }),
+                        Some(HDR_CTL | HDR_BULK | HDR_BULK_LAST) => Some(Ctl::Gone { xid }),
                         _ => None,
                     };
                     if let Some(a) = answer {
@@ -878,41 +930,75 @@ impl TmShared {
         }
     }
 
+    /// An event of a claimed passive buffer's transfer (the passive side
+    /// moves the data, against the requester's MEs). A GET ends with its
+    /// REPLY: every byte, or none (the requester's machine is gone: its
+    /// tomb answered, and the claim goes back). A PUT, once sent, waits
+    /// for the requester's LANDED (or its deadline). A failure ends it and
+    /// tells the requester.
     fn ev_passive(&self, e: &Engine, op: &Arc<Op>, ev: &Event) {
+        if op.st.lock().stage == Stage::Done {
+            // Completed already (by the requester's LANDED, or a
+            // deletion): LNet is letting go of the MD.
+            if ev.unlinked {
+                op.st.lock().md = None;
+            }
+            return;
+        }
         match (ev.kind(), ev.info.status) {
-            (EventKind::Get | EventKind::Put, Ok(())) => {
-                self.forget_claim(op);
-                self.finish(op, Ok(ev.info.mlength as usize));
-            }
-            (EventKind::Get | EventKind::Put, Err(err)) => {
-                self.forget_claim(op);
-                self.finish(op, Err(op_err(err, "bulk peer")));
-            }
-            _ if ev.unlinked => {
-                let (release, peer, xid) = {
+            (EventKind::Reply, Ok(())) => {
+                let len = op.st.lock().len;
+                let took = ev.info.mlength as usize;
+                if took == len {
+                    self.send_landed(e, op, len);
+                    self.forget_claim(op);
+                    self.finish(op, Ok(len));
+                } else if took == 0 {
+                    op.st.lock().release = true;
+                } else {
                     let mut s = op.st.lock();
-                    s.md = None;
-                    (std::mem::take(&mut s.release), s.peer, s.xid)
-                };
-                self.forget_claim(op);
-                if release {
-                    // The requester gave up: the buffer is available again.
-                    disarm_deadline(e, op);
-                    {
-                        let mut s = op.st.lock();
-                        s.stage = Stage::Idle;
-                        s.peer = None;
+                    if s.fail.is_none() {
+                        s.fail = Some(NetError::Protocol(format!(
+                            "the bulk requester gave {took} of {len} bytes"
+                        )));
                     }
-                    if let Some(q) = &op.buf {
-                        self.sink.release_claim(q);
-                    }
-                    return;
                 }
-                let r = op.st.lock().fail.take().unwrap_or(NetError::Cancelled);
-                self.abort_requester(e, peer, xid, &r);
-                self.finish(op, Err(r));
+            }
+            (_, Err(err)) => {
+                let md = {
+                    let mut s = op.st.lock();
+                    if s.fail.is_none() {
+                        s.fail = Some(if s.del {
+                            NetError::Cancelled
+                        } else {
+                            op_err(err, "bulk requester")
+                        });
+                    }
+                    s.md
+                };
+                if !ev.unlinked
+                    && let Some(md) = md
+                {
+                    // The REPLY will not come.
+                    let _ = e.lnet.md_unlink(md);
+                }
             }
             _ => {}
+        }
+        if ev.unlinked {
+            let (done, waits) = {
+                let mut s = op.st.lock();
+                s.md = None;
+                (
+                    s.stage == Stage::Done,
+                    s.fail.is_none() && !s.release && op.sends_data(),
+                )
+            };
+            if done {
+                self.forget_claim(op);
+            } else if !waits {
+                self.passive_ended(e, op, Err(NetError::Cancelled));
+            }
         }
     }
 
@@ -941,22 +1027,102 @@ impl TmShared {
         }
     }
 
+    /// [`TmShared::send_abort`] to an active request's passive side.
+    fn abort_target(&self, e: &Engine, op: &Op, status: &NetError) {
+        let t = op.st.lock().target.clone();
+        if let Some(t) = t {
+            self.send_abort(e, (t.proc_, t.portal, t.tmid), op.id, status);
+        }
+    }
+
+    /// Tells the other side of a transfer that its data landed here
+    /// (`len` bytes): its buffer completes. An active receive tells the
+    /// passive side (its request's id); a passive receive, the requester.
+    fn send_landed(&self, e: &Engine, op: &Op, len: usize) {
+        let to = {
+            let s = op.st.lock();
+            match (op.kind, &s.target, s.peer) {
+                (Kind::Active, Some(t), _) => Some((t.proc_, t.portal, t.tmid, op.id)),
+                (Kind::Passive, _, Some(p)) => Some((p.proc_, p.portal, p.tmid, s.xid)),
+                _ => None,
+            }
+        };
+        if let Some((proc_, portal, tmid, xid)) = to {
+            let _ = e.send_ctl(
+                proc_,
+                portal,
+                tmid,
+                self.from(),
+                &Ctl::Landed {
+                    xid,
+                    len: len as u64,
+                },
+                0,
+            );
+        }
+    }
+
     /// An event of one chunk of a transfer larger than one LNet message:
-    /// the transfer ends when every chunk's MD did.
+    /// the transfer ends when every chunk's MD did. The passive side's
+    /// chunks are its GETs or PUTs; the active side's are its MEs, of
+    /// which a PUT uses as many as it has chunks (its last chunk says
+    /// which it is: the passive buffer may hold less than the active one
+    /// offered room for), the rest being unlinked then.
     fn ev_chunk(&self, e: &Engine, op: &Arc<Op>, ev: &Event) {
         let Some(parent) = op.parent.clone() else {
             return;
         };
-        let active = parent.kind == Kind::Active;
+        let initiator = parent.kind == Kind::Passive;
         match (ev.kind(), ev.info.status) {
-            (EventKind::Get | EventKind::Put | EventKind::Reply, Ok(())) => {
-                parent.st.lock().moved += ev.info.mlength as usize;
+            (EventKind::Put, Ok(())) => {
+                let last = parse_hdr(ev.info.hdr_data).map(|h| h.0) == Some(HDR_BULK_LAST);
+                let rest: Vec<MdHandle> = {
+                    let mut s = parent.st.lock();
+                    s.moved += ev.info.mlength as usize;
+                    s.landed += 1;
+                    if last && let Some(k) = s.children.iter().position(|c| Arc::ptr_eq(c, op)) {
+                        s.expect = Some(k + 1);
+                    }
+                    if s.expect.is_some_and(|n| s.landed >= n) {
+                        // Every chunk the passive side sends landed: the
+                        // MEs left over end here.
+                        s.children
+                            .iter()
+                            .filter(|c| !Arc::ptr_eq(c, op))
+                            .filter_map(|c| c.st.lock().md)
+                            .collect()
+                    } else {
+                        Vec::new()
+                    }
+                };
+                for md in rest {
+                    let _ = e.lnet.md_unlink(md);
+                }
+                arm_deadline(e, &parent);
             }
-            (EventKind::Ack, Ok(())) => {
-                let n = op.st.lock().len;
-                parent.st.lock().moved += n;
+            (EventKind::Get, Ok(())) => {
+                {
+                    let mut s = parent.st.lock();
+                    s.moved += ev.info.mlength as usize;
+                    s.landed += 1;
+                }
+                arm_deadline(e, &parent);
             }
-            (EventKind::Send, Ok(())) => {}
+            (EventKind::Reply, Ok(())) => {
+                let want = op.st.lock().len;
+                let took = ev.info.mlength as usize;
+                let mut s = parent.st.lock();
+                s.moved += took;
+                if took == 0 {
+                    // A tomb's answer: the requester is gone.
+                    s.landed += 1;
+                } else if took != want && s.fail.is_none() {
+                    s.fail = Some(NetError::Protocol(format!(
+                        "the bulk requester gave {took} of {want} bytes"
+                    )));
+                }
+            }
+            (EventKind::Send | EventKind::Ack, Ok(())) => {}
             (_, Err(err)) => {
                 let mut s = parent.st.lock();
                 if s.fail.is_none() {
@@ -967,17 +1133,18 @@ impl TmShared {
                     });
                 }
                 drop(s);
-                if active
+                if initiator
                     && !ev.unlinked
                     && let Some(md) = op.st.lock().md
                 {
-                    // The REPLY or ACK will not come.
+                    // The REPLY will not come.
                     let _ = e.lnet.md_unlink(md);
                 }
             }
             (EventKind::Unlink, _) => {
                 let mut s = parent.st.lock();
-                if s.fail.is_none() {
+                let spare = s.expect.is_some_and(|n| s.landed >= n);
+                if s.fail.is_none() && !spare {
                     s.fail = Some(NetError::Cancelled);
                 }
             }
@@ -994,24 +1161,66 @@ impl TmShared {
         if !done {
             return;
         }
-        let (moved, fail) = {
+        let (moved, fail, len, gone, chunks, finished, release) = {
             let mut s = parent.st.lock();
+            let chunks = s.children.len();
             s.children.clear();
-            (s.moved, s.fail.take())
+            (
+                s.moved,
+                s.fail.take(),
+                s.len,
+                s.landed,
+                chunks,
+                s.stage == Stage::Done,
+                s.release,
+            )
         };
-        e.remove_op(parent.id);
-        if active {
-            Self::unregister(e, &parent);
-            self.finish(&parent, fail.map_or(Ok(moved), Err));
+        Self::unregister(e, &parent);
+        if finished {
+            // Completed meanwhile (the requester's LANDED, a deletion).
+            e.remove_op(parent.id);
+            if initiator {
+                self.forget_claim(&parent);
+            }
+            return;
+        }
+        if fail.is_none() && !release && parent.sends_data() {
+            // Its data went: the other side's LANDED (or the deadline)
+            // ends it.
+            return;
+        }
+        if initiator {
+            e.remove_op(parent.id);
+            let r = match fail {
+                Some(err) => Err(err),
+                None if release => Err(NetError::Cancelled),
+                None if moved == len => {
+                    self.send_landed(e, &parent, len);
+                    Ok(len)
+                }
+                None if moved == 0 && gone == chunks => {
+                    parent.st.lock().release = true;
+                    Err(NetError::Cancelled)
+                }
+                None => Err(NetError::Protocol(format!(
+                    "the bulk requester gave {moved} of {len} bytes"
+                ))),
+            };
+            self.passive_ended(e, &parent, r);
         } else {
-            self.passive_ended(e, &parent, fail.map_or(Ok(moved), Err));
-            Self::unregister(e, &parent);
+            e.remove_op(parent.id);
+            let r = fail.map_or(Ok(moved), Err);
+            if r.is_ok() && parent.receives_data() {
+                self.send_landed(e, &parent, moved);
+            }
+            self.finish(&parent, r);
         }
     }
 
-    /// A claimed passive buffer's MDs all ended: with the bytes moved, or
-    /// unlinked (a requester that gave up hands the claim back; otherwise
-    /// the requester is told and the buffer completes).
+    /// A claimed passive buffer's transfer ended: with the bytes moved, or
+    /// not (a requester that gave up, or whose machine is gone, hands the
+    /// claim back; otherwise the requester is told and the buffer
+    /// completes).
     fn passive_ended(&self, e: &Engine, op: &Arc<Op>, r: Result<usize>) {
         let (release, peer, xid) = {
             let mut s = op.st.lock();
@@ -1025,11 +1234,16 @@ impl TmShared {
         }
         if release {
             disarm_deadline(e, op);
+            e.remove_op(op.id);
             {
                 let mut s = op.st.lock();
                 s.stage = Stage::Idle;
                 s.peer = None;
+                s.fail = None;
+                s.del = false;
                 s.moved = 0;
+                s.landed = 0;
+                s.expect = None;
             }
             if let Some(q) = &op.buf {
                 self.sink.release_claim(q);
@@ -1043,12 +1257,22 @@ impl TmShared {
         self.finish(op, r);
     }
 
+    /// An event of an active buffer's ME: the passive side's PUT landed
+    /// (read: the passive side is told, LANDED) or its GET took the data
+    /// (written); an unlink without either ends it with what stopped it.
     fn ev_active(&self, e: &Engine, op: &Arc<Op>, ev: &Event) {
-        let (del, len, fail, owner) = {
+        if op.st.lock().stage == Stage::Done {
+            // Completed already (refused, aborted, deleted while data
+            // came in): LNet is letting go of the MD.
+            if ev.unlinked {
+                op.st.lock().md = None;
+            }
+            return;
+        }
+        let (del, fail, owner) = {
             let s = op.st.lock();
             (
                 s.del,
-                s.len,
                 s.fail.clone(),
                 s.target
                     .as_ref()
@@ -1057,9 +1281,23 @@ impl TmShared {
             )
         };
         match (ev.kind(), ev.info.status) {
-            (EventKind::Reply, Ok(())) => self.finish(op, Ok(ev.info.mlength as usize)),
-            (EventKind::Ack, Ok(())) => self.finish(op, Ok(len)),
-            (EventKind::Send, Ok(())) => {}
+            (EventKind::Put, Ok(())) => {
+                let n = ev.info.mlength as usize;
+                self.send_landed(e, op, n);
+                self.finish(op, Ok(n));
+            }
+            (EventKind::Get, Ok(())) => {
+                // The passive side took the data: its LANDED ends it.
+                {
+                    let mut s = op.st.lock();
+                    s.moved = ev.info.mlength as usize;
+                    s.landed = 1;
+                }
+                // Kept for the LANDED (the engine lets an operation go at
+                // its MD's last event unless it waits for an answer).
+                e.add_op(op);
+                arm_deadline(e, op);
+            }
             (_, Err(err)) => {
                 let r = fail.unwrap_or(if del {
                     NetError::Cancelled
@@ -1074,10 +1312,13 @@ impl TmShared {
                 }
             }
             _ => {
-                if ev.unlinked {
+                if ev.unlinked && op.st.lock().landed == 0 {
                     self.finish(op, Err(fail.unwrap_or(NetError::Cancelled)));
                 }
             }
+        }
+        if ev.unlinked {
+            op.st.lock().md = None;
         }
     }
 
@@ -1192,7 +1433,7 @@ impl TmShared {
     }
 
     // ------------------------------------------------------------------
-    // The bulk handshake
+    // Bulk: the request, then the passive side's GET or PUT
 
     fn on_ctl(self: &Arc<Self>, e: &Engine, ev: &Event, c: Ctl) {
         let (peer, requester) = self.sender(e, ev);
@@ -1207,51 +1448,53 @@ impl TmShared {
                 xid,
                 active,
                 size,
+                bits,
                 desc,
             } => {
-                let answer = |result| {
+                let refuse = |error| {
                     let _ = e.send_ctl(
                         peer.proc_,
                         peer.portal,
                         peer.tmid,
                         from,
-                        &Ctl::Verdict { xid, result },
+                        &Ctl::Verdict {
+                            xid,
+                            result: Err(error),
+                        },
                         0,
                     );
                 };
                 let fields = match NetBufDesc::from_bytes(desc).decode() {
                     Ok(f) => f,
-                    Err(err) => return answer(Err(err)),
+                    Err(err) => return refuse(err),
                 };
                 let size = usize::try_from(size).unwrap_or(usize::MAX);
                 match self.sink.claim_passive(&fields, &requester, active, size) {
                     Err(PassiveError { error, notice }) => {
                         self.notice(e, notice);
-                        answer(Err(error));
+                        refuse(error);
                     }
                     Ok(PassiveClaim { buf, len }) => {
-                        match self.attach_passive(e, &buf, len, peer, xid) {
-                            Ok(bits) => answer(Ok((len as u64, bits))),
-                            Err(err) => {
-                                self.sink.release_claim(&buf);
-                                answer(Err(err));
-                            }
+                        if let Err(err) = self.start_passive(e, &buf, len, peer, xid, bits) {
+                            self.sink.release_claim(&buf);
+                            refuse(err);
                         }
                     }
                 }
             }
             Ctl::Verdict { xid, result } => {
-                let Some(op) = e
-                    .op(xid)
-                    .filter(|o| Arc::ptr_eq(&o.tm, self) && o.kind == Kind::Active)
-                else {
-                    // We gave up on it: the passive side waits for nothing.
-                    if result.is_ok() {
-                        self.abort_requester(e, Some(peer), xid, &NetError::Cancelled);
-                    }
+                // A refusal of our request.
+                let Some(op) = e.op(xid).filter(|o| {
+                    Arc::ptr_eq(&o.tm, self) && o.kind == Kind::Active && o.went_to(&peer)
+                }) else {
                     return;
                 };
-                self.on_verdict(e, &op, peer, result);
+                match result {
+                    Err(err) => self.end_active(e, &op, err),
+                    Ok(_) => {
+                        warn!(tm = %self.id, "an acceptance verdict (an older version of this transport?) ignored")
+                    }
+                }
             }
             Ctl::Delivered { xid, len } => {
                 if let Ok(seq) = u32::try_from(xid) {
@@ -1261,6 +1504,35 @@ impl TmShared {
             Ctl::DeliveredMany { acks } => {
                 for (seq, len) in acks {
                     self.delivered(&peer, seq, Some(len));
+                }
+            }
+            Ctl::Landed { xid, len } => {
+                // Our data for that request landed: the buffer completes
+                // (LNet may still be reporting the transfer's end: its
+                // event then finds it done). An active send buffer of
+                // ours, or a passive send buffer claimed for the request.
+                let op = e
+                    .op(xid)
+                    .filter(|o| Arc::ptr_eq(&o.tm, self) && o.kind == Kind::Active)
+                    .filter(|o| o.went_to(&peer))
+                    .or_else(|| {
+                        let c = self.st.lock().claims.get(&(peer.proc_, xid)).cloned();
+                        c.filter(|o| o.claimed_by(&peer))
+                    })
+                    .filter(|o| o.sends_data() && o.st.lock().stage == Stage::Live);
+                if let Some(op) = op {
+                    let want = op.st.lock().len;
+                    let r = if usize::try_from(len) == Ok(want) {
+                        Ok(want)
+                    } else {
+                        Err(NetError::Protocol(format!(
+                            "the other side took {len} of {want} bytes"
+                        )))
+                    };
+                    if op.kind == Kind::Passive {
+                        self.forget_claim(&op);
+                    }
+                    self.finish(&op, r);
                 }
             }
             Ctl::Nak { xid, status } => {
@@ -1292,11 +1564,7 @@ impl TmShared {
                     .ok()
                     .and_then(|seq| self.st.lock().sends.get(&seq).cloned())
                     .filter(|o| o.kind == Kind::Active && o.went_to(&peer));
-                if let Some(op) = op
-                    && op.st.lock().stage == Stage::Verdict
-                {
-                    e.remove_op(op.id);
-                    Self::unregister(e, &op);
+                if let Some(op) = op {
                     let owner = op
                         .st
                         .lock()
@@ -1304,9 +1572,10 @@ impl TmShared {
                         .as_ref()
                         .map(|t| t.owner.clone())
                         .unwrap_or_default();
-                    self.finish(&op, Err(NetError::Unreachable(owner)));
+                    self.end_active(e, &op, NetError::Unreachable(owner));
                 }
-                // ...or a verdict of ours did: its claim goes back.
+                // ...or the requester of a claim of ours says its machine
+                // is gone: the claim goes back.
                 let claimed: Vec<Arc<Op>> = self
                     .st
                     .lock()
@@ -1321,10 +1590,7 @@ impl TmShared {
                     .map(|(_, o)| Arc::clone(o))
                     .collect();
                 for op in claimed {
-                    op.st.lock().release = true;
-                    for md in op.live_mds() {
-                        let _ = e.lnet.md_unlink(md);
-                    }
+                    self.hand_back(e, &op);
                 }
             }
             Ctl::Abort { xid, status } => {
@@ -1332,54 +1598,66 @@ impl TmShared {
                 if let Some(op) = e.op(xid).filter(|o| {
                     Arc::ptr_eq(&o.tm, self) && o.kind == Kind::Active && o.went_to(&peer)
                 }) {
-                    let (stage, md) = {
-                        let mut s = op.st.lock();
-                        s.fail = Some(status.clone());
-                        (s.stage, s.md)
-                    };
-                    let _ = md;
-                    match stage {
-                        Stage::Live => {
-                            // LNet may hold the MD until its transaction
-                            // timeout (a GET whose REPLY will not come); the
-                            // buffer completes now: a late REPLY finds its
-                            // memory gone (BufMem) and is dropped.
-                            for md in op.live_mds() {
-                                let _ = e.lnet.md_unlink(md);
-                            }
-                            self.finish(&op, Err(status));
-                        }
-                        Stage::Verdict => {
-                            e.remove_op(op.id);
-                            Self::unregister(e, &op);
-                            self.finish(&op, Err(status));
-                        }
-                        _ => {}
-                    }
+                    self.end_active(e, &op, status);
                     return;
                 }
-                // From the active side: hand the claim back.
+                // From the requester: hand the claim back.
                 let claimed = self.st.lock().claims.get(&(peer.proc_, xid)).cloned();
                 if let Some(op) = claimed.filter(|o| o.claimed_by(&peer)) {
-                    op.st.lock().release = true;
-                    for md in op.live_mds() {
-                        let _ = e.lnet.md_unlink(md);
-                    }
+                    self.hand_back(e, &op);
                 }
             }
         }
     }
 
-    /// Attaches the claimed passive buffer's ME and MD for `peer`'s
-    /// request; returns the match bits.
-    fn attach_passive(
+    /// A claimed passive buffer's requester gave up or is gone: its
+    /// transfer is unlinked and, once LNet let go of it, the claim goes
+    /// back (the buffer stays queued). A PUT already sent, waiting for its
+    /// LANDED, goes back at once.
+    fn hand_back(&self, e: &Engine, op: &Arc<Op>) {
+        if op.st.lock().stage != Stage::Live {
+            return;
+        }
+        op.st.lock().release = true;
+        let mds = op.live_mds();
+        if mds.is_empty() {
+            self.passive_ended(e, op, Err(NetError::Cancelled));
+            return;
+        }
+        for md in mds {
+            let _ = e.lnet.md_unlink(md);
+        }
+    }
+
+    /// Ends an active operation whose passive side refused it, gave it up
+    /// or is gone (so it needs no ABORT): its MEs are unlinked (LNet may
+    /// still hold one whose data is coming in: the memory then reports
+    /// itself gone) and the buffer completes with `status` now.
+    fn end_active(&self, e: &Engine, op: &Arc<Op>, status: NetError) {
+        if op.st.lock().stage == Stage::Done {
+            return;
+        }
+        op.st.lock().fail = Some(status.clone());
+        for md in op.live_mds() {
+            let _ = e.lnet.md_unlink(md);
+        }
+        self.finish(op, Err(status));
+    }
+
+    /// Starts the transfer of a passive buffer claimed for `peer`'s
+    /// request: a PUT of its data into the requester's MEs (`bits`) with
+    /// an ACK, or a GET of the requester's data into it, one per MiB. An
+    /// error means nothing is in LNet: the claim is to be handed back and
+    /// the request refused.
+    fn start_passive(
         self: &Arc<Self>,
         e: &Engine,
         q: &QueuedBuf,
         len: usize,
         peer: Peer,
         xid: u64,
-    ) -> Result<u64> {
+        bits: u64,
+    ) -> Result<()> {
         let op = self
             .st
             .lock()
@@ -1387,80 +1665,169 @@ impl TmShared {
             .get(&q.token().raw())
             .cloned()
             .ok_or(NetError::NoEntry)?;
-        let addr = self.st.lock().addr.ok_or(NetError::NoEntry)?;
-        let bits = passive_bits(addr.tmid.unwrap_or(0), q);
+        let parts = chunks(len);
+        if parts.len() > 1 << CHUNK_BITS {
+            return Err(NetError::TooBig(format!("{len} bytes in one transfer")));
+        }
         let key = self.register(e, &op, len).ok_or(NetError::NoEntry)?;
-        let opts = if q.queue() == QueueType::PassiveBulkSend {
-            MdOptions::OP_GET
-        } else {
-            MdOptions::OP_PUT
-        };
+        let put = q.queue() == QueueType::PassiveBulkSend;
         {
             let mut s = op.st.lock();
             s.peer = Some(peer);
             s.xid = xid;
             s.len = len;
+            s.moved = 0;
+            s.landed = 0;
+            s.fail = None;
         }
         e.add_op(&op);
-        if len > MTU {
-            return self.attach_passive_chunks(e, &op, addr, key, opts, bits, peer, xid);
-        }
-        let r = e.attach_for(
-            addr.portal,
-            bits,
-            peer.proc_,
-            one_shot(MemRef::new(key, 0, len as u32), opts, op.id),
-        );
+        self.st
+            .lock()
+            .claims
+            .insert((peer.proc_, xid), Arc::clone(&op));
+        let to = (peer.proc_, peer.portal);
+        let r = if parts.len() > 1 {
+            self.start_chunks(e, &op, to, key, &parts, bits, xid, put)
+        } else {
+            let (start, threshold) = transfer_start(put, to, bits, self.from(), xid, true);
+            bind_and_start(
+                e,
+                &op,
+                MemRef::new(key, 0, len as u32),
+                threshold,
+                start,
+                |s, md| {
+                    s.md = Some(md);
+                    s.stage = Stage::Live;
+                },
+            )
+            .map(|()| true)
+        };
         match r {
-            Ok(md) => {
-                let mut s = op.st.lock();
-                s.md = Some(md);
-                s.stage = Stage::Live;
-                drop(s);
-                arm_deadline(e, &op);
-                self.st.lock().claims.insert((peer.proc_, xid), op);
-                Ok(bits)
+            Ok(_) => {
+                if put {
+                    // Bounds the wait for the requester's LANDED.
+                    arm_deadline(e, &op);
+                }
+                Ok(())
             }
             Err(err) => {
+                self.st.lock().claims.remove(&(peer.proc_, xid));
                 e.remove_op(op.id);
                 Self::unregister(e, &op);
                 op.st.lock().peer = None;
-                Err(lnet_err(&err, "passive buffer"))
+                Err(lnet_err(&err, "bulk requester"))
             }
         }
     }
 
-    /// The MEs and MDs of a claimed passive buffer larger than one LNet
-    /// message: one per MiB, with consecutive match bits (Lustre's bulk).
+    /// The passive side's GETs or PUTs of a transfer larger than one LNet
+    /// message, one per MiB, against the requester's consecutive match
+    /// bits. An error means none started; a chunk that could not start
+    /// after others did fails the transfer through their ends (`Ok`).
     #[allow(clippy::too_many_arguments)]
-    fn attach_passive_chunks(
+    fn start_chunks(
         self: &Arc<Self>,
         e: &Engine,
         op: &Arc<Op>,
-        addr: LnetAddr,
+        to: (ProcessId, u32),
         key: MemKey,
-        opts: MdOptions,
+        parts: &[(usize, usize)],
         bits: u64,
-        peer: Peer,
         xid: u64,
-    ) -> Result<u64> {
-        let len = op.st.lock().len;
+        put: bool,
+    ) -> std::result::Result<bool, colibri_lnet_rt::LnetError> {
+        let from = self.from();
+        {
+            let mut s = op.st.lock();
+            s.stage = Stage::Live;
+            s.left = parts.len();
+        }
+        for (k, &(off, len)) in parts.iter().enumerate() {
+            let c = self.new_chunk(e, op);
+            c.st.lock().len = len;
+            e.add_op(&c);
+            op.st.lock().children.push(Arc::clone(&c));
+            let last = k + 1 == parts.len();
+            let (start, threshold) = transfer_start(put, to, bits + k as u64, from, xid, last);
+            let r = bind_and_start(
+                e,
+                &c,
+                MemRef::new(key, off as u64, len as u32),
+                threshold,
+                start,
+                |s, md| s.md = Some(md),
+            );
+            if let Err(err) = r {
+                e.remove_op(c.id);
+                if k == 0 {
+                    let mut s = op.st.lock();
+                    s.children.clear();
+                    s.left = 0;
+                    s.stage = Stage::Idle;
+                    return Err(err);
+                }
+                // Chunks already started end by themselves (unlinked
+                // now); the rest never will.
+                {
+                    let mut s = op.st.lock();
+                    s.children.pop();
+                    s.left -= parts.len() - k;
+                    if s.fail.is_none() {
+                        s.fail = Some(lnet_err(&err, "bulk requester"));
+                    }
+                }
+                for md in op.live_mds() {
+                    let _ = e.lnet.md_unlink(md);
+                }
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Attaches an active buffer's MEs and MDs (one per MiB, consecutive
+    /// match bits from `bits`), each for the passive side's process only,
+    /// for its PUT (`recv`) or GET.
+    #[allow(clippy::too_many_arguments)]
+    fn attach_active(
+        self: &Arc<Self>,
+        e: &Engine,
+        op: &Arc<Op>,
+        portal: u32,
+        bits: u64,
+        target: ProcessId,
+        key: MemKey,
+        len: usize,
+        recv: bool,
+    ) -> std::result::Result<(), colibri_lnet_rt::LnetError> {
+        let opts = if recv {
+            MdOptions::OP_PUT
+        } else {
+            MdOptions::OP_GET
+        };
         let parts = chunks(len);
-        if parts.len() > 1 << CHUNK_BITS {
-            e.remove_op(op.id);
-            Self::unregister(e, op);
-            return Err(NetError::TooBig(format!("{len} bytes in one transfer")));
+        if parts.len() == 1 {
+            let md = e.attach_for(
+                portal,
+                bits,
+                target,
+                one_shot(MemRef::new(key, 0, len as u32), opts, op.id),
+            )?;
+            let mut s = op.st.lock();
+            s.md = Some(md);
+            s.stage = Stage::Live;
+            return Ok(());
         }
         let mut children = Vec::with_capacity(parts.len());
-        let mut failed = None;
         for (k, &(off, n)) in parts.iter().enumerate() {
             let c = self.new_chunk(e, op);
             c.st.lock().len = n;
             e.add_op(&c);
             let r = e.attach_for(
-                addr.portal,
+                portal,
                 bits + k as u64,
-                peer.proc_,
+                target,
                 one_shot(MemRef::new(key, off as u64, n as u32), opts, c.id),
             );
             match r {
@@ -1470,193 +1837,28 @@ impl TmShared {
                 }
                 Err(err) => {
                     e.remove_op(c.id);
-                    failed = Some(err);
-                    break;
+                    for c in &children {
+                        if let Some(md) = c.st.lock().md.take() {
+                            let _ = e.lnet.md_unlink(md);
+                        }
+                        e.remove_op(c.id);
+                    }
+                    return Err(err);
                 }
             }
         }
-        if let Some(err) = failed {
-            for c in &children {
-                if let Some(md) = c.st.lock().md.take() {
-                    let _ = e.lnet.md_unlink(md);
-                }
-                e.remove_op(c.id);
-            }
-            e.remove_op(op.id);
-            Self::unregister(e, op);
-            op.st.lock().peer = None;
-            return Err(lnet_err(&err, "passive buffer"));
-        }
-        {
-            let mut s = op.st.lock();
-            s.left = children.len();
-            s.moved = 0;
-            s.children = children;
-            s.stage = Stage::Live;
-        }
-        arm_deadline(e, op);
-        self.st
-            .lock()
-            .claims
-            .insert((peer.proc_, xid), Arc::clone(op));
-        Ok(bits)
-    }
-
-    /// GETs or PUTs of a transfer larger than one LNet message, one per
-    /// MiB, against the passive buffer's consecutive match bits.
-    fn start_active_chunks(
-        self: &Arc<Self>,
-        e: &Engine,
-        op: &Arc<Op>,
-        t: &BulkTarget,
-        key: MemKey,
-        len: usize,
-        bits: u64,
-    ) -> std::result::Result<(), colibri_lnet_rt::LnetError> {
-        let recv = op
-            .buf
-            .as_ref()
-            .is_some_and(|q| q.queue() == QueueType::ActiveBulkRecv);
-        let from = self.from();
-        let parts = chunks(len);
-        {
-            let mut s = op.st.lock();
-            s.stage = Stage::Live;
-            s.len = len;
-            s.moved = 0;
-            s.left = parts.len();
-        }
-        for (k, &(off, n)) in parts.iter().enumerate() {
-            let c = self.new_chunk(e, op);
-            c.st.lock().len = n;
-            e.add_op(&c);
-            op.st.lock().children.push(Arc::clone(&c));
-            let r = bind_and_start(
-                e,
-                &c,
-                MemRef::new(key, off as u64, n as u32),
-                2,
-                bulk_start(recv, t, bits + k as u64, from),
-                |s, md| s.md = Some(md),
-            );
-            if let Err(err) = r {
-                // Chunks already started end by themselves; the rest never
-                // will: the transfer fails now.
-                op.st.lock().left -= parts.len() - k;
-                e.remove_op(c.id);
-                for md in op.live_mds() {
-                    let _ = e.lnet.md_unlink(md);
-                }
-                return Err(err);
-            }
-        }
+        let mut s = op.st.lock();
+        s.left = children.len();
+        s.moved = 0;
+        s.children = children;
+        s.stage = Stage::Live;
         Ok(())
     }
 
-    fn on_verdict(
-        self: &Arc<Self>,
-        e: &Engine,
-        op: &Arc<Op>,
-        peer: Peer,
-        result: Result<(u64, u64)>,
-    ) {
-        let (target, stage, del) = {
-            let s = op.st.lock();
-            (s.target.clone(), s.stage, s.del)
-        };
-        let Some(t) = target else { return };
-        if stage == Stage::Done {
-            // Cancelled while the request was on its way: free the claim.
-            self.abort_requester(e, Some(peer), op.id, &NetError::Cancelled);
-            e.remove_op(op.id);
-            Self::unregister(e, op);
-            return;
-        }
-        if stage != Stage::Verdict
-            || peer.proc_ != t.proc_
-            || peer.portal != t.portal
-            || peer.tmid != t.tmid
-        {
-            warn!(tm = %self.id, "verdict from an unexpected peer or at an unexpected time ignored");
-            return;
-        }
-        let (len, bits) = match result {
-            Err(err) => {
-                e.remove_op(op.id);
-                Self::unregister(e, op);
-                self.finish(op, Err(err));
-                return;
-            }
-            Ok(x) => x,
-        };
-        let Some(q) = op.buf.clone() else { return };
-        let recv = q.queue() == QueueType::ActiveBulkRecv;
-        let len = usize::try_from(len).unwrap_or(usize::MAX);
-        let bad = if recv {
-            len > q.size()
-        } else {
-            len != q.length()
-        };
-        let from = self.from();
-        let abort = |status| self.send_abort(e, (t.proc_, t.portal, t.tmid), op.id, &status);
-        if del || bad || op.st.lock().stage == Stage::Done {
-            abort(NetError::Cancelled);
-            e.remove_op(op.id);
-            Self::unregister(e, op);
-            let r = if bad {
-                NetError::Protocol(format!("verdict for {len} bytes"))
-            } else {
-                NetError::Cancelled
-            };
-            self.finish(op, Err(r));
-            return;
-        }
-        let key = op.st.lock().key;
-        let Some(key) = key else { return };
-        if len > MTU {
-            if let Err(err) = self.start_active_chunks(e, op, &t, key, len, bits) {
-                abort(NetError::Cancelled);
-                let ne = lnet_err(&err, &t.owner);
-                let none_left = op.st.lock().left == 0;
-                if none_left {
-                    e.remove_op(op.id);
-                    Self::unregister(e, op);
-                }
-                // Completed now; chunks still in LNet end on their own.
-                self.finish(op, Err(ne));
-            }
-            return;
-        }
-        let r = bind_and_start(
-            e,
-            op,
-            MemRef::new(key, 0, len as u32),
-            2,
-            bulk_start(recv, &t, bits, from),
-            |s, md| {
-                s.md = Some(md);
-                s.stage = Stage::Live;
-                s.len = len;
-            },
-        );
-        if let Err(err) = r {
-            abort(NetError::Cancelled);
-            let ne = lnet_err(&err, &t.owner);
-            op.st.lock().fail = Some(ne.clone());
-            if op.st.lock().md.is_none() {
-                e.remove_op(op.id);
-                Self::unregister(e, op);
-                self.finish(op, Err(ne));
-            }
-        }
-    }
-
-    /// A bulk request could not be sent.
+    /// A bulk request could not be sent: its MEs go, and the buffer
+    /// completes with the failure.
     pub(crate) fn fail_request(&self, op: &Arc<Op>, err: OpError) {
         let e = self.engine();
-        if op.st.lock().stage != Stage::Verdict {
-            return;
-        }
         let owner = op
             .st
             .lock()
@@ -1664,13 +1866,12 @@ impl TmShared {
             .as_ref()
             .map(|t| t.owner.clone())
             .unwrap_or_default();
-        e.remove_op(op.id);
-        Self::unregister(&e, op);
-        self.finish(op, Err(op_err(err, &owner)));
+        self.end_active(&e, op, op_err(err, &owner));
     }
 
-    /// No verdict came in time (active), or no GET or PUT after the
-    /// verdict (passive: the claim is handed back).
+    /// No answer in time: a message send waiting for its receiver's, or
+    /// an active request for which nothing came from the passive side
+    /// (since the request, or the last chunk) within `handshake_timeout`.
     pub(crate) fn expire_request(&self, op: &Arc<Op>) {
         let e = self.engine();
         if op.kind == Kind::Send {
@@ -1689,42 +1890,60 @@ impl TmShared {
             }
             return;
         }
-        if op.kind == Kind::Passive {
-            {
-                let mut s = op.st.lock();
-                if s.stage != Stage::Live || s.peer.is_none() {
-                    return;
-                }
-                s.release = true;
-            }
-            debug!(tm = %self.id, "passive claim unused: handed back");
-            for md in op.live_mds() {
-                let _ = e.lnet.md_unlink(md);
+        if op.st.lock().stage != Stage::Live {
+            if op.sends_data() && op.lnet_done() {
+                // Completed otherwise, and LNet is done with it.
+                e.remove_op(op.id);
             }
             return;
         }
-        let (stage, owner) = {
+        let moving = !op.live_mds().is_empty();
+        if op.kind == Kind::Passive {
+            if moving {
+                // Its PUT still going out (a slow transfer, credits): LNet
+                // bounds it.
+                arm_deadline(&e, op);
+                return;
+            }
+            // Sent, and no LANDED: whether it arrived is not known.
+            debug!(tm = %self.id, "no LANDED for a passive transfer");
+            let (peer, xid) = {
+                let s = op.st.lock();
+                (s.peer, s.xid)
+            };
+            self.forget_claim(op);
+            self.abort_requester(&e, peer, xid, &NetError::TimedOut);
+            self.finish(op, Err(NetError::TimedOut));
+            return;
+        }
+        if op.kind != Kind::Active {
+            return;
+        }
+        let (owner, started) = {
             let s = op.st.lock();
             (
-                s.stage,
                 s.target
                     .as_ref()
                     .map(|t| t.owner.clone())
                     .unwrap_or_default(),
+                s.landed > 0,
             )
         };
-        if stage == Stage::Verdict || stage == Stage::Done {
-            e.remove_op(op.id);
-            Self::unregister(&e, op);
-        }
-        if stage == Stage::Verdict {
-            self.finish(
-                op,
-                Err(NetError::Unreachable(format!(
-                    "{owner}: no answer to the bulk request"
-                ))),
-            );
-        }
+        // Whatever the passive side still does for it ends (its claim
+        // goes back).
+        self.abort_target(&e, op, &NetError::Cancelled);
+        let status = if !started {
+            // Nothing came: the passive side never started (refused it
+            // without our hearing, is gone, or a rail lost the request).
+            debug!(tm = %self.id, %owner, "no answer to a bulk request");
+            NetError::Unreachable(format!("{owner}: no answer to the bulk request"))
+        } else {
+            // Data stopped coming, or (a send) the LANDED did not come:
+            // whether the rest arrived is not known.
+            debug!(tm = %self.id, %owner, moving, "bulk transfer stopped");
+            NetError::TimedOut
+        };
+        self.end_active(&e, op, status);
     }
 }
 
@@ -1861,39 +2080,49 @@ impl LnetTm {
                 })?;
                 let recv = q.queue() == QueueType::ActiveBulkRecv;
                 let mem_len = if recv { q.size() } else { q.length() };
-                let size = mem_len as u64;
+                if chunks(mem_len).len() > 1 << CHUNK_BITS {
+                    return Err(NetError::TooBig(format!("{mem_len} bytes in one transfer")));
+                }
+                let desc = NetBufDesc::encode(fields, 4096)?;
                 let key = sh.register(e, op, mem_len).ok_or(NetError::Cancelled)?;
-                let _ = key;
+                let tmid = a.tmid.unwrap_or(0);
+                let bits = active_bits(tmid, op.id);
                 {
                     let mut s = op.st.lock();
-                    s.stage = Stage::Verdict;
                     s.target = Some(t.clone());
                     s.len = mem_len;
                 }
                 e.add_op(op);
+                // Before the request: the passive side's transfer may
+                // come at once.
+                if let Err(err) =
+                    sh.attach_active(e, op, a.portal, bits, t.proc_, key, mem_len, recv)
+                {
+                    e.remove_op(op.id);
+                    TmShared::unregister(e, op);
+                    return Err(lnet_err(&err, &t.owner));
+                }
                 sh.st.lock().sends.insert(seq_of(op.id), Arc::clone(op));
-                let desc = NetBufDesc::encode(fields, 4096)?;
                 let req = Ctl::Request {
                     xid: op.id,
                     active: q.queue(),
-                    size,
+                    size: mem_len as u64,
+                    bits,
                     desc: desc.as_bytes().to_vec(),
                 };
                 arm_deadline(e, op);
-                if let Err(err) = e.send_ctl(
-                    t.proc_,
-                    t.portal,
-                    t.tmid,
-                    (a.portal, a.tmid.unwrap_or(0)),
-                    &req,
-                    op.id,
-                ) {
-                    e.remove_op(op.id);
-                    TmShared::unregister(e, op);
-                    op.st.lock().stage = Stage::Done;
-                    sh.complete_later(e, op, Err(lnet_err(&err, &t.owner)));
-                } else {
-                    q.mark_taken_by_network();
+                match e.send_ctl(t.proc_, t.portal, t.tmid, (a.portal, tmid), &req, op.id) {
+                    Ok(()) => q.mark_taken_by_network(),
+                    Err(err) => {
+                        // Completed from the engine's thread (never inside
+                        // `buf_add`); the MEs' unlink events find it done.
+                        op.st.lock().stage = Stage::Done;
+                        for md in op.live_mds() {
+                            let _ = e.lnet.md_unlink(md);
+                        }
+                        disarm_deadline(e, op);
+                        sh.complete_later(e, op, Err(lnet_err(&err, &t.owner)));
+                    }
                 }
             }
             Kind::Ctl | Kind::Catch | Kind::Tomb | Kind::Chunk => {}
@@ -1958,9 +2187,12 @@ impl LnetTm {
             match_bits(tmid, 0),
             (1 << COUNTER_BITS) - 1,
             Unlink::Unlink,
+            // Empty: a passive side's GET gets a REPLY of no bytes, which
+            // tells it the requester is gone (its PUT gets a GONE).
             MdSpec::new(
                 MemRef::new(e.empty, 0, 0),
                 MdOptions::OP_PUT
+                    .with(MdOptions::OP_GET)
                     .with(MdOptions::TRUNCATE)
                     .with(MdOptions::ACK_DISABLE),
             )
@@ -2159,18 +2391,29 @@ impl XprtTm for LnetTm {
             );
             return;
         };
-        if matches!(op.kind, Kind::Send | Kind::Active)
+        // Whether the operation's data comes in: a receive, a passive
+        // buffer's GET (its REPLY), an active receive (the passive side's
+        // PUT into its MEs). The rest send theirs.
+        let incoming = match op.kind {
+            Kind::Recv => true,
+            Kind::Passive => q.queue() == QueueType::PassiveBulkRecv,
+            Kind::Active => q.queue() == QueueType::ActiveBulkRecv,
+            _ => false,
+        };
+        // Operations whose data started to go out.
+        let puts = op.data_out();
+        if puts
             && op.st.lock().stage == Stage::Live
             && (reason == DelReason::Cancel || (reason == DelReason::Stop && !abort))
         {
-            // A message or bulk transfer LNet already has cannot be taken
-            // back without losing what it tells: whether it arrived. A
-            // plain cancel (and a stop without abort) lets it end with its
+            // A message or bulk data LNet already has cannot be taken back
+            // without losing what it tells: whether it arrived. A plain
+            // cancel (and a stop without abort) lets it end with its
             // answer (DELIVERED or NAK, bounded by `handshake_timeout`;
-            // ACK or REPLY, bounded by LNet's transaction timeout) or its
-            // failure; a timeout or a stop with abort ends it at once.
+            // ACK, bounded by LNet's transaction timeout) or its failure;
+            // a timeout or a stop with abort ends it at once.
             op.st.lock().del = true;
-            if op.kind == Kind::Send && reason == DelReason::Cancel {
+            if reason == DelReason::Cancel {
                 // A PUT no peer has seen (waiting for its peer's
                 // discovery, for credits, or in the socket LND for a
                 // connection or behind other messages) was never sent:
@@ -2189,8 +2432,9 @@ impl XprtTm for LnetTm {
         };
         let mds = op.live_mds();
         trace!(tm = %sh.id, ?reason, ?stage, kind = ?op.kind, "del");
-        match (stage, mds.is_empty()) {
-            (Stage::Live, false) => {
+        let idle = mds.is_empty();
+        match stage {
+            Stage::Live => {
                 // Whether an operation still holds an MD, unlinked now or
                 // already unlinking (a receive MD is exhausted, and unlinks
                 // itself, when the message that fills it is matched).
@@ -2204,58 +2448,41 @@ impl XprtTm for LnetTm {
                         }
                     };
                 }
-                let incoming = op.kind == Kind::Recv
-                    || (op.kind == Kind::Passive
-                        && op.buf.as_ref().map(QueuedBuf::queue)
-                            == Some(QueueType::PassiveBulkRecv));
-                if incoming && busy {
-                    // A message may be being read into the buffer, and its
-                    // sender may have stalled: LNet would hold the MD until
-                    // the socket LND gives the connection up. The buffer
-                    // completes now; the LND finds its memory gone, drops
-                    // the rest of that payload and the message fails (one
-                    // whose last bytes landed meanwhile is refused with a
-                    // NAK, as one for a buffer no longer queued). Messages
-                    // that had arrived are delivered by their events. A
-                    // passive buffer's requester, whose PUT is coming in,
-                    // is told by an ABORT. (Data going out, a GET's REPLY,
-                    // cannot be cut short: that waits for its end.)
+                if op.kind == Kind::Active {
+                    // The passive side stops what it does for the request
+                    // (its claim goes back).
+                    sh.abort_target(&e, &op, &NetError::Cancelled);
+                }
+                // Data coming in may have stalled, and LNet would hold the
+                // MD until the socket LND gives the connection up: the
+                // buffer completes now; the LND finds its memory gone,
+                // drops the rest of that payload and the message fails
+                // (one whose last bytes landed meanwhile is refused with a
+                // NAK, as one for a buffer no longer queued). Messages
+                // that had arrived are delivered by their events. A PUT
+                // going out, which LNet may hold until its transaction
+                // timeout, completes now too (whatever LNet does later
+                // with the MD finds the memory gone), as does one LNet is
+                // done with (a PUT waiting for its answer). The rest (an
+                // active buffer's MEs, a passive buffer's GET, a receive
+                // nothing was coming into) complete with their unlink's
+                // event.
+                if (incoming && busy) || puts || idle {
                     let (peer, xid) = {
                         let mut s = op.st.lock();
                         s.stage = Stage::Done;
                         (s.peer, s.xid)
                     };
                     if op.kind == Kind::Passive {
+                        // Its requester is told by an ABORT.
                         sh.forget_claim(&op);
                         sh.abort_requester(&e, peer, xid, &NetError::Cancelled);
                     }
                     sh.complete_later(&e, &op, Err(NetError::Cancelled));
                 }
-                if matches!(op.kind, Kind::Send | Kind::Active) {
-                    // An operation LNet may hold until its transaction
-                    // timeout: the buffer completes now (whatever LNet does
-                    // later with the MD finds the memory gone).
-                    op.st.lock().stage = Stage::Done;
-                    sh.complete_later(&e, &op, Err(NetError::Cancelled));
-                }
             }
-            (Stage::Done, _) => {}
-            (Stage::Verdict, _) => {
-                // The answer may still come: it is then refused with an
-                // ABORT. One goes now too, for a request already claimed
-                // (a passive claim nobody uses also ends by itself after
-                // the handshake timeout).
-                let t = {
-                    let mut s = op.st.lock();
-                    s.stage = Stage::Done;
-                    s.target.clone()
-                };
-                if let Some(t) = t {
-                    sh.send_abort(&e, (t.proc_, t.portal, t.tmid), op.id, &NetError::Cancelled);
-                }
-                sh.complete_later(&e, &op, Err(NetError::Cancelled));
-            }
-            _ => {
+            Stage::Done => {}
+            Stage::Idle => {
                 sh.st.lock().pending.retain(|o| o.id != op.id);
                 op.st.lock().stage = Stage::Done;
                 sh.complete_later(&e, &op, Err(NetError::Cancelled));
@@ -2325,26 +2552,48 @@ fn bind_and_start(
     Ok(())
 }
 
-/// The active side's transfer: a GET of the passive buffer when it
-/// receives, else a PUT with ACK carrying who sends.
-fn bulk_start(recv: bool, t: &BulkTarget, bits: u64, from: (u32, u16)) -> Start {
-    if recv {
-        Start::Get {
-            target: t.proc_,
-            portal: t.portal,
+/// The passive side's transfer against the requester's MEs (`to`'s
+/// portal, match bits `bits`) for request `xid`: a PUT of its data,
+/// whose header data says who sends, for which request and whether it is
+/// the transfer's `last` chunk (the requester answers LANDED once all
+/// landed: a PUT it resends on another rail, where an LNet ACK, a
+/// response, could not be), or a GET of the requester's data. Returns it
+/// with its MD's threshold (a PUT's SEND; a GET's SEND and REPLY).
+fn transfer_start(
+    put: bool,
+    to: (ProcessId, u32),
+    bits: u64,
+    from: (u32, u16),
+    xid: u64,
+    last: bool,
+) -> (Start, u32) {
+    if put {
+        let kind = if last { HDR_BULK_LAST } else { HDR_BULK };
+        let start = Start::Put {
+            ack: false,
+            target: to.0,
+            portal: to.1,
             match_bits: bits,
             offset: 0,
-        }
+            hdr_data: hdr_data(kind, from.0, from.1, (xid as u32) & SEQ_MASK),
+        };
+        (start, 1)
     } else {
-        Start::Put {
-            ack: true,
-            target: t.proc_,
-            portal: t.portal,
+        let start = Start::Get {
+            target: to.0,
+            portal: to.1,
             match_bits: bits,
             offset: 0,
-            hdr_data: hdr_data(HDR_BULK, from.0, from.1, 0),
-        }
+        };
+        (start, 2)
     }
+}
+
+/// The match bits of an active operation's MEs: unique among the
+/// machine's operations in flight (the operation's sequence number), the
+/// low 8 bits left for the chunk index.
+fn active_bits(tmid: u16, id: u64) -> u64 {
+    match_bits(tmid, CNT_ACTIVE | (u64::from(seq_of(id)) << CHUNK_BITS))
 }
 
 fn seq_of(id: u64) -> u32 {

@@ -212,12 +212,14 @@ fn gones_from_another_machine_of_the_requester_leave_its_claim() {
         );
     };
     // A request from the client node's TMID 9, where no machine is: the
-    // server claims its buffer for it and waits (its verdict goes nowhere).
+    // server claims its buffer for it and waits (its GET of the
+    // requester's MEs goes nowhere).
     let mut req = b"CLNC".to_vec();
-    req.extend_from_slice(&[1, 1, 0, 0]);
+    req.extend_from_slice(&[2, 1, 0, 0]);
     req.extend_from_slice(&XID.to_le_bytes());
     req.extend_from_slice(&[QueueType::ActiveBulkSend.code(), 0, 0, 0, 0, 0, 0, 0]);
     req.extend_from_slice(&(LEN as u64).to_le_bytes());
+    req.extend_from_slice(&((9u64 << 52) | (1 << 47) | (1 << 8)).to_le_bytes());
     req.extend_from_slice(&(desc.as_bytes().len() as u16).to_le_bytes());
     req.extend_from_slice(desc.as_bytes());
     to_server(hdr(2, 44, 9, XID), req);

@@ -222,17 +222,18 @@ fn messages_and_1_and_16_mib_bulk_both_ways_through_a_router() {
 
 fn router_killed_mid_transfer(base: u8, n: usize, size: usize) {
     let f = fabric(base);
-    // One GET in every 8 the server's machine receives (on its portal,
-    // 30: not LNet's own pings of discovery, which are GETs too) is held
-    // 3 s: whatever the machine's speed, at least one is still in flight
-    // when the router dies (it is killed at the first completion, or after
-    // one second if none came: on a loaded machine, with the other tests
-    // of this file running beside it, the first completion was seen to
-    // come after the 3 s, and every transfer then succeeded).
-    f.server
+    // One PUT in every 8 the client's machine receives (on its portal,
+    // 30: the server's data, which it PUTs into the client's MEs, and the
+    // few control messages the server sends) is held 3 s: whatever the
+    // machine's speed, at least one is still in flight when the router
+    // dies (it is killed at the first completion, or after one second if
+    // none came: on a loaded machine, with the other tests of this file
+    // running beside it, the first completion was seen to come after the
+    // 3 s, and every transfer then succeeded).
+    f.client
         .add_delay_rule(DelayRuleSpec {
             matcher: FaultMatch {
-                msg_mask: MsgMask::of(MsgType::Get),
+                msg_mask: MsgMask::of(MsgType::Put),
                 portal_mask: 1 << 30,
                 ..FaultMatch::ANY
             },

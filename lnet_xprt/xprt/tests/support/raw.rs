@@ -44,7 +44,7 @@ pub(crate) fn hdr(kind: u64, portal: u64, tmid: u64, seq: u64) -> u64 {
 /// DELIVERED, NAK, ABORT).
 pub(crate) fn ctl(kind: u8, xid: u64, body: [u8; 8]) -> Vec<u8> {
     let mut b = b"CLNC".to_vec();
-    b.extend_from_slice(&[1, kind, 0, 0]);
+    b.extend_from_slice(&[2, kind, 0, 0]);
     b.extend_from_slice(&xid.to_le_bytes());
     b.extend_from_slice(&body);
     b
