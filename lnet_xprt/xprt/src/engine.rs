@@ -70,6 +70,11 @@ pub(crate) struct Engine {
     /// Control messages being sent: their memory, by MD user value, and
     /// the active operation a request is for.
     ctl_sends: Mutex<KeyedMap<u64, (MemKey, u64)>>,
+    /// LANDEDs being sent, by MD user value, with what resends them if
+    /// their PUT fails (LNet resends it on another rail first, a bounded
+    /// number of times; a lost LANDED would leave the other side waiting
+    /// for `handshake_timeout` and failing data that arrived).
+    landed_sends: Mutex<KeyedMap<u64, Resend>>,
     /// Started transfer machines by (portal, TMID).
     tms: Mutex<KeyedMap<(u32, u16), Weak<TmShared>>>,
     /// MDs left where a transfer machine stopped: they answer what still
@@ -173,6 +178,7 @@ impl Engine {
             nids,
             ops: Mutex::new(KeyedMap::default()),
             ctl_sends: Mutex::new(KeyedMap::default()),
+            landed_sends: Mutex::new(KeyedMap::default()),
             tms: Mutex::new(KeyedMap::default()),
             tombs: Mutex::new(KeyedMap::default()),
             handshakes: Mutex::new(BTreeSet::new()),
@@ -550,8 +556,29 @@ impl Engine {
         msg: &Ctl,
         op: u64,
     ) -> std::result::Result<(), LnetError> {
-        let bytes = msg.encode();
-        let kind = if msg.expects_answer() {
+        let left = if matches!(msg, Ctl::Landed { .. }) {
+            LANDED_RESENDS
+        } else {
+            0
+        };
+        self.send_ctl_to(
+            Resend {
+                to,
+                portal,
+                tmid,
+                from,
+                msg: msg.clone(),
+                left,
+            },
+            op,
+        )
+    }
+
+    /// Sends `r.msg` to `r`'s machine; while `r.left` is not 0, a PUT
+    /// that fails is sent again.
+    fn send_ctl_to(&self, r: Resend, op: u64) -> std::result::Result<(), LnetError> {
+        let bytes = r.msg.encode();
+        let kind = if r.msg.expects_answer() {
             HDR_CTL
         } else {
             HDR_NOTE
@@ -560,7 +587,12 @@ impl Engine {
         let key = self.lnet.register(&MemRegion::from_vec(bytes));
         let id = self.new_id() | CTL_SEND_BIT;
         self.ctl_sends.lock().insert(id, (key, op));
-        let r = self.bind_and_start(
+        let hdr = hdr_data(kind, r.from.0, r.from.1, (r.msg.xid() as u32) & SEQ_MASK);
+        let (to, portal, bits) = (r.to, r.portal, match_bits(r.tmid, CNT_CTL));
+        if r.left > 0 {
+            self.landed_sends.lock().insert(id, r);
+        }
+        let res = self.bind_and_start(
             MemRef::new(key, 0, len),
             1,
             id,
@@ -568,16 +600,17 @@ impl Engine {
                 ack: false,
                 target: to,
                 portal,
-                match_bits: match_bits(tmid, CNT_CTL),
+                match_bits: bits,
                 offset: 0,
-                hdr_data: hdr_data(kind, from.0, from.1, (msg.xid() as u32) & SEQ_MASK),
+                hdr_data: hdr,
             },
         );
-        if r.is_err() {
+        if res.is_err() {
             self.ctl_sends.lock().remove(&id);
+            self.landed_sends.lock().remove(&id);
             self.lnet.deregister(key);
         }
-        r.map(|_| ())
+        res.map(|_| ())
     }
 
     fn on_event(&self, ev: &Event) {
@@ -590,15 +623,24 @@ impl Engine {
             }) else {
                 return;
             };
-            if ev.unlinked {
+            let resend = if ev.unlinked {
                 self.lnet.deregister(key);
-            }
-            if let Err(e) = ev.info.status
-                && op != 0
-                && let Some(op) = self.op(op)
-            {
-                debug!(%e, "bulk request not sent");
-                op.tm.fail_request(&op, e);
+                self.landed_sends.lock().remove(&ev.user_ptr)
+            } else {
+                None
+            };
+            if let Err(e) = ev.info.status {
+                if op != 0
+                    && let Some(op) = self.op(op)
+                {
+                    debug!(%e, "bulk request not sent");
+                    op.tm.fail_request(&op, e);
+                }
+                if let Some(mut r) = resend {
+                    debug!(%e, left = r.left, "LANDED not sent: sent again");
+                    r.left -= 1;
+                    let _ = self.send_ctl_to(r, 0);
+                }
             }
             return;
         }
@@ -636,6 +678,21 @@ impl Engine {
             }
         }
     }
+}
+
+/// How many times a LANDED whose PUT failed is sent again.
+const LANDED_RESENDS: u8 = 3;
+
+/// A control message to send again if its PUT fails: its destination
+/// machine, its sender and how many more times.
+#[derive(Debug)]
+struct Resend {
+    to: ProcessId,
+    portal: u32,
+    tmid: u16,
+    from: (u32, u16),
+    msg: Ctl,
+    left: u8,
 }
 
 /// Looks for something to take for up to `spin`, yielding the CPU between
