@@ -42,6 +42,10 @@ use crate::wire::{BulkOp, Frame, MAX_EAGER, SLOT_SIZE, Seg};
 /// responder, asynchronously, and are not split.
 const WRITE_CHUNK: u64 = 256 << 10;
 
+/// How long a domain fini lets queued frames and posted work requests
+/// finish before it fences every connection (`Engine::settle`).
+const SETTLE: Duration = Duration::from_millis(100);
+
 /// Requests sent in a row on the eager path while replies wait.
 const REPLY_AFTER: u32 = 4;
 
@@ -262,6 +266,21 @@ struct Conn {
     /// The eager path (after `qp`: the queue pair is destroyed before the
     /// rings it names).
     eager: Option<Eager>,
+}
+
+impl Conn {
+    /// Something of ours has not left or not completed: bytes for the
+    /// socket, frames waiting for a credit, work requests unposted or on
+    /// the send queue.
+    fn has_outgoing(&self) -> bool {
+        !self.wbuf.is_empty()
+            || !self.wr_queue.is_empty()
+            || self.sq_used > 0
+            || self
+                .eager
+                .as_ref()
+                .is_some_and(|e| !e.queue.is_empty() || !e.replies.is_empty())
+    }
 }
 
 /// Who a posted work request belongs to.
@@ -1143,6 +1162,11 @@ impl Loop {
             match s.read(&mut self.rtmp) {
                 Ok(0) => {
                     let peer = c.peer;
+                    // The peer closes only after its last SENDs completed,
+                    // so their frames (a REPLY that completes one of our
+                    // sends) are in the CQ already: take them before the
+                    // fence fails what they would have completed.
+                    self.poll_cq();
                     self.fence(
                         t,
                         NetError::ConnectionReset(format!("{peer}: connection closed by peer")),
@@ -1938,6 +1962,7 @@ impl Loop {
     }
 
     fn drain_and_exit(&mut self) {
+        self.settle();
         let all: Vec<usize> = self.conns.keys().copied().collect();
         for t in all {
             self.fence(t, NetError::ConnectionReset("domain finalised".into()));
@@ -1962,6 +1987,34 @@ impl Loop {
         }
         for (_, c) in self.cmds_left() {
             drop(c);
+        }
+    }
+
+    /// Before the fence at domain fini: frames already queued (above all
+    /// the REPLY of a message this side delivered) and work requests
+    /// posted get up to [`SETTLE`] to leave and complete, so a peer learns
+    /// the fate of what it sent rather than a reset. Nothing new is
+    /// started: commands are not read.
+    fn settle(&mut self) {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            self.post_all();
+            let busy: Vec<usize> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| c.state == State::Ready && c.has_outgoing())
+                .map(|(&t, _)| t)
+                .collect();
+            for &t in &busy {
+                self.flush(t);
+            }
+            let worked = self.poll_cq();
+            if busy.is_empty() || Instant::now() >= deadline {
+                return;
+            }
+            if !worked {
+                std::thread::sleep(Duration::from_micros(100));
+            }
         }
     }
 
