@@ -1701,10 +1701,9 @@ impl TmShared {
                     s.stage = Stage::Live;
                 },
             )
-            .map(|()| true)
         };
         match r {
-            Ok(_) => {
+            Ok(()) => {
                 if put {
                     // Bounds the wait for the requester's LANDED.
                     arm_deadline(e, &op);
@@ -1736,7 +1735,7 @@ impl TmShared {
         bits: u64,
         xid: u64,
         put: bool,
-    ) -> std::result::Result<bool, colibri_lnet_rt::LnetError> {
+    ) -> std::result::Result<(), colibri_lnet_rt::LnetError> {
         let from = self.from();
         {
             let mut s = op.st.lock();
@@ -1780,10 +1779,10 @@ impl TmShared {
                 for md in op.live_mds() {
                     let _ = e.lnet.md_unlink(md);
                 }
-                return Ok(false);
+                return Ok(());
             }
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Attaches an active buffer's MEs and MDs (one per MiB, consecutive
