@@ -6,7 +6,7 @@
 //!   0    4 magic "CLNC"
 //!   4    1 version (2: the REQUEST names the requester's MEs)
 //!   5    1 kind: 1 REQUEST, 2 VERDICT, 3 ABORT, 4 NAK, 5 DELIVERED, 6 GONE,
-//!            7 DELIVERED_MANY, 8 LANDED
+//!            7 DELIVERED_MANY, 8 LANDED, 9 AGAIN
 //!   6    2 reserved (0)
 //!   8    8 xid: the active operation (the requester's MD user value)
 //!  16    .. body
@@ -28,6 +28,9 @@
 //!                            sends them)
 //! LANDED:  length u64       (xid: the active operation: the passive side's PUT of
 //!                            that many bytes landed in the requester's buffer)
+//! AGAIN:   chunk u64        (xid: the active operation: the requester's REPLY to the
+//!                            passive side's GET of that chunk failed to go; GET it
+//!                            again)
 //! ```
 
 use colibri_net::{NetError, QueueType};
@@ -92,6 +95,17 @@ pub(crate) enum Ctl {
         xid: u64,
         /// Bytes that landed.
         len: u64,
+    },
+    /// The requester's answer to the passive side's GET of one chunk of
+    /// an active send failed to go (a REPLY is a response: LNet sends it
+    /// back the way the GET came and never on another rail): its ME still
+    /// offers the data; GET it again. Sent as a PUT, which LNet resends on
+    /// another rail.
+    Again {
+        /// The active operation (the request's id).
+        xid: u64,
+        /// The chunk (0 for a transfer in one LNet message).
+        chunk: u64,
     },
     /// Several DELIVEREDs for one machine: (sequence number, bytes
     /// received) each, 2 to [`DELIVERED_MANY_MAX`] of them.
@@ -175,6 +189,7 @@ impl Ctl {
             | Self::Nak { xid, .. }
             | Self::Delivered { xid, .. }
             | Self::Landed { xid, .. }
+            | Self::Again { xid, .. }
             | Self::Gone { xid } => *xid,
             Self::DeliveredMany { acks } => acks.len() as u64,
         }
@@ -200,6 +215,7 @@ impl Ctl {
             Self::Gone { .. } => 6,
             Self::DeliveredMany { .. } => 7,
             Self::Landed { .. } => 8,
+            Self::Again { .. } => 9,
         };
         v.extend_from_slice(&MAGIC.to_le_bytes());
         v.extend_from_slice(&[VERSION, kind, 0, 0]);
@@ -243,7 +259,9 @@ impl Ctl {
                 v.extend_from_slice(&aux.to_le_bytes());
                 v.extend_from_slice(&[0; 4]);
             }
-            Self::Delivered { len, .. } | Self::Landed { len, .. } => {
+            Self::Delivered { len, .. }
+            | Self::Landed { len, .. }
+            | Self::Again { chunk: len, .. } => {
                 v.extend_from_slice(&len.to_le_bytes());
             }
             Self::Gone { .. } => v.extend_from_slice(&[0; 8]),
@@ -339,13 +357,13 @@ impl Ctl {
                 }
                 Ok(Self::Gone { xid })
             }
-            5 | 8 => {
+            5 | 8 | 9 => {
                 exact(24)?;
                 let len = u64at(16)?;
-                Ok(if b[5] == 5 {
-                    Self::Delivered { xid, len }
-                } else {
-                    Self::Landed { xid, len }
+                Ok(match b[5] {
+                    5 => Self::Delivered { xid, len },
+                    8 => Self::Landed { xid, len },
+                    _ => Self::Again { xid, chunk: len },
                 })
             }
             7 => {
@@ -439,6 +457,7 @@ mod tests {
                 xid: 16,
                 len: 1 << 20,
             },
+            Ctl::Again { xid: 17, chunk: 15 },
             Ctl::Gone { xid: 14 },
             Ctl::DeliveredMany {
                 acks: vec![(15, 1), (0xff_ffff, 1 << 20)],

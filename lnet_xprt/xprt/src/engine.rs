@@ -556,7 +556,7 @@ impl Engine {
         msg: &Ctl,
         op: u64,
     ) -> std::result::Result<(), LnetError> {
-        let left = if matches!(msg, Ctl::Landed { .. }) {
+        let left = if matches!(msg, Ctl::Landed { .. } | Ctl::Again { .. }) {
             LANDED_RESENDS
         } else {
             0
@@ -637,7 +637,7 @@ impl Engine {
                     op.tm.fail_request(&op, e);
                 }
                 if let Some(mut r) = resend {
-                    debug!(%e, left = r.left, "LANDED not sent: sent again");
+                    debug!(%e, left = r.left, "LANDED or AGAIN not sent: sent again");
                     r.left -= 1;
                     let _ = self.send_ctl_to(r, 0);
                 }
@@ -645,7 +645,11 @@ impl Engine {
             return;
         }
         let op = self.op(ev.user_ptr);
-        if ev.unlinked && op.as_ref().is_some_and(|o| !o.awaits_answer()) {
+        if ev.unlinked
+            && op
+                .as_ref()
+                .is_some_and(|o| !o.awaits_answer() && !o.superseded(ev.md))
+        {
             self.remove_op(ev.user_ptr);
         }
         let Some(op) = op else {

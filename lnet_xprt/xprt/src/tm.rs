@@ -42,6 +42,11 @@ const CTL_MDS: usize = 3;
 /// Zeroed memory: pages are only touched as messages land.
 const CTL_MD_BYTES: usize = 1 << 20;
 
+/// AGAINs an active send asks for one chunk (each after its REPLY to the
+/// passive side's GET failed to go); its GET MEs take one GET more than
+/// that.
+const AGAIN_MAX: u32 = 3;
+
 /// A queued buffer's memory as MD memory: the runtime reads and writes
 /// its segments in place, under the buffer's data lock, until the buffer
 /// completes.
@@ -204,6 +209,14 @@ struct OpSt {
     /// how many a tomb answered (taking nothing).
     expect: Option<usize>,
     landed: usize,
+    /// A passive receive: the requester's match bits (its REQUEST's).
+    bits: u64,
+    /// An active send's chunk (or the transfer in one): AGAINs sent for
+    /// it, each after its REPLY to the passive side's GET failed.
+    again: u32,
+    /// A passive receive's GET (or chunk's) given up for a new one on an
+    /// AGAIN: its MD's last events are not the transfer's.
+    superseded: Vec<MdHandle>,
 }
 
 /// One queued buffer's operation (or a transfer machine's own MD).
@@ -320,6 +333,12 @@ impl Op {
             .lock()
             .peer
             .is_some_and(|q| q.portal == peer.portal && q.tmid == peer.tmid)
+    }
+
+    /// Whether `md` is a GET this operation gave up for a new one (AGAIN):
+    /// its events, its last included, are not the operation's.
+    pub(crate) fn superseded(&self, md: MdHandle) -> bool {
+        self.st.lock().superseded.contains(&md)
     }
 
     /// The MDs LNet may still hold for this operation (its own, or its
@@ -725,6 +744,16 @@ impl TmShared {
 
     pub(crate) fn on_event(self: &Arc<Self>, op: &Arc<Op>, ev: &Event) {
         let e = self.engine();
+        {
+            let mut s = op.st.lock();
+            if let Some(i) = s.superseded.iter().position(|&m| m == ev.md) {
+                // A GET given up for a new one: only its end is noted.
+                if ev.unlinked {
+                    s.superseded.swap_remove(i);
+                }
+                return;
+            }
+        }
         match op.kind {
             Kind::Recv => self.ev_recv(&e, op, ev),
             Kind::Send => self.ev_send(op, ev),
@@ -1074,6 +1103,16 @@ impl TmShared {
         };
         let initiator = parent.kind == Kind::Passive;
         match (ev.kind(), ev.info.status) {
+            (EventKind::Get, Err(_))
+                if !initiator && !ev.unlinked && {
+                    let k = parent
+                        .st
+                        .lock()
+                        .children
+                        .iter()
+                        .position(|c| Arc::ptr_eq(c, op));
+                    k.is_some_and(|k| self.ask_again(e, &parent, op, k as u64))
+                } => {}
             (EventKind::Put, Ok(())) => {
                 let last = parse_hdr(ev.info.hdr_data).map(|h| h.0) == Some(HDR_BULK_LAST);
                 let rest: Vec<MdHandle> = {
@@ -1286,6 +1325,7 @@ impl TmShared {
                 self.send_landed(e, op, n);
                 self.finish(op, Ok(n));
             }
+            (EventKind::Get, Err(_)) if !ev.unlinked && self.ask_again(e, op, op, 0) => {}
             (EventKind::Get, Ok(())) => {
                 // The passive side took the data: its LANDED ends it.
                 {
@@ -1533,6 +1573,25 @@ impl TmShared {
                         self.forget_claim(&op);
                     }
                     self.finish(&op, r);
+                    if op.kind == Kind::Active {
+                        // Its GET MEs take AGAINs' GETs: unlinked now.
+                        for md in op.live_mds() {
+                            let _ = e.lnet.md_unlink(md);
+                        }
+                    }
+                }
+            }
+            Ctl::Again { xid, chunk } => {
+                let op = self
+                    .st
+                    .lock()
+                    .claims
+                    .get(&(peer.proc_, xid))
+                    .cloned()
+                    .filter(|o| o.claimed_by(&peer))
+                    .filter(|o| o.receives_data() && o.st.lock().stage == Stage::Live);
+                if let Some(op) = op {
+                    self.get_again(e, &op, chunk);
                 }
             }
             Ctl::Nak { xid, status } => {
@@ -1629,6 +1688,108 @@ impl TmShared {
         }
     }
 
+    /// An active send's REPLY to the passive side's GET of `chunk` (`unit`:
+    /// that chunk's operation, or `op` itself for a transfer in one) failed
+    /// to go. A REPLY is a response: LNet sends it back the way the GET
+    /// came, never on another rail. The ME still offers the data, so the
+    /// passive side is asked to GET it again (AGAIN, a PUT LNet resends
+    /// elsewhere), at most [`AGAIN_MAX`] times per chunk. False when it is
+    /// not asked (deleted, failed, done, or asked enough): the failure
+    /// then ends the transfer.
+    fn ask_again(&self, e: &Engine, op: &Arc<Op>, unit: &Arc<Op>, chunk: u64) -> bool {
+        let to = {
+            let s = op.st.lock();
+            if s.del || s.fail.is_some() || s.stage != Stage::Live || !op.sends_data() {
+                return false;
+            }
+            match &s.target {
+                Some(t) => (t.proc_, t.portal, t.tmid),
+                None => return false,
+            }
+        };
+        {
+            let mut u = unit.st.lock();
+            if u.again >= AGAIN_MAX {
+                return false;
+            }
+            u.again += 1;
+        }
+        debug!(tm = %self.id, xid = op.id, chunk, "REPLY not sent: AGAIN");
+        let again = Ctl::Again { xid: op.id, chunk };
+        if e.send_ctl(to.0, to.1, to.2, self.from(), &again, 0)
+            .is_err()
+        {
+            return false;
+        }
+        arm_deadline(e, op);
+        true
+    }
+
+    /// The requester's REPLY to our GET of `chunk` failed to go (its
+    /// AGAIN): that GET is given up (its MD unlinked, its events ignored)
+    /// and a new one asks for the same bytes, on a path LNet chooses
+    /// anew. If the new GET cannot start, the old one stays and ends the
+    /// transfer as it would have.
+    fn get_again(self: &Arc<Self>, e: &Engine, op: &Arc<Op>, chunk: u64) {
+        let (len, key, bits, peer, xid, children) = {
+            let s = op.st.lock();
+            (s.len, s.key, s.bits, s.peer, s.xid, s.children.clone())
+        };
+        let (Some(key), Some(peer), Ok(k)) = (key, peer, usize::try_from(chunk)) else {
+            return;
+        };
+        let parts = chunks(len);
+        let Some(&(off, n)) = parts.get(k) else {
+            return;
+        };
+        let unit = if children.is_empty() {
+            Arc::clone(op)
+        } else {
+            match children.get(k) {
+                Some(c) => Arc::clone(c),
+                None => return,
+            }
+        };
+        let old = {
+            let mut s = unit.st.lock();
+            // As many as the requester's ME takes: a requester asking
+            // more is not followed.
+            let Some(old) = s.md.filter(|_| s.again < AGAIN_MAX) else {
+                return;
+            };
+            s.again += 1;
+            s.superseded.push(old);
+            old
+        };
+        let (start, threshold) = transfer_start(
+            false,
+            (peer.proc_, peer.portal),
+            bits + k as u64,
+            self.from(),
+            xid,
+            k + 1 == parts.len(),
+        );
+        let r = bind_and_start(
+            e,
+            &unit,
+            MemRef::new(key, off as u64, n as u32),
+            threshold,
+            start,
+            |s, md| s.md = Some(md),
+        );
+        match r {
+            Ok(()) => {
+                debug!(tm = %self.id, xid, chunk, "AGAIN: GET again");
+                let _ = e.lnet.md_unlink(old);
+                arm_deadline(e, op);
+            }
+            Err(err) => {
+                debug!(tm = %self.id, xid, chunk, %err, "AGAIN: no new GET");
+                unit.st.lock().superseded.retain(|&m| m != old);
+            }
+        }
+    }
+
     /// Ends an active operation whose passive side refused it, gave it up
     /// or is gone (so it needs no ABORT): its MEs are unlinked (LNet may
     /// still hold one whose data is coming in: the memory then reports
@@ -1679,6 +1840,9 @@ impl TmShared {
             s.moved = 0;
             s.landed = 0;
             s.fail = None;
+            s.bits = bits;
+            s.again = 0;
+            s.superseded.clear();
         }
         e.add_op(&op);
         self.st
@@ -1800,10 +1964,15 @@ impl TmShared {
         len: usize,
         recv: bool,
     ) -> std::result::Result<(), colibri_lnet_rt::LnetError> {
-        let opts = if recv {
-            MdOptions::OP_PUT
-        } else {
-            MdOptions::OP_GET
+        // A GET ME takes the GETs of AGAINs too, each from the offset the
+        // GET names (0), not from where the last one ended.
+        let spec = |mem, user| {
+            if recv {
+                one_shot(mem, MdOptions::OP_PUT, user)
+            } else {
+                one_shot(mem, MdOptions::OP_GET | MdOptions::MANAGE_REMOTE, user)
+                    .threshold(Threshold::Count(1 + AGAIN_MAX))
+            }
         };
         let parts = chunks(len);
         if parts.len() == 1 {
@@ -1811,7 +1980,7 @@ impl TmShared {
                 portal,
                 bits,
                 target,
-                one_shot(MemRef::new(key, 0, len as u32), opts, op.id),
+                spec(MemRef::new(key, 0, len as u32), op.id),
             )?;
             let mut s = op.st.lock();
             s.md = Some(md);
@@ -1827,7 +1996,7 @@ impl TmShared {
                 portal,
                 bits + k as u64,
                 target,
-                one_shot(MemRef::new(key, off as u64, n as u32), opts, c.id),
+                spec(MemRef::new(key, off as u64, n as u32), c.id),
             );
             match r {
                 Ok(md) => {

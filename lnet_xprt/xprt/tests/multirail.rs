@@ -1,9 +1,12 @@
 //! Multi-Rail below the transfer machines: client and server nodes with
 //! an NI on `tcp` and one on `tcp1` each (one process, loopback
-//! addresses). A stream of 1 MiB active bulk transfers runs while a drop
-//! rule makes every send to the server's `tcp1` NI fail (as a refused
-//! connection would): LNet's health and resend move the traffic to the
-//! other rail and no buffer fails.
+//! addresses). A stream of 1 and 3 MiB active bulk transfers (reads in one
+//! test, writes in the other) runs while a drop rule makes every send to
+//! the server's `tcp1` NI fail (as a refused connection would): LNet's
+//! health and resend move the traffic to the other rail and no buffer
+//! fails. A write's data is the REPLY to the server's GET, which LNet
+//! does not send on another rail: the client's AGAIN has the server GET
+//! it again.
 
 use std::time::Duration;
 
@@ -33,6 +36,17 @@ fn node(nids: [&str; 2]) -> Lnet {
 
 #[test]
 fn a_failing_rail_moves_bulk_to_the_other_without_a_failed_buffer() {
+    failing_rail(false);
+}
+
+/// The same with the data going the other way: the client's active sends
+/// into the server's passive receive buffers.
+#[test]
+fn a_failing_rail_moves_bulk_writes_to_the_other_without_a_failed_buffer() {
+    failing_rail(true);
+}
+
+fn failing_rail(write: bool) {
     let cn = ["127.0.74.1@tcp", "127.0.75.1@tcp1"];
     let sn = ["127.0.74.2@tcp", "127.0.75.2@tcp1"];
     let client = node(cn);
@@ -55,25 +69,42 @@ fn a_failing_rail_moves_bulk_to_the_other_without_a_failed_buffer() {
     ctm.wait_for_state(TmState::Started, WAIT).unwrap();
     stm.wait_for_state(TmState::Started, WAIT).unwrap();
 
-    let data: Vec<u8> = (0..MIB).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let data: Vec<u8> = (0..3 * MIB).map(|i| (i * 7 + i / 4096) as u8).collect();
     let transfer = |i: usize| {
-        let mut src = sd
-            .register(BufVec::with_len(MIB, 200_000))
+        // Every other transfer in three LNet messages (chunks).
+        let n = if i % 2 == 1 { 3 * MIB } else { MIB };
+        let data = &data[..n];
+        let mut src = (if write { &cd } else { &sd })
+            .register(BufVec::with_len(n, 200_000))
             .unwrap()
-            .with_callbacks(scb.clone());
-        src.bufvec_mut().copy_in(0, &data).unwrap();
-        let (_, d) = stm.add_passive_send(src, MIB, None).unwrap();
-        let dst = cd
-            .register(BufVec::with_len(MIB, 300_000))
+            .with_callbacks(if write { ccb.clone() } else { scb.clone() });
+        src.bufvec_mut().copy_in(0, data).unwrap();
+        let dst = (if write { &sd } else { &cd })
+            .register(BufVec::with_len(n, 300_000))
             .unwrap()
-            .with_callbacks(ccb.clone());
-        ctm.add_active_recv(dst, &d).unwrap();
-        let a = cev.recv_timeout(WAIT).unwrap();
-        assert_eq!(a.queue(), QueueType::ActiveBulkRecv);
-        assert!(a.is_ok(), "transfer {i}: {a:?}");
-        assert!(a.with_data(|b| b.to_vec(0, MIB).unwrap() == data).unwrap());
-        let p = sev.recv_timeout(WAIT).unwrap();
-        assert!(p.is_ok(), "transfer {i}: {p:?}");
+            .with_callbacks(if write { scb.clone() } else { ccb.clone() });
+        let (recv, send) = if write {
+            let (_, d) = stm.add_passive_recv(dst, None).unwrap();
+            ctm.add_active_send(src, &d, n).unwrap();
+            (
+                sev.recv_timeout(WAIT).unwrap(),
+                cev.recv_timeout(WAIT).unwrap(),
+            )
+        } else {
+            let (_, d) = stm.add_passive_send(src, n, None).unwrap();
+            ctm.add_active_recv(dst, &d).unwrap();
+            let a = cev.recv_timeout(WAIT).unwrap();
+            (a, sev.recv_timeout(WAIT).unwrap())
+        };
+        let want = if write {
+            QueueType::PassiveBulkRecv
+        } else {
+            QueueType::ActiveBulkRecv
+        };
+        assert_eq!(recv.queue(), want);
+        assert!(recv.is_ok(), "transfer {i}: {recv:?}");
+        assert!(recv.with_data(|b| b.to_vec(0, n).unwrap() == data).unwrap());
+        assert!(send.is_ok(), "transfer {i}: {send:?}");
     };
     for i in 0..4 {
         transfer(i);
