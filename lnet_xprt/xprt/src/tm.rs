@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
+use colibri_lnet_rt::colibri_lnet::ids::{Nid, ProcessId};
 use colibri_lnet_rt::colibri_lnet::matching::{
     Event, EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeHandle, MemKey, MemRef, OpError,
     Threshold, Unlink,
@@ -1103,16 +1103,32 @@ impl TmShared {
         };
         let initiator = parent.kind == Kind::Passive;
         match (ev.kind(), ev.info.status) {
-            (EventKind::Get, Err(_))
-                if !initiator && !ev.unlinked && {
-                    let k = parent
-                        .st
-                        .lock()
-                        .children
-                        .iter()
-                        .position(|c| Arc::ptr_eq(c, op));
-                    k.is_some_and(|k| self.ask_again(e, &parent, op, k as u64))
-                } => {}
+            (EventKind::Get, Err(err))
+                if !initiator && masked_reply(ev, err, parent.st.lock().del) =>
+            {
+                // As in `ev_active`: the passive side says.
+                {
+                    let mut s = parent.st.lock();
+                    s.moved += ev.info.mlength as usize;
+                    s.landed += 1;
+                }
+                arm_deadline(e, &parent);
+            }
+            (EventKind::Get, Err(err)) if !initiator => {
+                // Our REPLY to the passive side's GET of this chunk failed
+                // to go.
+                let k = parent
+                    .st
+                    .lock()
+                    .children
+                    .iter()
+                    .position(|c| Arc::ptr_eq(c, op));
+                let again =
+                    !ev.unlinked && k.is_some_and(|k| self.ask_again(e, &parent, op, k as u64));
+                if !again {
+                    self.reply_lost(e, &parent, err);
+                }
+            }
             (EventKind::Put, Ok(())) => {
                 let last = parse_hdr(ev.info.hdr_data).map(|h| h.0) == Some(HDR_BULK_LAST);
                 let rest: Vec<MdHandle> = {
@@ -1325,7 +1341,23 @@ impl TmShared {
                 self.send_landed(e, op, n);
                 self.finish(op, Ok(n));
             }
-            (EventKind::Get, Err(_)) if !ev.unlinked && self.ask_again(e, op, op, 0) => {}
+            (EventKind::Get, Err(err)) if masked_reply(ev, err, del) => {
+                // Deleted while our REPLY was going out: whether it went
+                // is the passive side's to say (LANDED, or an ABORT).
+                {
+                    let mut s = op.st.lock();
+                    s.moved = ev.info.mlength as usize;
+                    s.landed = 1;
+                }
+                e.add_op(op);
+                arm_deadline(e, op);
+            }
+            (EventKind::Get, Err(err)) => {
+                // Our REPLY to the passive side's GET failed to go.
+                if ev.unlinked || !self.ask_again(e, op, op, 0) {
+                    self.reply_lost(e, op, err);
+                }
+            }
             (EventKind::Get, Ok(())) => {
                 // The passive side took the data: its LANDED ends it.
                 {
@@ -1462,6 +1494,43 @@ impl TmShared {
         );
     }
 
+    /// The passive buffer `peer`'s machine claimed for its request `xid`.
+    /// A claim is filed under the NID its request came from; a Multi-Rail
+    /// requester may send what follows (LANDED, AGAIN, ABORT) from another
+    /// of its NIDs, one this node may have learned belongs to the same
+    /// peer only after the request came (discovery's push): that claim
+    /// is found too once the node knows both NIDs as one peer
+    /// (`tests/multirail.rs` lost a LANDED so, one run in eight).
+    fn claim(&self, e: &Engine, peer: &Peer, xid: u64) -> Option<Arc<Op>> {
+        let others: Vec<(Nid, Arc<Op>)> = {
+            let st = self.st.lock();
+            if let Some(o) = st.claims.get(&(peer.proc_, xid)) {
+                return o.claimed_by(peer).then(|| Arc::clone(o));
+            }
+            st.claims
+                .iter()
+                .filter(|((p, x), o)| {
+                    *x == xid
+                        && p.pid == peer.proc_.pid
+                        && p.nid != peer.proc_.nid
+                        && o.claimed_by(peer)
+                })
+                .map(|((p, _), o)| (p.nid, Arc::clone(o)))
+                .collect()
+        };
+        if others.is_empty() {
+            return None;
+        }
+        let from = peer.proc_.nid;
+        e.lnet.with_node(|n| {
+            let peers = n.discovery().peers();
+            others
+                .into_iter()
+                .find(|(nid, _)| peers.peer_of(from).is_some_and(|q| q.contains(*nid)))
+                .map(|(_, o)| o)
+        })
+    }
+
     fn forget_claim(&self, op: &Op) {
         let (peer, xid) = {
             let s = op.st.lock();
@@ -1555,10 +1624,7 @@ impl TmShared {
                     .op(xid)
                     .filter(|o| Arc::ptr_eq(&o.tm, self) && o.kind == Kind::Active)
                     .filter(|o| o.went_to(&peer))
-                    .or_else(|| {
-                        let c = self.st.lock().claims.get(&(peer.proc_, xid)).cloned();
-                        c.filter(|o| o.claimed_by(&peer))
-                    })
+                    .or_else(|| self.claim(e, &peer, xid))
                     .filter(|o| o.sends_data() && o.st.lock().stage == Stage::Live);
                 if let Some(op) = op {
                     let want = op.st.lock().len;
@@ -1583,12 +1649,7 @@ impl TmShared {
             }
             Ctl::Again { xid, chunk } => {
                 let op = self
-                    .st
-                    .lock()
-                    .claims
-                    .get(&(peer.proc_, xid))
-                    .cloned()
-                    .filter(|o| o.claimed_by(&peer))
+                    .claim(e, &peer, xid)
                     .filter(|o| o.receives_data() && o.st.lock().stage == Stage::Live);
                 if let Some(op) = op {
                     self.get_again(e, &op, chunk);
@@ -1661,8 +1722,7 @@ impl TmShared {
                     return;
                 }
                 // From the requester: hand the claim back.
-                let claimed = self.st.lock().claims.get(&(peer.proc_, xid)).cloned();
-                if let Some(op) = claimed.filter(|o| o.claimed_by(&peer)) {
+                if let Some(op) = self.claim(e, &peer, xid) {
                     self.hand_back(e, &op);
                 }
             }
@@ -1723,6 +1783,34 @@ impl TmShared {
         }
         arm_deadline(e, op);
         true
+    }
+
+    /// An active send's REPLY failed to go and no AGAIN follows (deleted,
+    /// asked enough, or the AGAIN could not go): the transfer cannot
+    /// complete, so the passive side is told (ABORT: it stops its GET
+    /// rather than wait for LNet's transaction timeout) and the buffer
+    /// completes now.
+    fn reply_lost(&self, e: &Engine, op: &Arc<Op>, err: OpError) {
+        let status = {
+            let s = op.st.lock();
+            if s.stage == Stage::Done {
+                return;
+            }
+            s.fail.clone().unwrap_or_else(|| {
+                if s.del {
+                    NetError::Cancelled
+                } else {
+                    let owner = s
+                        .target
+                        .as_ref()
+                        .map(|t| t.owner.clone())
+                        .unwrap_or_default();
+                    op_err(err, &owner)
+                }
+            })
+        };
+        self.abort_target(e, op, &status);
+        self.end_active(e, op, status);
     }
 
     /// The requester's REPLY to our GET of `chunk` failed to go (its
@@ -2607,18 +2695,24 @@ impl XprtTm for LnetTm {
                 // already unlinking (a receive MD is exhausted, and unlinks
                 // itself, when the message that fills it is matched).
                 let mut busy = false;
+                let mut all_busy = !mds.is_empty();
                 for md in mds {
-                    busy |= match e.lnet.md_unlink(md) {
+                    let b = match e.lnet.md_unlink(md) {
                         Ok(b) => b,
                         Err(_) => {
                             trace!(tm = %sh.id, "MD already unlinking");
                             e.lnet.md_busy(md)
                         }
                     };
+                    busy |= b;
+                    all_busy &= b;
                 }
-                if op.kind == Kind::Active {
+                if op.kind == Kind::Active && !(all_busy && op.sends_data()) {
                     // The passive side stops what it does for the request
-                    // (its claim goes back).
+                    // (its claim goes back). An active send whose every
+                    // ME is answering a GET is not aborted: its data is
+                    // going out, and the passive side says whether it
+                    // arrived (`masked_reply`).
                     sh.abort_target(&e, &op, &NetError::Cancelled);
                 }
                 // Data coming in may have stalled, and LNet would hold the
@@ -2676,6 +2770,16 @@ impl XprtTm for LnetTm {
         lane.push(Work::Pin(cpu));
         Ok(())
     }
+}
+
+/// Whether `ev`, an error event of an active send's GET ME, is the REPLY
+/// of an operation deleted while it went out: LNet reports the last
+/// operation of an MD unlinked while busy `TimedOut` whether or not it
+/// succeeded (an aborted MD, as Lustre does), so its fate is unknown here
+/// and the passive side's LANDED or ABORT decides. A REPLY that failed
+/// reports its own error.
+fn masked_reply(ev: &Event, err: OpError, del: bool) -> bool {
+    del && ev.unlinked && matches!(err, OpError::TimedOut)
 }
 
 /// Puts `op` in the engine's deadlines (`handshake_timeout` from now).

@@ -138,6 +138,41 @@ fn failing_rail(write: bool) {
         "the rule never fired: traffic stayed on one rail"
     );
     assert!(client.stats().resend_count > resends);
+    if write {
+        // Writes deleted on the failing rail, at once or a little later
+        // (some while a REPLY fails and its AGAIN is on its way), then
+        // their passive buffers: every buffer gets exactly one final
+        // event, and none waits for a timeout.
+        for i in 0..12usize {
+            let n = if i % 2 == 1 { 3 * MIB } else { MIB };
+            let src = cd
+                .register(BufVec::with_len(n, 400_000 + i))
+                .unwrap()
+                .with_callbacks(ccb.clone());
+            let dst = sd
+                .register(BufVec::with_len(n, 500_000 + i))
+                .unwrap()
+                .with_callbacks(scb.clone());
+            let (ptok, d) = stm.add_passive_recv(dst, None).unwrap();
+            let atok = ctm.add_active_send(src, &d, n).unwrap();
+            std::thread::sleep(Duration::from_micros(20 * i as u64));
+            let t0 = std::time::Instant::now();
+            let _ = ctm.del(atok);
+            let a = cev.recv_timeout(WAIT).unwrap();
+            assert!(a.is_final(), "{a:?}");
+            let _ = stm.del(ptok);
+            let p = sev.recv_timeout(WAIT).unwrap();
+            assert!(p.is_final(), "{p:?}");
+            assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+            assert!(
+                a.is_ok() == p.is_ok(),
+                "transfer {i}: one side succeeded alone: {a:?} {p:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(cev.try_recv().is_none(), "a second event");
+        assert!(sev.try_recv().is_none(), "a second event");
+    }
     drop((ccb, scb));
     for (tm, d) in [(ctm, cd), (stm, sd)] {
         tm.stop(false).unwrap();
