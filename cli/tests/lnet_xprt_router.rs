@@ -255,13 +255,13 @@ fn router_process_killed_mid_transfer_fails_each_buffer_once() {
         .iter()
         .map(|d| c.tm.add_active_recv(c.empty(size), d).unwrap())
         .collect();
-    // Let transfers start (the first REPLY of the 32 is arriving), then
-    // the router dies without a word. Waiting for a whole transfer instead
+    // Let transfers start (the first of the 32 data PUTs is arriving),
+    // then the router dies without a word. Waiting for a whole transfer instead
     // let the kill come too late: the eight share the route, so the first
     // to end ends close to the last.
     let started = Instant::now();
     while f.client.stats().recv_length < base + MIB as u64 {
-        assert!(started.elapsed() < WAIT, "no REPLY came through the router");
+        assert!(started.elapsed() < WAIT, "no data came through the router");
         std::thread::sleep(Duration::from_micros(200));
     }
     f.router.child.kill().unwrap();
