@@ -267,11 +267,11 @@ impl RawPeers {
         static XID: AtomicU32 = AtomicU32::new(1);
         let owner = LnetAddr::parse(&desc.decode().unwrap().owner).unwrap();
         let xid = u64::from(XID.fetch_add(1, Ordering::Relaxed));
-        // REQUEST (src/ctl.rs, version 2): head, then queue, size, the
+        // REQUEST (src/ctl.rs, version 3): head, then queue, size, the
         // match bits of our (never attached) MEs and the descriptor.
         let d = desc.as_bytes();
         let mut ctl = b"CLNC".to_vec();
-        ctl.extend_from_slice(&[2, 1, 0, 0]);
+        ctl.extend_from_slice(&[3, 1, 0, 0]);
         ctl.extend_from_slice(&xid.to_le_bytes());
         ctl.extend_from_slice(&[QueueType::ActiveBulkSend.code(), 0, 0, 0, 0, 0, 0, 0]);
         ctl.extend_from_slice(&(len as u64).to_le_bytes());

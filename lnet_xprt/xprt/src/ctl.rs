@@ -4,7 +4,8 @@
 //! ```text
 //! off size field (little-endian)
 //!   0    4 magic "CLNC"
-//!   4    1 version (2: the REQUEST names the requester's MEs)
+//!   4    1 version (2: the REQUEST names the requester's MEs; 3: an ABORT says
+//!            which side sent it)
 //!   5    1 kind: 1 REQUEST, 2 VERDICT, 3 ABORT, 4 NAK, 5 DELIVERED, 6 GONE,
 //!            7 DELIVERED_MANY, 8 LANDED, 9 AGAIN
 //!   6    2 reserved (0)
@@ -17,7 +18,8 @@
 //!          | match bits u64 | detail len u16 | detail bytes (UTF-8)
 //!          (the passive side refuses a request with it; status 0, an acceptance,
 //!          is not sent since version 2: the transfer itself answers)
-//! ABORT:   status u16 | 6 reserved
+//! ABORT:   status u16 | 2 reserved | by requester u8 (1: the requester gives its request
+//!          up; 0: the passive side ends the transfer) | 3 reserved
 //! NAK:     status u16 | aux u16 | 4 reserved   (xid: the message's sequence number)
 //! DELIVERED: length u64                        (xid: the message's sequence number)
 //! GONE:    8 reserved       (xid: the sequence number of a control message that reached
@@ -36,7 +38,7 @@
 use colibri_net::{NetError, QueueType};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"CLNC");
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 const HEAD: usize = 16;
 
 /// Largest control message (a request with a 1 KiB descriptor fits).
@@ -76,6 +78,11 @@ pub(crate) enum Ctl {
         xid: u64,
         /// Why.
         status: NetError,
+        /// Sent by the requester (about its request, which the receiver
+        /// may have claimed a passive buffer for), not by the passive side
+        /// (about the receiver's own active operation). Operation ids are
+        /// per process, so the two can name the same number.
+        by_requester: bool,
     },
     /// A message was placed in a receive buffer and posted: the sender's
     /// send completes (the receive MDs send no LNet ACK, so that a sender
@@ -253,7 +260,17 @@ impl Ctl {
                 v.extend_from_slice(&(d.len() as u16).to_le_bytes());
                 v.extend_from_slice(&d);
             }
-            Self::Abort { status, .. } | Self::Nak { status, .. } => {
+            Self::Abort {
+                status,
+                by_requester,
+                ..
+            } => {
+                let (c, aux, _) = err_code(status);
+                v.extend_from_slice(&c.to_le_bytes());
+                v.extend_from_slice(&aux.to_le_bytes());
+                v.extend_from_slice(&[u8::from(*by_requester), 0, 0, 0]);
+            }
+            Self::Nak { status, .. } => {
                 let (c, aux, _) = err_code(status);
                 v.extend_from_slice(&c.to_le_bytes());
                 v.extend_from_slice(&aux.to_le_bytes());
@@ -390,11 +407,17 @@ impl Ctl {
                 exact(24)?;
                 let status = err_decode(u16at(16)?, u16at(18)?, String::new())
                     .ok_or_else(|| bad("unknown status"))?;
-                if b[20..24].iter().any(|&x| x != 0) {
+                // An ABORT's byte 20 says which side sent it (0 or 1).
+                let flag = b[20];
+                if b[21..24].iter().any(|&x| x != 0) || flag > u8::from(b[5] == 3) {
                     return Err(bad("reserved bytes set"));
                 }
                 Ok(if b[5] == 3 {
-                    Self::Abort { xid, status }
+                    Self::Abort {
+                        xid,
+                        status,
+                        by_requester: flag == 1,
+                    }
                 } else {
                     Self::Nak { xid, status }
                 })
@@ -447,6 +470,12 @@ mod tests {
             Ctl::Abort {
                 xid: 11,
                 status: NetError::Cancelled,
+                by_requester: false,
+            },
+            Ctl::Abort {
+                xid: 11,
+                status: NetError::TimedOut,
+                by_requester: true,
             },
             Ctl::Nak {
                 xid: 12,
@@ -488,6 +517,27 @@ mod tests {
             long.push(0);
             assert!(Ctl::decode(&long).is_err());
         }
+    }
+
+    #[test]
+    fn an_abort_says_who_sent_it_and_a_nak_has_no_such_byte() {
+        let abort = |by_requester| Ctl::Abort {
+            xid: 5,
+            status: NetError::Cancelled,
+            by_requester,
+        };
+        assert_eq!(abort(false).encode()[20], 0);
+        assert_eq!(abort(true).encode()[20], 1);
+        let mut b = abort(true).encode();
+        b[20] = 2;
+        assert!(Ctl::decode(&b).is_err(), "flag 2");
+        let mut b = Ctl::Nak {
+            xid: 5,
+            status: NetError::NoBuffers,
+        }
+        .encode();
+        b[20] = 1;
+        assert!(Ctl::decode(&b).is_err(), "a NAK with the flag");
     }
 
     #[test]

@@ -90,6 +90,10 @@ pub(crate) enum Kind {
     Ctl,
     /// The catch-all MD that sees messages no receive buffer took.
     Catch,
+    /// The MD behind every active buffer's MEs: a passive side's GET or
+    /// PUT naming MEs the machine does not have (a request given up, or
+    /// a bogus one) gets no bytes, and the passive side its claim back.
+    Stray,
     /// What is left where the machine stopped (answers `Unreachable`).
     Tomb,
     /// One MD of a bulk transfer larger than one LNet message (1 MiB).
@@ -671,7 +675,21 @@ impl TmShared {
     fn attach_infra(self: &Arc<Self>, e: &Engine, addr: LnetAddr, kind: Kind) -> Result<Arc<Op>> {
         let op = self.new_op(e, kind, None);
         let tmid = addr.tmid.unwrap_or(0);
-        let (bits, ignore, mem, opts, thr, unlink) = if kind == Kind::Ctl {
+        let (bits, ignore, mem, opts, thr, unlink) = if kind == Kind::Stray {
+            (
+                match_bits(tmid, CNT_ACTIVE),
+                CNT_ACTIVE - 1,
+                MemRef::new(e.empty, 0, 0),
+                // Empty: a GET gets a REPLY of no bytes (as from a tomb),
+                // a PUT is taken whole and dropped, and answered below.
+                MdOptions::OP_PUT
+                    .with(MdOptions::OP_GET)
+                    .with(MdOptions::TRUNCATE)
+                    .with(MdOptions::ACK_DISABLE),
+                Threshold::Infinite,
+                Unlink::Retain,
+            )
+        } else if kind == Kind::Ctl {
             let region = colibri_lnet_rt::MemRegion::zeroed(CTL_MD_BYTES);
             let key = e.lnet.register(&region);
             self.st.lock().ctl_mem.insert(op.id, region);
@@ -783,6 +801,34 @@ impl TmShared {
                     if let Some(a) = answer {
                         let _ = e.send_ctl(p.proc_, p.portal, p.tmid, from, &a, 0);
                     }
+                }
+            }
+            Kind::Stray => {
+                if ev.kind() == EventKind::Put
+                    && ev.info.status.is_ok()
+                    && let (Some(p), _) = self.sender(&e, ev)
+                    && matches!(
+                        parse_hdr(ev.info.hdr_data).map(|h| h.0),
+                        Some(HDR_BULK | HDR_BULK_LAST)
+                    )
+                    && !self
+                        .st
+                        .lock()
+                        .sends
+                        .get(&p.seq)
+                        .is_some_and(|o| o.kind == Kind::Active && o.went_to(&p))
+                {
+                    // A passive side's bulk PUT for a request of ours that
+                    // ended (or never was): it gets its claim back. (One
+                    // for a request still going, a chunk LNet sent twice,
+                    // is dropped: the request's own end answers.)
+                    self.send_abort(
+                        &e,
+                        (p.proc_, p.portal, p.tmid),
+                        u64::from(p.seq),
+                        &NetError::Cancelled,
+                        true,
+                    );
                 }
             }
             Kind::Catch => {
@@ -1033,9 +1079,16 @@ impl TmShared {
 
     /// Sends an ABORT for operation `xid` to the machine `(process,
     /// portal, TMID)`: a passive buffer's requester (the buffer is gone)
-    /// or an active request's passive side (the request is given up). Its
-    /// side of the transfer ends with `status`.
-    fn send_abort(&self, e: &Engine, to: (ProcessId, u32, u16), xid: u64, status: &NetError) {
+    /// or, `by_requester`, an active request's passive side (the request
+    /// is given up). Its side of the transfer ends with `status`.
+    fn send_abort(
+        &self,
+        e: &Engine,
+        to: (ProcessId, u32, u16),
+        xid: u64,
+        status: &NetError,
+        by_requester: bool,
+    ) {
         let _ = e.send_ctl(
             to.0,
             to.1,
@@ -1044,6 +1097,7 @@ impl TmShared {
             &Ctl::Abort {
                 xid,
                 status: status.clone(),
+                by_requester,
             },
             0,
         );
@@ -1052,7 +1106,7 @@ impl TmShared {
     /// [`TmShared::send_abort`] to a passive buffer's requester, if any.
     fn abort_requester(&self, e: &Engine, peer: Option<Peer>, xid: u64, status: &NetError) {
         if let Some(p) = peer {
-            self.send_abort(e, (p.proc_, p.portal, p.tmid), xid, status);
+            self.send_abort(e, (p.proc_, p.portal, p.tmid), xid, status, false);
         }
     }
 
@@ -1060,7 +1114,7 @@ impl TmShared {
     fn abort_target(&self, e: &Engine, op: &Op, status: &NetError) {
         let t = op.st.lock().target.clone();
         if let Some(t) = t {
-            self.send_abort(e, (t.proc_, t.portal, t.tmid), op.id, status);
+            self.send_abort(e, (t.proc_, t.portal, t.tmid), op.id, status, true);
         }
     }
 
@@ -1501,23 +1555,35 @@ impl TmShared {
     /// peer only after the request came (discovery's push): that claim
     /// is found too once the node knows both NIDs as one peer
     /// (`tests/multirail.rs` lost a LANDED so, one run in eight).
-    fn claim(&self, e: &Engine, peer: &Peer, xid: u64) -> Option<Arc<Op>> {
+    /// `seq_only`: `xid` is only the request's 24-bit sequence number (what
+    /// a bulk PUT's header data names).
+    fn claim(&self, e: &Engine, peer: &Peer, xid: u64, seq_only: bool) -> Option<Arc<Op>> {
         let others: Vec<(Nid, Arc<Op>)> = {
             let st = self.st.lock();
-            if let Some(o) = st.claims.get(&(peer.proc_, xid)) {
+            if !seq_only && let Some(o) = st.claims.get(&(peer.proc_, xid)) {
                 return o.claimed_by(peer).then(|| Arc::clone(o));
             }
+            let same = |x: u64| {
+                if seq_only {
+                    x & u64::from(SEQ_MASK) == xid
+                } else {
+                    x == xid
+                }
+            };
             st.claims
                 .iter()
                 .filter(|((p, x), o)| {
-                    *x == xid
+                    same(*x)
                         && p.pid == peer.proc_.pid
-                        && p.nid != peer.proc_.nid
+                        && (seq_only || p.nid != peer.proc_.nid)
                         && o.claimed_by(peer)
                 })
                 .map(|((p, _), o)| (p.nid, Arc::clone(o)))
                 .collect()
         };
+        if let Some((_, o)) = others.iter().find(|(nid, _)| *nid == peer.proc_.nid) {
+            return Some(Arc::clone(o));
+        }
         if others.is_empty() {
             return None;
         }
@@ -1624,7 +1690,7 @@ impl TmShared {
                     .op(xid)
                     .filter(|o| Arc::ptr_eq(&o.tm, self) && o.kind == Kind::Active)
                     .filter(|o| o.went_to(&peer))
-                    .or_else(|| self.claim(e, &peer, xid))
+                    .or_else(|| self.claim(e, &peer, xid, false))
                     .filter(|o| o.sends_data() && o.st.lock().stage == Stage::Live);
                 if let Some(op) = op {
                     let want = op.st.lock().len;
@@ -1649,7 +1715,7 @@ impl TmShared {
             }
             Ctl::Again { xid, chunk } => {
                 let op = self
-                    .claim(e, &peer, xid)
+                    .claim(e, &peer, xid, false)
                     .filter(|o| o.receives_data() && o.st.lock().stage == Stage::Live);
                 if let Some(op) = op {
                     self.get_again(e, &op, chunk);
@@ -1713,17 +1779,27 @@ impl TmShared {
                     self.hand_back(e, &op);
                 }
             }
-            Ctl::Abort { xid, status } => {
-                // From the passive side: our active operation ends.
-                if let Some(op) = e.op(xid).filter(|o| {
+            Ctl::Abort {
+                xid,
+                status,
+                by_requester,
+            } => {
+                if by_requester {
+                    // The requester gave up (or, naming only a sequence
+                    // number, found our bulk PUT had nowhere to land): hand
+                    // the claim back.
+                    let seq_only = xid <= u64::from(SEQ_MASK);
+                    if let Some(op) = self
+                        .claim(e, &peer, xid, false)
+                        .or_else(|| seq_only.then(|| self.claim(e, &peer, xid, true)).flatten())
+                    {
+                        self.hand_back(e, &op);
+                    }
+                } else if let Some(op) = e.op(xid).filter(|o| {
                     Arc::ptr_eq(&o.tm, self) && o.kind == Kind::Active && o.went_to(&peer)
                 }) {
+                    // From the passive side: our active operation ends.
                     self.end_active(e, &op, status);
-                    return;
-                }
-                // From the requester: hand the claim back.
-                if let Some(op) = self.claim(e, &peer, xid) {
-                    self.hand_back(e, &op);
                 }
             }
         }
@@ -2381,7 +2457,7 @@ impl LnetTm {
                     }
                 }
             }
-            Kind::Ctl | Kind::Catch | Kind::Tomb | Kind::Chunk => {}
+            Kind::Ctl | Kind::Catch | Kind::Stray | Kind::Tomb | Kind::Chunk => {}
         }
         Ok(())
     }
@@ -2510,7 +2586,7 @@ impl XprtTm for LnetTm {
             st.own = a.to_string().into();
         }
         let mut infra = Vec::new();
-        for kind in std::iter::repeat_n(Kind::Ctl, CTL_MDS).chain([Kind::Catch]) {
+        for kind in std::iter::repeat_n(Kind::Ctl, CTL_MDS).chain([Kind::Catch, Kind::Stray]) {
             match sh.attach_infra(&e, a, kind) {
                 Ok(op) => infra.push(op),
                 Err(err) => {

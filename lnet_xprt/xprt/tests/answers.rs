@@ -13,7 +13,7 @@ use colibri_net::{BufVec, Domain, NetError, QueueType, TmState, event_channel, i
 
 #[path = "support/raw.rs"]
 mod raw;
-use raw::{ctl, hdr, raw_put, raw_put_to};
+use raw::{ctl, hdr, raw_put, raw_put_to, request};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -160,6 +160,15 @@ fn aborts_and_gones_from_another_machine_end_no_bulk_request() {
         raw_put(a, 43, ctl_bits, h, ctl(3, xid, [1, 0, 0, 0, 0, 0, 0, 0]));
         raw_put(a, 43, ctl_bits, h, ctl(6, xid, [0; 8]));
     }
+    // And requester's ABORTs naming the machine the request went to
+    // (process 12345, portal 43, TMID 6; from the active node, since the
+    // passive one cannot reach it past the rule, and any NID of a process
+    // may answer): about requests of its own, which ids of ours can
+    // equal, not about ours.
+    for xid in 1..1024u64 {
+        let h = hdr(4, 43, 6, xid & 0xff_ffff);
+        raw_put(a, 43, ctl_bits, h, ctl(3, xid, [1, 0, 0, 0, 1, 0, 0, 0]));
+    }
     let e = f.ev.recv_timeout(WAIT).unwrap();
     assert_eq!(e.queue(), QueueType::ActiveBulkRecv, "{e:?}");
     assert!(
@@ -214,14 +223,13 @@ fn gones_from_another_machine_of_the_requester_leave_its_claim() {
     // A request from the client node's TMID 9, where no machine is: the
     // server claims its buffer for it and waits (its GET of the
     // requester's MEs goes nowhere).
-    let mut req = b"CLNC".to_vec();
-    req.extend_from_slice(&[2, 1, 0, 0]);
-    req.extend_from_slice(&XID.to_le_bytes());
-    req.extend_from_slice(&[QueueType::ActiveBulkSend.code(), 0, 0, 0, 0, 0, 0, 0]);
-    req.extend_from_slice(&(LEN as u64).to_le_bytes());
-    req.extend_from_slice(&((9u64 << 52) | (1 << 47) | (1 << 8)).to_le_bytes());
-    req.extend_from_slice(&(desc.as_bytes().len() as u16).to_le_bytes());
-    req.extend_from_slice(desc.as_bytes());
+    let req = request(
+        XID,
+        QueueType::ActiveBulkSend.code(),
+        LEN as u64,
+        (9u64 << 52) | (1 << 47) | (1 << 8),
+        desc.as_bytes(),
+    );
     to_server(hdr(2, 44, 9, XID), req);
     // While it is claimed, the real client's request is refused.
     let send = |data: u8| {
@@ -244,8 +252,8 @@ fn gones_from_another_machine_of_the_requester_leave_its_claim() {
     // machine of the requester's process, as a stopped one's tomb would
     // send): not about this claim, which stays.
     to_server(hdr(4, 44, 7, XID), ctl(6, XID, [0; 8]));
-    // Nor is an ABORT (Cancelled) for it from there.
-    to_server(hdr(4, 44, 7, XID), ctl(3, XID, [1, 0, 0, 0, 0, 0, 0, 0]));
+    // Nor is a requester's ABORT (Cancelled) for it from there.
+    to_server(hdr(4, 44, 7, XID), ctl(3, XID, [1, 0, 0, 0, 1, 0, 0, 0]));
     std::thread::sleep(Duration::from_millis(200));
     send(2);
     assert!(
@@ -273,6 +281,87 @@ fn gones_from_another_machine_of_the_requester_leave_its_claim() {
         done.contains(&QueueType::PassiveBulkRecv) && done.contains(&QueueType::ActiveBulkSend),
         "{done:?}"
     );
+    drop(desc);
+    f.finish();
+}
+
+#[test]
+fn requests_naming_mes_the_requester_lacks_leave_the_passive_buffer_queued() {
+    use colibri_lnet_rt::colibri_lnet::ids::ProcessId;
+    const LEN: usize = 4096;
+    const XID: u64 = 0x12_3456;
+    // A long handshake: a claim left behind would keep the buffer busy
+    // for the whole test.
+    let f = pair(
+        ["127.0.78.6@tcp", "127.0.78.7@tcp"],
+        45,
+        Duration::from_secs(60),
+    );
+    let (a, s) = (&f.nodes[0], &f.nodes[1]);
+    let [client, server] = &f.tms;
+    let (dom, cbs, ev) = (&f.dom, &f.cbs, &f.ev);
+    // Requests from the client's own address (TMID 5, a live machine)
+    // naming MEs it never attached: the server claims its buffer, and its
+    // GET (a write) or PUT (a read) finds nothing there.
+    let forge = |active: QueueType, xid: u64, desc: &colibri_net::NetBufDesc| {
+        let req = request(
+            xid,
+            active.code(),
+            LEN as u64,
+            (5u64 << 52) | (1 << 47) | (0x77 << 8),
+            desc.as_bytes(),
+        );
+        raw_put_to(
+            a,
+            ProcessId::lustre(s.nids()[0]),
+            45,
+            (6u64 << 52) | (1 << 50),
+            hdr(2, 45, 5, xid),
+            req,
+        );
+    };
+    let reg = |data: u8| {
+        let mut b = dom
+            .register(BufVec::new(1, LEN))
+            .unwrap()
+            .with_callbacks(cbs.clone());
+        b.bufvec_mut().copy_in(0, &[data; LEN]).unwrap();
+        b
+    };
+    // Both final events of a transfer, in either order: the data each
+    // receiving buffer got.
+    let both = |passive: QueueType, active: QueueType| {
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let e = ev.recv_timeout(WAIT).expect("both buffers complete");
+            assert!(e.is_ok(), "{e:?}");
+            assert!(e.queue() == passive || e.queue() == active, "{e:?}");
+            got.push((
+                e.queue(),
+                e.with_data(|d| d.to_vec(0, LEN)).unwrap().unwrap(),
+            ));
+        }
+        got
+    };
+
+    // An active write's data: the passive receive buffer is handed back
+    // (the GET got no bytes) and takes the client's real write.
+    let (_, desc) = server.add_passive_recv(reg(0), None).unwrap();
+    forge(QueueType::ActiveBulkSend, XID, &desc);
+    std::thread::sleep(Duration::from_millis(300));
+    client.add_active_send(reg(3), &desc, LEN).unwrap();
+    let got = both(QueueType::PassiveBulkRecv, QueueType::ActiveBulkSend);
+    assert!(got.contains(&(QueueType::PassiveBulkRecv, vec![3; LEN])));
+
+    // An active read's data: the client's machine answers the PUT that
+    // found no ME with an ABORT, and the passive send buffer goes back.
+    let (_, desc) = server.add_passive_send(reg(9), LEN, None).unwrap();
+    forge(QueueType::ActiveBulkRecv, XID + 1, &desc);
+    std::thread::sleep(Duration::from_millis(300));
+    client.add_active_recv(reg(0), &desc).unwrap();
+    let got = both(QueueType::PassiveBulkSend, QueueType::ActiveBulkRecv);
+    assert!(got.contains(&(QueueType::ActiveBulkRecv, vec![9; LEN])));
+    assert!(f.ev.try_recv().is_none(), "one final event per buffer");
     drop(desc);
     f.finish();
 }

@@ -40,7 +40,7 @@ fn garbage_and_forgeries_are_dropped_and_the_machine_serves_on() {
     raw_put(&l, 40, ctl_bits, hdr(2, 0), vec![0xAB; 100]);
     raw_put(&l, 40, ctl_bits, hdr(2, 0), b"CLNC".to_vec());
     let mut forged = b"CLNC".to_vec();
-    forged.extend_from_slice(&[2, 5, 0, 0]);
+    forged.extend_from_slice(&[3, 5, 0, 0]);
     forged.extend_from_slice(&7u64.to_le_bytes());
     forged.extend_from_slice(&77u64.to_le_bytes());
     // A DELIVERED and a VERDICT for operations that do not exist.

@@ -40,12 +40,27 @@ pub(crate) fn hdr(kind: u64, portal: u64, tmid: u64, seq: u64) -> u64 {
     (0xC1 << 56) | (seq << 32) | (tmid << 16) | (portal << 8) | kind
 }
 
-/// A control message of `kind` for `xid` with an 8-byte body (GONE,
-/// DELIVERED, NAK, ABORT).
+/// A control message (version 3) of `kind` for `xid` with an 8-byte body
+/// (GONE, DELIVERED, NAK, ABORT: its fifth byte says it is the
+/// requester's).
 pub(crate) fn ctl(kind: u8, xid: u64, body: [u8; 8]) -> Vec<u8> {
     let mut b = b"CLNC".to_vec();
-    b.extend_from_slice(&[2, kind, 0, 0]);
+    b.extend_from_slice(&[3, kind, 0, 0]);
     b.extend_from_slice(&xid.to_le_bytes());
     b.extend_from_slice(&body);
+    b
+}
+
+/// A bulk REQUEST (version 3) for `xid` from an active queue `active` of
+/// `size` bytes, naming the requester's MEs `bits`, for descriptor `desc`.
+pub(crate) fn request(xid: u64, active: u8, size: u64, bits: u64, desc: &[u8]) -> Vec<u8> {
+    let mut b = b"CLNC".to_vec();
+    b.extend_from_slice(&[3, 1, 0, 0]);
+    b.extend_from_slice(&xid.to_le_bytes());
+    b.extend_from_slice(&[active, 0, 0, 0, 0, 0, 0, 0]);
+    b.extend_from_slice(&size.to_le_bytes());
+    b.extend_from_slice(&bits.to_le_bytes());
+    b.extend_from_slice(&(desc.len() as u16).to_le_bytes());
+    b.extend_from_slice(desc);
     b
 }
