@@ -1311,6 +1311,9 @@ impl TmShared {
                     parent.st.lock().release = true;
                     Err(NetError::Cancelled)
                 }
+                // Some chunks came, and the requester no longer had the
+                // MEs of others (it gave the request up half-way).
+                None if gone > 0 => Err(NetError::Cancelled),
                 None => Err(NetError::Protocol(format!(
                     "the bulk requester gave {moved} of {len} bytes"
                 ))),
