@@ -96,9 +96,16 @@ pub(crate) struct PingArgs {
     #[arg(long, short, default_value_t = 10)]
     count: u64,
     /// Payload bytes per ping (e.g. 64, 4K; at most 16280, what fits in
-    /// one message of the default size with its headers).
+    /// one message of the default size with its headers; with --bulk, 1
+    /// to 16M).
     #[arg(long, short, default_value = "64", value_parser = colibri_bench::parse_size)]
     size: usize,
+    /// Bulk pings: each offers --size bytes in a source buffer and as much
+    /// room in a sink; the server pulls the source and pushes the bytes
+    /// back (an active bulk read and write), and the ping succeeds when
+    /// they come back intact.
+    #[arg(long)]
+    bulk: bool,
     /// Pause between pings, in milliseconds.
     #[arg(long, short, default_value_t = 100)]
     interval: u64,
@@ -147,10 +154,11 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<(), String> {
     let m = RpcMachine::start_on(&*xprt, addr, RpcConfig::default())
         .map_err(|e| format!("cannot serve at {addr}: {e}"))?;
     ping::install_server(&m);
+    ping::install_bulk_server(&m).map_err(|e| format!("cannot serve bulk pings: {e}"))?;
     echo::install_server(&m);
     if !a.quiet {
         eprintln!(
-            "serving ping and echo at {} (transport {}); {}",
+            "serving ping, bulk ping and echo at {} (transport {}); {}",
             m.addr(),
             a.xprt.name(),
             match a.duration {
@@ -212,10 +220,19 @@ pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
     if let Some(addr) = &a.addr {
         check_addr(addr)?;
     }
-    if a.size > MAX_PING {
+    if a.bulk && !(1..=ping::MAX_BULK_PING).contains(&a.size) {
         return Err(format!(
-            "a {}-byte ping does not fit in a message ({MAX_PING} bytes at most)",
+            "a bulk ping moves 1 to {} bytes, not {}",
+            ping::MAX_BULK_PING,
             a.size
+        ));
+    }
+    if !a.bulk && a.size > MAX_PING {
+        return Err(format!(
+            "a {}-byte ping does not fit in a message ({MAX_PING} bytes at most; \
+             --bulk moves up to {} through bulk buffers)",
+            a.size,
+            ping::MAX_BULK_PING
         ));
     }
     let own = a.xprt.default_addr(false);
@@ -231,6 +248,8 @@ pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
             let s = RpcMachine::start_on(&*xprt, a.xprt.local_server_addr(), RpcConfig::default())
                 .map_err(|e| format!("cannot start the local server: {e}"))?;
             ping::install_server(&s);
+            ping::install_bulk_server(&s)
+                .map_err(|e| format!("cannot start the local server: {e}"))?;
             Some(s)
         }
     };
@@ -247,36 +266,39 @@ pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
     let progress = !a.quiet && (!a.json || std::io::stderr().is_terminal());
     if progress {
         eprintln!(
-            "PING {target} ({} transport{}): {} bytes",
+            "PING {target} ({} transport{}): {} bytes{}",
             a.xprt.name(),
             if local.is_some() {
                 ", server in this process"
             } else {
                 ""
             },
-            a.size
+            a.size,
+            if a.bulk { " each way through bulk" } else { "" }
         );
     }
     let mut replies = Vec::new();
-    let summary = ping::ping(
-        &session,
-        a.count,
-        a.size,
+    let each = |r: &ping::Reply| {
+        if progress {
+            match (&r.rtt_us, &r.error) {
+                (Some(us), _) => eprintln!(
+                    "{} bytes from {target}: seq={} time={us:.1} us",
+                    r.bytes, r.seq
+                ),
+                (None, e) => eprintln!("seq={}: {}", r.seq, e.as_deref().unwrap_or("?")),
+            }
+        }
+        replies.push(r.clone());
+    };
+    let (interval, timeout) = (
         Duration::from_millis(a.interval),
         Duration::from_millis(a.timeout.max(1)),
-        |r| {
-            if progress {
-                match (&r.rtt_us, &r.error) {
-                    (Some(us), _) => eprintln!(
-                        "{} bytes from {target}: seq={} time={us:.1} us",
-                        r.bytes, r.seq
-                    ),
-                    (None, e) => eprintln!("seq={}: {}", r.seq, e.as_deref().unwrap_or("?")),
-                }
-            }
-            replies.push(r.clone());
-        },
-    )
+    );
+    let summary = if a.bulk {
+        ping::bulk_ping(&client, &session, a.count, a.size, interval, timeout, each)
+    } else {
+        ping::ping(&session, a.count, a.size, interval, timeout, each)
+    }
     .map_err(|e| e.to_string())?;
     drop(session);
     client.shutdown().map_err(|e| e.to_string())?;

@@ -19,6 +19,14 @@ fn ping_an_in_process_server() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("5 sent, 5 received, 0% lost"), "{text}");
+    let out = colibri(&["ping", "--bulk", "-c", "3", "-i", "0", "-s", "1M"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("3 sent, 3 received, 0% lost"), "{text}");
 }
 
 /// `ping --xprt lnet` with its own server: two LNet nodes of the process
@@ -34,6 +42,17 @@ fn ping_an_in_process_server_over_lnet() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("5 sent, 5 received, 0% lost"), "{text}");
     assert!(text.contains("127.0.0.3@tcp:12345:30:1"), "{text}");
+    // Bulk pings of 3 MiB: three LNet messages each way per ping.
+    let out = colibri(&[
+        "ping", "--xprt", "lnet", "--bulk", "-c", "3", "-i", "0", "-s", "3M",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("3 sent, 3 received, 0% lost"), "{text}");
 }
 
 #[test]
@@ -137,35 +156,41 @@ fn serve_and_ping_between_two_processes_over_tcp() {
     let mut server = KillOnDrop(server);
     let (addr, first) = banner(&mut server.0);
     assert!(first.contains("transport tcp"), "{first}");
-    let mut client = Command::new(env!("CARGO_BIN_EXE_colibri"))
-        .args([
-            "ping", "--xprt", "tcp", &addr, "-c", "10", "-i", "0", "-s", "4K", "--json", "-q",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let end = Instant::now() + Duration::from_secs(60);
-    while client.try_wait().unwrap().is_none() {
-        if Instant::now() > end {
-            let _ = client.kill();
-            panic!("ping still running after a minute");
+    let ping = |extra: &[&str]| {
+        let mut client = Command::new(env!("CARGO_BIN_EXE_colibri"))
+            .args(["ping", "--xprt", "tcp", &addr, "-i", "0", "--json", "-q"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let end = Instant::now() + Duration::from_secs(60);
+        while client.try_wait().unwrap().is_none() {
+            if Instant::now() > end {
+                let _ = client.kill();
+                panic!("ping still running after a minute");
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let out = client.wait_with_output().unwrap();
-    drop(server);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let out = client.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let v = ping(&["-c", "10", "-s", "4K"]);
     assert_eq!(v["transport"], "tcp");
     assert_eq!(v["local_server"], false);
     assert_eq!(v["summary"]["sent"], 10);
     assert_eq!(v["summary"]["received"], 10);
     assert_eq!(v["summary"]["peer"], addr.as_str());
+    // Bulk pings: the server process pulls 1 MiB and pushes it back.
+    let v = ping(&["--bulk", "-c", "4", "-s", "1M"]);
+    assert_eq!(v["summary"]["received"], 4, "{v}");
+    assert_eq!(v["replies"][0]["bytes"], 1 << 20, "{v}");
+    drop(server);
 }
 
 /// What a new user tripped over: each of these printed something
@@ -192,6 +217,15 @@ fn addresses_without_a_service_and_oversize_pings_are_refused_up_front() {
     assert!(err.contains("16280"), "{err}");
     let help = colibri(&["ping", "--help"]);
     assert!(String::from_utf8_lossy(&help.stdout).contains("16280"));
+    // A bulk ping has its own bounds.
+    for size in ["0", "17M"] {
+        let out = colibri(&["ping", "--bulk", "-s", size, "-c", "1"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(out.stdout.is_empty());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("bulk ping moves 1 to 16777216"), "{err}");
+    }
 }
 
 #[test]
@@ -350,7 +384,7 @@ fn banner(child: &mut std::process::Child) -> (String, String) {
     // Keep reading (and dropping) the rest, so that the child never blocks
     // on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    // "serving ping and echo at 127.0.0.1:PORT:1 (transport tcp); ..."
+    // "serving ping, bulk ping and echo at 127.0.0.1:PORT:1 (transport tcp); ..."
     let addr = first
         .split_once(" at ")
         .and_then(|(_, rest)| rest.split_once(' '))

@@ -6,8 +6,11 @@
 //! stream a drop rule on the client's node fails every send to the
 //! server's `tcp1` NI (REMOTE_DROPPED, as a refused connection): LNet's
 //! health and resend move the traffic to the `tcp` rail, and no ping
-//! fails. Loopback addresses only, a free common port, the server killed
-//! whatever happens and bounded by `--duration`.
+//! fails; then bulk pings of 1 MiB under the same rule (the server process
+//! pulls the client's source and pushes the bytes back: the client's
+//! node PUTs and GETs through the rule) all come back intact. Loopback
+//! addresses only, a free common port, the server killed whatever
+//! happens and bounded by `--duration`.
 
 mod common;
 
@@ -148,7 +151,31 @@ fn a_failing_rail_moves_messages_to_the_other_between_processes() {
         })
         .unwrap();
     stream(80);
+    // Bulk through the rule: 1 MiB each way per ping, checked byte for
+    // byte; none may fail.
+    let before_bulk = client.fault_stats(rule).unwrap().fired;
+    let mut failed = Vec::new();
+    let rep = ping::bulk_ping(
+        &m,
+        &session,
+        8,
+        1 << 20,
+        Duration::ZERO,
+        Duration::from_secs(20),
+        |r| {
+            if let Some(e) = &r.error {
+                failed.push(format!("bulk ping {}: {e}", r.seq));
+            }
+        },
+    )
+    .unwrap();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(rep.received, 8);
     let fired = client.fault_stats(rule).unwrap().fired;
+    eprintln!(
+        "the rule fired {} times during the bulk pings",
+        fired - before_bulk
+    );
     let (d0, d1) = (sends(&client, nid(c0)) - t0, sends(&client, nid(c1)) - t1);
     eprintln!(
         "drop rule fired {fired} times; resends {resends} -> {}; sends during the rule: tcp {d0}, tcp1 {d1}",

@@ -11,6 +11,43 @@ fn ping_runs() {
 }
 
 #[test]
+fn bulk_ping_moves_and_checks_its_bytes_both_ways() {
+    use colibri_rpc::{RpcConfig, RpcMachine};
+    use std::time::Duration;
+    let x = MemTransport::default();
+    let server = RpcMachine::start_on(&x, "127.0.0.1:0:1", RpcConfig::default()).unwrap();
+    ping::install_bulk_server(&server).unwrap();
+    let client = RpcMachine::start_on(&x, "127.0.0.1:0:2", RpcConfig::default()).unwrap();
+    let session = client.session(server.addr()).unwrap();
+    let t = Duration::from_secs(10);
+    for size in [1, 4096, (1 << 20) + 3] {
+        let mut seen = 0;
+        let r = ping::bulk_ping(&client, &session, 3, size, Duration::ZERO, t, |p| {
+            assert!(p.error.is_none(), "{p:?}");
+            seen += 1;
+        })
+        .unwrap();
+        assert_eq!((r.sent, r.received, seen), (3, 3, 3), "{size} bytes");
+    }
+    // Sizes out of range are refused before anything is sent.
+    for size in [0, ping::MAX_BULK_PING + 1] {
+        assert!(ping::bulk_ping(&client, &session, 1, size, Duration::ZERO, t, |_| {}).is_err());
+    }
+    // A server without the service answers each ping with an error.
+    let plain = ping::serve(&x, "127.0.0.1:0:3").unwrap();
+    let other = client.session(plain.addr()).unwrap();
+    let r = ping::bulk_ping(&client, &other, 2, 100, Duration::ZERO, t, |p| {
+        assert!(p.error.is_some(), "{p:?}");
+    })
+    .unwrap();
+    assert_eq!((r.sent, r.received), (2, 0));
+    drop((session, other));
+    client.shutdown().unwrap();
+    server.shutdown().unwrap();
+    plain.shutdown().unwrap();
+}
+
+#[test]
 fn rpc_echo_runs() {
     let r = echo::run_local(&MemTransport::default(), &["a", "Bc"]).unwrap();
     assert_eq!(r[0].text, "A A");
