@@ -9,50 +9,45 @@ fn colibri(args: &[&str]) -> std::process::Output {
         .expect("run colibri")
 }
 
+/// Runs `colibri ping ARGS`, which must succeed with all `n` pings back;
+/// returns what it printed.
+fn ping_ok(args: &[&str], n: u64) -> String {
+    let out = colibri(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains(&format!("{n} sent, {n} received, 0% lost")),
+        "{text}"
+    );
+    text
+}
+
 #[test]
 fn ping_an_in_process_server() {
-    let out = colibri(&["ping", "-c", "5", "-i", "0", "-s", "1K"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("5 sent, 5 received, 0% lost"), "{text}");
-    let out = colibri(&["ping", "--bulk", "-c", "3", "-i", "0", "-s", "1M"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("3 sent, 3 received, 0% lost"), "{text}");
+    ping_ok(&["ping", "-c", "5", "-i", "0", "-s", "1K"], 5);
+    ping_ok(&["ping", "--bulk", "-c", "3", "-i", "0", "-s", "1M"], 3);
 }
 
 /// `ping --xprt lnet` with its own server: two LNet nodes of the process
 /// (127.0.0.2@tcp and 127.0.0.3@tcp) over the socket LND.
 #[test]
 fn ping_an_in_process_server_over_lnet() {
-    let out = colibri(&["ping", "--xprt", "lnet", "-c", "5", "-i", "0", "-s", "1K"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = ping_ok(
+        &["ping", "--xprt", "lnet", "-c", "5", "-i", "0", "-s", "1K"],
+        5,
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("5 sent, 5 received, 0% lost"), "{text}");
     assert!(text.contains("127.0.0.3@tcp:12345:30:1"), "{text}");
     // Bulk pings of 3 MiB: three LNet messages each way per ping.
-    let out = colibri(&[
-        "ping", "--xprt", "lnet", "--bulk", "-c", "3", "-i", "0", "-s", "3M",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    ping_ok(
+        &[
+            "ping", "--xprt", "lnet", "--bulk", "-c", "3", "-i", "0", "-s", "3M",
+        ],
+        3,
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("3 sent, 3 received, 0% lost"), "{text}");
 }
 
 #[test]
