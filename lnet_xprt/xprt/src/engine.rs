@@ -114,6 +114,32 @@ pub(crate) struct Engine {
     notice_thread: Mutex<Option<JoinHandle<()>>>,
     /// An empty region: the memory of the catch-all MDs.
     pub(crate) empty: MemKey,
+    /// The next operation id ([`Engine::new_id`]).
+    next_id: AtomicU64,
+}
+
+/// Where a node's operation ids start when the configuration names no
+/// first id: drawn from the clock, the process id and a count of engines
+/// (mixed as SplitMix64 does), below 2^48. Ids name bulk requests and
+/// sends on the wire (their low 24 bits in match bits and header data),
+/// and a process that dies and restarts at the same address must not
+/// reuse its last incarnation's, which peers may still hold claims and
+/// answers for: Lustre seeds its RPC xids from the clock for the same
+/// reason.
+fn first_op_id() -> u64 {
+    static ENGINES: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut z = nanos
+        ^ (u64::from(std::process::id()) << 32)
+        ^ ENGINES
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z & ((1 << 48) - 1)) + 1
 }
 
 impl std::fmt::Debug for Engine {
@@ -143,11 +169,8 @@ impl Engine {
     /// ([`Lnet::set_event_hook`]); the engine thread takes what other
     /// threads queue (work from application threads, loopback messages,
     /// timers).
-    pub(crate) fn start(
-        lnet: Lnet,
-        handshake_timeout: Duration,
-        spin: Duration,
-    ) -> Result<Arc<Self>> {
+    pub(crate) fn start(lnet: Lnet, cfg: &crate::LnetXprtConfig) -> Result<Arc<Self>> {
+        let (handshake_timeout, spin) = (cfg.handshake_timeout, cfg.spin);
         let events = lnet.event_queue().ok_or_else(|| {
             NetError::InvalidArgument(
                 "the LNet node delivers its events to a handler; start it with Lnet::start".into(),
@@ -196,6 +219,7 @@ impl Engine {
             thread: Mutex::new(None),
             notice_thread: Mutex::new(Some(nt)),
             empty,
+            next_id: AtomicU64::new(cfg.first_op_id.map_or_else(first_op_id, |i| i.max(1))),
         });
         let me = Arc::downgrade(&e);
         let t = std::thread::Builder::new()
@@ -394,8 +418,7 @@ impl Engine {
     /// A new operation id, unique in the process (an operation made
     /// before its machine started moves to the engine of its node then).
     pub(crate) fn new_id(&self) -> u64 {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        NEXT.fetch_add(1, Ordering::Relaxed) & !CTL_SEND_BIT
+        self.next_id.fetch_add(1, Ordering::Relaxed) & !CTL_SEND_BIT
     }
 
     pub(crate) fn add_op(&self, op: &Arc<Op>) {
@@ -756,5 +779,23 @@ fn do_work(w: Work) {
         Work::Complete(sink, q, r) => sink.complete(&q, r),
         // The engine serves several machines: it is never pinned for one.
         Work::Pin(cpu) => warn!(cpu, "pin for the engine thread ignored"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_ids_differ_per_engine_and_stay_clear_of_the_control_bit() {
+        let ids: Vec<u64> = (0..1000).map(|_| first_op_id()).collect();
+        let mut seqs: Vec<u64> = ids.iter().map(|i| i & u64::from(SEQ_MASK)).collect();
+        assert!(ids.iter().all(|&i| (1..=1 << 48).contains(&i)));
+        seqs.sort_unstable();
+        seqs.dedup();
+        // Engines started back to back (a process restarted at the same
+        // address) begin at unrelated sequence numbers: among a thousand,
+        // a few may share their low 24 bits, not more.
+        assert!(seqs.len() > 990, "{} distinct of 1000", seqs.len());
     }
 }

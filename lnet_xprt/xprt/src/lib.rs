@@ -122,6 +122,15 @@ pub struct LnetXprtConfig {
     ///
     /// [`TcpConfig::spin`]: https://docs.rs/colibri-bulk-tcp
     pub spin: Duration,
+    /// The first operation id of each node's engine. Operation ids name
+    /// bulk requests and sends on the wire (their low 24 bits in match
+    /// bits and header data), and a process that restarts at the same
+    /// address must not reuse those of its last incarnation, which its
+    /// peers may still hold claims and answers for. `None` (the default)
+    /// draws each engine's first id from the clock and the process id, as
+    /// Lustre seeds its RPC xids from the clock; tests that forge answers
+    /// for every id an operation can have name a small one.
+    pub first_op_id: Option<u64>,
 }
 
 impl Default for LnetXprtConfig {
@@ -130,6 +139,7 @@ impl Default for LnetXprtConfig {
             handshake_timeout: Duration::from_secs(10),
             thread_per_tm: false,
             spin: Duration::from_micros(50),
+            first_op_id: None,
         }
     }
 }
@@ -155,6 +165,14 @@ impl LnetXprtConfig {
     #[must_use]
     pub fn thread_per_tm(mut self, on: bool) -> Self {
         self.thread_per_tm = on;
+        self
+    }
+
+    /// Sets the first operation id of each engine
+    /// ([`LnetXprtConfig::first_op_id`]).
+    #[must_use]
+    pub fn first_op_id(mut self, id: Option<u64>) -> Self {
+        self.first_op_id = id;
         self
     }
 }
@@ -228,7 +246,7 @@ impl LnetTransport {
         }
         let mut engines = Vec::with_capacity(nodes.len());
         for n in &nodes {
-            engines.push(Engine::start(n.clone(), cfg.handshake_timeout, cfg.spin)?);
+            engines.push(Engine::start(n.clone(), &cfg)?);
         }
         Ok(Self {
             inner: Arc::new(XprtInner {

@@ -41,6 +41,9 @@ fn pair(nids: [&str; 2], portal: u32, handshake: Duration) -> Pair {
     Lnet::introduce(&nodes);
     let mut xc = LnetXprtConfig::default();
     xc.handshake_timeout = handshake;
+    // Small operation ids, so that the forged answers below cover every
+    // id and sequence number an operation of these tests can have.
+    xc.first_op_id = Some(1);
     let x = LnetTransport::new(nodes.clone(), xc).unwrap();
     let dom = Domain::new(&x).unwrap();
     let (cbs, ev) = event_channel(64);

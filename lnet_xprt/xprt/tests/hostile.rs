@@ -23,7 +23,13 @@ fn garbage_and_forgeries_are_dropped_and_the_machine_serves_on() {
     let mut cfg = LnetConfig::new(&["127.0.76.1@tcp".parse().unwrap()]);
     cfg.accept_port = 0;
     let l = Lnet::start(cfg).unwrap();
-    let x = LnetTransport::new(vec![l.clone()], LnetXprtConfig::default()).unwrap();
+    // Small operation ids: the forged NAK below names a sequence number
+    // far from those of the machine's own sends.
+    let x = LnetTransport::new(
+        vec![l.clone()],
+        LnetXprtConfig::default().first_op_id(Some(1)),
+    )
+    .unwrap();
     let dom = Domain::new(&x).unwrap();
     let (cbs, ev) = event_channel(64);
     let tm = dom.tm_init(ignore_tm_events()).unwrap();
