@@ -53,6 +53,9 @@ use crate::soak::{Ledger, SoakConfig, SoakReport, callbacks, fault_plan, payload
 const ANSWER_WAIT: Duration = Duration::from_secs(60);
 /// How long a transfer machine may take to reach STOPPED.
 const STOP_WAIT: Duration = Duration::from_secs(30);
+/// How much longer a stop that overran [`STOP_WAIT`] is watched, to tell
+/// a slow stop from a hung one (the two stay inside [`ANSWER_WAIT`]).
+const STOP_LATE: Duration = Duration::from_secs(25);
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -78,11 +81,34 @@ fn check_stopped(
     ledger: &Ledger,
     added: &mut Vec<BufToken>,
 ) -> Result<(), String> {
+    let t0 = Instant::now();
     if let Err(e) = tm.wait_stopped(STOP_WAIT) {
+        // What is left, and whether it ends late or never (the second
+        // wait keeps a child's answer inside its parent's ANSWER_WAIT).
+        let left: Vec<String> = added
+            .iter()
+            .filter_map(|t| tm.buffer_state(*t))
+            .take(8)
+            .map(|b| {
+                format!(
+                    "{:?}{}{}{}",
+                    b.queue,
+                    if b.in_use { " in use" } else { "" },
+                    if b.cancelled { " cancelled" } else { "" },
+                    if b.timed_out { " timed out" } else { "" }
+                )
+            })
+            .collect();
+        let (state, queued) = (tm.state(), tm.queued());
+        let later = match tm.wait_stopped(STOP_LATE) {
+            Ok(()) => format!("it stopped after {:.1} s", t0.elapsed().as_secs_f64()),
+            Err(_) => format!(
+                "still not stopped after {:.1} s",
+                t0.elapsed().as_secs_f64()
+            ),
+        };
         return Err(format!(
-            "{who}: stuck in {:?} ({e}) with {} buffer(s) queued",
-            tm.state(),
-            tm.queued()
+            "{who}: stuck in {state:?} ({e}) with {queued} buffer(s) queued {left:?}; {later}"
         ));
     }
     if let Err(e) = tm.fini() {
