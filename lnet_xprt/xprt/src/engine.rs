@@ -114,19 +114,21 @@ pub(crate) struct Engine {
     notice_thread: Mutex<Option<JoinHandle<()>>>,
     /// An empty region: the memory of the catch-all MDs.
     pub(crate) empty: MemKey,
-    /// The next operation id ([`Engine::new_id`]).
-    next_id: AtomicU64,
+    /// The next operation id ([`Engine::new_id`]), shared by the engines
+    /// of one transport (an operation made before its machine started
+    /// moves from the first engine to its node's).
+    next_id: Arc<AtomicU64>,
 }
 
-/// Where a node's operation ids start when the configuration names no
-/// first id: drawn from the clock, the process id and a count of engines
+/// Where a transport's operation ids start when the configuration names
+/// no first id: drawn from the clock, the process id and a count of calls
 /// (mixed as SplitMix64 does), below 2^48. Ids name bulk requests and
 /// sends on the wire (their low 24 bits in match bits and header data),
 /// and a process that dies and restarts at the same address must not
 /// reuse its last incarnation's, which peers may still hold claims and
 /// answers for: Lustre seeds its RPC xids from the clock for the same
 /// reason.
-fn first_op_id() -> u64 {
+pub(crate) fn first_op_id() -> u64 {
     static ENGINES: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -169,7 +171,12 @@ impl Engine {
     /// ([`Lnet::set_event_hook`]); the engine thread takes what other
     /// threads queue (work from application threads, loopback messages,
     /// timers).
-    pub(crate) fn start(lnet: Lnet, cfg: &crate::LnetXprtConfig) -> Result<Arc<Self>> {
+    /// Operation ids come from `ids`, shared by the transport's engines.
+    pub(crate) fn start(
+        lnet: Lnet,
+        cfg: &crate::LnetXprtConfig,
+        ids: Arc<AtomicU64>,
+    ) -> Result<Arc<Self>> {
         let (handshake_timeout, spin) = (cfg.handshake_timeout, cfg.spin);
         let events = lnet.event_queue().ok_or_else(|| {
             NetError::InvalidArgument(
@@ -219,7 +226,7 @@ impl Engine {
             thread: Mutex::new(None),
             notice_thread: Mutex::new(Some(nt)),
             empty,
-            next_id: AtomicU64::new(cfg.first_op_id.map_or_else(first_op_id, |i| i.max(1))),
+            next_id: ids,
         });
         let me = Arc::downgrade(&e);
         let t = std::thread::Builder::new()
@@ -415,7 +422,7 @@ impl Engine {
         self.hand_over(true);
     }
 
-    /// A new operation id, unique in the process (an operation made
+    /// A new operation id, unique in the transport (an operation made
     /// before its machine started moves to the engine of its node then).
     pub(crate) fn new_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed) & !CTL_SEND_BIT
@@ -787,13 +794,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn first_ids_differ_per_engine_and_stay_clear_of_the_control_bit() {
+    fn first_ids_differ_per_transport_and_stay_clear_of_the_control_bit() {
         let ids: Vec<u64> = (0..1000).map(|_| first_op_id()).collect();
         let mut seqs: Vec<u64> = ids.iter().map(|i| i & u64::from(SEQ_MASK)).collect();
         assert!(ids.iter().all(|&i| (1..=1 << 48).contains(&i)));
         seqs.sort_unstable();
         seqs.dedup();
-        // Engines started back to back (a process restarted at the same
+        // Transports started back to back (a process restarted at the same
         // address) begin at unrelated sequence numbers: among a thousand,
         // a few may share their low 24 bits, not more.
         assert!(seqs.len() > 990, "{} distinct of 1000", seqs.len());

@@ -122,12 +122,12 @@ pub struct LnetXprtConfig {
     ///
     /// [`TcpConfig::spin`]: https://docs.rs/colibri-bulk-tcp
     pub spin: Duration,
-    /// The first operation id of each node's engine. Operation ids name
+    /// The transport's first operation id. Operation ids name
     /// bulk requests and sends on the wire (their low 24 bits in match
     /// bits and header data), and a process that restarts at the same
     /// address must not reuse those of its last incarnation, which its
     /// peers may still hold claims and answers for. `None` (the default)
-    /// draws each engine's first id from the clock and the process id, as
+    /// draws the first id from the clock and the process id, as
     /// Lustre seeds its RPC xids from the clock; tests that forge answers
     /// for every id an operation can have name a small one.
     pub first_op_id: Option<u64>,
@@ -168,7 +168,7 @@ impl LnetXprtConfig {
         self
     }
 
-    /// Sets the first operation id of each engine
+    /// Sets the transport's first operation id
     /// ([`LnetXprtConfig::first_op_id`]).
     #[must_use]
     pub fn first_op_id(mut self, id: Option<u64>) -> Self {
@@ -245,8 +245,12 @@ impl LnetTransport {
             ));
         }
         let mut engines = Vec::with_capacity(nodes.len());
+        let first = cfg
+            .first_op_id
+            .map_or_else(engine::first_op_id, |i| i.max(1));
+        let ids = Arc::new(std::sync::atomic::AtomicU64::new(first));
         for n in &nodes {
-            engines.push(Engine::start(n.clone(), &cfg)?);
+            engines.push(Engine::start(n.clone(), &cfg, Arc::clone(&ids))?);
         }
         Ok(Self {
             inner: Arc::new(XprtInner {
