@@ -33,6 +33,23 @@ fn bulk_ping_moves_and_checks_its_bytes_both_ways() {
     for size in [0, ping::MAX_BULK_PING + 1] {
         assert!(ping::bulk_ping(&client, &session, 1, size, Duration::ZERO, t, |_| {}).is_err());
     }
+    // Malformed requests are refused with an error: no bulk buffers, a
+    // sink alone, a sink smaller than the source.
+    let reg = |n: usize| client.alloc(n).unwrap();
+    for bulk in [
+        vec![],
+        vec![colibri_rpc::BulkArg::Sink { buf: reg(64) }],
+        vec![
+            colibri_rpc::BulkArg::Source {
+                buf: reg(64),
+                len: 64,
+            },
+            colibri_rpc::BulkArg::Sink { buf: reg(32) },
+        ],
+    ] {
+        let out = session.call_bulk(ping::OP_BULK_PING, &[], bulk);
+        assert!(out.result.is_err(), "{:?}", out.result);
+    }
     // A server without the service answers each ping with an error.
     let plain = ping::serve(&x, "127.0.0.1:0:3").unwrap();
     let other = client.session(plain.addr()).unwrap();
