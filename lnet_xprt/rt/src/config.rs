@@ -61,6 +61,22 @@ pub struct LnetConfig {
     /// traffic flows. `Duration::ZERO` blocks at once, as Lustre's kernel
     /// schedulers do. Default 50 µs. Not a Lustre tunable.
     pub spin: Duration,
+    /// Most forwarded payloads a router holds in kernel pipes at once
+    /// (`lnet_xprt/rt/DESIGN.md`, "Forwarding through pipes"): a payload
+    /// of 32 KiB or more that carries no checksum (and `enable_csum`
+    /// off) is spliced from the incoming socket into a pipe and from
+    /// there into the outgoing one, never copied through user space.
+    /// Each pipe is two descriptors and, while it holds a payload, up to
+    /// 1 MiB of pages counted against the user's pipe pages. Payloads
+    /// beyond this many, or when a pipe cannot be made, go through
+    /// memory as before. 0 turns it off. Default 32. Not a Lustre
+    /// tunable (a kernel router never copies a payload at all).
+    pub splice_pipes: usize,
+    /// The size asked for each of those pipes: [`crate::PIPE_BYTES`]
+    /// (LNet's largest payload). Tests set it lower so that payloads
+    /// spill from their pipes to memory half-way.
+    #[doc(hidden)]
+    pub splice_pipe_bytes: usize,
 }
 
 impl LnetConfig {
@@ -81,6 +97,8 @@ impl LnetConfig {
             tick: Duration::from_secs(1),
             accept_timeout: Duration::from_secs(5),
             spin: Duration::from_micros(50),
+            splice_pipes: 32,
+            splice_pipe_bytes: crate::PIPE_BYTES,
         }
     }
 

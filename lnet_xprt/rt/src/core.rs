@@ -171,7 +171,12 @@ impl Outputs {
 }
 
 impl Shared {
-    pub(crate) fn new(node: Node, rt_tx: Sender<RtMsg>, events_tx: Sender<Event>) -> Self {
+    pub(crate) fn new(
+        node: Node,
+        rt_tx: Sender<RtMsg>,
+        events_tx: Sender<Event>,
+        splice: (usize, usize),
+    ) -> Self {
         Self {
             // Start the time line one second in, so no timer sits at 0.
             epoch: Instant::now()
@@ -182,7 +187,7 @@ impl Shared {
                 ping_waiters: HashMap::new(),
             }),
             mem: MemTable::default(),
-            rbufs: RouterBuffers::default(),
+            rbufs: RouterBuffers::new(splice.0, splice.1),
             counters: Counters::default(),
             rt_tx,
             events_tx,
@@ -488,7 +493,13 @@ impl Shared {
             Payload::Inline(v) => Some(f(&[v])),
             Payload::Rx { rx, len } => {
                 let b = self.rbufs.get(*rx)?;
-                Some(f(&[b.get(..*len as usize)?]))
+                let len = *len as usize;
+                match &*b {
+                    crate::mem::Held::Mem(_) => Some(f(&[b.bytes(len)?])),
+                    crate::mem::Held::Pipe { pipe, .. } => {
+                        Some(f(&[&pipe.copy_out(&self.rbufs.pipes, len)?]))
+                    }
+                }
             }
             Payload::Mem(r) => self.mem.resolve(*r)?.read(f),
         }

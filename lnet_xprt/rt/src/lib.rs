@@ -118,7 +118,9 @@
 //! assert_eq!(sink.to_vec(), b"served from b's memory");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-#![forbid(unsafe_code)]
+// `unsafe` is confined to the `splice` module (system calls the standard
+// library does not wrap: splice, tee, pipe sizes).
+#![deny(unsafe_code)]
 
 pub mod conf;
 mod config;
@@ -127,6 +129,8 @@ pub mod ctl;
 mod error;
 mod mem;
 mod sock;
+#[allow(unsafe_code)]
+mod splice;
 mod stats;
 pub mod yaml;
 
@@ -152,6 +156,7 @@ use crate::core::{Lnd, RtMsg, Shared};
 pub use crate::error::LnetError;
 pub use crate::mem::{ForeignMemory, MemRegion};
 use crate::sock::{SockCfg, SockLnd};
+pub use crate::splice::PIPE_BYTES;
 pub use crate::stats::RuntimeStats;
 
 const TARGET: &str = "colibri_lnet_rt";
@@ -324,7 +329,12 @@ impl Lnet {
         // Events: one per MD operation step; the application drains them.
         #[allow(clippy::disallowed_methods)]
         let (ev_tx, ev_rx) = crossbeam_channel::unbounded();
-        let shared = Arc::new(Shared::new(node, rt_tx, ev_tx));
+        let shared = Arc::new(Shared::new(
+            node,
+            rt_tx,
+            ev_tx,
+            (cfg.splice_pipes, cfg.splice_pipe_bytes),
+        ));
         let mut threads = Vec::new();
         let s = shared.clone();
         let tick = cfg.tick;

@@ -2,7 +2,7 @@
 //! node's [`MemRef`]s to it, and the router buffers the runtime owns.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use colibri_lnet::credits::PoolKind;
 use colibri_lnet::matching::{MemKey, MemRef};
@@ -10,6 +10,8 @@ use colibri_lnet::nidmap::KeyedMap;
 use colibri_lnet::node::RxId;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
+
+use crate::splice::{PipePool, PooledPipe};
 
 /// Bytes the application owns and shares with the runtime.
 ///
@@ -343,14 +345,47 @@ impl MemTable {
     }
 }
 
-/// A filled router buffer (shared with the transmits that send it).
-pub(crate) type RouterBuf = Arc<Vec<u8>>;
+/// A filled router buffer's payload: in memory, or held in a kernel pipe
+/// (`crate::splice`).
+#[derive(Debug)]
+pub(crate) enum Held {
+    /// Read into memory (its first bytes; the vector may be longer).
+    Mem(Vec<u8>),
+    /// Spliced into a pipe, which holds exactly the payload.
+    Pipe {
+        pipe: PooledPipe,
+        /// A send took the payload out of the pipe itself (no spare pipe
+        /// to duplicate it into): it cannot be sent again.
+        consumed: AtomicBool,
+    },
+}
 
-/// Router buffers: free lists per pool and the filled buffers by message.
-#[derive(Debug, Default)]
+impl Held {
+    /// The first `len` bytes, when in memory.
+    pub(crate) fn bytes(&self, len: usize) -> Option<&[u8]> {
+        match self {
+            Self::Mem(v) => v.get(..len),
+            Self::Pipe { .. } => None,
+        }
+    }
+}
+
+/// A filled router buffer (shared with the transmits that send it).
+pub(crate) type RouterBuf = Arc<Held>;
+
+/// Router buffers: free lists per pool, the filled buffers by message, and
+/// the pipes that hold large forwarded payloads.
+#[derive(Debug)]
 pub(crate) struct RouterBuffers {
     free: Mutex<[Vec<Vec<u8>>; 3]>,
     filled: Mutex<KeyedMap<RxId, RouterBuf>>,
+    pub(crate) pipes: Arc<PipePool>,
+}
+
+impl Default for RouterBuffers {
+    fn default() -> Self {
+        Self::new(0, crate::splice::PIPE_BYTES)
+    }
 }
 
 /// Free buffers kept per pool; more are dropped.
@@ -365,6 +400,16 @@ fn pool_index(p: PoolKind) -> usize {
 }
 
 impl RouterBuffers {
+    /// Router buffers whose large payloads may be held in up to `pipes`
+    /// pipes of `pipe_bytes` at once (0: always in memory).
+    pub(crate) fn new(pipes: usize, pipe_bytes: usize) -> Self {
+        Self {
+            free: Mutex::new(Default::default()),
+            filled: Mutex::new(KeyedMap::default()),
+            pipes: PipePool::new(pipes, pipe_bytes),
+        }
+    }
+
     /// A buffer of at least `len` bytes from `pool` (allocated if the pool
     /// is empty); the payload goes in its first `len` bytes. A buffer
     /// keeps its length from one message to the next, so a reused buffer
@@ -388,7 +433,16 @@ impl RouterBuffers {
     }
 
     pub(crate) fn insert(&self, rx: RxId, buf: Vec<u8>) {
-        self.filled.lock().insert(rx, Arc::new(buf));
+        self.filled.lock().insert(rx, Arc::new(Held::Mem(buf)));
+    }
+
+    /// `rx`'s payload is all in `pipe`.
+    pub(crate) fn insert_pipe(&self, rx: RxId, pipe: PooledPipe) {
+        let held = Held::Pipe {
+            pipe,
+            consumed: AtomicBool::new(false),
+        };
+        self.filled.lock().insert(rx, Arc::new(held));
     }
 
     pub(crate) fn get(&self, rx: RxId) -> Option<RouterBuf> {
@@ -400,7 +454,8 @@ impl RouterBuffers {
         let Some(buf) = self.filled.lock().remove(&rx) else {
             return;
         };
-        if let Ok(v) = Arc::try_unwrap(buf) {
+        // A pipe goes back to its pool when its last holder drops it.
+        if let Ok(Held::Mem(v)) = Arc::try_unwrap(buf) {
             let pool = if v.is_empty() {
                 PoolKind::Tiny
             } else if v.len() <= 4096 {

@@ -59,6 +59,16 @@ pub struct RuntimeStats {
     /// of the epoll set to read it directly (`LnetConfig::spin`;
     /// `lnet_xprt/rt/DESIGN.md`, "Receiving").
     pub hot_detaches: u64,
+    /// Of [`RuntimeStats::socket_read_bytes`], the forwarded payload bytes
+    /// a router spliced from a socket into a pipe (never in user space;
+    /// `LnetConfig::splice_pipes`).
+    pub splice_read_bytes: u64,
+    /// Payload bytes spliced from pipes into sockets (counted in
+    /// [`RuntimeStats::socket_write_bytes`] once the message is written).
+    pub splice_write_bytes: u64,
+    /// Forwarded payloads that did not fit a pipe half-way (their pages
+    /// came in more pieces than a pipe has slots) and went on in memory.
+    pub splice_spills: u64,
 }
 
 #[derive(Debug, Default)]
@@ -78,6 +88,9 @@ pub(crate) struct Counters {
     pub(crate) keepalives_sent: AtomicU64,
     pub(crate) loopback_failures: AtomicU64,
     pub(crate) hot_detaches: AtomicU64,
+    pub(crate) splice_read_bytes: AtomicU64,
+    pub(crate) splice_write_bytes: AtomicU64,
+    pub(crate) splice_spills: AtomicU64,
 }
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {
@@ -103,6 +116,9 @@ impl Counters {
             keepalives_sent: g(&self.keepalives_sent),
             loopback_failures: g(&self.loopback_failures),
             hot_detaches: g(&self.hot_detaches),
+            splice_read_bytes: g(&self.splice_read_bytes),
+            splice_write_bytes: g(&self.splice_write_bytes),
+            splice_spills: g(&self.splice_spills),
         }
     }
 }

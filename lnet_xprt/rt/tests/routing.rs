@@ -1,6 +1,7 @@
 //! A router in one process with its two end nodes: PUT+ACK and GET+REPLY
 //! of 1 MiB across it, the router moving each forwarded byte once in and
-//! once out of its own buffers, which all go back.
+//! once out of its own buffers (kernel pipes, or memory), which all go
+//! back.
 
 mod common;
 
@@ -9,12 +10,12 @@ use std::time::{Duration, Instant};
 use colibri_lnet_rt::colibri_lnet::ids::{Net, ProcessId};
 use colibri_lnet_rt::colibri_lnet::matching::{EventKind, MdOptions};
 use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
-use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
+use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion, RuntimeStats};
 use common::*;
 
 const MIB: usize = 1 << 20;
 
-fn node(nids: &[&str], routing: bool) -> Lnet {
+fn node(nids: &[&str], routing: bool, tweak: &dyn Fn(&mut LnetConfig)) -> Lnet {
     init_tracing();
     let nids: Vec<_> = nids.iter().map(|s| nid(s)).collect();
     let mut cfg = LnetConfig::new(&nids);
@@ -23,20 +24,25 @@ fn node(nids: &[&str], routing: bool) -> Lnet {
     cfg.accept = AcceptPolicy::All;
     cfg.node.routing = routing;
     cfg.tick = Duration::from_millis(200);
+    tweak(&mut cfg);
     Lnet::start(cfg).unwrap()
 }
 
-#[test]
-fn put_and_get_through_a_router() {
-    let (c_nid, r0, r1, s_nid) = (
-        nid("127.0.5.2@tcp"),
-        nid("127.0.5.3@tcp"),
-        nid("127.0.6.3@tcp1"),
-        nid("127.0.6.4@tcp1"),
+/// A PUT and a GET of 1 MiB each through a router configured by
+/// `tweak`, on the `x`th pair of nets (tests run side by side); the
+/// router's counters once its buffers are all back.
+fn put_and_get_through(x: u8, tweak: &dyn Fn(&mut LnetConfig)) -> RuntimeStats {
+    let (a, b) = (4 + 2 * x, 5 + 2 * x);
+    let (cs, r0s, r1s, ss) = (
+        format!("127.0.{a}.2@tcp"),
+        format!("127.0.{a}.3@tcp"),
+        format!("127.0.{b}.3@tcp1"),
+        format!("127.0.{b}.4@tcp1"),
     );
-    let client = node(&["127.0.5.2@tcp"], false);
-    let router = node(&["127.0.5.3@tcp", "127.0.6.3@tcp1"], true);
-    let server = node(&["127.0.6.4@tcp1"], false);
+    let (c_nid, r0, r1, s_nid) = (nid(&cs), nid(&r0s), nid(&r1s), nid(&ss));
+    let client = node(&[&cs], false, &|_| {});
+    let router = node(&[&r0s, &r1s], true, tweak);
+    let server = node(&[&ss], false, &|_| {});
     client.set_peer_addr(r0, router.listen_addr(r0).unwrap());
     router.set_peer_addr(c_nid, client.listen_addr(c_nid).unwrap());
     router.set_peer_addr(s_nid, server.listen_addr(s_nid).unwrap());
@@ -115,4 +121,43 @@ fn put_and_get_through_a_router() {
     client.shutdown();
     router.shutdown();
     server.shutdown();
+    rs
+}
+
+#[test]
+fn put_and_get_through_a_router() {
+    // Both payloads are spliced into pipes and out of them (a payload
+    // whose pages come in more pieces than a pipe has slots goes on in
+    // memory: counted as a spill).
+    let rs = put_and_get_through(0, &|_| {});
+    assert!(rs.splice_spills <= 2, "{rs:?}");
+    assert_eq!(
+        rs.splice_write_bytes,
+        (2 - rs.splice_spills) * MIB as u64,
+        "{rs:?}"
+    );
+}
+
+#[test]
+fn a_router_without_pipes_forwards_through_memory() {
+    let rs = put_and_get_through(1, &|cfg| cfg.splice_pipes = 0);
+    assert_eq!(rs.splice_read_bytes + rs.splice_write_bytes, 0, "{rs:?}");
+}
+
+#[test]
+fn a_router_that_checksums_forwards_through_memory() {
+    // A checksum needs the payload's bytes: nothing is spliced, and what
+    // the router sends carries a checksum the server checks.
+    let rs = put_and_get_through(2, &|cfg| cfg.tcp.enable_csum = true);
+    assert_eq!(rs.splice_read_bytes + rs.splice_write_bytes, 0, "{rs:?}");
+}
+
+#[test]
+fn payloads_too_large_for_their_pipes_spill_to_memory_half_way() {
+    // Pipes of 64 KiB: each 1 MiB payload fills one, moves to memory and
+    // is read on there (one per connection: the PUT's and the REPLY's).
+    let rs = put_and_get_through(3, &|cfg| cfg.splice_pipe_bytes = 64 << 10);
+    assert_eq!(rs.splice_spills, 2, "{rs:?}");
+    assert!(rs.splice_read_bytes >= 2 * (64 << 10), "{rs:?}");
+    assert_eq!(rs.splice_write_bytes, 0, "{rs:?}");
 }

@@ -5,6 +5,7 @@
 //! it, and small payloads are copied from there).
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -24,7 +25,8 @@ use crossbeam_channel::Receiver;
 
 use super::{Conn, SockLnd, TARGET, TxItem};
 use crate::core::{Input, Shared, health_error};
-use crate::mem::{Resolved, RouterBuf};
+use crate::mem::{Held, Resolved, RouterBuf};
+use crate::splice::{PooledPipe, SPLICE_MIN, send_more, socket_has_bytes};
 use crate::stats::add;
 
 /// The scheduler's waker token.
@@ -149,6 +151,9 @@ enum Dest {
     /// A router buffer being filled: its first `usize` bytes (the buffer
     /// may be longer).
     Router(Vec<u8>, PoolKind, usize),
+    /// A forwarded payload spliced into a pipe: its first `usize` bytes
+    /// (`crate::splice`).
+    Pipe(PooledPipe, PoolKind, usize),
     /// LNet's own bytes.
     Inline(Vec<u8>),
     /// Nowhere (discarded).
@@ -159,7 +164,7 @@ impl Dest {
     fn len(&self) -> usize {
         match self {
             Self::Mem(r) => r.len,
-            Self::Router(_, _, len) => *len,
+            Self::Router(_, _, len) | Self::Pipe(_, _, len) => *len,
             Self::Inline(v) => v.len(),
             Self::None => 0,
         }
@@ -204,6 +209,10 @@ enum Src {
     None,
     Mem(Resolved),
     Router(RouterBuf, usize),
+    /// A router buffer held in a pipe (`Held::Pipe`), `usize` bytes, sent
+    /// from a duplicate of it (`None`: from the held pipe itself, which
+    /// the send empties).
+    Pipe(RouterBuf, usize, Option<PooledPipe>),
     /// The message's own inline bytes.
     Inline,
 }
@@ -219,8 +228,24 @@ struct SchedConn {
     stash: Vec<u8>,
     /// The message being read carries a payload checksum.
     csum: bool,
+    /// Large forwarded payloads from this connection put into pipes, and
+    /// those of them that did not fit half-way (their pages came in more
+    /// pieces than a pipe has slots) and were moved to memory: splicing
+    /// stops when more than a quarter spill ([`SchedConn::may_splice`]).
+    splice_tries: u32,
+    splice_spills: u32,
     rx: RxStage,
     tx: Option<TxProgress>,
+}
+
+impl SchedConn {
+    /// Whether a large forwarded payload from this connection may go into
+    /// a pipe: unless more than a quarter of those tried spilled (the
+    /// first few may all spill). A spill costs the splice and then the
+    /// copy it meant to save.
+    fn may_splice(&self) -> bool {
+        self.splice_spills.saturating_mul(4) <= self.splice_tries.saturating_add(4)
+    }
 }
 
 /// Why a connection ends.
@@ -442,6 +467,8 @@ impl Scheduler {
                 hdr_have: 0,
                 stash: Vec::new(),
                 csum: false,
+                splice_tries: 0,
+                splice_spills: 0,
                 rx: RxStage::Header,
                 tx: None,
             }),
@@ -726,7 +753,39 @@ impl Scheduler {
                     if !from_ahead && drained {
                         return Ok(());
                     }
-                    let r = if p.done < p.dest.len() {
+                    let r = if let Dest::Pipe(pipe, ..) = &p.dest
+                        && p.done < p.dest.len()
+                    {
+                        let want = p.dest.len() - p.done;
+                        let fd = sc.stream.as_raw_fd();
+                        let blocked = |r: &io::Result<usize>| matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+                        let mut r = if from_ahead {
+                            pipe.write_in(&buf[ahead.lo..ahead.lo + ahead.len().min(want)])
+                        } else {
+                            pipe.splice_in(fd, want)
+                        };
+                        // Would block: the socket is empty, or the pipe is
+                        // full (the payload's pages came in pieces too
+                        // small for its slots). Bytes seen in the socket
+                        // stay there (this thread alone reads it), so a
+                        // splice that would block again means a full
+                        // pipe: what it holds moves to memory and the
+                        // rest is read there.
+                        let full = if from_ahead {
+                            blocked(&r)
+                        } else {
+                            blocked(&r) && socket_has_bytes(fd) && {
+                                r = pipe.splice_in(fd, want);
+                                blocked(&r)
+                            }
+                        };
+                        if full {
+                            sc.splice_spills += 1;
+                            self.spill(p);
+                            continue;
+                        }
+                        r
+                    } else if p.done < p.dest.len() {
                         let got = if from_ahead {
                             let take = ahead.len().min(p.total - p.read);
                             let mut src = &buf[ahead.lo..ahead.lo + take];
@@ -764,6 +823,8 @@ impl Scheduler {
                                     add(&c.inline_read_bytes, k as u64);
                                 } else if from_ahead {
                                     add(&c.eager_copy_bytes, k as u64);
+                                } else if matches!(p.dest, Dest::Pipe(..)) {
+                                    add(&c.splice_read_bytes, k as u64);
                                 }
                             } else {
                                 add(&c.discarded_bytes, k as u64);
@@ -856,10 +917,22 @@ impl Scheduler {
             },
             RxAction::Forward { rx, pool, len } => {
                 let len = (len as usize).min(total);
-                (
-                    Some(rx),
-                    Dest::Router(self.s.rbufs.take(pool, len), pool, len),
-                )
+                // Into a pipe when large, unchecked on both sides (a
+                // checksum needs the bytes) and a pipe is to be had.
+                let pipe = (len >= SPLICE_MIN
+                    && sc.may_splice()
+                    && !sc.csum
+                    && !self.lnd.cfg.tun.enable_csum)
+                    .then(|| self.s.rbufs.pipes.take())
+                    .flatten();
+                let dest = match pipe {
+                    Some(p) => {
+                        sc.splice_tries = sc.splice_tries.saturating_add(1);
+                        Dest::Pipe(p, pool, len)
+                    }
+                    None => Dest::Router(self.s.rbufs.take(pool, len), pool, len),
+                };
+                (Some(rx), dest)
             }
             RxAction::Inline { rx, len, .. } => {
                 let len = (len as usize).min(total);
@@ -878,6 +951,33 @@ impl Scheduler {
         });
     }
 
+    /// Moves the part of a payload a pipe holds into a router buffer in
+    /// memory, where the rest is read; the message fails if the pipe
+    /// cannot give it back.
+    fn spill(&mut self, p: &mut PayloadRx) {
+        let Dest::Pipe(pipe, pool, len) = std::mem::replace(&mut p.dest, Dest::None) else {
+            return;
+        };
+        tracing::debug!(target: TARGET, held = p.done, len,
+            "forwarded payload does not fit a pipe; read into memory");
+        add(&self.s.counters.splice_spills, 1);
+        let mut v = self.s.rbufs.take(pool, len);
+        let mut have = 0;
+        while have < p.done {
+            match pipe.read_out(&mut v[have..p.done]) {
+                Ok(k) if k > 0 => have += k,
+                _ => break,
+            }
+        }
+        if have == p.done {
+            p.dest = Dest::Router(v, pool, len);
+        } else {
+            self.s.rbufs.give_back(pool, v);
+            p.lost = true;
+            p.whole = false;
+        }
+    }
+
     /// The whole payload is read.
     fn payload_done(&mut self, sc: &mut SchedConn) -> Result<(), CloseWhy> {
         let RxStage::Payload(p) = std::mem::replace(&mut sc.rx, RxStage::Header) else {
@@ -889,7 +989,8 @@ impl Scheduler {
                 Dest::Mem(r) => r.read(pieces_checksum).unwrap_or(0),
                 Dest::Router(v, _, len) => payload_checksum(&v[..*len]),
                 Dest::Inline(v) => payload_checksum(v),
-                Dest::None => payload_checksum(&[]),
+                // Never: a payload that carries a checksum is not spliced.
+                Dest::Pipe(..) | Dest::None => payload_checksum(&[]),
             })
         } else {
             None
@@ -921,6 +1022,10 @@ impl Scheduler {
                 (Err(_), _) => PayloadOutcome::Failed,
                 (Ok(()), Dest::Router(v, _, _)) => {
                     self.s.rbufs.insert(rx, v);
+                    PayloadOutcome::Received
+                }
+                (Ok(()), Dest::Pipe(pipe, _, _)) => {
+                    self.s.rbufs.insert_pipe(rx, pipe);
                     PayloadOutcome::Received
                 }
                 (Ok(()), Dest::Inline(v)) => PayloadOutcome::Inline(v),
@@ -1025,11 +1130,24 @@ pub(super) fn start_tx(
             .resolve(*r)
             .filter(|m| m.read(|_| ()).is_some())
             .map(Src::Mem),
-        Payload::Rx { rx, len } => s
-            .rbufs
-            .get(*rx)
-            .filter(|b| b.len() >= *len as usize)
-            .map(|b| Src::Router(b, *len as usize)),
+        Payload::Rx { rx, len } => s.rbufs.get(*rx).and_then(|b| {
+            let len = *len as usize;
+            match &*b {
+                Held::Mem(v) => (v.len() >= len).then(|| Src::Router(b, len)),
+                Held::Pipe { pipe, consumed } => {
+                    // Sent from a duplicate, so that the held payload stays
+                    // whole for a resend; without a spare pipe, from the
+                    // held one, once.
+                    let copy = s
+                        .rbufs
+                        .pipes
+                        .take_for_send()
+                        .filter(|c| matches!(pipe.tee_into(c, len), Ok(n) if n == len));
+                    (copy.is_some() || !consumed.swap(true, Ordering::AcqRel))
+                        .then(|| Src::Pipe(b.clone(), len, copy))
+                }
+            }
+        }),
         Payload::Inline(_) => Some(Src::Inline),
     };
     let Some(src) = src else {
@@ -1046,7 +1164,10 @@ pub(super) fn start_tx(
         return None;
     };
     let mut item = item;
-    if csum && item.id.is_some() {
+    // A payload in a pipe goes without a checksum (0: none), as one
+    // received without a checksum; it is only spliced when this node
+    // does not checksum.
+    if csum && item.id.is_some() && !matches!(src, Src::Pipe(..)) {
         let c = with_src(&src, &item.payload, pieces_checksum).unwrap_or(0);
         item.head[4..8].copy_from_slice(&c.to_le_bytes());
     }
@@ -1060,13 +1181,16 @@ pub(super) fn start_tx(
 /// Writes as much of `t` as the socket takes, header and payload with one
 /// write each time (copied into one piece when small, else vectored):
 /// `Ok(true)` once it is all written, `Ok(false)` when the socket is full.
-pub(super) fn write_tx(
-    stream: &mut impl Write,
+pub(super) fn write_tx<W: Write + AsRawFd>(
+    stream: &mut W,
     t: &mut TxProgress,
     s: &Shared,
     conn: &Conn,
 ) -> Result<bool, CloseWhy> {
     let head_len = t.item.head_len;
+    if matches!(t.src, Src::Pipe(..)) {
+        return write_spliced(stream.as_raw_fd(), t, s, conn);
+    }
     loop {
         let r = {
             let head = &t.item.head[..head_len];
@@ -1114,6 +1238,50 @@ pub(super) fn write_tx(
                 });
             }
             Ok((n, total)) => {
+                t.written += n;
+                conn.last_tx.store(s.now().as_nanos(), Ordering::Relaxed);
+                if t.written >= total {
+                    return Ok(true);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(CloseWhy::io(&e, "writing")),
+        }
+    }
+}
+
+/// [`write_tx`] for a payload in a pipe: the headers with one `send`
+/// (`MSG_MORE`), then the payload spliced from the pipe.
+fn write_spliced(fd: RawFd, t: &mut TxProgress, s: &Shared, conn: &Conn) -> Result<bool, CloseWhy> {
+    let head_len = t.item.head_len;
+    let Src::Pipe(held, len, copy) = &t.src else {
+        return Ok(false);
+    };
+    let total = head_len + len;
+    loop {
+        let r = if t.written < head_len {
+            send_more(fd, &t.item.head[t.written..head_len])
+        } else {
+            let from = match (copy, &**held) {
+                (Some(c), _) => &**c,
+                (None, Held::Pipe { pipe, .. }) => &**pipe,
+                (None, Held::Mem(_)) => return Ok(false),
+            };
+            from.splice_out(fd, total - t.written)
+        };
+        match r {
+            Ok(0) => {
+                return Err(CloseWhy {
+                    reason: "writing: the socket took no bytes".into(),
+                    err: SocketError::ConnReset,
+                    on_write: true,
+                });
+            }
+            Ok(n) => {
+                if t.written >= head_len {
+                    add(&s.counters.splice_write_bytes, n as u64);
+                }
                 t.written += n;
                 conn.last_tx.store(s.now().as_nanos(), Ordering::Relaxed);
                 if t.written >= total {
@@ -1177,7 +1345,7 @@ fn pieces_checksum(pieces: &[&[u8]]) -> u32 {
 fn with_src<R>(src: &Src, p: &Payload, f: impl FnOnce(&[&[u8]]) -> R) -> Option<R> {
     match (src, p) {
         (Src::Mem(r), _) => r.read(f),
-        (Src::Router(b, len), _) => Some(f(&[&b[..*len]])),
+        (Src::Router(b, len), _) => b.bytes(*len).map(|b| f(&[b])),
         (Src::Inline, Payload::Inline(v)) => Some(f(&[v])),
         _ => Some(f(&[])),
     }
@@ -1206,6 +1374,7 @@ fn read_into<R: Read>(stream: &mut R, dest: &mut Dest, done: usize) -> Option<io
         }),
         Dest::Router(v, _, len) => Some(stream.read(&mut v[done..*len])),
         Dest::Inline(v) => Some(stream.read(&mut v[done..])),
-        Dest::None => Some(Ok(0)),
+        // Filled by `Scheduler::read_from` itself.
+        Dest::Pipe(..) | Dest::None => Some(Ok(0)),
     }
 }
