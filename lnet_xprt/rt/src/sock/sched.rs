@@ -1229,25 +1229,40 @@ pub(super) fn write_tx<W: Write + AsRawFd>(
                 on_write: true,
             });
         };
-        match r {
-            Ok((0, _)) => {
-                return Err(CloseWhy {
-                    reason: "writing: the socket took no bytes".into(),
-                    err: SocketError::ConnReset,
-                    on_write: true,
-                });
-            }
-            Ok((n, total)) => {
-                t.written += n;
-                conn.last_tx.store(s.now().as_nanos(), Ordering::Relaxed);
-                if t.written >= total {
-                    return Ok(true);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(CloseWhy::io(&e, "writing")),
+        let (r, total) = match r {
+            Ok((n, total)) => (Ok(n), total),
+            Err(e) => (Err(e), 0),
+        };
+        if let Some(done) = wrote(r, total, &mut t.written, s, conn)? {
+            return Ok(done);
         }
+    }
+}
+
+/// Accounts for one write of a message (`written` bytes of it so far):
+/// `Some(true)` once all `total` bytes are written, `Some(false)` when the socket is full, `None` to
+/// write again.
+fn wrote(
+    r: io::Result<usize>,
+    total: usize,
+    written: &mut usize,
+    s: &Shared,
+    conn: &Conn,
+) -> Result<Option<bool>, CloseWhy> {
+    match r {
+        Ok(0) => Err(CloseWhy {
+            reason: "writing: the socket took no bytes".into(),
+            err: SocketError::ConnReset,
+            on_write: true,
+        }),
+        Ok(n) => {
+            *written += n;
+            conn.last_tx.store(s.now().as_nanos(), Ordering::Relaxed);
+            Ok((*written >= total).then_some(true))
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Some(false)),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+        Err(e) => Err(CloseWhy::io(&e, "writing")),
     }
 }
 
@@ -1270,27 +1285,11 @@ fn write_spliced(fd: RawFd, t: &mut TxProgress, s: &Shared, conn: &Conn) -> Resu
             };
             from.splice_out(fd, total - t.written)
         };
-        match r {
-            Ok(0) => {
-                return Err(CloseWhy {
-                    reason: "writing: the socket took no bytes".into(),
-                    err: SocketError::ConnReset,
-                    on_write: true,
-                });
-            }
-            Ok(n) => {
-                if t.written >= head_len {
-                    add(&s.counters.splice_write_bytes, n as u64);
-                }
-                t.written += n;
-                conn.last_tx.store(s.now().as_nanos(), Ordering::Relaxed);
-                if t.written >= total {
-                    return Ok(true);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(CloseWhy::io(&e, "writing")),
+        if let (Ok(n), true) = (&r, t.written >= head_len) {
+            add(&s.counters.splice_write_bytes, *n as u64);
+        }
+        if let Some(done) = wrote(r, total, &mut t.written, s, conn)? {
+            return Ok(done);
         }
     }
 }
