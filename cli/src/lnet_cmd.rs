@@ -141,6 +141,13 @@ struct RunArgs {
     /// Also stop when standard input closes (for supervisors and tests).
     #[arg(long)]
     exit_on_eof: bool,
+    /// Forward payloads of 32 KiB or more through up to N kernel pipes
+    /// (splice), never copying them through user space: about half a
+    /// router's CPU time per forwarded byte. For a router with CPUs of
+    /// its own: beside its client and server on one machine it slowed
+    /// them (lnet_xprt/rt/DESIGN.md). 0 (default): through memory.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    splice_pipes: usize,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -688,7 +695,8 @@ fn run(a: &LnetArgs, r: &RunArgs) -> Result<(), Failure> {
         tracing::warn!(target: "colibri::lnet", "{}: {w}", r.config.display());
     }
     let stop = stop_flag()?;
-    let daemon = Daemon::start(&conf)?;
+    let pipes = r.splice_pipes;
+    let daemon = Daemon::start_with(&conf, |cfg| cfg.splice_pipes = pipes)?;
     let primary = conf.nis[0].nid.to_string();
     let path = a.ctl.clone().unwrap_or_else(|| ctl::default_path(&primary));
     let mut server = match CtlServer::start(daemon.clone(), &path) {

@@ -42,7 +42,12 @@ impl Node {
     /// `RUST_LOG` value) instead of the default, for a test that reads
     /// the node's debug lines.
     pub(crate) fn start_logged(dir: &Path, name: &str, yaml: &str, filter: &str) -> Self {
-        Self::spawn(dir, name, yaml, None, Some(filter))
+        Self::spawn(dir, name, yaml, None, Some(filter), &[])
+    }
+
+    /// Starts a node with more arguments to `colibri lnet run`.
+    pub(crate) fn start_args(dir: &Path, name: &str, yaml: &str, args: &[&str]) -> Self {
+        Self::spawn(dir, name, yaml, None, None, args)
     }
 
     /// With `default_dir`, the node picks its socket's path itself in that
@@ -53,7 +58,7 @@ impl Node {
         yaml: &str,
         default_dir: Option<&Path>,
     ) -> Self {
-        Self::spawn(dir, name, yaml, default_dir, None)
+        Self::spawn(dir, name, yaml, default_dir, None, &[])
     }
 
     fn spawn(
@@ -62,12 +67,15 @@ impl Node {
         yaml: &str,
         default_dir: Option<&Path>,
         log: Option<&str>,
+        args: &[&str],
     ) -> Self {
         let cfg = dir.join(format!("{name}.yaml"));
         std::fs::write(&cfg, yaml).unwrap();
         let mut ctl = dir.join(format!("{name}.sock"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_colibri"));
-        cmd.args(["lnet", "run", "--exit-on-eof", "--config"])
+        cmd.args(["lnet", "run", "--exit-on-eof"])
+            .args(args)
+            .arg("--config")
             .arg(&cfg);
         if let Some(f) = log {
             cmd.env("RUST_LOG", f);

@@ -195,6 +195,20 @@ impl Daemon {
     /// No NI, a listener that cannot be bound, a peer or route the node
     /// refuses.
     pub fn start(conf: &NodeConf) -> Result<Arc<Self>, Failure> {
+        Self::start_with(conf, |_| {})
+    }
+
+    /// [`Daemon::start`] with `tune` applied to the runtime's
+    /// configuration first: settings that are not Lustre's and so have
+    /// no place in its YAML (`LnetConfig::splice_pipes`, `spin`, thread
+    /// counts).
+    ///
+    /// # Errors
+    /// As [`Daemon::start`].
+    pub fn start_with(
+        conf: &NodeConf,
+        tune: impl FnOnce(&mut crate::LnetConfig),
+    ) -> Result<Arc<Self>, Failure> {
         if conf.nis.is_empty() {
             return Err(Failure::new(
                 "configure",
@@ -203,7 +217,8 @@ impl Daemon {
                 "the configuration has no tcp NI (net: with a local NI(s): nid:)",
             ));
         }
-        let cfg = conf.to_lnet_config();
+        let mut cfg = conf.to_lnet_config();
+        tune(&mut cfg);
         let (accept_port, accept, cpp) = (
             cfg.accept_port,
             cfg.accept,
@@ -280,7 +295,7 @@ impl Daemon {
         let s = self.lnet.stats();
         let r = self.lnet.runtime_stats();
         format!(
-            "send_count={} recv_count={} route_count={} drop_count={} send_length={} recv_length={} conns_established={} conns_closed={}",
+            "send_count={} recv_count={} route_count={} drop_count={} send_length={} recv_length={} conns_established={} conns_closed={} splice_bytes={}",
             s.send_count,
             s.recv_count,
             s.route_count,
@@ -288,7 +303,8 @@ impl Daemon {
             s.send_length,
             s.recv_length,
             r.conns_established,
-            r.conns_closed
+            r.conns_closed,
+            r.splice_write_bytes
         )
     }
 
