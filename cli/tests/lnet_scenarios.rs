@@ -527,14 +527,18 @@ fn restarted_node_is_reconnected() {
     drop(server);
     let server = Node::start(dir.path(), "server", &s_yaml);
     // The client closed the old incarnation's connections: at its EOF
-    // (the kernel closed the killed process's sockets) or, when it
-    // reconnects before its peer entry is forgotten, on seeing the new
-    // incarnation in the HELLO ("peer rebooted").
+    // (the kernel closed the killed process's sockets), at a reset (the
+    // kernel resets a socket closed with bytes unread: the killed
+    // process had not read all the client sent), or, when it reconnects
+    // before its peer entry is forgotten, on seeing the new incarnation
+    // in the HELLO ("peer rebooted").
     wait_for(SETTLE, "the old connections closed", || {
         let closed = client.log_since(mark, &["closed connection", s]);
         let control = closed.iter().any(|l| {
             l.contains("(CONTROL)")
-                && (l.contains("peer closed the connection") || l.contains("peer rebooted"))
+                && (l.contains("peer closed the connection")
+                    || l.contains("Connection reset by peer")
+                    || l.contains("peer rebooted"))
         });
         if control {
             Ok(())
