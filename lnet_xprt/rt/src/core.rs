@@ -175,7 +175,7 @@ impl Shared {
         node: Node,
         rt_tx: Sender<RtMsg>,
         events_tx: Sender<Event>,
-        splice: (usize, usize),
+        rbufs: RouterBuffers,
     ) -> Self {
         Self {
             // Start the time line one second in, so no timer sits at 0.
@@ -187,7 +187,7 @@ impl Shared {
                 ping_waiters: HashMap::new(),
             }),
             mem: MemTable::default(),
-            rbufs: RouterBuffers::new(splice.0, splice.1),
+            rbufs,
             counters: Counters::default(),
             rt_tx,
             events_tx,
@@ -494,11 +494,9 @@ impl Shared {
             Payload::Rx { rx, len } => {
                 let b = self.rbufs.get(*rx)?;
                 let len = *len as usize;
-                match &*b {
-                    crate::mem::Held::Mem(_) => Some(f(&[b.bytes(len)?])),
-                    crate::mem::Held::Pipe { pipe, .. } => {
-                        Some(f(&[&pipe.copy_out(&self.rbufs.pipes, len)?]))
-                    }
+                match b.pipe() {
+                    None => Some(f(&[b.bytes(len)?])),
+                    Some(pipe) => Some(f(&[&pipe.copy_out(&self.rbufs.pipes, len)?])),
                 }
             }
             Payload::Mem(r) => self.mem.resolve(*r)?.read(f),

@@ -154,6 +154,7 @@ pub use crate::config::LnetConfig;
 pub use crate::core::{EventHook, HookCall};
 use crate::core::{Lnd, RtMsg, Shared};
 pub use crate::error::LnetError;
+use crate::mem::RouterBuffers;
 pub use crate::mem::{ForeignMemory, MemRegion};
 use crate::sock::{SockCfg, SockLnd};
 pub use crate::splice::PIPE_BYTES;
@@ -333,7 +334,7 @@ impl Lnet {
             node,
             rt_tx,
             ev_tx,
-            (cfg.splice_pipes, cfg.splice_pipe_bytes),
+            RouterBuffers::new(cfg.splice_pipes, cfg.splice_pipe_bytes),
         ));
         let mut threads = Vec::new();
         let s = shared.clone();

@@ -11,7 +11,7 @@ use colibri_lnet::node::RxId;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
-use crate::splice::{PipePool, PooledPipe};
+use crate::splice::{Pipe, PipePool, PooledPipe};
 
 /// Bytes the application owns and shares with the runtime.
 ///
@@ -366,6 +366,14 @@ impl Held {
         match self {
             Self::Mem(v) => v.get(..len),
             Self::Pipe { .. } => None,
+        }
+    }
+
+    /// The pipe, when held in one.
+    pub(crate) fn pipe(&self) -> Option<&Pipe> {
+        match self {
+            Self::Mem(_) => None,
+            Self::Pipe { pipe, .. } => Some(pipe),
         }
     }
 }

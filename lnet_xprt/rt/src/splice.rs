@@ -375,10 +375,7 @@ mod tests {
         while got < data.len() {
             match held.splice_in(rx.as_raw_fd(), data.len() - got) {
                 Ok(k) => got += k,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    assert!(!socket_has_bytes(rx.as_raw_fd()) || got < data.len());
-                    std::thread::yield_now();
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
                 Err(e) => panic!("{e}"),
             }
         }

@@ -26,7 +26,7 @@ use crossbeam_channel::Receiver;
 use super::{Conn, SockLnd, TARGET, TxItem};
 use crate::core::{Input, Shared, health_error};
 use crate::mem::{Held, Resolved, RouterBuf};
-use crate::splice::{PooledPipe, SPLICE_MIN, send_more, socket_has_bytes};
+use crate::splice::{Pipe, PooledPipe, SPLICE_MIN, send_more, socket_has_bytes};
 use crate::stats::add;
 
 /// The scheduler's waker token.
@@ -1188,8 +1188,25 @@ pub(super) fn write_tx<W: Write + AsRawFd>(
     conn: &Conn,
 ) -> Result<bool, CloseWhy> {
     let head_len = t.item.head_len;
-    if matches!(t.src, Src::Pipe(..)) {
-        return write_spliced(stream.as_raw_fd(), t, s, conn);
+    if let Src::Pipe(held, len, copy) = &t.src {
+        // From the duplicate, else from the held pipe itself.
+        let Some(from) = copy.as_deref().or_else(|| held.pipe()) else {
+            return Err(CloseWhy {
+                reason: "writing: the payload's pipe went away".into(),
+                err: SocketError::Other(None),
+                on_write: true,
+            });
+        };
+        let head = &t.item.head[..head_len];
+        return write_spliced(
+            stream.as_raw_fd(),
+            head,
+            from,
+            *len,
+            &mut t.written,
+            s,
+            conn,
+        );
     }
     loop {
         let r = {
@@ -1229,6 +1246,7 @@ pub(super) fn write_tx<W: Write + AsRawFd>(
                 on_write: true,
             });
         };
+        // (`total` only counts once bytes were written.)
         let (r, total) = match r {
             Ok((n, total)) => (Ok(n), total),
             Err(e) => (Err(e), 0),
@@ -1240,8 +1258,8 @@ pub(super) fn write_tx<W: Write + AsRawFd>(
 }
 
 /// Accounts for one write of a message (`written` bytes of it so far):
-/// `Some(true)` once all `total` bytes are written, `Some(false)` when the socket is full, `None` to
-/// write again.
+/// `Some(true)` once all `total` bytes are written, `Some(false)` when
+/// the socket is full, `None` to write again.
 fn wrote(
     r: io::Result<usize>,
     total: usize,
@@ -1266,29 +1284,28 @@ fn wrote(
     }
 }
 
-/// [`write_tx`] for a payload in a pipe: the headers with one `send`
-/// (`MSG_MORE`), then the payload spliced from the pipe.
-fn write_spliced(fd: RawFd, t: &mut TxProgress, s: &Shared, conn: &Conn) -> Result<bool, CloseWhy> {
-    let head_len = t.item.head_len;
-    let Src::Pipe(held, len, copy) = &t.src else {
-        return Ok(false);
-    };
-    let total = head_len + len;
+/// [`write_tx`] for a payload of `len` bytes in pipe `from`: the headers
+/// with one `send` (`MSG_MORE`), then the payload spliced from the pipe.
+fn write_spliced(
+    fd: RawFd,
+    head: &[u8],
+    from: &Pipe,
+    len: usize,
+    written: &mut usize,
+    s: &Shared,
+    conn: &Conn,
+) -> Result<bool, CloseWhy> {
+    let total = head.len() + len;
     loop {
-        let r = if t.written < head_len {
-            send_more(fd, &t.item.head[t.written..head_len])
+        let r = if *written < head.len() {
+            send_more(fd, &head[*written..])
         } else {
-            let from = match (copy, &**held) {
-                (Some(c), _) => &**c,
-                (None, Held::Pipe { pipe, .. }) => &**pipe,
-                (None, Held::Mem(_)) => return Ok(false),
-            };
-            from.splice_out(fd, total - t.written)
+            from.splice_out(fd, total - *written)
         };
-        if let (Ok(n), true) = (&r, t.written >= head_len) {
+        if let (Ok(n), true) = (&r, *written >= head.len()) {
             add(&s.counters.splice_write_bytes, *n as u64);
         }
-        if let Some(done) = wrote(r, total, &mut t.written, s, conn)? {
+        if let Some(done) = wrote(r, total, written, s, conn)? {
             return Ok(done);
         }
     }
