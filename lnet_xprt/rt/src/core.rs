@@ -74,7 +74,8 @@ pub(crate) trait Lnd: Send + Sync {
     /// connection, or queued on one); `false` if it is being written or
     /// gone (it then completes as usual).
     fn withdraw(&self, w: Withdrawal) -> bool;
-    /// Periodic work: keepalives, timeouts, reconnections.
+    /// Periodic work: keepalives, timeouts, reconnections. It runs every
+    /// `tick`, and earlier when asked ([`Shared::tick_at`]).
     fn tick(&self, s: &Shared, now: Time);
     /// Stops threads and closes connections (failing what they held).
     fn shutdown(&self, s: &Shared);
@@ -131,6 +132,9 @@ pub(crate) struct Shared {
     pub(crate) shutdown: AtomicBool,
     /// The runtime thread's current wake-up time (ns on the runtime's clock).
     deadline: AtomicU64,
+    /// When the LND asked for its periodic work to run before the next
+    /// tick (a reconnection due after its back-off), `u64::MAX` if not.
+    lnd_due: AtomicU64,
     /// Called when events were queued (`Lnet::set_event_hook`).
     hook: parking_lot::RwLock<Option<EventHook>>,
 }
@@ -195,6 +199,7 @@ impl Shared {
             lnd: OnceLock::new(),
             shutdown: AtomicBool::new(false),
             deadline: AtomicU64::new(u64::MAX),
+            lnd_due: AtomicU64::new(u64::MAX),
             hook: parking_lot::RwLock::new(None),
         }
     }
@@ -535,12 +540,29 @@ impl Shared {
     // ------------------------------------------------------------------
     // The runtime thread.
 
+    /// Asks for the LND's periodic work at `t` if that is before its next
+    /// run (Lustre's connd sleeps until the first `ksnr_timeout`, not a
+    /// fixed period): a connection held back by its back-off is tried when
+    /// the back-off ends.
+    pub(crate) fn tick_at(&self, t: Time) {
+        let t = t.as_nanos();
+        if self.lnd_due.fetch_min(t, Ordering::SeqCst) > t
+            && t < self.deadline.load(Ordering::SeqCst)
+        {
+            self.deadline.store(t, Ordering::Release);
+            let _ = self.rt_tx.send(RtMsg::Wake);
+        }
+    }
+
     pub(crate) fn runtime_thread(self: Arc<Self>, rx: Receiver<RtMsg>, tick: Duration) {
         let mut next_tick = self.now().saturating_add(tick);
         loop {
             let node_deadline = self.core.lock().node.poll_timeout();
             let wake_at = node_deadline.map_or(next_tick, |d| d.min(next_tick));
-            self.deadline.store(wake_at.as_nanos(), Ordering::Release);
+            self.deadline.store(wake_at.as_nanos(), Ordering::SeqCst);
+            // Read after the store (`tick_at` does the reverse), so that a
+            // request made meanwhile is seen here or wakes us.
+            let wake_at = wake_at.min(Time::from_nanos(self.lnd_due.load(Ordering::SeqCst)));
             let msg = rx.recv_deadline(self.instant(wake_at));
             match msg {
                 Ok(RtMsg::Stop) | Err(RecvTimeoutError::Disconnected) => break,
@@ -562,8 +584,12 @@ impl Shared {
             {
                 self.run(Vec::new(), |core, now| core.node.handle_timeout(now));
             }
-            if now >= next_tick {
-                next_tick = now.saturating_add(tick);
+            let asked = self.lnd_due.load(Ordering::SeqCst) <= now.as_nanos();
+            if now >= next_tick || asked {
+                if now >= next_tick {
+                    next_tick = now.saturating_add(tick);
+                }
+                self.lnd_due.store(u64::MAX, Ordering::SeqCst);
                 if let Some(lnd) = self.lnd.get() {
                     lnd.tick(&self, now);
                 }

@@ -479,6 +479,129 @@ fn a_new_incarnation_closes_the_old_connections() {
     b.shutdown();
 }
 
+/// A connection to `addr` from `from` (any port), and its handshake as
+/// `me` with `incarnation`; returns the stream and the answer's type.
+fn handshake_from(
+    from: [u8; 4],
+    addr: SocketAddr,
+    server: Nid,
+    me: Nid,
+    incarnation: u64,
+) -> (TcpStream, Option<ConnType>) {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(&SocketAddr::from((from, 0)).into()).unwrap();
+    sock.connect(&addr.into()).unwrap();
+    let mut s: TcpStream = sock.into();
+    s.write_all(&ConnReq::new(server).encode()).unwrap();
+    let h = Hello {
+        src_nid: me,
+        dst_nid: server,
+        src_pid: 12345,
+        dst_pid: 0,
+        src_incarnation: incarnation,
+        dst_incarnation: 0,
+        conn_type: Some(ConnType::Control),
+    };
+    s.write_all(&h.encode()).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut answer = [0u8; 56];
+    s.read_exact(&mut answer).unwrap();
+    let t = Hello::decode(&answer).unwrap().hello.conn_type;
+    (s, t)
+}
+
+#[test]
+fn a_peer_that_exited_is_admitted_at_once_when_it_starts_again() {
+    // A client process that exits and starts again with the same NID (a
+    // second `colibri ping`, say) brings a new incarnation. Once its old
+    // connections are gone, its first connection is admitted, as Lustre
+    // does, rather than refused as a reboot and retried a second later.
+    let server = nid("127.0.2.50@tcp");
+    let b = start("127.0.2.50@tcp", AcceptPolicy::All);
+    let addr = b.listen_addr(server).unwrap();
+    let me = nid("127.0.2.51@tcp");
+    let (old, t) = handshake_from([127, 0, 2, 51], addr, server, me, 1);
+    assert_eq!(t, Some(ConnType::Control));
+    let t0 = Instant::now();
+    while b.peer_conns(server, me).is_empty() {
+        assert!(t0.elapsed() < LIMIT, "the first connection never showed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(old);
+    while !b.peer_conns(server, me).is_empty() {
+        assert!(t0.elapsed() < LIMIT, "the closed connection stayed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (s, t) = handshake_from([127, 0, 2, 51], addr, server, me, 2);
+    assert_eq!(
+        t,
+        Some(ConnType::Control),
+        "refused: {:?}",
+        b.close_reasons()
+    );
+    assert!(!b.close_reasons().iter().any(|r| r.contains("rebooted")));
+    assert_eq!(b.peer_conns(server, me), vec![ConnType::Control]);
+    drop(s);
+    b.shutdown();
+}
+
+#[test]
+fn a_refused_connection_is_retried_after_min_reconnect_not_at_a_later_tick() {
+    // A peer that answers NONE (it won a connection race, or saw a new
+    // incarnation) is tried again `min_reconnectms` (1 s) later, as
+    // Lustre's connd does, even when the node's reaper ticks rarely.
+    let (an, pn) = (nid("127.0.2.52@tcp"), nid("127.0.2.53@tcp"));
+    let mut cfg = LnetConfig::new(&[an]);
+    cfg.accept_port = 0;
+    cfg.accept = AcceptPolicy::All;
+    cfg.tick = Duration::from_secs(4);
+    let a = Lnet::start(cfg).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.2.53:0").unwrap();
+    a.set_peer_addr(pn, listener.local_addr().unwrap());
+    a.set_discovery(false).unwrap();
+    let src = MemRegion::from_vec(vec![7; 100]);
+    let md = bind(&a, &src);
+    a.put(md, false, ProcessId::lustre(pn), 4, 0, 0, 0).unwrap();
+    // The first attempt: read its request and HELLO, answer NONE.
+    let (mut c, _) = listener.accept().unwrap();
+    let first = Instant::now();
+    c.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut req = [0u8; 16];
+    c.read_exact(&mut req).unwrap();
+    let mut hello = [0u8; 56];
+    c.read_exact(&mut hello).unwrap();
+    let got = Hello::decode(&hello).unwrap().hello;
+    assert_eq!(got.src_nid, an);
+    let none = Hello {
+        src_nid: pn,
+        dst_nid: an,
+        src_pid: 12345,
+        dst_pid: got.src_pid,
+        src_incarnation: 9,
+        dst_incarnation: got.src_incarnation,
+        conn_type: None,
+    };
+    c.write_all(&none.encode()).unwrap();
+    // The second attempt comes about a second later, not at the 4 s tick.
+    listener.set_nonblocking(true).unwrap();
+    let again = loop {
+        match listener.accept() {
+            Ok(_) => break first.elapsed(),
+            Err(_) => {
+                assert!(first.elapsed() < LIMIT, "never tried again");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    };
+    assert!(
+        again >= Duration::from_millis(900) && again < Duration::from_millis(2500),
+        "tried again after {again:?}"
+    );
+    a.shutdown();
+    let evs = events_until(&a, |e| e.iter().any(|e| e.md == md));
+    assert!(evs.iter().any(|e| e.md == md && e.status().is_err()));
+}
+
 #[test]
 fn a_put_waiting_for_a_connection_is_withdrawn_at_once() {
     let a = start("127.0.2.32@tcp", AcceptPolicy::All);

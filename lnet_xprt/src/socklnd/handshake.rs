@@ -533,8 +533,18 @@ impl PeerConns {
     }
 
     /// Forgets a closed connection; returns its type if it was known.
+    ///
+    /// When the last connection goes, the peer's incarnation is forgotten
+    /// too (Lustre clears `ksnp_proto` then, and the next connection sets
+    /// protocol and incarnation afresh): a peer that exited cleanly and
+    /// started again is admitted at its first connection, not refused as
+    /// rebooted and made to retry a reconnection interval later.
     pub fn remove(&mut self, id: ConnId) -> Option<ConnType> {
-        self.conns.remove(&id)
+        let t = self.conns.remove(&id);
+        if t.is_some() && self.conns.is_empty() {
+            self.incarnation = None;
+        }
+        t
     }
 
     /// The connection for `tx` (`ksocknal_find_conn_locked`): the least
@@ -768,6 +778,35 @@ mod tests {
         assert_eq!(p.incarnation(), Some(6));
         assert_eq!(p.observe_incarnation(6), Ok(()));
         assert_eq!(p.observe_incarnation(7), Err(vec![ConnId(4)]));
+    }
+
+    #[test]
+    fn a_peer_whose_connections_all_closed_is_admitted_with_a_new_incarnation() {
+        let me = nid("10.0.0.2@tcp");
+        let mut p = PeerConns::new(nid("10.0.0.1@tcp"), 1);
+        for (id, t) in [(1, ConnType::Control), (2, ConnType::BulkIn)] {
+            assert_eq!(p.admit(me, cand(id, t, 5, false)), Admission::Accepted);
+        }
+        // One connection left: a new incarnation is a reboot.
+        assert_eq!(p.remove(ConnId(1)), Some(ConnType::Control));
+        assert_eq!(p.incarnation(), Some(5));
+        // The last one closed (the peer exited): its next start is
+        // admitted at once, as Lustre does once `ksnp_proto` is cleared.
+        assert_eq!(p.remove(ConnId(2)), Some(ConnType::BulkIn));
+        assert_eq!(p.incarnation(), None);
+        assert_eq!(p.remove(ConnId(2)), None);
+        assert_eq!(
+            p.admit(me, cand(3, ConnType::Control, 6, false)),
+            Admission::Accepted
+        );
+        assert_eq!(p.incarnation(), Some(6));
+        assert_eq!(
+            p.admit(me, cand(4, ConnType::BulkOut, 7, false)),
+            Admission::Refused {
+                reason: Refusal::PeerRebooted,
+                close: vec![ConnId(3)]
+            }
+        );
     }
 
     #[test]

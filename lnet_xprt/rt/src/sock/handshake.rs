@@ -96,7 +96,7 @@ pub(super) fn connd(s: &Arc<Shared>, lnd: &Arc<SockLnd>, rx: &Receiver<ConndJob>
         if lnd.stopping.load(Ordering::Acquire) {
             if let ConndJob::Connect(ni, peer) = job {
                 let inputs =
-                    lnd.connect_done(&ni, peer, Some((SocketError::NetDown, false)), s.now());
+                    lnd.connect_done(s, &ni, peer, Some((SocketError::NetDown, false)), s.now());
                 if !inputs.is_empty() {
                     s.run(inputs, |_, _| ());
                 }
@@ -326,7 +326,7 @@ fn active(s: &Arc<Shared>, lnd: &Arc<SockLnd>, ni: &Arc<SockNi>, peer: Nid) {
             }
         }
     }
-    let inputs = lnd.connect_done(ni, peer, failure, s.now());
+    let inputs = lnd.connect_done(s, ni, peer, failure, s.now());
     if !inputs.is_empty() {
         s.run(inputs, |_, _| ());
     }

@@ -764,6 +764,7 @@ impl SockLnd {
     /// The end of an active connection job (success or failure).
     pub(crate) fn connect_done(
         &self,
+        s: &Shared,
         ni: &Arc<SockNi>,
         peer_nid: Nid,
         failure: Option<(SocketError, bool)>,
@@ -791,6 +792,10 @@ impl SockLnd {
                             inputs.push(Input::TxDone(id, health_error(status)));
                         }
                     }
+                }
+                if !p.pending.is_empty() || (p.active && !p.refs.is_empty()) {
+                    // Try again when the back-off ends.
+                    s.tick_at(p.reconnect.next_attempt());
                 }
             }
             None => self.flush_pending(p, now),
@@ -968,6 +973,9 @@ impl Lnd for SockLnd {
                     let want = !p.pending.is_empty() || (p.active && !p.refs.is_empty());
                     if want {
                         self.start_connect(&ni, *peer_nid, p, now);
+                        if !p.connecting && !p.reconnect.may_connect(now) {
+                            s.tick_at(p.reconnect.next_attempt());
+                        }
                     }
                 }
                 // Peers with nothing left (no connection, nothing waiting,
