@@ -622,6 +622,18 @@ impl SockLnd {
         p.pending = keep;
     }
 
+    /// Whether a message for `p` that no connection can carry now may wait
+    /// for one (Lustre queues it on the peer only then): a connection is
+    /// being made (or a retry after a lost race is scheduled), the peer
+    /// is connecting to us, or an attempt may start at once (the reaper
+    /// starts it if the connection daemons were busy).
+    fn connection_coming(p: &Peer, now: Time) -> bool {
+        p.connecting
+            || !p.conns.may_connect()
+            || p.reconnect.races_lost() > 0
+            || p.reconnect.may_connect(now)
+    }
+
     /// Queues an active connection job for `peer` unless one is running.
     fn start_connect(&self, ni: &Arc<SockNi>, peer_nid: Nid, p: &mut Peer, now: Time) {
         if p.connecting || !p.reconnect.may_connect(now) || !p.conns.may_connect() {
@@ -871,8 +883,17 @@ impl Lnd for SockLnd {
                 }
                 Ok(idle) => idle,
                 Err(item) => {
-                    p.pending.push_back(item);
                     self.start_connect(&ni, peer_nid, p, now);
+                    if !Self::connection_coming(p, now) {
+                        // `ksocknal_launch_packet`: no connection, none being
+                        // made or accepted, and the last attempt failed too
+                        // recently to try again: "No usable routes".
+                        tracing::debug!(target: TARGET, peer = %peer_nid,
+                            retry_at = %p.reconnect.next_attempt(),
+                            "no usable connection (reconnection backing off)");
+                        return Err(TxFailure::NoConnection.health_status());
+                    }
+                    p.pending.push_back(item);
                     None
                 }
             }
