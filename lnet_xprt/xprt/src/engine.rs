@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use colibri_lnet_rt::colibri_lnet::ids::{Nid, Pid, ProcessId};
 use colibri_lnet_rt::colibri_lnet::matching::{
-    Event, InsertPos, MdHandle, MdOptions, MdSpec, MeHandle, MeSpec, MemKey, MemRef, Threshold,
-    Unlink,
+    Event, EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeHandle, MeSpec, MemKey, MemRef,
+    Threshold, Unlink,
 };
 use colibri_lnet_rt::colibri_lnet::nidmap::KeyedMap;
 use colibri_lnet_rt::{EventHook, HookCall, Lnet, LnetError, MemRegion, Start};
@@ -22,7 +22,8 @@ use parking_lot::Mutex;
 use tracing::{debug, trace, warn};
 
 use crate::addr::{
-    CNT_CTL, HDR_CTL, HDR_NOTE, PASSIVE_SPARE, SEQ_MASK, TMID_MAX, hdr_data, match_bits,
+    CNT_CTL, CNT_MSG, HDR_BULK, HDR_BULK_LAST, HDR_CTL, HDR_MSG, HDR_NOTE, PASSIVE_SPARE,
+    RECV_IGNORE, SEQ_MASK, TMID_MAX, hdr_data, match_bits, parse_hdr, split_bits,
 };
 use crate::ctl::{Ctl, DELIVERED_MANY_MAX};
 use crate::tm::{Op, TmShared};
@@ -80,6 +81,12 @@ pub(crate) struct Engine {
     /// MDs left where a transfer machine stopped: they answer what still
     /// comes for it with `Unreachable`, until another machine starts there.
     pub(crate) tombs: Mutex<KeyedMap<(u32, u16), MdHandle>>,
+    /// Per portal a machine of ours used: an ME matching the messages to
+    /// every TMID, last in the portal's list (every ME appended after it
+    /// goes ahead of it), whose MD answers those for a TMID where no
+    /// machine runs (or ever ran) with a NAK `Unreachable`, as a tomb does
+    /// ([`Engine::answer_absent`]).
+    vacancies: Mutex<KeyedMap<u32, (MeHandle, MdHandle)>>,
     /// Bulk requests waiting for a verdict: (deadline, operation id).
     pub(crate) handshakes: Mutex<BTreeSet<(Instant, u64)>>,
     /// DELIVEREDs owed for messages taken in this turn of the token's
@@ -154,6 +161,9 @@ impl std::fmt::Debug for Engine {
 
 /// Bit of an MD user value that marks a control message's MD.
 const CTL_SEND_BIT: u64 = 1 << 63;
+/// Bit of an MD user value that marks a portal's vacancy MD (the portal
+/// in the low bits).
+const VACANCY_BIT: u64 = 1 << 62;
 
 /// LNet errors of API calls as the messaging layer's.
 pub(crate) fn lnet_err(e: &LnetError, dest: &str) -> NetError {
@@ -211,6 +221,7 @@ impl Engine {
             landed_sends: Mutex::new(KeyedMap::default()),
             tms: Mutex::new(KeyedMap::default()),
             tombs: Mutex::new(KeyedMap::default()),
+            vacancies: Mutex::new(KeyedMap::default()),
             handshakes: Mutex::new(BTreeSet::new()),
             delivered: Mutex::new(Vec::new()),
             handshake_timeout,
@@ -381,7 +392,13 @@ impl Engine {
             op.release(self);
         }
         let tombs: Vec<MdHandle> = self.tombs.lock().drain().map(|(_, md)| md).collect();
-        for md in tombs {
+        let vacancies: Vec<MdHandle> = self
+            .vacancies
+            .lock()
+            .drain()
+            .map(|(_, (_, md))| md)
+            .collect();
+        for md in tombs.into_iter().chain(vacancies) {
             let _ = self.lnet.md_unlink(md);
         }
         let sends: Vec<MemKey> = self
@@ -425,7 +442,7 @@ impl Engine {
     /// A new operation id, unique in the transport (an operation made
     /// before its machine started moves to the engine of its node then).
     pub(crate) fn new_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed) & !CTL_SEND_BIT
+        self.next_id.fetch_add(1, Ordering::Relaxed) & !(CTL_SEND_BIT | VACANCY_BIT)
     }
 
     pub(crate) fn add_op(&self, op: &Arc<Op>) {
@@ -468,7 +485,87 @@ impl Engine {
         if let Some(md) = self.tombs.lock().remove(&(portal, t)) {
             let _ = self.lnet.md_unlink(md);
         }
+        self.ensure_vacancy(portal);
         Ok(t)
+    }
+
+    /// Puts the portal's vacancy in place, the first time a machine of
+    /// ours takes an address on it: appended, so that it stays behind
+    /// everything the portal held, and everything appended later goes
+    /// ahead of it ([`Engine::attach_at`]).
+    fn ensure_vacancy(&self, portal: u32) {
+        if self.vacancies.lock().contains_key(&portal) {
+            return;
+        }
+        // Messages only (any TMID, the counter of a message with or
+        // without an acknowledgement): LNet searches a portal's MEs with
+        // ignore bits before the exact ones, so an ME matching every
+        // counter would take the control messages of the machines that
+        // run (their MEs are exact).
+        let me = MeSpec {
+            portal,
+            match_id: ProcessId::ANY,
+            match_bits: match_bits(0, CNT_MSG),
+            ignore_bits: match_bits(TMID_MAX, 0) | RECV_IGNORE,
+            unlink: Unlink::Unlink,
+            pos: InsertPos::After,
+        };
+        // Empty, as a tomb's: a message is taken whole and dropped, and
+        // answered (`answer_absent`).
+        let md = MdSpec::new(
+            MemRef::new(self.empty, 0, 0),
+            MdOptions::OP_PUT
+                .with(MdOptions::TRUNCATE)
+                .with(MdOptions::ACK_DISABLE),
+        )
+        .threshold(Threshold::Infinite)
+        .unlink(Unlink::Unlink)
+        .user_ptr(VACANCY_BIT | u64::from(portal));
+        // No lock held across the node's turn; two machines starting at
+        // once may both attach one: the second goes.
+        match self.lnet.me_md_attach(me, md) {
+            Ok(v) => {
+                let extra = match self.vacancies.lock().entry(portal) {
+                    std::collections::hash_map::Entry::Occupied(_) => Some(v.1),
+                    std::collections::hash_map::Entry::Vacant(slot) => {
+                        slot.insert(v);
+                        None
+                    }
+                };
+                if let Some(md) = extra {
+                    let _ = self.lnet.md_unlink(md);
+                }
+            }
+            Err(err) => {
+                debug!(portal, %err, "no vacancy ME: messages to absent machines will time out")
+            }
+        }
+    }
+
+    /// What a machine that is not there answers (a stopped machine's tomb
+    /// for it, or the portal's vacancy for any TMID, `from` being the
+    /// address the message was for): a message gets a NAK `Unreachable`,
+    /// a request or a passive side's bulk PUT a GONE (the claim goes
+    /// back; a GET got its REPLY of no bytes from the empty MD), a note
+    /// nothing (an answered note could be a GONE to another tomb, which
+    /// would answer it).
+    pub(crate) fn answer_absent(&self, ev: &Event, from: (u32, u16)) {
+        if ev.kind() != EventKind::Put || ev.info.status.is_err() {
+            return;
+        }
+        let Some((kind, portal, tmid, seq)) = parse_hdr(ev.info.hdr_data) else {
+            return;
+        };
+        let xid = u64::from(seq);
+        let answer = match kind {
+            HDR_MSG => Ctl::Nak {
+                xid,
+                status: NetError::Unreachable(String::new()),
+            },
+            HDR_CTL | HDR_BULK | HDR_BULK_LAST => Ctl::Gone { xid },
+            _ => return,
+        };
+        let _ = self.send_ctl(ev.info.initiator, portal, tmid, from, &answer, 0);
     }
 
     pub(crate) fn release(&self, portal: u32, tmid: u16, tm: &TmShared) {
@@ -539,6 +636,11 @@ impl Engine {
         md: MdSpec,
         pos: InsertPos,
     ) -> std::result::Result<(MeHandle, MdHandle), LnetError> {
+        // Appended means ahead of the portal's vacancy, which stays last.
+        let pos = match (pos, self.vacancies.lock().get(&portal)) {
+            (InsertPos::After, Some((vacancy, _))) => InsertPos::Ahead(*vacancy),
+            (pos, _) => pos,
+        };
         let me = MeSpec {
             portal,
             match_id: ProcessId::ANY,
@@ -672,6 +774,11 @@ impl Engine {
                     let _ = self.send_ctl_to(r, 0);
                 }
             }
+            return;
+        }
+        if ev.user_ptr & VACANCY_BIT != 0 {
+            let (tmid, _) = split_bits(ev.info.match_bits);
+            self.answer_absent(ev, (ev.info.portal, tmid));
             return;
         }
         let op = self.op(ev.user_ptr);

@@ -23,9 +23,8 @@ use tracing::{debug, trace, warn};
 
 use crate::XprtInner;
 use crate::addr::{
-    CNT_ACTIVE, CNT_CTL, CNT_MSG, CNT_PASSIVE, COUNTER_BITS, HDR_BULK, HDR_BULK_LAST, HDR_CTL,
-    HDR_MSG, LnetAddr, RECV_IGNORE, SEQ_MASK, carried_ack, hdr_data, match_bits, msg_counter,
-    parse_hdr,
+    CNT_ACTIVE, CNT_CTL, CNT_MSG, CNT_PASSIVE, COUNTER_BITS, HDR_BULK, HDR_BULK_LAST, HDR_MSG,
+    LnetAddr, RECV_IGNORE, SEQ_MASK, carried_ack, hdr_data, match_bits, msg_counter, parse_hdr,
 };
 use crate::ctl::{CTL_MAX, Ctl};
 use crate::desc::BulkTarget;
@@ -779,30 +778,7 @@ impl TmShared {
             Kind::Active => self.ev_active(&e, op, ev),
             Kind::Ctl => self.ev_ctl(&e, op, ev),
             Kind::Chunk => self.ev_chunk(&e, op, ev),
-            Kind::Tomb => {
-                if ev.kind() == EventKind::Put
-                    && ev.info.status.is_ok()
-                    && let (Some(p), _) = self.sender(&e, ev)
-                {
-                    let from = self.from();
-                    let xid = u64::from(p.seq);
-                    // A message gets a NAK, a request or a passive side's
-                    // bulk PUT a GONE (the claim goes back); notes nothing
-                    // (an answered note could be a GONE to another tomb,
-                    // which would answer it).
-                    let answer = match parse_hdr(ev.info.hdr_data).map(|h| h.0) {
-                        Some(HDR_MSG) => Some(Ctl::Nak {
-                            xid,
-                            status: NetError::Unreachable(String::new()),
-                        }),
-                        Some(HDR_CTL | HDR_BULK | HDR_BULK_LAST) => Some(Ctl::Gone { xid }),
-                        _ => None,
-                    };
-                    if let Some(a) = answer {
-                        let _ = e.send_ctl(p.proc_, p.portal, p.tmid, from, &a, 0);
-                    }
-                }
-            }
+            Kind::Tomb => e.answer_absent(ev, self.from()),
             Kind::Stray => {
                 if ev.kind() == EventKind::Put
                     && ev.info.status.is_ok()

@@ -93,9 +93,11 @@ fn answers_from_another_machine_end_no_send() {
         Duration::from_secs(2),
     );
     let (l, tm) = (&f.nodes[0], &f.tms[0]);
-    // A send to TMID 9, where no machine is (LNet drops it, nobody
-    // answers): it waits for its answer until the handshake timeout.
-    let nobody = tm.ep_create("127.0.78.1@tcp:12345:42:9").unwrap();
+    // A send to TMID 7 of portal 43, where no machine of ours ever was
+    // (LNet drops it, nobody answers; on portal 42 the portal's vacancy
+    // would NAK it at once): it waits for its answer until the handshake
+    // timeout.
+    let nobody = tm.ep_create("127.0.78.1@tcp:12345:43:7").unwrap();
     let mut b = f
         .dom
         .register(BufVec::new(1, 16))
@@ -104,13 +106,15 @@ fn answers_from_another_machine_end_no_send() {
     b.bufvec_mut().copy_in(0, b"sixteen bytes..!").unwrap();
     tm.add_msg_send(b, &nobody, 16).unwrap();
     // Every sequence number the send can have, DELIVERED (16 bytes) and
-    // NAK, from TMID 7 of the same process and portal: not where the send
-    // went (the machine is TMID 5).
+    // NAK, from TMID 7 of portal 42 and from TMID 9 of portal 43 of the
+    // same process: not where the send went (the machine is TMID 5).
     let ctl_bits = (5 << 52) | (1 << 50);
-    for seq in 1..512u64 {
-        let h = hdr(4, 42, 7, seq);
-        raw_put(l, 42, ctl_bits, h, ctl(5, seq, 16u64.to_le_bytes()));
-        raw_put(l, 42, ctl_bits, h, ctl(4, seq, [11, 0, 0, 0, 0, 0, 0, 0]));
+    for (portal, tmid) in [(42, 7), (43, 9)] {
+        for seq in 1..512u64 {
+            let h = hdr(4, portal, tmid, seq);
+            raw_put(l, 42, ctl_bits, h, ctl(5, seq, 16u64.to_le_bytes()));
+            raw_put(l, 42, ctl_bits, h, ctl(4, seq, [11, 0, 0, 0, 0, 0, 0, 0]));
+        }
     }
     let e = f.ev.recv_timeout(WAIT).unwrap();
     assert_eq!(e.queue(), QueueType::MsgSend);

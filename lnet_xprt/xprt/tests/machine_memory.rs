@@ -39,8 +39,10 @@ fn finalised_machines_whose_sends_got_no_answer_are_not_held() {
         let tm = dom.tm_init(ignore_tm_events()).unwrap();
         tm.start("127.0.77.1@tcp:12345:31:9").unwrap();
         tm.wait_for_state(TmState::Started, WAIT).unwrap();
-        // Nothing listens at TMID 7: LNet drops the PUTs, no answer comes.
-        let nobody = tm.ep_create("127.0.77.1@tcp:12345:31:7").unwrap();
+        // Nothing listens on portal 32, where no machine of ours ever was
+        // (on portal 31 the portal's vacancy would NAK them at once): LNet
+        // drops the PUTs, no answer comes.
+        let nobody = tm.ep_create("127.0.77.1@tcp:12345:32:7").unwrap();
         for i in 0..SENDS {
             let mut b = dom
                 .register(BufVec::new(1, 64))

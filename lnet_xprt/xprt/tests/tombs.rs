@@ -2,13 +2,16 @@
 //! a NAK `Unreachable`, a bulk request or verdict a GONE, and a control
 //! message that expects no answer (DELIVERED, NAK, ABORT, GONE) nothing.
 //! Two tombs that answered each other's GONE would exchange GONEs for as
-//! long as both addresses stayed free.
+//! long as both addresses stayed free. A TMID where no machine ever ran,
+//! on a portal where one of ours runs, answers messages as a tomb does
+//! (the portal's vacancy).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
 use colibri_lnet_rt::{Lnet, LnetConfig};
 use colibri_lnet_xprt::{LnetAddr, LnetTransport, LnetXprtConfig};
-use colibri_net::{Domain, TmState, ignore_tm_events};
+use colibri_net::{BufVec, Domain, NetError, QueueType, TmState, event_channel, ignore_tm_events};
 
 #[path = "support/raw.rs"]
 mod raw;
@@ -45,7 +48,7 @@ fn tombs_do_not_answer_what_expects_no_answer() {
     // expected, until the count holds still), then checks that no more
     // leave (an answer that keeps being answered would).
     let settle = |want: Option<u64>, what: &str| {
-        let deadline = std::time::Instant::now() + WAIT;
+        let deadline = Instant::now() + WAIT;
         let mut n = sends();
         loop {
             std::thread::sleep(Duration::from_millis(100));
@@ -58,7 +61,7 @@ fn tombs_do_not_answer_what_expects_no_answer() {
             if done {
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "{what}: {n} sent");
+            assert!(Instant::now() < deadline, "{what}: {n} sent");
         }
         std::thread::sleep(Duration::from_millis(500));
         assert_eq!(sends(), n, "{what}: LNet messages keep leaving");
@@ -84,4 +87,92 @@ fn tombs_do_not_answer_what_expects_no_answer() {
     drop(dom);
     drop(x);
     l.shutdown();
+}
+
+#[test]
+fn a_message_to_a_tmid_where_no_machine_ever_ran_is_answered_unreachable() {
+    // Two nodes over the socket LND; a machine runs on portal 44 of the
+    // server node. A message to another TMID of that portal, where no
+    // machine ever ran (so no tomb is there), finds the portal's vacancy
+    // and is NAKed `Unreachable` at once, as a TCP server answers for a
+    // service it does not run; one to a portal where no machine of ours
+    // runs is dropped by LNet and ends by the handshake timeout.
+    let nodes: Vec<Lnet> = ["127.0.77.5@tcp", "127.0.77.6@tcp"]
+        .iter()
+        .map(|n| {
+            let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
+            cfg.accept_port = 0;
+            cfg.accept = AcceptPolicy::All;
+            Lnet::start(cfg).unwrap()
+        })
+        .collect();
+    Lnet::introduce(&nodes);
+    let handshake = Duration::from_secs(2);
+    let x = LnetTransport::new(
+        nodes.clone(),
+        LnetXprtConfig::default().handshake_timeout(handshake),
+    )
+    .unwrap();
+    let dom = Domain::new(&x).unwrap();
+    let start = |addr: &str| {
+        let tm = dom.tm_init(ignore_tm_events()).unwrap();
+        tm.start(addr).unwrap();
+        tm.wait_for_state(TmState::Started, WAIT).unwrap();
+        tm
+    };
+    let server = start("127.0.77.6@tcp:12345:44:3");
+    let client = start("127.0.77.5@tcp:12345:44:*");
+    let (cbs, events) = event_channel(16);
+    let send = |to: &str| {
+        let ep = client.ep_create(to).unwrap();
+        let mut b = dom
+            .register(BufVec::new(1, 32))
+            .unwrap()
+            .with_callbacks(cbs.clone());
+        b.bufvec_mut().copy_in(0, b"is anyone there?").unwrap();
+        let t0 = Instant::now();
+        client.add_msg_send(b, &ep, 16).unwrap();
+        let ev = events.recv_timeout(WAIT).unwrap();
+        assert_eq!(ev.queue(), QueueType::MsgSend);
+        (ev.error().cloned(), t0.elapsed())
+    };
+    for tmid in [0, 7, 4095] {
+        let (err, took) = send(&format!("127.0.77.6@tcp:12345:44:{tmid}"));
+        assert!(
+            matches!(err, Some(NetError::Unreachable(_))),
+            "TMID {tmid}: {err:?}"
+        );
+        assert!(
+            took < Duration::from_secs(1),
+            "TMID {tmid}: answered after {took:?}"
+        );
+    }
+    // The machine that runs there still gets its messages.
+    let (cbs_s, events_s) = event_channel(4);
+    let rb = dom
+        .register(BufVec::new(1, 64))
+        .unwrap()
+        .with_callbacks(cbs_s);
+    server
+        .add_msg_recv(rb, colibri_net::RecvParams::default())
+        .unwrap();
+    let (err, _) = send("127.0.77.6@tcp:12345:44:3");
+    assert_eq!(err, None);
+    let got = events_s.recv_timeout(WAIT).unwrap();
+    assert_eq!((got.queue(), got.error()), (QueueType::MsgRecv, None));
+    drop(got);
+    // No machine of ours on portal 45: nothing answers.
+    let (err, took) = send("127.0.77.6@tcp:12345:45:3");
+    assert!(matches!(err, Some(NetError::TimedOut)), "{err:?}");
+    assert!(took >= handshake - Duration::from_millis(100), "{took:?}");
+    for tm in [client, server] {
+        tm.stop(true).unwrap();
+        tm.wait_stopped(WAIT).unwrap();
+        tm.fini().map_err(|e| e.error).unwrap();
+    }
+    dom.fini().map_err(|e| e.error).unwrap();
+    drop(x);
+    for n in nodes {
+        n.shutdown();
+    }
 }
