@@ -79,11 +79,17 @@ capture() {
     done
     kill -INT "$dump"
     wait "$dump" 2>/dev/null || true
-    # (Quietly: the shell reports each child it reaps killed.)
-    {
-        for p in "${pids[@]}"; do kill -9 "$p" || true; done
-        wait || true
-    } 2>/dev/null
+    # SIGINT first (they stop at Ctrl-C; the shell reports a child
+    # killed by another signal), SIGKILL for any still there a second on.
+    for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+    for _ in $(seq 20); do
+        alive=0
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        [ "$alive" = 0 ] && break
+        sleep 0.05
+    done
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
     pids=()
 }
 
