@@ -235,12 +235,27 @@ pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
             ping::MAX_BULK_PING
         ));
     }
-    let own = a.xprt.default_addr(false);
-    let xprt = match &a.addr {
-        Some(_) => a.xprt.transport_at(a.polling, 1, &[own], false)?,
-        None => a
-            .xprt
-            .transport_at(a.polling, 1, &[own, a.xprt.local_server_addr()], true)?,
+    let (own, xprt) = match &a.addr {
+        // Another process may take the free NID between the look and the
+        // bind (pings started together): look again.
+        Some(_) => {
+            let mut tries = 0;
+            loop {
+                let own = a.xprt.client_addr();
+                match a.xprt.transport_at(a.polling, 1, &[&own], false) {
+                    Ok(x) => break (own, x),
+                    Err(e) if tries < 5 && e.contains("Address already in use") => tries += 1,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        None => {
+            let own = a.xprt.default_addr(false).to_string();
+            let x = a
+                .xprt
+                .transport_at(a.polling, 1, &[&own, a.xprt.local_server_addr()], true)?;
+            (own, x)
+        }
     };
     let local = match &a.addr {
         Some(_) => None,
@@ -258,7 +273,7 @@ pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
         (None, Some(s)) => s.addr().to_string(),
         (None, None) => unreachable!("a local server exists when no address is given"),
     };
-    let client = RpcMachine::start_on(&*xprt, a.xprt.default_addr(false), RpcConfig::default())
+    let client = RpcMachine::start_on(&*xprt, &own, RpcConfig::default())
         .map_err(|e| format!("cannot start the client: {e}"))?;
     let session = client
         .session(&target)

@@ -303,6 +303,25 @@ impl Xprt {
         }
     }
 
+    /// A `ping` client's own address when it pings another process:
+    /// [`Xprt::default_addr`], except over LNet when another process's
+    /// node already listens at that NID's port (a second `colibri ping`
+    /// running at once): then the next loopback NID whose LNet port is
+    /// free (127.0.0.3, 127.0.0.4, ...), as each LNet node of a host has
+    /// its own NID. With none free, the default (whose start then says
+    /// why it failed).
+    pub(crate) fn client_addr(self) -> String {
+        let default = self.default_addr(false).to_string();
+        if self != Self::Lnet {
+            return default;
+        }
+        let free = |ip: std::net::Ipv4Addr| std::net::TcpListener::bind((ip, LNET_PORT)).is_ok();
+        (2u8..=254)
+            .map(|last| std::net::Ipv4Addr::new(127, 0, 0, last))
+            .find(|ip| free(*ip))
+            .map_or(default, |ip| format!("{ip}@tcp:12345:30:*"))
+    }
+
     /// Where `ping` starts its own server when given no address.
     pub(crate) fn local_server_addr(self) -> &'static str {
         match self {

@@ -143,6 +143,64 @@ fn serve_and_ping_between_two_processes_over_lnet() {
     serve_and_ping_between_processes("lnet", "127.0.0.7@tcp:12345:30:1", 3);
 }
 
+/// Three `colibri ping --xprt lnet` processes at once against one server:
+/// each LNet node needs its own NID (they all listen on port 7988), so a
+/// client whose default NID is taken picks the next free loopback one
+/// instead of failing with "Address already in use".
+#[test]
+fn lnet_pings_at_once_each_take_their_own_nid() {
+    use std::process::Stdio;
+
+    let server = Command::new(env!("CARGO_BIN_EXE_colibri"))
+        .args([
+            "serve",
+            "--xprt",
+            "lnet",
+            "--listen",
+            "127.0.0.11@tcp:12345:30:1",
+            "--duration",
+            "60",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut server = KillOnDrop(server);
+    let (addr, _) = banner(&mut server.0);
+    let pings: Vec<KillOnDrop> = (0..3)
+        .map(|_| {
+            KillOnDrop(
+                Command::new(env!("CARGO_BIN_EXE_colibri"))
+                    .args(["ping", "--xprt", "lnet", &addr, "-c", "20", "-i", "20"])
+                    .args(["--json", "-q"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    for mut p in pings {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while p.0.try_wait().unwrap().is_none() {
+            assert!(
+                std::time::Instant::now() < end,
+                "a ping still running after a minute"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mut out = String::new();
+        let mut err = String::new();
+        use std::io::Read;
+        p.0.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        p.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(p.0.wait().unwrap().success(), "{out}{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["summary"]["received"], 20, "{v}");
+    }
+    drop(server);
+}
+
 /// A `colibri serve` process and `rounds` `colibri ping` processes one
 /// after the other, each with message and bulk pings that must all come
 /// back.
