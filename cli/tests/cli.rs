@@ -143,21 +143,19 @@ fn serve_and_ping_between_two_processes_over_lnet() {
     serve_and_ping_between_processes("lnet", "127.0.0.7@tcp:12345:30:1", 3);
 }
 
-/// Three `colibri ping --xprt lnet` processes at once against one server:
-/// each LNet node needs its own NID (they all listen on port 7988), so a
-/// client whose default NID is taken picks the next free loopback one
-/// instead of failing with "Address already in use".
-#[test]
-fn lnet_pings_at_once_each_take_their_own_nid() {
+/// A `colibri serve` process at `listen`, its address and banner. It stops
+/// by itself after a minute, whatever happens in the test, and is killed
+/// when the test ends (a failed assertion included).
+fn serve_process(xprt: &str, listen: &str) -> (KillOnDrop, String, String) {
     use std::process::Stdio;
 
     let server = Command::new(env!("CARGO_BIN_EXE_colibri"))
         .args([
             "serve",
             "--xprt",
-            "lnet",
+            xprt,
             "--listen",
-            "127.0.0.11@tcp:12345:30:1",
+            listen,
             "--duration",
             "60",
         ])
@@ -166,7 +164,19 @@ fn lnet_pings_at_once_each_take_their_own_nid() {
         .spawn()
         .unwrap();
     let mut server = KillOnDrop(server);
-    let (addr, _) = banner(&mut server.0);
+    let (addr, first) = banner(&mut server.0);
+    (server, addr, first)
+}
+
+/// Three `colibri ping --xprt lnet` processes at once against one server:
+/// each LNet node needs its own NID (they all listen on port 7988), so a
+/// client whose default NID is taken picks the next free loopback one
+/// instead of failing with "Address already in use".
+#[test]
+fn lnet_pings_at_once_each_take_their_own_nid() {
+    use std::process::Stdio;
+
+    let (server, addr, _) = serve_process("lnet", "127.0.0.11@tcp:12345:30:1");
     let pings: Vec<KillOnDrop> = (0..3)
         .map(|_| {
             KillOnDrop(
@@ -208,24 +218,7 @@ fn serve_and_ping_between_processes(xprt: &str, listen: &str, rounds: usize) {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
 
-    // The server stops by itself after a minute, whatever happens here,
-    // and is killed when the test ends (a failed assertion included).
-    let server = Command::new(env!("CARGO_BIN_EXE_colibri"))
-        .args([
-            "serve",
-            "--xprt",
-            xprt,
-            "--listen",
-            listen,
-            "--duration",
-            "60",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut server = KillOnDrop(server);
-    let (addr, first) = banner(&mut server.0);
+    let (server, addr, first) = serve_process(xprt, listen);
     assert!(first.contains(&format!("transport {xprt}")), "{first}");
     let ping = |extra: &[&str]| {
         let mut client = Command::new(env!("CARGO_BIN_EXE_colibri"))
