@@ -411,7 +411,26 @@ fn raw_peer(
     ctype: ConnType,
     incarnation: u64,
 ) -> TcpStream {
-    let mut s = TcpStream::connect(addr).unwrap();
+    handshake(None, addr, server, me, ctype, incarnation).0
+}
+
+/// A connection to `addr` (from the address `from` when given, any port),
+/// and its handshake as `me` for `ctype` with `incarnation`; returns the
+/// stream and the type the answer gives (`None`: refused, retry).
+fn handshake(
+    from: Option<[u8; 4]>,
+    addr: SocketAddr,
+    server: Nid,
+    me: Nid,
+    ctype: ConnType,
+    incarnation: u64,
+) -> (TcpStream, Option<ConnType>) {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    if let Some(ip) = from {
+        sock.bind(&SocketAddr::from((ip, 0)).into()).unwrap();
+    }
+    sock.connect(&addr.into()).unwrap();
+    let mut s: TcpStream = sock.into();
     s.write_all(&ConnReq::new(server).encode()).unwrap();
     let h = Hello {
         src_nid: me,
@@ -426,7 +445,8 @@ fn raw_peer(
     s.set_read_timeout(Some(LIMIT)).unwrap();
     let mut answer = [0u8; 56];
     s.read_exact(&mut answer).unwrap();
-    s
+    let t = Hello::decode(&answer).unwrap().hello.conn_type;
+    (s, t)
 }
 
 #[test]
@@ -454,60 +474,16 @@ fn a_new_incarnation_closes_the_old_connections() {
     let me = nid("127.0.2.17@tcp");
     let old = raw_peer(addr, server, me, ConnType::Control, 1);
     // The peer "reboots": a connection with a new incarnation.
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.write_all(&ConnReq::new(server).encode()).unwrap();
-    let h = Hello {
-        src_nid: me,
-        dst_nid: server,
-        src_pid: 12345,
-        dst_pid: 0,
-        src_incarnation: 2,
-        dst_incarnation: 0,
-        conn_type: Some(ConnType::BulkOut),
-    };
-    s.write_all(&h.encode()).unwrap();
-    s.set_read_timeout(Some(LIMIT)).unwrap();
-    let mut answer = [0u8; 56];
-    s.read_exact(&mut answer).unwrap();
+    let (s, answer) = handshake(None, addr, server, me, ConnType::BulkOut, 2);
     // Refused with NONE (retry), and the old connection is closed.
-    assert_eq!(Hello::decode(&answer).unwrap().hello.conn_type, None);
+    assert_eq!(answer, None);
+    drop(s);
     closed_by_node(old);
     wait_reason(&b, "rebooted");
     // The retry is accepted.
     let again = raw_peer(addr, server, me, ConnType::Control, 2);
     drop(again);
     b.shutdown();
-}
-
-/// A connection to `addr` from `from` (any port), and its handshake as
-/// `me` with `incarnation`; returns the stream and the answer's type.
-fn handshake_from(
-    from: [u8; 4],
-    addr: SocketAddr,
-    server: Nid,
-    me: Nid,
-    incarnation: u64,
-) -> (TcpStream, Option<ConnType>) {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.bind(&SocketAddr::from((from, 0)).into()).unwrap();
-    sock.connect(&addr.into()).unwrap();
-    let mut s: TcpStream = sock.into();
-    s.write_all(&ConnReq::new(server).encode()).unwrap();
-    let h = Hello {
-        src_nid: me,
-        dst_nid: server,
-        src_pid: 12345,
-        dst_pid: 0,
-        src_incarnation: incarnation,
-        dst_incarnation: 0,
-        conn_type: Some(ConnType::Control),
-    };
-    s.write_all(&h.encode()).unwrap();
-    s.set_read_timeout(Some(LIMIT)).unwrap();
-    let mut answer = [0u8; 56];
-    s.read_exact(&mut answer).unwrap();
-    let t = Hello::decode(&answer).unwrap().hello.conn_type;
-    (s, t)
 }
 
 #[test]
@@ -520,7 +496,14 @@ fn a_peer_that_exited_is_admitted_at_once_when_it_starts_again() {
     let b = start("127.0.2.50@tcp", AcceptPolicy::All);
     let addr = b.listen_addr(server).unwrap();
     let me = nid("127.0.2.51@tcp");
-    let (old, t) = handshake_from([127, 0, 2, 51], addr, server, me, 1);
+    let (old, t) = handshake(
+        Some([127, 0, 2, 51]),
+        addr,
+        server,
+        me,
+        ConnType::Control,
+        1,
+    );
     assert_eq!(t, Some(ConnType::Control));
     let t0 = Instant::now();
     while b.peer_conns(server, me).is_empty() {
@@ -532,7 +515,14 @@ fn a_peer_that_exited_is_admitted_at_once_when_it_starts_again() {
         assert!(t0.elapsed() < LIMIT, "the closed connection stayed");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let (s, t) = handshake_from([127, 0, 2, 51], addr, server, me, 2);
+    let (s, t) = handshake(
+        Some([127, 0, 2, 51]),
+        addr,
+        server,
+        me,
+        ConnType::Control,
+        2,
+    );
     assert_eq!(
         t,
         Some(ConnType::Control),
