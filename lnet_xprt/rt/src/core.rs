@@ -549,7 +549,7 @@ impl Shared {
         if self.lnd_due.fetch_min(t, Ordering::SeqCst) > t
             && t < self.deadline.load(Ordering::SeqCst)
         {
-            self.deadline.store(t, Ordering::Release);
+            self.deadline.store(t, Ordering::SeqCst);
             let _ = self.rt_tx.send(RtMsg::Wake);
         }
     }

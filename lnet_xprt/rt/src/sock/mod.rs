@@ -806,7 +806,8 @@ impl SockLnd {
                     }
                 }
                 if !p.pending.is_empty() || (p.active && !p.refs.is_empty()) {
-                    // Try again when the back-off ends.
+                    // Try again when the back-off ends (the reaper's next
+                    // look is then, not at its next tick).
                     s.tick_at(p.reconnect.next_attempt());
                 }
             }
@@ -994,9 +995,6 @@ impl Lnd for SockLnd {
                     let want = !p.pending.is_empty() || (p.active && !p.refs.is_empty());
                     if want {
                         self.start_connect(&ni, *peer_nid, p, now);
-                        if !p.connecting && !p.reconnect.may_connect(now) {
-                            s.tick_at(p.reconnect.next_attempt());
-                        }
                     }
                 }
                 // Peers with nothing left (no connection, nothing waiting,
