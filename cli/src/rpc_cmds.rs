@@ -92,6 +92,13 @@ pub(crate) struct PingArgs {
     /// Transport to use.
     #[arg(long, value_enum, default_value = "mem")]
     xprt: Xprt,
+    /// lnet: this client's LNet node from a configuration file (YAML, the
+    /// `colibri lnet run` shape), for a server that needs more than the
+    /// default node (127.0.0.2@tcp on port 7988): routes to a server on
+    /// another net, peers, several NIs, another `accept_port`. The client's
+    /// address is the first NI's NID, PID 12345, portal 30, any TMID.
+    #[arg(long, value_name = "FILE", requires = "addr")]
+    lnet_config: Option<std::path::PathBuf>,
     /// Pings to send.
     #[arg(long, short, default_value_t = 10)]
     count: u64,
@@ -138,7 +145,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<(), String> {
         Some(_) if a.xprt != Xprt::Lnet => {
             return Err("--lnet-config: only with --xprt lnet".into());
         }
-        Some(path) => crate::xprt::lnet_from_config(path)?,
+        Some(path) => crate::xprt::lnet_from_config(path)?.0,
         None => a.xprt.transport_at(a.polling, 1, &[addr], false)?,
     };
     let deadline = match a.duration {
@@ -235,10 +242,17 @@ pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
             ping::MAX_BULK_PING
         ));
     }
-    let (own, xprt) = match &a.addr {
+    let (own, xprt) = match (&a.addr, &a.lnet_config) {
+        (_, Some(_)) if a.xprt != Xprt::Lnet => {
+            return Err("--lnet-config: only with --xprt lnet".into());
+        }
+        (_, Some(path)) => {
+            let (xprt, nid) = crate::xprt::lnet_from_config(path)?;
+            (format!("{nid}:{}:30:*", crate::xprt::LNET_PID), xprt)
+        }
         // Another process may take the free NID between the look and the
         // bind (pings started together): look again.
-        Some(_) => {
+        (Some(_), None) => {
             let mut tries = 0;
             loop {
                 let own = a.xprt.client_addr();
@@ -249,7 +263,7 @@ pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
                 }
             }
         }
-        None => {
+        (None, None) => {
             let own = a.xprt.default_addr(false).to_string();
             let x = a
                 .xprt
@@ -273,6 +287,19 @@ pub(crate) fn ping_cmd(a: &PingArgs) -> Result<bool, String> {
         (None, Some(s)) => s.addr().to_string(),
         (None, None) => unreachable!("a local server exists when no address is given"),
     };
+    if a.xprt == Xprt::Lnet && a.lnet_config.is_none() && !a.quiet {
+        // The default node knows no routes: a server on another net is
+        // unreachable (each ping says so; this says why).
+        let net = |addr: &str| colibri_lnet_xprt::LnetAddr::parse(addr).map(|x| x.nid.net());
+        if let (Ok(mine), Ok(theirs)) = (net(&own), net(&target))
+            && mine != theirs
+        {
+            eprintln!(
+                "note: {target} is on {theirs} and this client's node on {mine}, with no \
+                 route between them: give --lnet-config FILE with a route through a router"
+            );
+        }
+    }
     let client = RpcMachine::start_on(&*xprt, &own, RpcConfig::default())
         .map_err(|e| format!("cannot start the client: {e}"))?;
     let session = client

@@ -19,6 +19,10 @@ use colibri_net::Transport;
 /// Lustre's `accept_port`; unprivileged, so any user can run it).
 pub(crate) const LNET_PORT: u16 = 7988;
 
+/// The LNet PID of this program's transfer machines' addresses (kernel
+/// LNet's, `LNET_PID_LUSTRE`).
+pub(crate) const LNET_PID: u32 = colibri_lnet_rt::colibri_lnet::ids::LNET_PID_LUSTRE;
+
 /// LNet: every transfer machine gets its own delivery thread
 /// (`--tm-threads`; `LnetXprtConfig::thread_per_tm`).
 static LNET_TM_THREADS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -84,8 +88,11 @@ fn lnet_xprt_config(spin: std::time::Duration) -> LnetXprtConfig {
 }
 
 /// The LNet transport over one node made from a configuration file (the
-/// YAML of `colibri lnet run`: NIs, peers, routes, globals).
-pub(crate) fn lnet_from_config(path: &std::path::Path) -> Result<Arc<dyn Transport>, String> {
+/// YAML of `colibri lnet run`: NIs, peers, routes, globals), and the
+/// node's primary NID (its first NI's).
+pub(crate) fn lnet_from_config(
+    path: &std::path::Path,
+) -> Result<(Arc<dyn Transport>, Nid), String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let (conf, warnings) = colibri_lnet_rt::conf::NodeConf::from_yaml(&text)
@@ -99,6 +106,7 @@ pub(crate) fn lnet_from_config(path: &std::path::Path) -> Result<Arc<dyn Transpo
             path.display()
         ));
     }
+    let primary = conf.nis[0].nid;
     let l = Lnet::start(conf.to_lnet_config()).map_err(|e| format!("LNet node: {e}"))?;
     let set_up = || -> Result<(), String> {
         for p in &conf.peers {
@@ -117,7 +125,7 @@ pub(crate) fn lnet_from_config(path: &std::path::Path) -> Result<Arc<dyn Transpo
         return Err(e);
     }
     match LnetTransport::new(vec![l.clone()], lnet_xprt_config(lnet_spin(true))) {
-        Ok(x) => Ok(Arc::new(x)),
+        Ok(x) => Ok((Arc::new(x), primary)),
         Err(e) => {
             l.shutdown();
             Err(e.to_string())

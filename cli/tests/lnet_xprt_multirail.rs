@@ -14,9 +14,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::sync_channel;
 use std::time::Duration;
 
 use colibri_examples::ping;
@@ -26,17 +23,7 @@ use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
 use colibri_lnet_rt::{Lnet, LnetConfig};
 use colibri_lnet_xprt::{LnetTransport, LnetXprtConfig};
 use colibri_rpc::{RpcConfig, RpcMachine};
-use common::{START_LIMIT, common_free_port, global, ni};
-
-/// A child process killed and reaped when dropped.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{common_free_port, global, lnet_serve, ni};
 
 fn nid(s: &str) -> Nid {
     s.parse().unwrap()
@@ -64,44 +51,7 @@ fn a_failing_rail_moves_messages_to_the_other_between_processes() {
     )
     .unwrap();
     let server_addr = format!("{s0}:12345:30:5");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_colibri"))
-        .args([
-            "serve",
-            "--xprt",
-            "lnet",
-            "--duration",
-            "300",
-            "--lnet-config",
-        ])
-        .arg(&cfg)
-        .args(["--listen", &server_addr])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn colibri serve");
-    let err = child.stderr.take().unwrap();
-    let server = Guard(child);
-    let (tx, lines) = sync_channel(256);
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut seen = String::new();
-    loop {
-        match lines.recv_timeout(START_LIMIT) {
-            Ok(l) if l.starts_with("serving ping") => break,
-            Ok(l) => {
-                seen.push_str(&l);
-                seen.push('\n');
-            }
-            Err(e) => panic!("the server did not start ({e}): {seen}"),
-        }
-    }
+    let server = lnet_serve(&cfg, &server_addr);
 
     // This process's node: two NIs, the server known as one Multi-Rail
     // peer with both of its NIs.

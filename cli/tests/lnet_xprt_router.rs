@@ -21,7 +21,7 @@ use colibri_net::{
     BufVec, BufferCallbacks, BufferEvent, Domain, EventReceiver, NetBuffer, NetError, QueueType,
     RecvParams, TmState, TransferMachine, event_channel, ignore_tm_events,
 };
-use common::{Node, common_free_port, global, ni};
+use common::{Node, common_free_port, global, lnet_serve, ni};
 
 const MIB: usize = 1 << 20;
 const WAIT: Duration = Duration::from_secs(90);
@@ -314,4 +314,95 @@ fn router_process_killed_mid_transfer_fails_each_buffer_once() {
     c.finish();
     f.client.shutdown();
     f.server.shutdown();
+}
+
+/// `serve_and_ping_through_a_router_process`: what `colibri ping` prints
+/// with `--json`, its summary's replies received out of those sent.
+fn ping_summary(out: &common::Out) -> (u64, u64) {
+    assert_eq!(
+        out.code,
+        Some(0),
+        "ping failed: {}{}",
+        out.stdout,
+        out.stderr
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout));
+    let n = |k: &str| {
+        v["summary"][k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k}: {v}"))
+    };
+    (n("received"), n("sent"))
+}
+
+/// The README's three nodes, each a process, with the ping programs at the
+/// ends: `colibri serve --xprt lnet --lnet-config` on `tcp1` and `colibri
+/// ping --xprt lnet --lnet-config` on `tcp`, each with a route to the
+/// other's net through the router process. Messages and 1 MiB bulk pings
+/// (the server pulls and pushes through the router) all come back.
+#[test]
+fn serve_and_ping_through_a_router_process() {
+    let (c, r0, r1, s) = (
+        "127.0.71.2@tcp",
+        "127.0.71.3@tcp",
+        "127.0.72.3@tcp1",
+        "127.0.72.4@tcp1",
+    );
+    let ips: Vec<std::net::Ipv4Addr> = ["127.0.71.2", "127.0.71.3", "127.0.72.3", "127.0.72.4"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let port = common_free_port(&ips);
+    let dir = tempfile::tempdir().unwrap();
+    let router = Node::start(
+        dir.path(),
+        "router",
+        &format!(
+            "net:\n{}{}routing:\n    enable: 1\n{}",
+            ni("tcp", r0),
+            ni("tcp1", r1),
+            global(port)
+        ),
+    );
+    let route = |net: &str, gw: &str| format!("route:\n    - net: {net}\n      gateway: {gw}\n");
+    let (scfg, ccfg) = (
+        dir.path().join("server.yaml"),
+        dir.path().join("client.yaml"),
+    );
+    std::fs::write(
+        &scfg,
+        format!(
+            "net:\n{}{}{}",
+            ni("tcp1", s),
+            route("tcp", r1),
+            global(port)
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &ccfg,
+        format!(
+            "net:\n{}{}{}",
+            ni("tcp", c),
+            route("tcp1", r0),
+            global(port)
+        ),
+    )
+    .unwrap();
+    let addr = format!("{s}:12345:30:1");
+    let _server = lnet_serve(&scfg, &addr);
+    let ping = |more: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_colibri"));
+        cmd.args(["ping", "--xprt", "lnet", "--lnet-config"])
+            .arg(&ccfg)
+            .arg(&addr)
+            .args(["-i", "10", "--json", "-q"])
+            .args(more);
+        ping_summary(&common::run_bounded(&mut cmd))
+    };
+    assert_eq!(ping(&["-c", "10"]), (10, 10));
+    assert_eq!(ping(&["-c", "3", "--bulk", "-s", "1M"]), (3, 3));
+    assert!(router.stat("route_count") > 0);
+    router.stop();
 }

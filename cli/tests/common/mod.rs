@@ -380,3 +380,51 @@ impl Bg {
         self.0.take().unwrap().join().expect("command thread")
     }
 }
+
+/// A child process killed and reaped when dropped.
+pub(crate) struct Guard(pub(crate) Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `colibri serve --xprt lnet --lnet-config CONFIG --listen LISTEN`, started
+/// (its "serving ping" line seen); it stops by itself after five minutes
+/// and is killed when the guard drops.
+pub(crate) fn lnet_serve(config: &Path, listen: &str) -> Guard {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_colibri"))
+        .args(["serve", "--xprt", "lnet", "--duration", "300"])
+        .arg("--lnet-config")
+        .arg(config)
+        .args(["--listen", listen])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn colibri serve");
+    let err = child.stderr.take().unwrap();
+    let server = Guard(child);
+    let (tx, lines) = sync_channel(256);
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    loop {
+        match lines.recv_timeout(START_LIMIT) {
+            Ok(l) if l.starts_with("serving ping") => return server,
+            Ok(l) => {
+                seen.push_str(&l);
+                seen.push('\n');
+            }
+            Err(e) => panic!("the server did not start ({e}): {seen}"),
+        }
+    }
+}
