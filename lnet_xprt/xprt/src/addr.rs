@@ -43,10 +43,13 @@ pub const CNT_PASSIVE: u64 = 1 << 49;
 /// the passive side PUTs into or GETs from.
 pub const CNT_ACTIVE: u64 = 1 << 47;
 
-/// A counter bit no passive buffer's match bits set (their buffer number
-/// stays below bit 41): the ignore bit of a passive ME made for one
-/// requester, which keeps it a wildcard ME of the portal (LNet does not
-/// mix the two kinds on one portal).
+/// A counter bit none of our match bits set (a passive buffer's number
+/// stays below bit 41): the ignore bit of MEs that must sit on the
+/// portal's ignore list without ignoring anything we send. A passive ME
+/// made for one requester stays a wildcard ME of the portal with it (LNet
+/// does not mix the two kinds on one portal); a machine's control ME goes
+/// ahead of the portal's vacancy with it (LNet searches the ignore list
+/// before the exact MEs, and the vacancy is on it).
 pub const PASSIVE_SPARE: u64 = 1 << 48;
 
 /// The counter of a message: [`CNT_MSG`], or with an acknowledgement of

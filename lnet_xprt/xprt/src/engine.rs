@@ -22,8 +22,8 @@ use parking_lot::Mutex;
 use tracing::{debug, trace, warn};
 
 use crate::addr::{
-    CNT_CTL, CNT_MSG, HDR_BULK, HDR_BULK_LAST, HDR_CTL, HDR_MSG, HDR_NOTE, PASSIVE_SPARE,
-    RECV_IGNORE, SEQ_MASK, TMID_MAX, hdr_data, match_bits, parse_hdr, split_bits,
+    CNT_CTL, HDR_BULK, HDR_BULK_LAST, HDR_CTL, HDR_MSG, HDR_NOTE, PASSIVE_SPARE, SEQ_MASK,
+    TMID_MAX, hdr_data, match_bits, parse_hdr, split_bits,
 };
 use crate::ctl::{Ctl, DELIVERED_MANY_MAX};
 use crate::tm::{Op, TmShared};
@@ -497,24 +497,26 @@ impl Engine {
         if self.vacancies.lock().contains_key(&portal) {
             return;
         }
-        // Messages only (any TMID, the counter of a message with or
-        // without an acknowledgement): LNet searches a portal's MEs with
-        // ignore bits before the exact ones, so an ME matching every
-        // counter would take the control messages of the machines that
-        // run (their MEs are exact).
+        // A tomb for every TMID: any counter. Last on the ignore list,
+        // which LNet searches before the exact MEs: every ME of ours has
+        // ignore bits (a control ME [`PASSIVE_SPARE`]), so none is behind
+        // it on the exact list.
         let me = MeSpec {
             portal,
             match_id: ProcessId::ANY,
-            match_bits: match_bits(0, CNT_MSG),
-            ignore_bits: match_bits(TMID_MAX, 0) | RECV_IGNORE,
+            match_bits: 0,
+            // Any TMID, any counter.
+            ignore_bits: u64::MAX,
             unlink: Unlink::Unlink,
             pos: InsertPos::After,
         };
-        // Empty, as a tomb's: a message is taken whole and dropped, and
-        // answered (`answer_absent`).
+        // Empty, as a tomb's: a message or PUT is taken whole and dropped,
+        // and answered (`answer_absent`); a GET (a passive side's, for a
+        // requester that is not there) gets a REPLY of no bytes.
         let md = MdSpec::new(
             MemRef::new(self.empty, 0, 0),
             MdOptions::OP_PUT
+                .with(MdOptions::OP_GET)
                 .with(MdOptions::TRUNCATE)
                 .with(MdOptions::ACK_DISABLE),
         )

@@ -24,7 +24,8 @@ use tracing::{debug, trace, warn};
 use crate::XprtInner;
 use crate::addr::{
     CNT_ACTIVE, CNT_CTL, CNT_MSG, CNT_PASSIVE, COUNTER_BITS, HDR_BULK, HDR_BULK_LAST, HDR_MSG,
-    LnetAddr, RECV_IGNORE, SEQ_MASK, carried_ack, hdr_data, match_bits, msg_counter, parse_hdr,
+    LnetAddr, PASSIVE_SPARE, RECV_IGNORE, SEQ_MASK, carried_ack, hdr_data, match_bits, msg_counter,
+    parse_hdr,
 };
 use crate::ctl::{CTL_MAX, Ctl};
 use crate::desc::BulkTarget;
@@ -695,7 +696,8 @@ impl TmShared {
             op.st.lock().key = Some(key);
             (
                 match_bits(tmid, CNT_CTL),
-                0,
+                // On the ignore list, ahead of the portal's vacancy.
+                PASSIVE_SPARE,
                 MemRef::new(key, 0, CTL_MD_BYTES as u32),
                 MdOptions::OP_PUT.with(MdOptions::ACK_DISABLE),
                 Threshold::Infinite,

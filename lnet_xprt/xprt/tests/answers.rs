@@ -209,7 +209,14 @@ fn gones_from_another_machine_of_the_requester_leave_its_claim() {
         44,
         Duration::from_secs(20),
     );
-    let (a, s) = (&f.nodes[0], &f.nodes[1]);
+    // The requester is a node of its own with no machine of ours (a
+    // process of another program): nothing there answers the server's GET
+    // of its MEs (in a process of ours, the portal's vacancy would).
+    let mut cfg = LnetConfig::new(&["127.0.78.3@tcp".parse().unwrap()]);
+    cfg.accept_port = 0;
+    let a = &Lnet::start(cfg).unwrap();
+    let s = &f.nodes[1];
+    Lnet::introduce(&[f.nodes[0].clone(), s.clone(), a.clone()]);
     let [client, server] = &f.tms;
     let (dom, cbs, ev) = (&f.dom, &f.cbs, &f.ev);
     let pb = dom
@@ -227,9 +234,8 @@ fn gones_from_another_machine_of_the_requester_leave_its_claim() {
             bytes,
         );
     };
-    // A request from the client node's TMID 9, where no machine is: the
-    // server claims its buffer for it and waits (its GET of the
-    // requester's MEs goes nowhere).
+    // A request from that node's TMID 9: the server claims its buffer for
+    // it and waits (its GET of the requester's MEs goes nowhere).
     let req = request(
         XID,
         QueueType::ActiveBulkSend.code(),
@@ -255,7 +261,7 @@ fn gones_from_another_machine_of_the_requester_leave_its_claim() {
     std::thread::sleep(Duration::from_millis(200));
     send(1);
     assert!(matches!(active_result(), Some(NetError::Busy(_))));
-    // GONEs for that request id from TMID 7 of the client node (another
+    // GONEs for that request id from TMID 7 of that node (another
     // machine of the requester's process, as a stopped one's tomb would
     // send): not about this claim, which stays.
     to_server(hdr(4, 44, 7, XID), ctl(6, XID, [0; 8]));
@@ -290,6 +296,7 @@ fn gones_from_another_machine_of_the_requester_leave_its_claim() {
     );
     drop(desc);
     f.finish();
+    a.shutdown();
 }
 
 #[test]

@@ -3,8 +3,9 @@
 //! message that expects no answer (DELIVERED, NAK, ABORT, GONE) nothing.
 //! Two tombs that answered each other's GONE would exchange GONEs for as
 //! long as both addresses stayed free. A TMID where no machine ever ran,
-//! on a portal where one of ours runs, answers messages as a tomb does
-//! (the portal's vacancy).
+//! on a portal where one of ours runs, answers as a tomb does (the
+//! portal's vacancy): messages, and bulk requests for a descriptor whose
+//! machine is gone with its transport.
 
 use std::time::{Duration, Instant};
 
@@ -172,6 +173,94 @@ fn a_message_to_a_tmid_where_no_machine_ever_ran_is_answered_unreachable() {
     }
     dom.fini().map_err(|e| e.error).unwrap();
     drop(x);
+    for n in nodes {
+        n.shutdown();
+    }
+}
+
+#[test]
+fn a_bulk_request_to_a_tmid_where_no_machine_runs_is_answered_at_once() {
+    // A passive buffer's descriptor outlives its machine and the
+    // transport it ran on (a server process restarted at the same NID),
+    // so no tomb is left at its address; a machine of the new transport
+    // runs on the same portal at another TMID. An active read against the
+    // old descriptor finds the portal's vacancy, whose GONE fails it at
+    // once instead of at the handshake timeout.
+    let nodes: Vec<Lnet> = ["127.0.77.7@tcp", "127.0.77.8@tcp"]
+        .iter()
+        .map(|n| {
+            let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
+            cfg.accept_port = 0;
+            cfg.accept = AcceptPolicy::All;
+            Lnet::start(cfg).unwrap()
+        })
+        .collect();
+    Lnet::introduce(&nodes);
+    let handshake = Duration::from_secs(5);
+    let xprt = |n: &Lnet| {
+        LnetTransport::new(
+            vec![n.clone()],
+            LnetXprtConfig::default().handshake_timeout(handshake),
+        )
+        .unwrap()
+    };
+    let start = |dom: &Domain, addr: &str| {
+        let tm = dom.tm_init(ignore_tm_events()).unwrap();
+        tm.start(addr).unwrap();
+        tm.wait_for_state(TmState::Started, WAIT).unwrap();
+        tm
+    };
+    let finish = |tm: colibri_net::TransferMachine| {
+        tm.stop(true).unwrap();
+        tm.wait_stopped(WAIT).unwrap();
+        tm.fini().map_err(|e| e.error).unwrap();
+    };
+    let (cbs, events) = event_channel(16);
+    let old = xprt(&nodes[1]);
+    let old_dom = Domain::new(&old).unwrap();
+    let gone = start(&old_dom, "127.0.77.8@tcp:12345:46:3");
+    let mut src = old_dom
+        .register(BufVec::new(1, 4096))
+        .unwrap()
+        .with_callbacks(cbs.clone());
+    src.bufvec_mut().copy_in(0, &[7; 4096]).unwrap();
+    let (_, desc) = gone.add_passive_send(src, 4096, None).unwrap();
+    finish(gone);
+    let ev = events.recv_timeout(WAIT).unwrap();
+    assert_eq!(ev.queue(), QueueType::PassiveBulkSend);
+    drop(ev);
+    old_dom.fini().map_err(|e| e.error).unwrap();
+    drop(old);
+
+    let new = xprt(&nodes[1]);
+    let new_dom = Domain::new(&new).unwrap();
+    let other = start(&new_dom, "127.0.77.8@tcp:12345:46:5");
+    let client_x = xprt(&nodes[0]);
+    let dom = Domain::new(&client_x).unwrap();
+    let client = start(&dom, "127.0.77.7@tcp:12345:46:*");
+    let sink = dom
+        .register(BufVec::new(1, 4096))
+        .unwrap()
+        .with_callbacks(cbs.clone());
+    let t0 = Instant::now();
+    client.add_active_recv(sink, &desc).unwrap();
+    let ev = events.recv_timeout(WAIT).unwrap();
+    let took = t0.elapsed();
+    assert_eq!(ev.queue(), QueueType::ActiveBulkRecv);
+    assert!(
+        matches!(ev.error(), Some(NetError::Unreachable(_))),
+        "{ev:?}"
+    );
+    assert!(
+        took < Duration::from_secs(1),
+        "answered after {took:?}: {ev:?}"
+    );
+    drop(ev);
+    finish(client);
+    finish(other);
+    dom.fini().map_err(|e| e.error).unwrap();
+    new_dom.fini().map_err(|e| e.error).unwrap();
+    drop((client_x, new));
     for n in nodes {
         n.shutdown();
     }
