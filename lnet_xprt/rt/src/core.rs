@@ -67,7 +67,13 @@ pub(crate) trait Lnd: Send + Sync {
     /// Takes a transmit; `Err` completes it at once with that status.
     /// Transmits the LND finished at once (written by the calling thread)
     /// complete through `done`.
-    fn send(&self, s: &Shared, tx: Transmit, done: &mut Vec<Input>) -> Result<(), HealthStatus>;
+    fn send(
+        &self,
+        s: &Shared,
+        tx: Transmit,
+        done: &mut Vec<Input>,
+        now: Time,
+    ) -> Result<(), HealthStatus>;
     /// The action for a parked message; `false` if no connection holds it.
     fn resume(&self, s: &Shared, rx: RxId, action: RxAction) -> bool;
     /// Takes back a transmit not started on the wire (waiting for a
@@ -96,6 +102,10 @@ pub(crate) enum Input {
 pub(crate) struct Core {
     pub(crate) node: Node,
     ping_waiters: HashMap<Nid, VecDeque<Sender<Result<PingInfo, PingError>>>>,
+    /// The latest time the node was given: a time read before the lock
+    /// was taken (a scheduler's turn, [`Shared::run_at`]) is raised to it,
+    /// so that the node's time never goes back.
+    last_now: Time,
 }
 
 impl Core {
@@ -189,6 +199,7 @@ impl Shared {
             core: Mutex::new(Core {
                 node,
                 ping_waiters: HashMap::new(),
+                last_now: Time::ZERO,
             }),
             mem: MemTable::default(),
             rbufs,
@@ -244,31 +255,40 @@ impl Shared {
     /// new inputs (transmits that failed at once).
     pub(crate) fn run<R>(&self, inputs: Vec<Input>, f: impl FnOnce(&mut Core, Time) -> R) -> R {
         let mut inputs = inputs;
-        self.run_with(&mut inputs, f)
+        self.run_at(&mut inputs, None, f)
     }
 
     /// [`Shared::run`] with the caller's vector of inputs, which it leaves
     /// empty with its capacity (a scheduler keeps one for its life, so that
-    /// a message read allocates nothing for its completions).
-    pub(crate) fn run_with<R>(
+    /// a message read allocates nothing for its completions), at `at`
+    /// (a socket scheduler's turn, read once for all it does in the turn;
+    /// raised to the node's latest time) or, without it, at the time read
+    /// under the node's lock. One time serves every pass of the call and
+    /// the LNDs' transmits: they are microseconds apart, and a clock read
+    /// costs tens of nanoseconds (several per message).
+    pub(crate) fn run_at<R>(
         &self,
         inputs: &mut Vec<Input>,
+        at: Option<Time>,
         f: impl FnOnce(&mut Core, Time) -> R,
     ) -> R {
         let mut f = Some(f);
         let mut result = None;
+        let mut at = at;
         loop {
-            let out = {
+            let (out, now) = {
                 let mut core = self.core.lock();
-                let now = self.now();
+                let now = at.unwrap_or_else(|| self.now()).max(core.last_now);
+                core.last_now = now;
+                at = Some(now);
                 apply(&mut core.node, now, inputs.drain(..));
                 if let Some(f) = f.take() {
                     result = Some(f(&mut core, now));
                 }
-                self.collect(&mut core)
+                (self.collect(&mut core), now)
             };
             if !out.is_empty() {
-                self.dispatch(out, inputs);
+                self.dispatch(out, inputs, now);
             }
             if inputs.is_empty() {
                 break;
@@ -335,7 +355,7 @@ impl Shared {
 
     /// Carries out node outputs; completions of transmits that ended at
     /// once (written, or failed) go into `inputs`.
-    fn dispatch(&self, out: Outputs, inputs: &mut Vec<Input>) {
+    fn dispatch(&self, out: Outputs, inputs: &mut Vec<Input>, now: Time) {
         for rx in out.releases {
             self.rbufs.release(rx);
         }
@@ -355,7 +375,9 @@ impl Shared {
             }
             let id = tx.id;
             let r = match self.lnd.get() {
-                Some(lnd) if !self.shutdown.load(Ordering::Acquire) => lnd.send(self, tx, inputs),
+                Some(lnd) if !self.shutdown.load(Ordering::Acquire) => {
+                    lnd.send(self, tx, inputs, now)
+                }
                 _ => {
                     tracing::debug!(target: TARGET, to = %tx.to, "no LND for this transmit");
                     Err(HealthStatus::LocalDropped)

@@ -554,7 +554,7 @@ impl SockLnd {
     /// message is half written); a message the socket could not take
     /// whole is handed to the scheduler, which finishes it first. Called
     /// without the peer table's lock. Completions go to `done`.
-    fn write_inline(&self, s: &Shared, conn: &Arc<Conn>, done: &mut Vec<Input>) {
+    fn write_inline(&self, s: &Shared, conn: &Arc<Conn>, done: &mut Vec<Input>, now: Time) {
         const MOST: usize = 8;
         let Some(mut w) = conn.writer.try_lock() else {
             // Someone writes: it looks at the queue again when it stops.
@@ -587,7 +587,7 @@ impl SockLnd {
             let Some(mut t) = sched::start_tx(s, csum, item, done, conn) else {
                 continue;
             };
-            match sched::write_tx(stream, &mut t, s, conn) {
+            match sched::write_tx(stream, &mut t, s, conn, now) {
                 Ok(true) => sched::finish_tx(s, conn, &t, done),
                 Ok(false) => {
                     *conn.handoff.lock() = Some(t);
@@ -857,7 +857,13 @@ impl SockLnd {
 }
 
 impl Lnd for SockLnd {
-    fn send(&self, s: &Shared, tx: Transmit, done: &mut Vec<Input>) -> Result<(), HealthStatus> {
+    fn send(
+        &self,
+        s: &Shared,
+        tx: Transmit,
+        done: &mut Vec<Input>,
+        now: Time,
+    ) -> Result<(), HealthStatus> {
         if self.stopping.load(Ordering::Acquire) {
             return Err(HealthStatus::LocalDropped);
         }
@@ -868,7 +874,6 @@ impl Lnd for SockLnd {
         if tx.to.net() != tx.from.net() || tx.to.is_any() {
             return Err(TxFailure::NoConnection.health_status());
         }
-        let now = s.now();
         let peer_nid = tx.to;
         let item = TxItem::lnet(tx, now);
         let inline = item.wire_len() <= INLINE_MAX || !matches!(item.payload, Payload::Rx { .. });
@@ -900,7 +905,7 @@ impl Lnd for SockLnd {
             }
         };
         if let Some(conn) = idle {
-            self.write_inline(s, &conn, done);
+            self.write_inline(s, &conn, done, now);
         }
         Ok(())
     }

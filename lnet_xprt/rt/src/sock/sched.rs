@@ -8,7 +8,7 @@ use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use colibri_lnet::credits::PoolKind;
 use colibri_lnet::fault::HealthError;
@@ -296,6 +296,13 @@ pub(super) struct Scheduler {
     /// Reads of the hot connection that found bytes since the scheduler
     /// last blocked or the hot connection changed.
     streak: u32,
+    /// The time of this turn of the loop, read once when the turn starts
+    /// (again after `epoll_wait` slept): what the turn reads, writes and
+    /// hands to the node is stamped with it (microseconds apart; a clock
+    /// read costs tens of nanoseconds, several times per message before).
+    /// The events hook runs at the end of the turn, so the application's
+    /// calls read their own time.
+    turn: Time,
 }
 
 fn token(id: ConnId) -> mio::Token {
@@ -323,6 +330,7 @@ impl Scheduler {
             reads: std::cell::Cell::new(0),
             detached: None,
             streak: 0,
+            turn: Time::ZERO,
         }
     }
 
@@ -333,12 +341,13 @@ impl Scheduler {
         // Until `spin` after the last event, look without blocking
         // (`LnetConfig::spin`).
         let spin = self.lnd.cfg.spin;
-        let mut busy_at = Instant::now();
+        let mut busy_at = self.s.now();
         // Turns since the last `epoll_wait` (see `SKIP_EPOLL`).
         let mut skipped = 0;
         let mut spinner = Spinner::default();
         while !stop {
-            let looking = !spin.is_zero() && busy_at.elapsed() < spin;
+            self.turn = self.s.now();
+            let looking = !spin.is_zero() && self.turn.saturating_duration_since(busy_at) < spin;
             spinner.set(looking);
             let mut got = false;
             if looking && self.detached.is_some() && skipped < SKIP_EPOLL {
@@ -365,9 +374,13 @@ impl Scheduler {
                     tracing::error!(target: TARGET, error = %e, "scheduler poll failed");
                     break;
                 }
+                if !looking {
+                    // It may have slept.
+                    self.turn = self.s.now();
+                }
             }
             if got || !events.is_empty() {
-                busy_at = Instant::now();
+                busy_at = self.turn;
             } else if looking {
                 spinner.pause();
             }
@@ -425,7 +438,7 @@ impl Scheduler {
     /// Hands the batched completions to the node.
     fn flush(&mut self) {
         if !self.inputs.is_empty() {
-            self.s.run_with(&mut self.inputs, |_, _| ());
+            self.s.run_at(&mut self.inputs, Some(self.turn), |_, _| ());
         }
     }
 
@@ -482,8 +495,9 @@ impl Scheduler {
         self.on_writable(id);
     }
 
+    /// The time of this turn.
     fn now(&self) -> Time {
-        self.s.now()
+        self.turn
     }
 
     // ------------------------------------------------------------------
@@ -526,7 +540,7 @@ impl Scheduler {
                 continue;
             }
             let Some(t) = sc.tx.as_mut() else { continue };
-            if !write_tx(&mut sc.stream, t, &self.s, &conn)? {
+            if !write_tx(&mut sc.stream, t, &self.s, &conn, self.turn)? {
                 return Ok(());
             }
             if let Some(done) = sc.tx.take() {
@@ -883,14 +897,16 @@ impl Scheduler {
                 let (ni, from) = (sc.conn.ni, sc.conn.peer);
                 let (sched, conn_id) = (self.idx, sc.conn.id);
                 let parked = &self.lnd.parked;
-                let action = self.s.run_with(&mut self.inputs, |core, now| {
-                    let a = core.node.handle_header(now, ni, from, &header);
-                    if let Ok(RxAction::Wait { rx }) = a {
-                        // Before anyone can see the action for it.
-                        parked.lock().insert(rx, (sched, conn_id));
-                    }
-                    a
-                });
+                let action = self
+                    .s
+                    .run_at(&mut self.inputs, Some(self.turn), |core, now| {
+                        let a = core.node.handle_header(now, ni, from, &header);
+                        if let Ok(RxAction::Wait { rx }) = a {
+                            // Before anyone can see the action for it.
+                            parked.lock().insert(rx, (sched, conn_id));
+                        }
+                        a
+                    });
                 let action = action
                     .map_err(|e| CloseWhy::proto(format!("message from {from} refused: {e}")))?;
                 if let RxAction::Wait { rx } = action {
@@ -1181,11 +1197,14 @@ pub(super) fn start_tx(
 /// Writes as much of `t` as the socket takes, header and payload with one
 /// write each time (copied into one piece when small, else vectored):
 /// `Ok(true)` once it is all written, `Ok(false)` when the socket is full.
+/// `now` is the time of the writing thread's turn (the connection's last
+/// write time for its keepalive and timeout).
 pub(super) fn write_tx<W: Write + AsRawFd>(
     stream: &mut W,
     t: &mut TxProgress,
     s: &Shared,
     conn: &Conn,
+    now: Time,
 ) -> Result<bool, CloseWhy> {
     let head_len = t.item.head_len;
     if let Src::Pipe(held, len, copy) = &t.src {
@@ -1206,6 +1225,7 @@ pub(super) fn write_tx<W: Write + AsRawFd>(
             &mut t.written,
             s,
             conn,
+            now,
         );
     }
     loop {
@@ -1251,7 +1271,7 @@ pub(super) fn write_tx<W: Write + AsRawFd>(
             Ok((n, total)) => (Ok(n), total),
             Err(e) => (Err(e), 0),
         };
-        if let Some(done) = wrote(r, total, &mut t.written, s, conn)? {
+        if let Some(done) = wrote(r, total, &mut t.written, now, conn)? {
             return Ok(done);
         }
     }
@@ -1264,7 +1284,7 @@ fn wrote(
     r: io::Result<usize>,
     total: usize,
     written: &mut usize,
-    s: &Shared,
+    now: Time,
     conn: &Conn,
 ) -> Result<Option<bool>, CloseWhy> {
     match r {
@@ -1275,7 +1295,7 @@ fn wrote(
         }),
         Ok(n) => {
             *written += n;
-            conn.last_tx.store(s.now().as_nanos(), Ordering::Relaxed);
+            conn.last_tx.store(now.as_nanos(), Ordering::Relaxed);
             Ok((*written >= total).then_some(true))
         }
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Some(false)),
@@ -1286,6 +1306,9 @@ fn wrote(
 
 /// [`write_tx`] for a payload of `len` bytes in pipe `from`: the headers
 /// with one `send` (`MSG_MORE`), then the payload spliced from the pipe.
+// The message's pieces come borrowed apart (its pipe and its count of
+// bytes written are fields of one `TxProgress`).
+#[allow(clippy::too_many_arguments)]
 fn write_spliced(
     fd: RawFd,
     head: &[u8],
@@ -1294,6 +1317,7 @@ fn write_spliced(
     written: &mut usize,
     s: &Shared,
     conn: &Conn,
+    now: Time,
 ) -> Result<bool, CloseWhy> {
     let total = head.len() + len;
     loop {
@@ -1305,7 +1329,7 @@ fn write_spliced(
         if let (Ok(n), true) = (&r, *written >= head.len()) {
             add(&s.counters.splice_write_bytes, *n as u64);
         }
-        if let Some(done) = wrote(r, total, written, s, conn)? {
+        if let Some(done) = wrote(r, total, written, now, conn)? {
             return Ok(done);
         }
     }
