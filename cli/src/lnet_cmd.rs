@@ -60,10 +60,10 @@ enum LnetCmd {
     ///   colibri lnet run --config examples/lnet/router.yaml --ctl /tmp/router.sock
     #[command(verbatim_doc_comment)]
     Run(RunArgs),
-    /// Local NIs: `net add|del|show`.
+    /// Local NIs: `net add|del|set|show`.
     #[command(subcommand)]
     Net(NetCmd),
-    /// Peers: `peer add|del|show|list`.
+    /// Peers: `peer add|del|set|show|list`.
     #[command(subcommand)]
     Peer(PeerCmd),
     /// Routes: `route add|del|show`.
@@ -185,6 +185,20 @@ enum NetCmd {
         #[arg(long)]
         net: Option<String>,
     },
+    /// Set a local NI's health value by hand (`--all`: every NI), as
+    /// `lnetctl net set --health`: below 1000 the NI enters recovery, at 0
+    /// it goes down, at 1000 (or more) it is up and healthy.
+    Set {
+        /// The NI.
+        #[arg(long, conflicts_with = "all", required_unless_present = "all")]
+        nid: Option<String>,
+        /// Every local NI.
+        #[arg(long)]
+        all: bool,
+        /// Health value, 0 to 1000.
+        #[arg(long, allow_negative_numbers = true)]
+        health: i64,
+    },
     /// Show local NIs.
     Show {
         /// Only this net.
@@ -229,6 +243,20 @@ enum PeerCmd {
         /// message type).
         #[arg(long, short, num_args = 0..=1, default_missing_value = "1", value_name = "LEVEL")]
         verbose: Option<u32>,
+    },
+    /// Set a peer NI's health value by hand (`--all`: every peer NI), as
+    /// `lnetctl peer set --health`: below 1000 it enters recovery (pinged
+    /// until healthy again) and selection avoids it meanwhile.
+    Set {
+        /// The peer NI.
+        #[arg(long, conflicts_with = "all", required_unless_present = "all")]
+        nid: Option<String>,
+        /// Every peer NI.
+        #[arg(long)]
+        all: bool,
+        /// Health value, 0 to 1000.
+        #[arg(long, allow_negative_numbers = true)]
+        health: i64,
     },
     /// List the peers' primary NIDs.
     List,
@@ -497,6 +525,11 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 nid: nid.clone(),
                 net: net.clone(),
             },
+            NetCmd::Set { nid, all, health } => Command::NetSet {
+                nid: nid.clone(),
+                all: *all,
+                health: Some(*health),
+            },
             NetCmd::Show { net, verbose } => Command::NetShow {
                 detail: verbose.unwrap_or(0),
                 net: net.clone(),
@@ -521,6 +554,11 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 detail: verbose.unwrap_or(0),
                 nid: nid.clone(),
                 verbose: verbose.is_some_and(|l| l > 0),
+            },
+            PeerCmd::Set { nid, all, health } => Command::PeerSet {
+                nid: nid.clone(),
+                all: *all,
+                health: Some(*health),
             },
             PeerCmd::List => Command::PeerList,
         },

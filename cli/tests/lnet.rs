@@ -885,3 +885,99 @@ fn default_control_socket() {
     a.stop();
     assert_fails(&client(&["net", "show"]), "no control socket in");
 }
+
+/// `net set` and `peer set --health`, as `lnetctl`'s: a local NI set to 0
+/// goes down and a value of 1000 or more brings it back up; a peer NI set
+/// below the maximum shows that value (it enters recovery, pinged back up
+/// over seconds); `--all` sets every interface of the side; a NID that is
+/// not an interface, a negative value, and `--nid` with `--all` are
+/// refused. (What selection does with the values: the simulator's
+/// `health_set_by_hand_moves_traffic_and_recovery_brings_it_back`.)
+#[test]
+fn health_values_set_by_hand() {
+    let dir = tempfile::tempdir().unwrap();
+    let ips = ["127.0.19.1", "127.0.19.2", "127.0.19.3"].map(|s| s.parse().unwrap());
+    let port = common_free_port(&ips);
+    let g = global(port);
+    let a = Node::start(
+        dir.path(),
+        "a",
+        &format!(
+            "net:\n{}{}{g}",
+            ni("tcp", "127.0.19.1@tcp"),
+            ni("tcp", "127.0.19.2@tcp")
+        ),
+    );
+    let _b = Node::start(
+        dir.path(),
+        "b",
+        &format!("net:\n{}{g}", ni("tcp", "127.0.19.3@tcp")),
+    );
+    a.ok(&["ping", "127.0.19.3@tcp"]);
+    let local = |nid: &str| {
+        let v = a.json(&["net", "show", "--verbose"]);
+        v["net"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|n| n["local NI(s)"].as_array().unwrap().clone())
+            .find(|n| n["nid"] == nid)
+            .unwrap_or_else(|| panic!("no {nid} in {v}"))
+    };
+    let health = |ni: &serde_json::Value| num(ni, &["health stats", "health value"]);
+
+    a.ok(&["net", "set", "--nid", "127.0.19.2@tcp", "--health", "0"]);
+    let n = local("127.0.19.2@tcp");
+    assert_eq!(n["status"], "down", "{n}");
+    assert!(health(&n) < 1000, "{n}");
+    assert_eq!(local("127.0.19.1@tcp")["status"], "up");
+    a.ok(&["net", "set", "--nid", "127.0.19.2@tcp", "--health", "5000"]);
+    let n = local("127.0.19.2@tcp");
+    assert_eq!(
+        (n["status"].as_str(), health(&n)),
+        (Some("up"), 1000),
+        "{n}"
+    );
+    a.ok(&["net", "set", "--all", "--health", "0"]);
+    for nid in ["127.0.19.1@tcp", "127.0.19.2@tcp"] {
+        assert_eq!(local(nid)["status"], "down", "{nid}");
+    }
+    a.ok(&["net", "set", "--all", "--health", "1000"]);
+
+    a.ok(&["peer", "set", "--nid", "127.0.19.3@tcp", "--health", "100"]);
+    let v = a.json(&["peer", "show", "--verbose"]);
+    let p = peer_ni(&v, "127.0.19.3@tcp");
+    assert!(num(p, &["health stats", "health value"]) < 1000, "{p}");
+
+    assert_fails(
+        &lnet(
+            Some(&a.ctl),
+            &["peer", "set", "--nid", "127.0.19.9@tcp", "--health", "0"],
+        ),
+        "not a known peer NI",
+    );
+    assert_fails(
+        &lnet(
+            Some(&a.ctl),
+            &["net", "set", "--nid", "127.0.19.3@tcp", "--health", "0"],
+        ),
+        "not a local NI",
+    );
+    assert_fails(
+        &lnet(Some(&a.ctl), &["net", "set", "--all", "--health", "-1"]),
+        "negative",
+    );
+    let both = lnet(
+        Some(&a.ctl),
+        &[
+            "net",
+            "set",
+            "--all",
+            "--nid",
+            "127.0.19.1@tcp",
+            "--health",
+            "0",
+        ],
+    );
+    assert_eq!(both.code, Some(2), "{}", both.stderr);
+}

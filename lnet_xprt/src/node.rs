@@ -70,7 +70,7 @@ use crate::fault::{
     RuleId, SendVerdict,
 };
 use crate::health::{
-    Completion, Direction, HealthConfig, HealthMonitor, HealthParamError, HealthStatus,
+    Completion, Direction, Health, HealthConfig, HealthMonitor, HealthParamError, HealthStatus,
     LocalStatusChange, NiSide, RecoveryPing, Verdict,
 };
 use crate::ids::{LNET_PID_LUSTRE, Net, Nid, Pid, ProcessId};
@@ -126,6 +126,9 @@ pub enum NodeError {
     /// The NI already exists.
     #[error("{0} is already a local NI")]
     DuplicateNi(Nid),
+    /// The NID is not an interface of a known peer.
+    #[error("{0} is not a known peer NI")]
+    NoSuchPeerNi(Nid),
     /// One more NI would give the node more interfaces (`0@lo` included)
     /// than `max_interfaces` (Lustre's `-ENOSPC`, "too many NIs").
     #[error("too many NIs ({0} with 0@lo), check max_interfaces")]
@@ -2209,6 +2212,52 @@ impl Node {
         Ok(())
     }
 
+    /// `lnetctl net set --health V` (`side` Local) and `lnetctl peer set
+    /// --health V` (Peer): sets the health value of the interface `nid`,
+    /// or of every one of that side with `None` (`--all`), by hand, as
+    /// Lustre's `lnet_ni_set_healthv` and `lnet_peer_ni_set_healthv` do.
+    /// A value above the maximum (1000) is the maximum. An interface below
+    /// the maximum enters recovery (pinged until it is healthy again, as
+    /// one that failed); a local NI set to 0 goes down, one set to the
+    /// maximum comes up (the ping buffer is rebuilt and peers are pushed).
+    /// Returns how many interfaces were set.
+    ///
+    /// # Errors
+    /// [`NodeError::NoSuchNi`] or [`NodeError::NoSuchPeerNi`] for a NID
+    /// that is not an interface of that side (Lustre ignores it; a typo
+    /// should not pass silently).
+    pub fn set_ni_health(
+        &mut self,
+        now: Time,
+        side: NiSide,
+        nid: Option<Nid>,
+        value: u32,
+    ) -> Result<usize, NodeError> {
+        let health = Health::new(value.min(crate::health::MAX_HEALTH))?;
+        let nids: Vec<Nid> = match (side, nid) {
+            (NiSide::Local, Some(n)) => {
+                if !self.nis.iter().any(|ni| ni.cfg.nid == n) {
+                    return Err(NodeError::NoSuchNi(n));
+                }
+                vec![n]
+            }
+            (NiSide::Local, None) => self.nis.iter().map(|ni| ni.cfg.nid).collect(),
+            (NiSide::Peer, Some(n)) => {
+                if self.disc.peers().ni(n).is_none() {
+                    return Err(NodeError::NoSuchPeerNi(n));
+                }
+                vec![n]
+            }
+            (NiSide::Peer, None) => self.disc.peers().peers().flat_map(|p| p.nids()).collect(),
+        };
+        for &n in &nids {
+            let v = self.health.set_health(now, side, n, health);
+            self.apply_verdict(now, v);
+        }
+        self.after_input(now);
+        Ok(nids.len())
+    }
+
     /// `lnetctl set recovery_limit N` (`None` = 0 = forever) and
     /// `max_recovery_ping_interval N`: the recovery of unhealthy NIs from
     /// now on (pings already scheduled keep their time; the next ones use
@@ -4078,11 +4127,8 @@ mod tests {
             (ev.kind(), ev.status()),
             (EventKind::Send, Err(OpError::Canceled))
         );
-        assert_eq!(
-            n.health().local_health(nid("10.0.0.1@tcp")),
-            crate::health::Health::MAX
-        );
-        assert_eq!(n.health().peer_health(peer), crate::health::Health::MAX);
+        assert_eq!(n.health().local_health(nid("10.0.0.1@tcp")), Health::MAX);
+        assert_eq!(n.health().peer_health(peer), Health::MAX);
         let next = n.poll_transmit().expect("b got the credit");
         assert_eq!(
             Header::decode(&next.header).unwrap().body.match_bits(),

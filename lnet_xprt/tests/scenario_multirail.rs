@@ -411,3 +411,65 @@ fn dlc_configured_peer_is_not_rewritten_by_discovery() {
         ))
     ));
 }
+
+#[test]
+fn health_set_by_hand_moves_traffic_and_recovery_brings_it_back() {
+    use colibri_lnet::health::NiSide;
+    use colibri_lnet::node::NodeError;
+    use colibri_lnet::wire::NiStatus;
+
+    let mut sim = two_rails(8);
+    put_n(&mut sim, S_TCP, 4, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    assert_eq!(acks(&sim), 4);
+
+    // `lnetctl peer set --nid S_IB --health 0`: the client stops sending
+    // to that rail, and the NI enters recovery.
+    let set = |sim: &mut Sim, side, nid: Option<Nid>, v| {
+        sim.with_node("client", |n, now| n.set_ni_health(now, side, nid, v))
+    };
+    assert_eq!(set(&mut sim, NiSide::Peer, Some(nid(S_IB)), 0).unwrap(), 1);
+    let health = |sim: &Sim, side, n: &str| match side {
+        NiSide::Local => sim.node("client").health().local_health(nid(n)).value(),
+        NiSide::Peer => sim.node("client").health().peer_health(nid(n)).value(),
+    };
+    assert_eq!(health(&sim, NiSide::Peer, S_IB), 0);
+    let start = sim.trace().len();
+    put_n(&mut sim, S_TCP, 20, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    assert_eq!(acks(&sim), 24);
+    let puts = client_puts(&sim, start);
+    assert!(puts.iter().all(|(_, to)| *to == nid(S_TCP)), "{puts:?}");
+    // The rail was healthy all along: recovery pings bring it back.
+    sim.run_for(Duration::from_secs(300)).unwrap();
+    assert_eq!(health(&sim, NiSide::Peer, S_IB), MAX_HEALTH);
+
+    // `lnetctl net set --nid C_IB --health 0`: the local NI goes down;
+    // `--health 1000` (or more) brings it up at once.
+    assert_eq!(set(&mut sim, NiSide::Local, Some(nid(C_IB)), 0).unwrap(), 1);
+    let status = |sim: &Sim| sim.node("client").ni_info(nid(C_IB)).unwrap().status;
+    assert_eq!(status(&sim), NiStatus::Down);
+    assert_eq!(
+        set(&mut sim, NiSide::Local, Some(nid(C_IB)), 5000).unwrap(),
+        1
+    );
+    assert_eq!(health(&sim, NiSide::Local, C_IB), MAX_HEALTH);
+    assert_eq!(status(&sim), NiStatus::Up);
+
+    // `--all`: every interface of the side.
+    assert_eq!(set(&mut sim, NiSide::Local, None, 300).unwrap(), 2);
+    assert_eq!(health(&sim, NiSide::Local, C_TCP), 300);
+    assert_eq!(health(&sim, NiSide::Local, C_IB), 300);
+    assert_eq!(set(&mut sim, NiSide::Peer, None, 700).unwrap(), 2);
+    assert_eq!(health(&sim, NiSide::Peer, S_TCP), 700);
+
+    // A NID that is not an interface of that side is refused.
+    assert!(matches!(
+        set(&mut sim, NiSide::Local, Some(nid(S_TCP)), 0),
+        Err(NodeError::NoSuchNi(_))
+    ));
+    assert!(matches!(
+        set(&mut sim, NiSide::Peer, Some(nid("10.9.9.9@tcp")), 0),
+        Err(NodeError::NoSuchPeerNi(_))
+    ));
+}

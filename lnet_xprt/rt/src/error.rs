@@ -95,7 +95,10 @@ fn node_errno(e: &NodeError) -> i32 {
                 EINVAL
             }
         }
-        NodeError::NoSuchNi(_) | NodeError::NoSuchTransmit(_) | NodeError::NoSuchRx(_) => ENOENT,
+        NodeError::NoSuchNi(_)
+        | NodeError::NoSuchPeerNi(_)
+        | NodeError::NoSuchTransmit(_)
+        | NodeError::NoSuchRx(_) => ENOENT,
         NodeError::DuplicateNi(_) => EEXIST,
         NodeError::TooManyNis(_) => ENOSPC,
         _ => EINVAL,

@@ -904,6 +904,26 @@ impl Lnet {
         })?)
     }
 
+    /// `lnetctl net set --health V` (`side` Local) and `lnetctl peer set
+    /// --health V` (Peer): the health value of the interface `nid`, or of
+    /// every one of that side with `None` (`--all`), set by hand; see
+    /// [`colibri_lnet::node::Node::set_ni_health`]. Returns how many
+    /// interfaces were set.
+    ///
+    /// # Errors
+    /// A NID that is not an interface of that side: `ENOENT`.
+    pub fn set_ni_health(
+        &self,
+        side: colibri_lnet::health::NiSide,
+        nid: Option<Nid>,
+        value: u32,
+    ) -> Result<usize, LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, now| {
+            c.node.set_ni_health(now, side, nid, value)
+        })?)
+    }
+
     /// `lnetctl set recovery_limit N` (`None` = 0 = forever) and
     /// `max_recovery_ping_interval N`.
     ///

@@ -354,6 +354,12 @@ impl Daemon {
                 Ok(Doc::Null)
             }
             Command::NetDel { nid, net } => self.net_del(nid.as_deref(), net.as_deref()),
+            Command::NetSet { nid, all, health } => {
+                self.set_health(NiSide::Local, nid.as_deref(), all, health)
+            }
+            Command::PeerSet { nid, all, health } => {
+                self.set_health(NiSide::Peer, nid.as_deref(), all, health)
+            }
             Command::NetShow {
                 net,
                 verbose,
@@ -502,6 +508,45 @@ impl Daemon {
             }
             Command::Selftest(spec) => selftest::run(self, &spec, partial),
         }
+    }
+
+    /// `net set` / `peer set`: `--health V` of one interface (`--nid`) or
+    /// of every one of its side (`--all`).
+    fn set_health(
+        &self,
+        side: NiSide,
+        nid: Option<&str>,
+        all: bool,
+        health: Option<i64>,
+    ) -> Result<Doc, Failure> {
+        let object = match side {
+            NiSide::Local => "net",
+            NiSide::Peer => "peer_ni",
+        };
+        let fail = |errno, msg: String| Failure::new("set", object, errno, msg);
+        let nid = match (nid, all) {
+            (Some(_), true) => {
+                return Err(fail(errno::EINVAL, "give --nid or --all, not both".into()));
+            }
+            (Some(n), false) => Some(nid_arg(n, "set", object)?),
+            (None, true) => None,
+            (None, false) => return Err(fail(errno::EINVAL, "give --nid NID or --all".into())),
+        };
+        let value = match health {
+            None => return Err(fail(errno::EINVAL, "nothing to set: give --health".into())),
+            Some(v) if v < 0 => {
+                return Err(fail(
+                    errno::EINVAL,
+                    format!("health value {v} is negative (0 to 1000)"),
+                ));
+            }
+            // Above the maximum is the maximum, as in Lustre.
+            Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
+        };
+        self.lnet
+            .set_ni_health(side, nid, value)
+            .map_err(|e| lnet_fail("set", object, &e))?;
+        Ok(Doc::Null)
     }
 
     fn net_del(&self, nid: Option<&str>, net: Option<&str>) -> Result<Doc, Failure> {

@@ -170,6 +170,17 @@ pub enum Command {
         /// Every NI of a net.
         net: Option<String>,
     },
+    /// `net set --nid NID | --all --health V`: a local NI's health value
+    /// set by hand (above 1000: 1000).
+    NetSet {
+        /// One NI.
+        nid: Option<String>,
+        /// Every local NI.
+        #[serde(default)]
+        all: bool,
+        /// The health value.
+        health: Option<i64>,
+    },
     /// `net show [--net NET] [--verbose]`.
     NetShow {
         /// Only this net.
@@ -206,6 +217,17 @@ pub enum Command {
         /// `--verbose N`: 2 and more add the counts by message type.
         #[serde(default)]
         detail: u32,
+    },
+    /// `peer set --nid NID | --all --health V`: a peer NI's health value
+    /// set by hand (above 1000: 1000).
+    PeerSet {
+        /// One peer NI.
+        nid: Option<String>,
+        /// Every peer NI.
+        #[serde(default)]
+        all: bool,
+        /// The health value.
+        health: Option<i64>,
     },
     /// `peer list`.
     PeerList,
