@@ -892,7 +892,8 @@ fn default_control_socket() {
 /// over seconds); `--all` sets every interface of the side; a NID that is
 /// not an interface, a negative value, and `--nid` with `--all` are
 /// refused. (What selection does with the values: the simulator's
-/// `health_set_by_hand_moves_traffic_and_recovery_brings_it_back`.)
+/// `health_set_by_hand_moves_traffic_and_recovery_brings_it_back`.) And
+/// the failures `health stats` counts per interface.
 #[test]
 fn health_values_set_by_hand() {
     let dir = tempfile::tempdir().unwrap();
@@ -914,16 +915,7 @@ fn health_values_set_by_hand() {
         &format!("net:\n{}{g}", ni("tcp", "127.0.19.3@tcp")),
     );
     a.ok(&["ping", "127.0.19.3@tcp"]);
-    let local = |nid: &str| {
-        let v = a.json(&["net", "show", "--verbose"]);
-        v["net"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|n| n["local NI(s)"].as_array().unwrap().clone())
-            .find(|n| n["nid"] == nid)
-            .unwrap_or_else(|| panic!("no {nid} in {v}"))
-    };
+    let local = |nid: &str| local_ni(&a.json(&["net", "show", "--verbose"]), nid).clone();
     let health = |ni: &serde_json::Value| num(ni, &["health stats", "health value"]);
 
     a.ok(&["net", "set", "--nid", "127.0.19.2@tcp", "--health", "0"]);
@@ -980,4 +972,38 @@ fn health_values_set_by_hand() {
         ],
     );
     assert_eq!(both.code, Some(2), "{}", both.stderr);
+
+    // The failures counted on the peer NI they happened on (`health
+    // stats` of `peer show -v`, as Lustre's): pings that the peer
+    // "refuses" (a drop rule simulating REMOTE_DROPPED).
+    a.ok(&[
+        "fault",
+        "drop",
+        "add",
+        "--source",
+        "*",
+        "--dest",
+        "127.0.19.3@tcp",
+        "--rate",
+        "1",
+        "--health_error",
+        "remote_dropped",
+    ]);
+    let failed = lnet(Some(&a.ctl), &["ping", "127.0.19.3@tcp", "--timeout", "2"]);
+    assert_ne!(failed.code, Some(0), "{}", failed.stdout);
+    let v = a.json(&["peer", "show", "--verbose"]);
+    let p = peer_ni(&v, "127.0.19.3@tcp");
+    assert!(num(p, &["health stats", "dropped"]) > 0, "{p}");
+    assert_eq!(num(p, &["health stats", "timeout"]), 0, "{p}");
+    // `stats reset` zeroes them (the health value stays), and the peer,
+    // known from its traffic only (a ping does not discover it), stays a peer in
+    // `peer show` and `peer list` (it vanished from both before).
+    a.ok(&["stats", "reset"]);
+    let v = a.json(&["peer", "show", "--verbose"]);
+    assert_eq!(
+        num(peer_ni(&v, "127.0.19.3@tcp"), &["health stats", "dropped"]),
+        0
+    );
+    let list = a.json(&["peer", "list"]);
+    assert_eq!(list["peer list"][0]["nid"], "127.0.19.3@tcp", "{list}");
 }

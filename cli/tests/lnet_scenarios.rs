@@ -275,17 +275,6 @@ fn two_routers_one_killed_mid_stream() {
     }
 }
 
-/// The local NI `nid` of `net show --verbose --json`.
-fn local_ni<'a>(v: &'a serde_json::Value, nid: &str) -> &'a serde_json::Value {
-    v["net"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|n| n["local NI(s)"].as_array().unwrap().iter())
-        .find(|n| n["nid"] == nid)
-        .unwrap_or_else(|| panic!("no local NI {nid} in {v}"))
-}
-
 /// `(send_count, health value)` of each local NI in `nids`.
 fn ni_counts(n: &Node, nids: &[&str]) -> Vec<(u64, u64)> {
     let v = n.json(&["net", "show", "--verbose"]);
@@ -402,7 +391,15 @@ fn multi_rail_spreads_and_fails_over() {
     assert!(hurt[1].1 < 1000, "c2's health went down: {hurt:?}");
     assert_eq!(hurt[0].1, 1000, "c1 healthy: {hurt:?}");
     let f = client.json(&["fault", "drop", "show"]);
-    assert!(num(&f["fault"][0], &["statistics", "dropped"]) > 0, "{f}");
+    let ruled = num(&f["fault"][0], &["statistics", "dropped"]);
+    assert!(ruled > 0, "{f}");
+    // `net show -v` counts the failures on the NI they happened on, as
+    // Lustre's `health stats: dropped` (every drop of the rule failed a
+    // send from c2 with LOCAL_DROPPED; none on c1).
+    let v = client.json(&["net", "show", "--verbose"]);
+    let on_c2 = num(local_ni(&v, c2), &["health stats", "dropped"]);
+    assert!(on_c2 > 0 && on_c2 <= ruled, "{on_c2} of {ruled}: {v}");
+    assert_eq!(num(local_ni(&v, c1), &["health stats", "dropped"]), 0);
     let stats = client.json(&["stats", "show"]);
     assert!(num(&stats, &["statistics", "resend_count"]) > 0, "{stats}");
     // With c2 down, the next stream goes out of c1: the rule sees no

@@ -483,6 +483,14 @@ pub struct HealthMonitor {
     /// in recovery, not how many interfaces are known.
     due: BTreeSet<(Time, NiSide, Nid)>,
     stats: HealthStats,
+    /// Failed completions per interface, by status (indexed like
+    /// [`HealthStatus::ALL`]): the local statuses on the local NI, the
+    /// remote ones and network timeouts on the peer NI, as Lustre's
+    /// `lnet_incr_hstats` counts them (`health stats` of `lnetctl net|peer
+    /// show -v`). Only interfaces that failed have an entry, so the
+    /// success path touches nothing more.
+    failures: NidMap<[u64; 11]>,
+    peer_failures: NidMap<[u64; 11]>,
 }
 
 /// Sets when `h`'s next recovery ping is due, keeping the index `due` in
@@ -519,6 +527,8 @@ impl HealthMonitor {
             peer: nid_map(),
             due: BTreeSet::new(),
             stats: HealthStats::default(),
+            failures: nid_map(),
+            peer_failures: nid_map(),
         })
     }
 
@@ -550,6 +560,21 @@ impl HealthMonitor {
     /// stats reset` does; the interfaces' health values stay.
     pub fn reset_stats(&mut self) {
         self.stats = HealthStats::default();
+        self.failures.clear();
+        self.peer_failures.clear();
+    }
+
+    /// Failed completions counted on an interface, by status (indexed like
+    /// [`HealthStatus::ALL`]; zeros for one that never failed): on a local
+    /// NI its local statuses, on a peer NI the remote ones and network
+    /// timeouts. Zeroed by [`HealthMonitor::reset_stats`].
+    #[must_use]
+    pub fn failure_counts(&self, side: NiSide, nid: Nid) -> [u64; 11] {
+        let map = match side {
+            NiSide::Local => &self.failures,
+            NiSide::Peer => &self.peer_failures,
+        };
+        map.get(&nid).copied().unwrap_or_default()
     }
 
     /// Registers one of the node's NIs (at full health). The number of local
@@ -695,6 +720,22 @@ impl HealthMonitor {
     pub fn on_completion(&mut self, now: Time, c: &Completion) -> Verdict {
         if let Some(slot) = HealthStatus::ALL.iter().position(|&s| s == c.status) {
             self.stats.by_status[slot] += 1;
+            let on = match c.status {
+                HealthStatus::Ok => None,
+                HealthStatus::LocalInterrupt
+                | HealthStatus::LocalDropped
+                | HealthStatus::LocalAborted
+                | HealthStatus::LocalNoRoute
+                | HealthStatus::LocalTimeout
+                | HealthStatus::LocalError => Some((&mut self.failures, c.local_ni)),
+                HealthStatus::RemoteDropped
+                | HealthStatus::RemoteError
+                | HealthStatus::RemoteTimeout
+                | HealthStatus::NetworkTimeout => c.peer_ni.map(|p| (&mut self.peer_failures, p)),
+            };
+            if let Some((map, nid)) = on {
+                map.entry(nid).or_default()[slot] += 1;
+            }
         }
         let mut verdict = Verdict::default();
         if c.status == HealthStatus::Ok {
@@ -987,6 +1028,36 @@ mod tests {
             assert_ne!(s, HealthStatus::Ok);
             assert_eq!(format!("{e:?}"), format!("{s:?}"));
         }
+    }
+
+    #[test]
+    fn failures_are_counted_on_the_interface_they_happened_on() {
+        let mut h = two_rail();
+        let at = |s: HealthStatus| HealthStatus::ALL.iter().position(|x| *x == s).unwrap();
+        for s in [
+            HealthStatus::Ok,
+            HealthStatus::LocalDropped,
+            HealthStatus::LocalDropped,
+            HealthStatus::RemoteTimeout,
+            HealthStatus::NetworkTimeout,
+        ] {
+            h.on_completion(t(1), &Completion::send(s, nid(L1), Some(nid(P1)), 2));
+        }
+        let local = h.failure_counts(NiSide::Local, nid(L1));
+        assert_eq!(local[at(HealthStatus::LocalDropped)], 2);
+        assert_eq!(
+            local.iter().sum::<u64>(),
+            2,
+            "remote statuses are the peer's"
+        );
+        let peer = h.failure_counts(NiSide::Peer, nid(P1));
+        assert_eq!(peer[at(HealthStatus::RemoteTimeout)], 1);
+        assert_eq!(peer[at(HealthStatus::NetworkTimeout)], 1);
+        assert_eq!(peer.iter().sum::<u64>(), 2);
+        assert_eq!(h.failure_counts(NiSide::Local, nid(L2)), [0; 11]);
+        h.reset_stats();
+        assert_eq!(h.failure_counts(NiSide::Local, nid(L1)), [0; 11]);
+        assert_eq!(h.failure_counts(NiSide::Peer, nid(P1)), [0; 11]);
     }
 
     #[test]

@@ -1035,7 +1035,9 @@ pub struct Node {
     /// The local NI of the message being received (for internal events).
     rx_ni: Option<Nid>,
     stats: NodeStats,
-    /// Traffic per peer NI (next hop or previous hop), until `reset_stats`.
+    /// Traffic per peer NI (next hop or previous hop) since `reset_stats`,
+    /// which zeroes the entries but keeps them: the peers known from
+    /// traffic alone.
     peer_ni_stats: NidMap<PeerNiStats>,
     /// The local NIs as path selection sees them, rebuilt per send in
     /// place (kept for its capacity).
@@ -1538,14 +1540,15 @@ impl Node {
         Ok(())
     }
 
-    /// The peer NIs with counted traffic since the last reset (every NID
-    /// a message went to or came from, next hops and end peers).
+    /// The peer NIs this node ever exchanged messages with (every NID a
+    /// message went to or came from, next hops and end peers; a stats
+    /// reset zeroes their counts but keeps them).
     pub fn traffic_peer_nis(&self) -> impl Iterator<Item = Nid> + '_ {
         sorted_keys(&self.peer_ni_stats).into_iter()
     }
 
-    /// Traffic with peer NI `nid` (`lnetctl peer show -v`), if any was
-    /// counted since the last [`Node::reset_stats`].
+    /// Traffic with peer NI `nid` (`lnetctl peer show -v`) since the last
+    /// [`Node::reset_stats`], if any was ever exchanged.
     #[must_use]
     pub fn peer_ni_stats(&self, nid: Nid) -> Option<PeerNiStats> {
         self.peer_ni_stats.get(&nid).copied()
@@ -1561,7 +1564,12 @@ impl Node {
             ..NodeStats::default()
         };
         self.health.reset_stats();
-        self.peer_ni_stats.clear();
+        // Zeroed, not forgotten: a peer known only from its traffic stays
+        // a peer (`peer show`, `peer list`), as Lustre's peers outlive
+        // `lnet_counters_reset`.
+        for s in self.peer_ni_stats.values_mut() {
+            *s = PeerNiStats::default();
+        }
         for ni in &mut self.nis {
             ni.send_count = 0;
             ni.recv_count = 0;
@@ -4535,7 +4543,9 @@ mod tests {
         assert_eq!(n.stats().recv_length, 4);
         assert_eq!(n.ni_info(me).unwrap().recv_count, 1);
         n.reset_stats();
-        assert_eq!(n.peer_ni_stats(peer), None);
+        // Zeroed; the peer stays known from its traffic.
+        assert_eq!(n.peer_ni_stats(peer), Some(PeerNiStats::default()));
+        assert_eq!(n.traffic_peer_nis().collect::<Vec<_>>(), vec![peer]);
         assert_eq!(n.stats(), NodeStats::default());
         assert_eq!(*n.health().stats(), crate::health::HealthStats::default());
         assert_eq!(n.ni_info(me).unwrap().send_count, 0);

@@ -321,6 +321,17 @@ pub(crate) fn num(v: &serde_json::Value, path: &[&str]) -> u64 {
         .unwrap_or_else(|| panic!("{path:?} not a number in {v}"))
 }
 
+/// The local NI `nid` of `net show --verbose --json`.
+pub(crate) fn local_ni<'a>(v: &'a serde_json::Value, nid: &str) -> &'a serde_json::Value {
+    v["net"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["local NI(s)"].as_array().unwrap().iter())
+        .find(|n| n["nid"] == nid)
+        .unwrap_or_else(|| panic!("no local NI {nid} in {v}"))
+}
+
 /// The peer NI entry `nid` of `peer show --verbose --json`.
 pub(crate) fn peer_ni<'a>(v: &'a serde_json::Value, nid: &str) -> &'a serde_json::Value {
     v["peer"]

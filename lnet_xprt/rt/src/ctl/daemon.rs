@@ -95,6 +95,67 @@ fn conf_fail(op: &str, object: &str, e: &conf::ConfError) -> Failure {
     Failure::new(op, object, e.errno(), e.to_string())
 }
 
+/// The peers `peer show` and `peer list` add to the discovery table's:
+/// gateways known only from routes (Lustre creates a peer for every
+/// gateway a route names) and NIDs we only exchanged messages with
+/// (Lustre creates a peer on the first send or receive), sorted.
+fn untabled_peers(n: &Node) -> Vec<Nid> {
+    let table = n.discovery().peers();
+    let gws = n.routes().routes().map(|r| r.gateway());
+    let mut more: Vec<Nid> = gws
+        .chain(n.traffic_peer_nis())
+        .filter(|&nid| table.peer_of(nid).is_none() && !n.is_local_nid(nid))
+        .collect();
+    more.sort_unstable();
+    more.dedup();
+    more
+}
+
+/// `health stats` of an interface in `lnetctl net show -v` (local) or
+/// `peer show -v` (peer) shape: its health value, the failed completions
+/// counted on it by status, the recovery pings sent since it was last
+/// heard from and when the next is due (seconds on the node's clock, 0
+/// when not in recovery). `fatal_error` is always 0 (no LND here reports
+/// an interface's link down).
+fn health_stats(n: &Node, side: NiSide, nid: Nid) -> Doc {
+    let h = n.health();
+    let counts = h.failure_counts(side, nid);
+    let count = |s: HealthStatus| {
+        HealthStatus::ALL
+            .iter()
+            .position(|x| *x == s)
+            .map_or(0, |i| counts[i])
+    };
+    let ni = h.ni_health(side, nid);
+    let (ping_count, next_ping) = ni.map_or((0, 0), |x| {
+        (
+            x.ping_count,
+            x.next_ping.map_or(0, |t| t.since_epoch().as_secs()),
+        )
+    });
+    match side {
+        NiSide::Local => Doc::map()
+            .with("fatal_error", 0_i64)
+            .with("health value", h.local_health(nid).value())
+            .with("interrupts", count(HealthStatus::LocalInterrupt))
+            .with("dropped", count(HealthStatus::LocalDropped))
+            .with("aborted", count(HealthStatus::LocalAborted))
+            .with("no route", count(HealthStatus::LocalNoRoute))
+            .with("timeouts", count(HealthStatus::LocalTimeout))
+            .with("error", count(HealthStatus::LocalError))
+            .with("ping_count", ping_count)
+            .with("next_ping", next_ping),
+        NiSide::Peer => Doc::map()
+            .with("health value", h.peer_health(nid).value())
+            .with("dropped", count(HealthStatus::RemoteDropped))
+            .with("timeout", count(HealthStatus::RemoteTimeout))
+            .with("error", count(HealthStatus::RemoteError))
+            .with("network timeout", count(HealthStatus::NetworkTimeout))
+            .with("ping_count", ping_count)
+            .with("next_ping", next_ping),
+    }
+}
+
 fn nid_arg(s: &str, op: &str, object: &str) -> Result<Nid, Failure> {
     conf::parse_nid(s, "nid").map_err(|e| conf_fail(op, object, &e))
 }
@@ -414,12 +475,12 @@ impl Daemon {
                 self.peer_show(nid, verbose || detail > 0, detail)
             }
             Command::PeerList => Ok(self.lnet.with_node(|n| {
+                let primaries = n.discovery().peers().peers().map(|p| p.primary_nid());
                 Doc::map().with(
                     "peer list",
-                    n.discovery()
-                        .peers()
-                        .peers()
-                        .map(|p| Doc::map().with("nid", p.primary_nid().to_string()))
+                    primaries
+                        .chain(untabled_peers(n))
+                        .map(|nid| Doc::map().with("nid", nid.to_string()))
                         .collect::<Vec<_>>(),
                 )
             })),
@@ -615,13 +676,7 @@ impl Daemon {
                     {
                         push_by_type(&mut d, &i.sent, &i.received, &i.dropped);
                     }
-                    let h = n.health().ni_health(NiSide::Local, ni.nid);
-                    d.push(
-                        "health stats",
-                        Doc::map()
-                            .with("health value", n.health().local_health(ni.nid).value())
-                            .with("ping_count", h.map_or(0, |h| h.ping_count)),
-                    );
+                    d.push("health stats", health_stats(n, NiSide::Local, ni.nid));
                     d.push(
                         "tunables",
                         Doc::map()
@@ -703,19 +758,8 @@ impl Daemon {
                     )
                 })
                 .collect();
-            // Gateways known only from routes are peers too (Lustre
-            // creates a peer for every gateway a route names), and so are
-            // NIDs we only exchanged messages with (Lustre creates a peer
-            // on the first send or receive).
-            let gws = n.routes().routes().map(|r| r.gateway());
-            let mut more: Vec<Nid> = gws.chain(n.traffic_peer_nis()).collect();
-            more.sort_unstable();
-            more.dedup();
-            for nid in more {
-                if table.peer_of(nid).is_none()
-                    && !n.is_local_nid(nid)
-                    && only.is_none_or(|o| o == nid)
-                {
+            for nid in untabled_peers(n) {
+                if only.is_none_or(|o| o == nid) {
                     docs.push(peer_doc(
                         n,
                         nid,
@@ -1442,13 +1486,7 @@ fn peer_doc(
                 if detail >= 2 {
                     push_by_type(&mut ni, &s.sent, &s.received, &s.dropped);
                 }
-                let h = n.health().ni_health(NiSide::Peer, nid);
-                ni.push(
-                    "health stats",
-                    Doc::map()
-                        .with("health value", n.health().peer_health(nid).value())
-                        .with("ping_count", h.map_or(0, |h| h.ping_count)),
-                );
+                ni.push("health stats", health_stats(n, NiSide::Peer, nid));
             }
             ni
         })
