@@ -156,6 +156,20 @@ enum ShowOnly {
     Show,
 }
 
+/// `net set` and `peer set`: one interface's health value, or every one's.
+#[derive(Debug, clap::Args)]
+struct SetHealth {
+    /// The interface's NID.
+    #[arg(long, conflicts_with = "all", required_unless_present = "all")]
+    nid: Option<String>,
+    /// Every interface of the kind.
+    #[arg(long)]
+    all: bool,
+    /// Health value, 0 to 1000.
+    #[arg(long, allow_negative_numbers = true)]
+    health: i64,
+}
+
 #[derive(Debug, clap::Subcommand)]
 enum NetCmd {
     /// Add a local NI (it listens on its IP and the node's accept_port).
@@ -188,17 +202,7 @@ enum NetCmd {
     /// Set a local NI's health value by hand (`--all`: every NI), as
     /// `lnetctl net set --health`: below 1000 the NI enters recovery, at 0
     /// it goes down, at 1000 (or more) it is up and healthy.
-    Set {
-        /// The NI.
-        #[arg(long, conflicts_with = "all", required_unless_present = "all")]
-        nid: Option<String>,
-        /// Every local NI.
-        #[arg(long)]
-        all: bool,
-        /// Health value, 0 to 1000.
-        #[arg(long, allow_negative_numbers = true)]
-        health: i64,
-    },
+    Set(SetHealth),
     /// Show local NIs.
     Show {
         /// Only this net.
@@ -247,17 +251,7 @@ enum PeerCmd {
     /// Set a peer NI's health value by hand (`--all`: every peer NI), as
     /// `lnetctl peer set --health`: below 1000 it enters recovery (pinged
     /// until healthy again) and selection avoids it meanwhile.
-    Set {
-        /// The peer NI.
-        #[arg(long, conflicts_with = "all", required_unless_present = "all")]
-        nid: Option<String>,
-        /// Every peer NI.
-        #[arg(long)]
-        all: bool,
-        /// Health value, 0 to 1000.
-        #[arg(long, allow_negative_numbers = true)]
-        health: i64,
-    },
+    Set(SetHealth),
     /// List the peers' primary NIDs.
     List,
 }
@@ -525,10 +519,10 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 nid: nid.clone(),
                 net: net.clone(),
             },
-            NetCmd::Set { nid, all, health } => Command::NetSet {
-                nid: nid.clone(),
-                all: *all,
-                health: Some(*health),
+            NetCmd::Set(h) => Command::NetSet {
+                nid: h.nid.clone(),
+                all: h.all,
+                health: Some(h.health),
             },
             NetCmd::Show { net, verbose } => Command::NetShow {
                 detail: verbose.unwrap_or(0),
@@ -555,10 +549,10 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 nid: nid.clone(),
                 verbose: verbose.is_some_and(|l| l > 0),
             },
-            PeerCmd::Set { nid, all, health } => Command::PeerSet {
-                nid: nid.clone(),
-                all: *all,
-                health: Some(*health),
+            PeerCmd::Set(h) => Command::PeerSet {
+                nid: h.nid.clone(),
+                all: h.all,
+                health: Some(h.health),
             },
             PeerCmd::List => Command::PeerList,
         },

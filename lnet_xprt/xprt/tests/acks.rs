@@ -9,14 +9,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
-use colibri_lnet_rt::{Lnet, LnetConfig};
 use colibri_lnet_xprt::{LnetTransport, LnetXprtConfig};
 use colibri_net::{
     BufVec, BufferCallbacks, BufferEvent, Domain, EndPoint, NetError, QueueType, RecvParams,
     TmHandle, TmState, TransferMachine, ignore_tm_events,
 };
 use crossbeam_channel::{Sender, bounded};
+
+#[path = "support/nodes.rs"]
+mod nodes;
+use nodes::socklnd_nodes;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -25,16 +27,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// expected to time out here: the timeout is long, so that an
 /// acknowledgement lost would show as a missing completion.
 fn transport(nids: [&str; 2]) -> LnetTransport {
-    let nodes: Vec<Lnet> = nids
-        .iter()
-        .map(|n| {
-            let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
-            cfg.accept_port = 0;
-            cfg.accept = AcceptPolicy::All;
-            Lnet::start(cfg).unwrap()
-        })
-        .collect();
-    Lnet::introduce(&nodes);
+    let nodes = socklnd_nodes(&nids);
     let cfg = LnetXprtConfig::default().handshake_timeout(Duration::from_secs(120));
     LnetTransport::new(nodes, cfg).unwrap()
 }

@@ -9,13 +9,15 @@
 
 use std::time::{Duration, Instant};
 
-use colibri_lnet_rt::colibri_lnet::socklnd::AcceptPolicy;
 use colibri_lnet_rt::{Lnet, LnetConfig};
 use colibri_lnet_xprt::{LnetAddr, LnetTransport, LnetXprtConfig};
 use colibri_net::{BufVec, Domain, NetError, QueueType, TmState, event_channel, ignore_tm_events};
 
+#[path = "support/nodes.rs"]
+mod nodes;
 #[path = "support/raw.rs"]
 mod raw;
+use nodes::socklnd_nodes;
 use raw::{ctl, hdr, raw_put};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -98,16 +100,7 @@ fn a_message_to_a_tmid_where_no_machine_ever_ran_is_answered_unreachable() {
     // and is NAKed `Unreachable` at once, as a TCP server answers for a
     // service it does not run; one to a portal where no machine of ours
     // runs is dropped by LNet and ends by the handshake timeout.
-    let nodes: Vec<Lnet> = ["127.0.77.5@tcp", "127.0.77.6@tcp"]
-        .iter()
-        .map(|n| {
-            let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
-            cfg.accept_port = 0;
-            cfg.accept = AcceptPolicy::All;
-            Lnet::start(cfg).unwrap()
-        })
-        .collect();
-    Lnet::introduce(&nodes);
+    let nodes = socklnd_nodes(&["127.0.77.5@tcp", "127.0.77.6@tcp"]);
     let handshake = Duration::from_secs(2);
     let x = LnetTransport::new(
         nodes.clone(),
@@ -186,16 +179,7 @@ fn a_bulk_request_to_a_tmid_where_no_machine_runs_is_answered_at_once() {
     // runs on the same portal at another TMID. An active read against the
     // old descriptor finds the portal's vacancy, whose GONE fails it at
     // once instead of at the handshake timeout.
-    let nodes: Vec<Lnet> = ["127.0.77.7@tcp", "127.0.77.8@tcp"]
-        .iter()
-        .map(|n| {
-            let mut cfg = LnetConfig::new(&[n.parse().unwrap()]);
-            cfg.accept_port = 0;
-            cfg.accept = AcceptPolicy::All;
-            Lnet::start(cfg).unwrap()
-        })
-        .collect();
-    Lnet::introduce(&nodes);
+    let nodes = socklnd_nodes(&["127.0.77.7@tcp", "127.0.77.8@tcp"]);
     let handshake = Duration::from_secs(5);
     let xprt = |n: &Lnet| {
         LnetTransport::new(
