@@ -220,6 +220,16 @@ impl Shared {
         *self.hook.write() = hook;
     }
 
+    /// Sets the events hook unless one is set; whether it did.
+    pub(crate) fn try_set_hook(&self, hook: EventHook) -> bool {
+        let mut h = self.hook.write();
+        if h.is_some() {
+            return false;
+        }
+        *h = Some(hook);
+        true
+    }
+
     /// Tells the hook about events this thread queued: on a scheduler at
     /// its safe point (`HookCall::Scheduler`), elsewhere at once.
     fn call_hook(&self, from: HookCall) {

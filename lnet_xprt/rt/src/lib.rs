@@ -460,6 +460,16 @@ impl Lnet {
         self.shared().set_hook(hook);
     }
 
+    /// [`Lnet::set_event_hook`] unless a hook is set already: `false`
+    /// then, and nothing changes. The events of a node go to one
+    /// consumer; whoever takes them claims the hook this way, so that a
+    /// second consumer is refused instead of sharing the queue with the
+    /// first (each would miss the events the other took).
+    #[must_use]
+    pub fn try_set_event_hook(&self, hook: EventHook) -> bool {
+        self.shared().try_set_hook(hook)
+    }
+
     // ------------------------------------------------------------------
     // Memory
 

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -194,6 +194,33 @@ impl Engine {
             )
         })?;
         let (pid, nids) = lnet.with_node(|n| (n.config().pid, n.nids()));
+        // The node's events go to one consumer: this engine claims them
+        // before it makes anything, and a second transport over the same
+        // node is refused (the two would take each other's events).
+        let of: Arc<OnceLock<Weak<Self>>> = Arc::new(OnceLock::new());
+        let hook_of = Arc::clone(&of);
+        let hook: EventHook = Arc::new(move |from| {
+            if let Some(e) = hook_of.get().and_then(Weak::upgrade) {
+                match from {
+                    HookCall::Scheduler => e.pump(),
+                    HookCall::Other => e.hand_over(false),
+                }
+            }
+        });
+        if !lnet.try_set_event_hook(hook) {
+            let nid = nids
+                .first()
+                .map_or_else(|| "?".to_string(), ToString::to_string);
+            return Err(NetError::Busy(format!(
+                "LNet node {nid} already carries an LNet transport (its events go to one \
+                 consumer): share that transport (clone it) instead of making another"
+            )));
+        }
+        let lnet_for_err = lnet.clone();
+        let unclaim = |e: NetError| {
+            lnet_for_err.set_event_hook(None);
+            e
+        };
         let empty = lnet.register(&MemRegion::zeroed(0));
         // Work items: deliveries and completions, bounded by the buffers
         // queued; the token's holder drains them.
@@ -211,7 +238,7 @@ impl Engine {
                     d.run();
                 }
             })
-            .map_err(NetError::from)?;
+            .map_err(|e| unclaim(NetError::from(e)))?;
         let e = Arc::new(Self {
             lnet,
             pid,
@@ -242,19 +269,19 @@ impl Engine {
         let me = Arc::downgrade(&e);
         let t = std::thread::Builder::new()
             .name("colibri-lnet-xprt".into())
-            .spawn(move || run(&me, &wake_rx, spin))
-            .map_err(NetError::from)?;
-        *e.thread.lock() = Some(t);
-        let hook_of = Arc::downgrade(&e);
-        let hook: EventHook = Arc::new(move |from| {
-            if let Some(e) = hook_of.upgrade() {
-                match from {
-                    HookCall::Scheduler => e.pump(),
-                    HookCall::Other => e.hand_over(false),
-                }
+            .spawn(move || run(&me, &wake_rx, spin));
+        let t = match t {
+            Ok(t) => t,
+            Err(err) => {
+                let _ = e.notices.send(None);
+                e.lnet.deregister(e.empty);
+                return Err(unclaim(NetError::from(err)));
             }
-        });
-        e.lnet.set_event_hook(Some(hook));
+        };
+        *e.thread.lock() = Some(t);
+        let _ = of.set(Arc::downgrade(&e));
+        // Events queued before the hook knew the engine.
+        e.hand_over(false);
         Ok(e)
     }
 

@@ -1,7 +1,8 @@
 //! LNet's message limit: one LNet message carries at most `LNET_MTU`
 //! (1 MiB), as in Motr's LNet transport. A longer send is refused at add
 //! with `MessageTooLarge` and the buffer handed back untouched; a send of
-//! exactly 1 MiB goes through; nothing stays queued.
+//! exactly 1 MiB goes through; nothing stays queued. And one transport
+//! per LNet node: a node's events go to one consumer.
 
 use std::time::Duration;
 
@@ -72,4 +73,33 @@ fn a_message_above_one_mib_is_refused_with_message_too_large_and_nothing_lost() 
     tm.fini().map_err(|e| e.error).unwrap();
     dom.fini().map_err(|e| e.error).unwrap();
     x.shutdown();
+}
+
+#[test]
+fn a_second_transport_over_a_node_is_refused_until_the_first_is_gone() {
+    let mut c = LnetConfig::new(&["127.0.77.2@tcp".parse().unwrap()]);
+    c.accept_port = 0;
+    let l = Lnet::start(c).unwrap();
+    let first = LnetTransport::new(vec![l.clone()], LnetXprtConfig::default()).unwrap();
+    // Two would each take events the other waits for.
+    let second = LnetTransport::new(vec![l.clone()], LnetXprtConfig::default());
+    match second {
+        Err(NetError::Busy(why)) => assert!(why.contains("127.0.77.2@tcp"), "{why}"),
+        other => panic!("a second transport over one node: {other:?}"),
+    }
+    // Clones share the one transport, as the refusal says.
+    let shared = first.clone();
+    let dom = Domain::new(&shared).unwrap();
+    let tm = dom.tm_init(ignore_tm_events()).unwrap();
+    tm.start("127.0.77.2@tcp:12345:30:*").unwrap();
+    tm.wait_for_state(TmState::Started, WAIT).unwrap();
+    tm.stop(false).unwrap();
+    tm.wait_stopped(WAIT).unwrap();
+    tm.fini().map_err(|e| e.error).unwrap();
+    dom.fini().map_err(|e| e.error).unwrap();
+    drop((first, shared));
+    // Gone: the node may carry a new one.
+    let again = LnetTransport::new(vec![l.clone()], LnetXprtConfig::default()).unwrap();
+    drop(again);
+    l.shutdown();
 }
