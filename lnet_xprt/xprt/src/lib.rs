@@ -294,14 +294,19 @@ impl Transport for LnetTransport {
 
     fn dom_init(&self) -> Result<Box<dyn XprtDomain>> {
         Ok(Box::new(LnetDomain {
-            inner: Arc::clone(&self.inner),
+            inner: parking_lot::Mutex::new(Some(Arc::clone(&self.inner))),
+            thread_per_tm: self.inner.thread_per_tm,
         }))
     }
 }
 
 #[derive(Debug)]
 struct LnetDomain {
-    inner: Arc<XprtInner>,
+    /// Let go at the domain's fini, so that the transport (and its claim
+    /// on each node's events) ends when its last handle is dropped, not
+    /// whenever the core lets go of the domain's state.
+    inner: parking_lot::Mutex<Option<Arc<XprtInner>>>,
+    thread_per_tm: bool,
 }
 
 impl XprtDomain for LnetDomain {
@@ -323,7 +328,7 @@ impl XprtDomain for LnetDomain {
             .with_network_owned();
         // Only a machine's own thread can be confined: the engine thread
         // serves every machine of its node.
-        if self.inner.thread_per_tm {
+        if self.thread_per_tm {
             c.with_confine()
         } else {
             c
@@ -331,6 +336,13 @@ impl XprtDomain for LnetDomain {
     }
 
     fn tm_init(&self, tm: TmId, sink: TmSink) -> Result<Box<dyn XprtTm>> {
-        Ok(Box::new(tm::LnetTm::new(tm, sink, &self.inner)?))
+        let inner = self.inner.lock().clone().ok_or_else(|| {
+            colibri_net::NetError::InvalidArgument("the domain was finalised".into())
+        })?;
+        Ok(Box::new(tm::LnetTm::new(tm, sink, &inner)?))
+    }
+
+    fn fini(&self) {
+        self.inner.lock().take();
     }
 }

@@ -98,7 +98,8 @@ fn a_second_transport_over_a_node_is_refused_until_the_first_is_gone() {
     tm.fini().map_err(|e| e.error).unwrap();
     dom.fini().map_err(|e| e.error).unwrap();
     drop((first, shared));
-    // Gone: the node may carry a new one.
+    // Gone (every clone dropped, the domain finalised): the node may
+    // carry a new one at once.
     let again = LnetTransport::new(vec![l.clone()], LnetXprtConfig::default()).unwrap();
     drop(again);
     l.shutdown();
