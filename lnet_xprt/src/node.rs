@@ -2251,12 +2251,12 @@ impl Node {
             }
             (NiSide::Local, None) => self.nis.iter().map(|ni| ni.cfg.nid).collect(),
             (NiSide::Peer, Some(n)) => {
-                if self.disc.peers().ni(n).is_none() {
+                if !self.known_peer_nis().contains(&n) {
                     return Err(NodeError::NoSuchPeerNi(n));
                 }
                 vec![n]
             }
-            (NiSide::Peer, None) => self.disc.peers().peers().flat_map(|p| p.nids()).collect(),
+            (NiSide::Peer, None) => self.known_peer_nis(),
         };
         for &n in &nids {
             let v = self.health.set_health(now, side, n, health);
@@ -2264,6 +2264,24 @@ impl Node {
         }
         self.after_input(now);
         Ok(nids.len())
+    }
+
+    /// Every peer NI this node knows, sorted: those of the peer table
+    /// (peers' and detached ones), route gateways and NIDs it exchanged
+    /// messages with, as Lustre has a peer for each (`lnetctl peer show`).
+    fn known_peer_nis(&self) -> Vec<Nid> {
+        let table = self.disc.peers();
+        let mut v: Vec<Nid> = table
+            .peers()
+            .flat_map(|p| p.nids())
+            .chain(table.detached().map(crate::peer::PeerNi::nid))
+            .chain(self.routes.routes().map(|r| r.gateway()))
+            .chain(self.peer_ni_stats.keys().copied())
+            .filter(|n| !self.is_local_nid(*n))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// `lnetctl set recovery_limit N` (`None` = 0 = forever) and
