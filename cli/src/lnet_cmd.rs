@@ -156,15 +156,40 @@ enum ShowOnly {
     Show,
 }
 
-/// `net set` and `peer set`: one interface's health value, or every one's.
+/// Which interfaces `net set` and `peer set` change.
 #[derive(Debug, clap::Args)]
-struct SetHealth {
+struct SetWhich {
     /// The interface's NID.
     #[arg(long, conflicts_with = "all", required_unless_present = "all")]
     nid: Option<String>,
     /// Every interface of the kind.
     #[arg(long)]
     all: bool,
+}
+
+/// `net set`.
+#[derive(Debug, clap::Args)]
+struct NetSet {
+    #[command(flatten)]
+    which: SetWhich,
+    /// Health value, 0 to 1000.
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        required_unless_present = "conns_per_peer"
+    )]
+    health: Option<i64>,
+    /// Socket LND connections (BULK_IN/BULK_OUT pairs) per peer met from
+    /// now on, 0 to 127 (0: the default).
+    #[arg(long = "conns-per-peer", alias = "conns_per_peer")]
+    conns_per_peer: Option<u32>,
+}
+
+/// `peer set`.
+#[derive(Debug, clap::Args)]
+struct PeerSet {
+    #[command(flatten)]
+    which: SetWhich,
     /// Health value, 0 to 1000.
     #[arg(long, allow_negative_numbers = true)]
     health: i64,
@@ -201,8 +226,9 @@ enum NetCmd {
     },
     /// Set a local NI's health value by hand (`--all`: every NI), as
     /// `lnetctl net set --health`: below 1000 the NI enters recovery, at 0
-    /// it goes down, at 1000 (or more) it is up and healthy.
-    Set(SetHealth),
+    /// it goes down, at 1000 (or more) it is up and healthy; or its
+    /// connections per peer (`--conns-per-peer`).
+    Set(NetSet),
     /// Show local NIs.
     Show {
         /// Only this net.
@@ -251,7 +277,7 @@ enum PeerCmd {
     /// Set a peer NI's health value by hand (`--all`: every peer NI), as
     /// `lnetctl peer set --health`: below 1000 it enters recovery (pinged
     /// until healthy again) and selection avoids it meanwhile.
-    Set(SetHealth),
+    Set(PeerSet),
     /// List the peers' primary NIDs.
     List,
 }
@@ -520,9 +546,10 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 net: net.clone(),
             },
             NetCmd::Set(h) => Command::NetSet {
-                nid: h.nid.clone(),
-                all: h.all,
-                health: Some(h.health),
+                nid: h.which.nid.clone(),
+                all: h.which.all,
+                health: h.health,
+                conns_per_peer: h.conns_per_peer,
             },
             NetCmd::Show { net, verbose } => Command::NetShow {
                 detail: verbose.unwrap_or(0),
@@ -550,8 +577,8 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 verbose: verbose.is_some_and(|l| l > 0),
             },
             PeerCmd::Set(h) => Command::PeerSet {
-                nid: h.nid.clone(),
-                all: h.all,
+                nid: h.which.nid.clone(),
+                all: h.which.all,
                 health: Some(h.health),
             },
             PeerCmd::List => Command::PeerList,

@@ -886,7 +886,8 @@ fn default_control_socket() {
     assert_fails(&client(&["net", "show"]), "no control socket in");
 }
 
-/// `net set` and `peer set --health`, as `lnetctl`'s: a local NI set to 0
+/// `net set` and `peer set --health` (and `net set --conns-per-peer`), as
+/// `lnetctl`'s: a local NI set to 0
 /// goes down and a value of 1000 or more brings it back up; a peer NI set
 /// below the maximum shows that value (it enters recovery, pinged back up
 /// over seconds); `--all` sets every interface of the side; a NID that is
@@ -935,6 +936,27 @@ fn health_values_set_by_hand() {
         assert_eq!(local(nid)["status"], "down", "{nid}");
     }
     a.ok(&["net", "set", "--all", "--health", "1000"]);
+    // `--conns-per-peer`: the NI's socket LND connections per peer met
+    // from now on; above 127 is refused; one of the two options is needed.
+    a.ok(&[
+        "net",
+        "set",
+        "--nid",
+        "127.0.19.1@tcp",
+        "--conns-per-peer",
+        "3",
+    ]);
+    let cpp = |nid: &str| num(&local(nid), &["lnd tunables", "conns_per_peer"]);
+    assert_eq!((cpp("127.0.19.1@tcp"), cpp("127.0.19.2@tcp")), (3, 1));
+    assert_fails(
+        &lnet(
+            Some(&a.ctl),
+            &["net", "set", "--all", "--conns-per-peer", "200"],
+        ),
+        "outside 0..=127",
+    );
+    let neither = lnet(Some(&a.ctl), &["net", "set", "--nid", "127.0.19.1@tcp"]);
+    assert_eq!(neither.code, Some(2), "{}", neither.stderr);
 
     a.ok(&["peer", "set", "--nid", "127.0.19.3@tcp", "--health", "100"]);
     let v = a.json(&["peer", "show", "--verbose"]);

@@ -803,7 +803,29 @@ impl Lnet {
             .lnd
             .get()
             .and_then(|l| l.ni(nid))
-            .map(|n| n.conns_per_peer)
+            .map(|n| n.conns_per_peer.load(Ordering::Relaxed))
+    }
+
+    /// `lnetctl net set --conns-per-peer N`: the socket LND's connections
+    /// per peer on local NI `nid` (every NI with `None`), 0 to 127 (0: the
+    /// runtime's default), for peers met from now on (connections made
+    /// stay); how many NIs were set.
+    ///
+    /// # Errors
+    /// A value above 127: `EINVAL`; a NID that is not a local NI: `ENOENT`.
+    pub fn set_conns_per_peer(&self, nid: Option<Nid>, value: u32) -> Result<usize, LnetError> {
+        let s = self.live()?;
+        if value > 127 {
+            return Err(LnetError::Config(format!(
+                "conns_per_peer {value} is outside 0..=127"
+            )));
+        }
+        if let Some(n) = nid
+            && !self.nids().contains(&n)
+        {
+            return Err(NodeError::NoSuchNi(n).into());
+        }
+        Ok(s.lnd.get().map_or(0, |l| l.set_conns_per_peer(nid, value)))
     }
 
     /// The socket LND's connections from local NI `local` to `peer`, by

@@ -415,11 +415,14 @@ impl Daemon {
                 Ok(Doc::Null)
             }
             Command::NetDel { nid, net } => self.net_del(nid.as_deref(), net.as_deref()),
-            Command::NetSet { nid, all, health } => {
-                self.set_health(NiSide::Local, nid.as_deref(), all, health)
-            }
+            Command::NetSet {
+                nid,
+                all,
+                health,
+                conns_per_peer,
+            } => self.set_ni(NiSide::Local, nid.as_deref(), all, health, conns_per_peer),
             Command::PeerSet { nid, all, health } => {
-                self.set_health(NiSide::Peer, nid.as_deref(), all, health)
+                self.set_ni(NiSide::Peer, nid.as_deref(), all, health, None)
             }
             Command::NetShow {
                 net,
@@ -571,14 +574,16 @@ impl Daemon {
         }
     }
 
-    /// `net set` / `peer set`: `--health V` of one interface (`--nid`) or
-    /// of every one of its side (`--all`).
-    fn set_health(
+    /// `net set` / `peer set`: `--health V` (and, for a local NI,
+    /// `--conns-per-peer N`) of one interface (`--nid`) or of every one of
+    /// its side (`--all`).
+    fn set_ni(
         &self,
         side: NiSide,
         nid: Option<&str>,
         all: bool,
         health: Option<i64>,
+        conns_per_peer: Option<u32>,
     ) -> Result<Doc, Failure> {
         let object = match side {
             NiSide::Local => "net",
@@ -594,7 +599,14 @@ impl Daemon {
             (None, false) => return Err(fail(errno::EINVAL, "give --nid NID or --all".into())),
         };
         let value = match health {
-            None => return Err(fail(errno::EINVAL, "nothing to set: give --health".into())),
+            None if conns_per_peer.is_none() => {
+                let what = match side {
+                    NiSide::Local => "give --health or --conns-per-peer",
+                    NiSide::Peer => "give --health",
+                };
+                return Err(fail(errno::EINVAL, format!("nothing to set: {what}")));
+            }
+            None => None,
             Some(v) if v < 0 => {
                 return Err(fail(
                     errno::EINVAL,
@@ -602,11 +614,18 @@ impl Daemon {
                 ));
             }
             // Above the maximum is the maximum, as in Lustre.
-            Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
+            Some(v) => Some(u32::try_from(v).unwrap_or(u32::MAX)),
         };
-        self.lnet
-            .set_ni_health(side, nid, value)
-            .map_err(|e| lnet_fail("set", object, &e))?;
+        if let Some(c) = conns_per_peer {
+            self.lnet
+                .set_conns_per_peer(nid, c)
+                .map_err(|e| lnet_fail("set", object, &e))?;
+        }
+        if let Some(v) = value {
+            self.lnet
+                .set_ni_health(side, nid, v)
+                .map_err(|e| lnet_fail("set", object, &e))?;
+        }
         Ok(Doc::Null)
     }
 

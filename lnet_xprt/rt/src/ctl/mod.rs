@@ -170,8 +170,9 @@ pub enum Command {
         /// Every NI of a net.
         net: Option<String>,
     },
-    /// `net set --nid NID | --all --health V`: a local NI's health value
-    /// set by hand (above 1000: 1000).
+    /// `net set --nid NID | --all [--health V] [--conns-per-peer N]`: a
+    /// local NI's health value set by hand (above 1000: 1000), its socket
+    /// LND connections per peer for peers met from now on.
     NetSet {
         /// One NI.
         nid: Option<String>,
@@ -180,6 +181,9 @@ pub enum Command {
         all: bool,
         /// The health value.
         health: Option<i64>,
+        /// Connections per peer (0: the default).
+        #[serde(default)]
+        conns_per_peer: Option<u32>,
     },
     /// `net show [--net NET] [--verbose]`.
     NetShow {

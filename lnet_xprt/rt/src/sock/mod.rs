@@ -15,7 +15,7 @@ mod sched;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -187,8 +187,9 @@ pub(crate) struct SockNi {
     waker: Option<Arc<mio::Waker>>,
     /// The NI was deleted: its acceptor stops.
     pub(crate) deleted: AtomicBool,
-    /// `conns_per_peer` of this NI (BULK_IN/BULK_OUT pairs per peer).
-    pub(crate) conns_per_peer: u32,
+    /// `conns_per_peer` of this NI (BULK_IN/BULK_OUT pairs per peer),
+    /// for peers met from now on (`lnetctl net set --conns-per-peer`).
+    pub(crate) conns_per_peer: AtomicU32,
 }
 
 impl SockNi {
@@ -366,11 +367,11 @@ impl SockLnd {
             peers: Mutex::new(NidMap::default()),
             waker: acceptor.as_ref().map(|a| a.2.clone()),
             deleted: AtomicBool::new(false),
-            conns_per_peer: if conns_per_peer == 0 {
+            conns_per_peer: AtomicU32::new(if conns_per_peer == 0 {
                 self.cfg.conns_per_peer
             } else {
                 conns_per_peer
-            },
+            }),
         });
         self.nis.write().insert(nid, ni.clone());
         if let Some((poll, l, waker)) = acceptor {
@@ -466,6 +467,27 @@ impl SockLnd {
             l.pop_front();
         }
         l.push_back(what);
+    }
+
+    /// `lnetctl net set --conns-per-peer`: the NI `nid`'s (every NI's with
+    /// `None`) connections per peer, for peers met from now on (0: the
+    /// runtime's default); how many NIs were set.
+    pub(crate) fn set_conns_per_peer(&self, nid: Option<Nid>, value: u32) -> usize {
+        let value = if value == 0 {
+            self.cfg.conns_per_peer
+        } else {
+            value
+        };
+        let nis = self.nis.read();
+        let mut n = 0;
+        for ni in nis
+            .values()
+            .filter(|ni| nid.is_none_or(|x| x == ni.local.nid))
+        {
+            ni.conns_per_peer.store(value, Ordering::Relaxed);
+            n += 1;
+        }
+        n
     }
 
     fn new_peer(&self, conns_per_peer: u32, nid: Nid, now: Time) -> Peer {
@@ -674,9 +696,9 @@ impl SockLnd {
         let mut to_close = Vec::new();
         let r = {
             let mut peers = ni.peers.lock();
-            let p = peers
-                .entry(peer_nid)
-                .or_insert_with(|| self.new_peer(ni.conns_per_peer, peer_nid, now));
+            let p = peers.entry(peer_nid).or_insert_with(|| {
+                self.new_peer(ni.conns_per_peer.load(Ordering::Relaxed), peer_nid, now)
+            });
             let adm = p.conns.admit(
                 ni.nid,
                 Candidate {
@@ -879,9 +901,9 @@ impl Lnd for SockLnd {
         let inline = item.wire_len() <= INLINE_MAX || !matches!(item.payload, Payload::Rx { .. });
         let idle = {
             let mut peers = ni.peers.lock();
-            let p = peers
-                .entry(peer_nid)
-                .or_insert_with(|| self.new_peer(ni.conns_per_peer, peer_nid, now));
+            let p = peers.entry(peer_nid).or_insert_with(|| {
+                self.new_peer(ni.conns_per_peer.load(Ordering::Relaxed), peer_nid, now)
+            });
             match Self::place_idle(p, item, now, self.cfg.tun.min_bulk) {
                 Ok(Some(c)) if !inline => {
                     self.kick(&c);
