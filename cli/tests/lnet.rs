@@ -948,6 +948,11 @@ fn health_values_set_by_hand() {
     ]);
     let cpp = |nid: &str| num(&local(nid), &["lnd tunables", "conns_per_peer"]);
     assert_eq!((cpp("127.0.19.1@tcp"), cpp("127.0.19.2@tcp")), (3, 1));
+    let exported = a.ok(&["export"]);
+    assert!(
+        exported.contains("- nid: 127.0.19.1@tcp\n") && exported.contains("conns_per_peer: 3\n"),
+        "{exported}"
+    );
     assert_fails(
         &lnet(
             Some(&a.ctl),

@@ -346,8 +346,16 @@ impl Daemon {
             st.accept,
         );
         drop(st);
-        self.lnet
-            .with_node(|n| NodeConf::of_node(n, cpp, port, acc, &extra))
+        let mut conf = self
+            .lnet
+            .with_node(|n| NodeConf::of_node(n, cpp, port, acc, &extra));
+        // The socket LND's, which `net set --conns-per-peer` changes.
+        for ni in &mut conf.nis {
+            if let Some(c) = self.lnet.conns_per_peer(ni.nid) {
+                ni.conns_per_peer = Some(c);
+            }
+        }
+        conf
     }
 
     /// One line of statistics (printed when the node stops).
