@@ -2267,17 +2267,32 @@ impl Node {
     }
 
     /// Every peer NI this node knows, sorted: those of the peer table
-    /// (peers' and detached ones), route gateways and NIDs it exchanged
-    /// messages with, as Lustre has a peer for each (`lnetctl peer show`).
+    /// (peers' and detached ones) and [`Node::untabled_peer_nis`].
     fn known_peer_nis(&self) -> Vec<Nid> {
         let table = self.disc.peers();
         let mut v: Vec<Nid> = table
             .peers()
             .flat_map(|p| p.nids())
             .chain(table.detached().map(crate::peer::PeerNi::nid))
-            .chain(self.routes.routes().map(|r| r.gateway()))
+            .chain(self.untabled_peer_nis())
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The peers this node knows beyond its peer table's peers, sorted:
+    /// route gateways and NIDs it exchanged messages with (Lustre creates
+    /// a peer for each; `lnetctl peer show` and `peer list` list them).
+    #[must_use]
+    pub fn untabled_peer_nis(&self) -> Vec<Nid> {
+        let table = self.disc.peers();
+        let mut v: Vec<Nid> = self
+            .routes
+            .routes()
+            .map(|r| r.gateway())
             .chain(self.peer_ni_stats.keys().copied())
-            .filter(|n| !self.is_local_nid(*n))
+            .filter(|&n| table.peer_of(n).is_none() && !self.is_local_nid(n))
             .collect();
         v.sort_unstable();
         v.dedup();

@@ -95,22 +95,6 @@ fn conf_fail(op: &str, object: &str, e: &conf::ConfError) -> Failure {
     Failure::new(op, object, e.errno(), e.to_string())
 }
 
-/// The peers `peer show` and `peer list` add to the discovery table's:
-/// gateways known only from routes (Lustre creates a peer for every
-/// gateway a route names) and NIDs we only exchanged messages with
-/// (Lustre creates a peer on the first send or receive), sorted.
-fn untabled_peers(n: &Node) -> Vec<Nid> {
-    let table = n.discovery().peers();
-    let gws = n.routes().routes().map(|r| r.gateway());
-    let mut more: Vec<Nid> = gws
-        .chain(n.traffic_peer_nis())
-        .filter(|&nid| table.peer_of(nid).is_none() && !n.is_local_nid(nid))
-        .collect();
-    more.sort_unstable();
-    more.dedup();
-    more
-}
-
 /// `health stats` of an interface in `lnetctl net show -v` (local) or
 /// `peer show -v` (peer) shape: its health value, the failed completions
 /// counted on it by status, the recovery pings sent since it was last
@@ -490,7 +474,7 @@ impl Daemon {
                 Doc::map().with(
                     "peer list",
                     primaries
-                        .chain(untabled_peers(n))
+                        .chain(n.untabled_peer_nis())
                         .map(|nid| Doc::map().with("nid", nid.to_string()))
                         .collect::<Vec<_>>(),
                 )
@@ -785,7 +769,7 @@ impl Daemon {
                     )
                 })
                 .collect();
-            for nid in untabled_peers(n) {
+            for nid in n.untabled_peer_nis() {
                 if only.is_none_or(|o| o == nid) {
                     docs.push(peer_doc(
                         n,
