@@ -740,6 +740,81 @@ impl Sim {
         lost
     }
 
+    /// Restarts node `name` as a new incarnation built from `cfg`, as after
+    /// a crash and a reboot: its NIs may differ from the old ones, and its
+    /// state, memory, router buffers, routes (add them again with
+    /// [`Sim::with_node`]) and collected events are gone.
+    ///
+    /// Its connections break. Messages on their way to the old
+    /// incarnation fail at their arrival time (`REMOTE_ERROR`, as a
+    /// connection reset); messages it sent that are still on the wire
+    /// arrive, but nobody is told of their completion; a message another
+    /// node parked on a connection from it is reported lost, and the
+    /// messages queued behind it vanish.
+    ///
+    /// # Errors
+    /// A NID another node owns ([`SimError::DuplicateNid`]), or a node
+    /// configuration error.
+    ///
+    /// # Panics
+    /// If no node has that name.
+    pub fn restart(&mut self, name: &str, mut cfg: NodeConfig) -> Result<(), SimError> {
+        let i = self.index(name);
+        for ni in &cfg.nis {
+            if self.owner(ni.nid).is_some_and(|o| o != i) {
+                return Err(SimError::DuplicateNid(ni.nid));
+            }
+        }
+        cfg.seed = self.rng.next_u64();
+        cfg.interface_cookie = self.rng.next_u64();
+        let node = Node::new(cfg).map_err(|error| SimError::Node {
+            name: name.to_owned(),
+            error,
+        })?;
+        let old: BTreeSet<Nid> = self.nodes[i].nids().into_iter().collect();
+        // Connections into the old incarnation go with it; those from it
+        // break at the other end.
+        let keys: Vec<LinkKey> = self
+            .links
+            .keys()
+            .filter(|(d, _, from)| *d == i || old.contains(from))
+            .copied()
+            .collect();
+        for key in keys {
+            let Some(link) = self.links.remove(&key) else {
+                continue;
+            };
+            let (d, to, _) = key;
+            if let Some((rx, _)) = link.stalled {
+                self.stalled_at.remove(&(d, rx));
+                if d != i {
+                    self.payload_result(d, to, rx, PayloadOutcome::Failed);
+                }
+            }
+        }
+        for f in self.in_flight.values_mut() {
+            let to_old = old.contains(&f.to) || (f.src == i && f.to == Nid::LO_0);
+            if f.src == i {
+                f.tx = None;
+            }
+            if to_old && f.fail.is_none() {
+                f.fail = Some(HealthError::RemoteError);
+            }
+        }
+        for nid in node.nids() {
+            self.by_nid.insert(nid, i);
+        }
+        self.nodes[i] = node;
+        self.drivers[i] = Driver::default();
+        self.events[i].clear();
+        if let Some(t) = self.timer_of[i].take() {
+            self.timers.remove(&(t, i));
+        }
+        self.dirty.insert(i);
+        self.collect_outputs();
+        Ok(())
+    }
+
     /// Registers `bytes` as application memory of node `name`; build MDs over
     /// the returned region.
     ///

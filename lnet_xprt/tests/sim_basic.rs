@@ -701,3 +701,59 @@ fn ping_from_a_chosen_source_ni() {
         .unwrap_err();
     assert!(matches!(e, NodeError::Invalid(_)), "{e:?}");
 }
+
+#[test]
+fn restart_breaks_what_was_on_its_way_and_refuses_another_nodes_nid() {
+    let mut sim = pair(21);
+    // A PUT on the wire to b when b restarts fails as at a connection
+    // reset; the new b knows nothing of it.
+    let data = sim.register_mem("a", vec![1; 3]);
+    let src = sim
+        .with_node("a", |n, _| {
+            n.md_bind(
+                MdSpec::new(data, MdOptions::empty())
+                    .threshold(Threshold::Count(1))
+                    .unlink(Unlink::Unlink),
+            )
+        })
+        .unwrap();
+    let b = ProcessId::lustre(nid("10.0.0.2@tcp"));
+    sim.with_node("a", |n, now| n.put(now, src, false, b, 5, 1, 0, 0))
+        .unwrap();
+    sim.run_for(Duration::from_micros(10)).unwrap();
+    let mut cfg = colibri_lnet::node::NodeConfig::new(vec![colibri_lnet::node::NiConfig::new(
+        nid("10.0.0.2@tcp"),
+    )]);
+    cfg.discovery = false;
+    sim.restart("b", cfg.clone()).unwrap();
+    sim.run_until_idle().unwrap();
+    assert_eq!(kinds(&sim, "a"), vec![EventKind::Send]);
+    assert!(sim.events("a")[0].1.status().is_err());
+    assert!(sim.events("b").is_empty());
+    assert_eq!(
+        sim.trace().last().unwrap().outcome,
+        Err(HealthError::RemoteError)
+    );
+    // The new b works.
+    let inbox = sim.register_mem("b", vec![0; 16]);
+    post(&mut sim, "b", 5, 1, MdSpec::new(inbox, MdOptions::OP_PUT));
+    let src = sim
+        .with_node("a", |n, _| {
+            n.md_bind(
+                MdSpec::new(data, MdOptions::empty())
+                    .threshold(Threshold::Count(1))
+                    .unlink(Unlink::Unlink),
+            )
+        })
+        .unwrap();
+    sim.with_node("a", |n, now| n.put(now, src, false, b, 5, 1, 0, 0))
+        .unwrap();
+    sim.run_until_idle().unwrap();
+    assert_eq!(kinds(&sim, "b"), vec![EventKind::Put]);
+    // a's NID is a's.
+    cfg.nis = vec![colibri_lnet::node::NiConfig::new(nid("10.0.0.1@tcp"))];
+    assert!(matches!(
+        sim.restart("b", cfg),
+        Err(SimError::DuplicateNid(_))
+    ));
+}
