@@ -1034,3 +1034,60 @@ fn health_values_set_by_hand() {
     let list = a.json(&["peer", "list"]);
     assert_eq!(list["peer list"][0]["nid"], "127.0.19.3@tcp", "{list}");
 }
+
+/// A Multi-Rail client killed and started again with one of its NIs at
+/// another address: the server learns the new NIs and forgets the old one.
+/// The first incarnation changed its NIs twice (`net add`, `net del`), so
+/// the second one's ping buffer is numbered lower than the last the server
+/// saw: its push is ignored (the discovery design's rule) and the server
+/// pings it instead, as Lustre would take it ("peer rebooted?").
+#[test]
+fn a_restarted_multi_rail_client_is_known_by_its_new_nis() {
+    let dir = tempfile::tempdir().unwrap();
+    let ips = [
+        "127.0.20.1",
+        "127.0.20.2",
+        "127.0.20.3",
+        "127.0.20.4",
+        "127.0.20.5",
+        "127.0.20.6",
+    ]
+    .map(|s| s.parse().unwrap());
+    let port = common_free_port(&ips);
+    let g = global(port);
+    let two = |a: &str, b: &str| format!("net:\n{}{}{g}", ni("tcp", a), ni("tcp", b));
+    let s = Node::start(dir.path(), "s", &two("127.0.20.1@tcp", "127.0.20.2@tcp"));
+    let mut c = Node::start(dir.path(), "c", &two("127.0.20.3@tcp", "127.0.20.4@tcp"));
+    c.ok(&["net", "add", "--nid", "127.0.20.6@tcp"]);
+    c.ok(&["net", "del", "--nid", "127.0.20.6@tcp"]);
+    c.ok(&["discover", "127.0.20.1@tcp"]);
+    // The server's view of the client's NIs, once it holds `want`.
+    let nis_of_client = |want: &[&str]| {
+        wait_for(
+            Duration::from_secs(10),
+            "the server's entry of the client",
+            || {
+                let v = s.json(&["peer", "show"]);
+                let nids: Vec<String> = v["peer"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p["peer ni"].as_array())
+                    .find(|n| n.iter().any(|n| n["nid"] == "127.0.20.3@tcp"))
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|n| n["nid"].as_str().map(str::to_owned))
+                    .collect();
+                if nids == want { Ok(()) } else { Err(nids) }
+            },
+        )
+    };
+    nis_of_client(&["127.0.20.3@tcp", "127.0.20.4@tcp"]);
+
+    c.kill9();
+    let c2 = Node::start(dir.path(), "c2", &two("127.0.20.3@tcp", "127.0.20.5@tcp"));
+    c2.ok(&["discover", "127.0.20.1@tcp"]);
+    nis_of_client(&["127.0.20.3@tcp", "127.0.20.5@tcp"]);
+    // And the server reaches the new NI.
+    s.ok(&["ping", "127.0.20.5@tcp"]);
+}

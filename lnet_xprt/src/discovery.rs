@@ -366,7 +366,9 @@ pub struct DiscoveryStats {
     pub replies_merged: u64,
     /// Pushes merged.
     pub pushes_merged: u64,
-    /// Pushes ignored because their sequence number was not newer.
+    /// Pushes ignored because their sequence number was older than the
+    /// last one seen (the peer restarted, or two pushes crossed); an
+    /// `Active` peer is pinged instead.
     pub stale_pushes: u64,
     /// Pings that failed or timed out.
     pub ping_failures: u64,
@@ -1027,13 +1029,12 @@ impl<M> Discovery<M> {
     /// | state | result |
     /// |---|---|
     /// | `Init` | peer created for `from`, push merged, `Active` |
-    /// | `PushSent`, `Active` | merged if its sequence number is newer than the last one seen, else ignored; state kept |
+    /// | `PushSent`, `Active` | merged if its sequence number is not older than the last one seen; state kept. An older one is ignored, and an `Active` peer is pinged (`Discovery`, then `WaitPingResponse`): a restarted peer numbers from the start again, and its reply is taken whatever its number |
     /// | `Verify`, `Discovery`, `WaitPingResponse` | unexpected: dropped |
     ///
     /// A malformed push, or one from a node that is not Multi-Rail, is
     /// dropped and counted.
     pub fn handle_push(&mut self, now: Time, from: Nid, info: PingInfo) -> Vec<Action<M>> {
-        let _ = now;
         let state = self.state_of(from);
         let mut out = Vec::new();
         match state {
@@ -1057,10 +1058,24 @@ impl<M> Discovery<M> {
         }
         let id = match self.table.peer_id_of(from) {
             Some(id) => {
+                // Older than the last ping buffer seen: the data is not
+                // taken (the seed's rule), but the peer is pinged, for a
+                // push numbered lower means it restarted (it numbers from
+                // the start again) or two pushes crossed, and its ping
+                // reply, always taken, says which NIs it has now. Without
+                // the ping, a peer that restarted with other NIs would be
+                // known by its old ones for good. An equal number is taken
+                // (the seed is silent; Lustre takes every push as new
+                // data): the same data again, or a restart that numbered
+                // as far.
                 let last = self.disc.get(&id).and_then(|d| d.peer_seq);
-                if last.is_some_and(|last| info.seqno <= last) {
+                if last.is_some_and(|last| info.seqno < last) {
                     self.stats.stale_pushes += 1;
-                    tracing::debug!(target: TARGET, %from, seq = info.seqno, ?last, "stale push ignored");
+                    tracing::info!(target: TARGET, %from, seq = info.seqno, ?last, "push older than the last seen: ignored, peer pinged (restarted?)");
+                    if state == PeerState::Active && self.config.enabled {
+                        self.enqueue(id, now);
+                        out.extend(self.process_queue(now));
+                    }
                     return out;
                 }
                 id
@@ -2024,10 +2039,17 @@ mod tests {
         assert_eq!(d.state_of(nid(A)), PeerState::PushSent);
         assert_eq!(d.peers().peer_of(nid(A)).unwrap().ni_count(), 3);
         assert_eq!(d.peer_seq(nid(A)), Some(6));
-        // Older (or equal) sequence: ignored.
+        // Older sequence: ignored; a peer busy with our push is not pinged.
         assert!(d.handle_push(t(4), nid(A), mr_info(4, &[A])).is_empty());
         assert_eq!(d.stats().stale_pushes, 1);
         assert_eq!(d.peers().peer_of(nid(A)).unwrap().ni_count(), 3);
+        assert_eq!(d.state_of(nid(A)), PeerState::PushSent);
+        // Equal: taken (the same data again, or a restart that numbered as far).
+        assert!(
+            d.handle_push(t(4), nid(A), mr_info(6, &[A, A_IB]))
+                .is_empty()
+        );
+        assert_eq!(d.peers().peer_of(nid(A)).unwrap().ni_count(), 2);
         ok(&d);
     }
 
@@ -2134,13 +2156,25 @@ mod tests {
         assert_eq!(d.state_of(nid(A)), PeerState::Active);
         assert_eq!(d.peers().peer_of(nid(A)).unwrap().ni_count(), 1);
         assert!(d.peers().ni(nid(A_IB)).unwrap().is_detached());
-        // A stale push changes nothing.
+        // The same sequence number again, from a peer that restarted with
+        // its o2ib NI back: taken.
         assert!(
             d.handle_push(t(5), nid(A), mr_info(6, &[A, A_IB]))
                 .is_empty()
         );
+        assert!(!d.peers().ni(nid(A_IB)).unwrap().is_detached());
+        assert_eq!(d.peers().peer_of(nid(A)).unwrap().ni_count(), 2);
+        // An older one is not taken, but the peer is pinged: its reply
+        // says what it has now, whatever its number.
+        let a = d.handle_push(t(6), nid(A), mr_info(2, &[A]));
         assert_eq!(d.stats().stale_pushes, 1);
+        assert_eq!(d.peers().peer_of(nid(A)).unwrap().ni_count(), 2);
+        assert!(matches!(a[..], [Action::SendPing { .. }]), "{a:?}");
+        assert_eq!(d.state_of(nid(A)), PeerState::WaitPingResponse);
+        let a = d.handle_ping_reply(t(7), nid(A), nid(ME), mr_info(2, &[A]));
+        assert!(matches!(a[..], [Action::SendPush { .. }]), "{a:?}");
         assert_eq!(d.peers().peer_of(nid(A)).unwrap().ni_count(), 1);
+        assert_eq!(d.peer_seq(nid(A)), Some(2));
         ok(&d);
     }
 
