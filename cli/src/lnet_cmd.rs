@@ -170,19 +170,41 @@ struct SetWhich {
 /// `net set`.
 #[derive(Debug, clap::Args)]
 struct NetSet {
-    #[command(flatten)]
-    which: SetWhich,
+    /// The interface's NID.
+    #[arg(
+        long,
+        conflicts_with = "all",
+        required_unless_present_any = ["all", "lnd_timeout"]
+    )]
+    nid: Option<String>,
+    /// Every interface.
+    #[arg(long)]
+    all: bool,
     /// Health value, 0 to 1000.
     #[arg(
         long,
         allow_negative_numbers = true,
-        required_unless_present = "conns_per_peer"
+        required_unless_present_any = ["conns_per_peer", "lnd_timeout"]
     )]
     health: Option<i64>,
     /// Socket LND connections (BULK_IN/BULK_OUT pairs) per peer met from
     /// now on, 0 to 127 (0: the default).
     #[arg(long = "conns-per-peer", alias = "conns_per_peer")]
     conns_per_peer: Option<u32>,
+    /// The net whose LND `--lnd-timeout` sets (e.g. tcp: the socket LND,
+    /// for all its nets).
+    #[arg(long, requires = "lnd_timeout")]
+    net: Option<String>,
+    /// The LND's timeout, seconds: a socket connection making no progress
+    /// that long is closed (0: LNet's lnd_timeout, from the transaction
+    /// timeout and retry count).
+    #[arg(
+        long = "lnd-timeout",
+        alias = "lnd_timeout",
+        allow_negative_numbers = true,
+        requires = "net"
+    )]
+    lnd_timeout: Option<i64>,
 }
 
 /// `peer set`.
@@ -227,7 +249,8 @@ enum NetCmd {
     /// Set a local NI's health value by hand (`--all`: every NI), as
     /// `lnetctl net set --health`: below 1000 the NI enters recovery, at 0
     /// it goes down, at 1000 (or more) it is up and healthy; or its
-    /// connections per peer (`--conns-per-peer`).
+    /// connections per peer (`--conns-per-peer`); or the timeout of the
+    /// LND serving a net (`--net tcp --lnd-timeout S`).
     Set(NetSet),
     /// Show local NIs.
     Show {
@@ -546,10 +569,12 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 net: net.clone(),
             },
             NetCmd::Set(h) => Command::NetSet {
-                nid: h.which.nid.clone(),
-                all: h.which.all,
+                nid: h.nid.clone(),
+                all: h.all,
                 health: h.health,
                 conns_per_peer: h.conns_per_peer,
+                net: h.net.clone(),
+                lnd_timeout: h.lnd_timeout,
             },
             NetCmd::Show { net, verbose } => Command::NetShow {
                 detail: verbose.unwrap_or(0),

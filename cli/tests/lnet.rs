@@ -963,6 +963,39 @@ fn health_values_set_by_hand() {
     let neither = lnet(Some(&a.ctl), &["net", "set", "--nid", "127.0.19.1@tcp"]);
     assert_eq!(neither.code, Some(2), "{}", neither.stderr);
 
+    // `--net tcp --lnd-timeout S`: the socket LND's timeout, shown as
+    // its `timeout` tunable; 0 follows LNet's lnd_timeout (global show),
+    // which follows the transaction timeout and retry count.
+    let timeout = |nid: &str| num(&local(nid), &["lnd tunables", "timeout"]);
+    assert_eq!(timeout("127.0.19.1@tcp"), 50, "socklnd's default");
+    a.ok(&["net", "set", "--net", "tcp", "--lnd-timeout", "7"]);
+    assert_eq!(
+        (timeout("127.0.19.1@tcp"), timeout("127.0.19.2@tcp")),
+        (7, 7)
+    );
+    a.ok(&["net", "set", "--net", "tcp", "--lnd-timeout", "0"]);
+    let lnd_timeout = || num(&a.json(&["global", "show"]), &["global", "lnd_timeout"]);
+    assert_eq!(timeout("127.0.19.1@tcp"), lnd_timeout());
+    a.ok(&["set", "transaction_timeout", "40"]);
+    assert_eq!(timeout("127.0.19.1@tcp"), lnd_timeout());
+    assert_eq!(lnd_timeout(), 13, "(40 - 1) / (2 + 1)");
+    assert_fails(
+        &lnet(
+            Some(&a.ctl),
+            &["net", "set", "--net", "lo", "--lnd-timeout", "5"],
+        ),
+        "does not accept an LND timeout",
+    );
+    assert_fails(
+        &lnet(
+            Some(&a.ctl),
+            &["net", "set", "--net", "tcp", "--lnd-timeout", "-1"],
+        ),
+        "invalid LND timeout",
+    );
+    let alone = lnet(Some(&a.ctl), &["net", "set", "--lnd-timeout", "5"]);
+    assert_eq!(alone.code, Some(2), "{}", alone.stderr);
+
     a.ok(&["peer", "set", "--nid", "127.0.19.3@tcp", "--health", "100"]);
     let v = a.json(&["peer", "show", "--verbose"]);
     let p = peer_ni(&v, "127.0.19.3@tcp");

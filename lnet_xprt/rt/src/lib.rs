@@ -374,7 +374,8 @@ impl Lnet {
             accept_timeout: cfg.accept_timeout,
             reserved_ports: cfg.reserved_ports,
             pid: cfg.node.pid,
-            sock_timeout: cfg.tcp.timeout(LND_TIMEOUT),
+            sock_timeout: cfg.tcp.sock_timeout,
+            lnd_timeout: lnet.with_node(|n| n.health().config().lnd_timeout()),
             keepalive: cfg.tcp.keepalive_after(),
             conns_per_peer: cfg.tcp.conns_per_peer_for_speed(None),
             spin: cfg.spin,
@@ -930,10 +931,51 @@ impl Lnet {
         transaction_timeout: Duration,
     ) -> Result<(), LnetError> {
         let s = self.live()?;
-        Ok(s.run(Vec::new(), |c, _| {
+        let lnd_timeout = s.run(Vec::new(), |c, _| {
             c.node
                 .set_health_params(sensitivity, retry_count, transaction_timeout)
-        })?)
+                .map(|()| c.node.health().config().lnd_timeout())
+        })?;
+        if let Some(l) = s.lnd.get() {
+            l.note_lnd_timeout(lnd_timeout);
+        }
+        Ok(())
+    }
+
+    /// The socket LND's dead-socket timeout in force (`ksocknal_timeout`:
+    /// `sock_timeout`, or LNet's `lnd_timeout` while that is 0); `None`
+    /// without a socket LND.
+    #[must_use]
+    pub fn sock_timeout(&self) -> Option<Duration> {
+        self.shared().lnd.get().map(|l| l.sock_timeout())
+    }
+
+    /// `lnetctl net set --net NET --lnd-timeout S`: the LND timeout of
+    /// the LND that serves `net`, in whole seconds, for every net of that
+    /// LND (Lustre writes the LND's module parameter: socklnd's
+    /// `sock_timeout`). Here the socket LND takes it as its dead-socket
+    /// timeout (a connection with a send or receive making no progress
+    /// that long is closed; a message waiting that long for a connection
+    /// fails; connection handshakes are bounded by it) from its next check
+    /// on; 0 makes it follow LNet's `lnd_timeout` (`(transaction_timeout
+    /// - 1) / (retry_count + 1)`, at least 1 s).
+    ///
+    /// # Errors
+    /// A net of another LND than `tcp` (`lo` has no timeout): `EINVAL`.
+    pub fn set_lnd_timeout(&self, net: Net, secs: u32) -> Result<(), LnetError> {
+        let s = self.live()?;
+        let lnd = net.lnd();
+        if lnd.name() != Some("tcp") {
+            return Err(LnetError::Config(format!(
+                "net {net} does not accept an LND timeout (only the socket LND's tcp nets do here)"
+            )));
+        }
+        let Some(l) = s.lnd.get() else {
+            return Err(LnetError::Config("no socket LND runs on this node".into()));
+        };
+        l.set_sock_timeout(secs);
+        tracing::info!(target: TARGET, secs, "socket LND timeout set");
+        Ok(())
     }
 
     /// `lnetctl net set --health V` (`side` Local) and `lnetctl peer set
@@ -1152,9 +1194,6 @@ impl Lnet {
             .unwrap_or_default()
     }
 }
-
-/// `lnd_timeout` when `sock_timeout` is 0 (Lustre: 150 s / 3 retries).
-const LND_TIMEOUT: Duration = Duration::from_secs(50);
 
 /// Wall-clock nanoseconds: NI incarnations (Lustre uses the NI's start
 /// time) and seeds.

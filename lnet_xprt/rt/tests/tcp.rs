@@ -467,6 +467,36 @@ fn stalled_peer_is_closed_after_sock_timeout() {
 }
 
 #[test]
+fn sock_timeout_set_at_run_time_and_following_lnd_timeout() {
+    let server = nid("127.0.2.60@tcp");
+    let b = start("127.0.2.60@tcp", AcceptPolicy::All);
+    // socklnd's default, 50 s.
+    assert_eq!(b.sock_timeout(), Some(Duration::from_secs(50)));
+    // `lnetctl net set --net tcp --lnd-timeout 1`: in force from the next
+    // check on, for connections made before too.
+    let addr = b.listen_addr(server).unwrap();
+    let mut s = raw_peer(addr, server, nid("127.0.2.61@tcp"), ConnType::Control, 5);
+    b.set_lnd_timeout("tcp".parse().unwrap(), 1).unwrap();
+    assert_eq!(b.sock_timeout(), Some(Duration::from_secs(1)));
+    s.write_all(&[0xc1, 0, 0, 0, 0, 0]).unwrap();
+    let t0 = Instant::now();
+    closed_by_node(s);
+    assert!(t0.elapsed() >= Duration::from_millis(900));
+    wait_reason(&b, "timed out receiving (sock_timeout 1s)");
+    // 0: LNet's lnd_timeout, (transaction_timeout - 1) / (retry_count + 1),
+    // followed as those change.
+    b.set_lnd_timeout("tcp3".parse().unwrap(), 0).unwrap();
+    b.set_health(100, 2, Duration::from_secs(10)).unwrap();
+    assert_eq!(b.sock_timeout(), Some(Duration::from_secs(3)));
+    b.set_health(100, 1, Duration::from_secs(21)).unwrap();
+    assert_eq!(b.sock_timeout(), Some(Duration::from_secs(10)));
+    // `lo` has no LND timeout.
+    let e = b.set_lnd_timeout("lo".parse().unwrap(), 5).unwrap_err();
+    assert_eq!(e.errno(), colibri_lnet_rt::ctl::errno::EINVAL, "{e}");
+    b.shutdown();
+}
+
+#[test]
 fn a_new_incarnation_closes_the_old_connections() {
     let server = nid("127.0.2.16@tcp");
     let b = start("127.0.2.16@tcp", AcceptPolicy::All);

@@ -412,7 +412,50 @@ impl Daemon {
                 all,
                 health,
                 conns_per_peer,
-            } => self.set_ni(NiSide::Local, nid.as_deref(), all, health, conns_per_peer),
+                net,
+                lnd_timeout,
+            } => {
+                let lnd = match (net, lnd_timeout) {
+                    (None, None) => None,
+                    (Some(net), Some(t)) => {
+                        let net = net_arg(&net, "set", "lnd_timeout")?;
+                        let t = u32::try_from(t).map_err(|_| {
+                            Failure::new(
+                                "set",
+                                "lnd_timeout",
+                                errno::EINVAL,
+                                format!("invalid LND timeout {t}: must be 0 to {}", u32::MAX),
+                            )
+                        })?;
+                        Some((net, t))
+                    }
+                    (None, Some(_)) => {
+                        return Err(Failure::new(
+                            "set",
+                            "lnd_timeout",
+                            errno::EINVAL,
+                            "--lnd-timeout needs --net".to_owned(),
+                        ));
+                    }
+                    (Some(_), None) => {
+                        return Err(Failure::new(
+                            "set",
+                            "net",
+                            errno::EINVAL,
+                            "--net is for --lnd-timeout".to_owned(),
+                        ));
+                    }
+                };
+                if lnd.is_none() || nid.is_some() || all || health.is_some() {
+                    self.set_ni(NiSide::Local, nid.as_deref(), all, health, conns_per_peer)?;
+                }
+                if let Some((net, t)) = lnd {
+                    self.lnet
+                        .set_lnd_timeout(net, t)
+                        .map_err(|e| lnet_fail("set", "lnd_timeout", &e))?;
+                }
+                Ok(Doc::Null)
+            }
             Command::PeerSet { nid, all, health } => {
                 self.set_ni(NiSide::Peer, nid.as_deref(), all, health, None)
             }
@@ -696,13 +739,16 @@ impl Daemon {
                             .with("peer_buffer_credits", ni.peer_buffer_credits)
                             .with("credits", ni.credits),
                     );
-                    d.push(
-                        "lnd tunables",
-                        Doc::map().with(
-                            "conns_per_peer",
-                            self.lnet.conns_per_peer(ni.nid).unwrap_or(cpp),
-                        ),
+                    let mut lnd = Doc::map().with(
+                        "conns_per_peer",
+                        self.lnet.conns_per_peer(ni.nid).unwrap_or(cpp),
                     );
+                    // The socket LND's timeout in force, as Lustre shows
+                    // it (`ksocknal_timeout`).
+                    if let Some(timeout) = self.lnet.sock_timeout() {
+                        lnd.push("timeout", timeout.as_secs());
+                    }
+                    d.push("lnd tunables", lnd);
                     d.push(
                         "tx credits",
                         Doc::map()

@@ -172,7 +172,8 @@ pub enum Command {
     },
     /// `net set --nid NID | --all [--health V] [--conns-per-peer N]`: a
     /// local NI's health value set by hand (above 1000: 1000), its socket
-    /// LND connections per peer for peers met from now on.
+    /// LND connections per peer for peers met from now on; `net set --net
+    /// NET --lnd-timeout S`: the timeout of the LND serving `NET`.
     NetSet {
         /// One NI.
         nid: Option<String>,
@@ -184,6 +185,12 @@ pub enum Command {
         /// Connections per peer (0: the default).
         #[serde(default)]
         conns_per_peer: Option<u32>,
+        /// The net whose LND `lnd_timeout` is for.
+        #[serde(default)]
+        net: Option<String>,
+        /// The LND timeout, seconds (0: LNet's `lnd_timeout`).
+        #[serde(default)]
+        lnd_timeout: Option<i64>,
     },
     /// `net show [--net NET] [--verbose]`.
     NetShow {

@@ -406,7 +406,7 @@ fn connect_one(
             format!("no address for {peer}"),
         ));
     };
-    let timeout = lnd.cfg.sock_timeout;
+    let timeout = lnd.sock_timeout();
     let mut stream = connect_socket(lnd, ni.ip(), to, timeout)?;
     let io_fail = |e: io::Error, what: &str| {
         Fail::Sock(SocketError::from_io_error(&e), format!("{what}: {e}"))

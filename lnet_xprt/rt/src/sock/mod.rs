@@ -53,7 +53,12 @@ pub(crate) struct SockCfg {
     pub(crate) accept_timeout: Duration,
     pub(crate) reserved_ports: bool,
     pub(crate) pid: Pid,
-    pub(crate) sock_timeout: Duration,
+    /// `sock_timeout` in seconds as configured; 0: LNet's `lnd_timeout`
+    /// (see [`SockLnd::sock_timeout`]).
+    pub(crate) sock_timeout: u32,
+    /// LNet's `lnd_timeout` when the LND starts (kept current by
+    /// [`SockLnd::note_lnd_timeout`]).
+    pub(crate) lnd_timeout: Duration,
     pub(crate) keepalive: Duration,
     pub(crate) conns_per_peer: u32,
     /// How long a scheduler looks for events before it blocks
@@ -239,6 +244,12 @@ pub(crate) struct SockLnd {
     acceptor_wakers: Mutex<Vec<Arc<mio::Waker>>>,
     pub(crate) stopping: AtomicBool,
     nconnds: usize,
+    /// `sock_timeout`, seconds, 0: `lnd_timeout` (`lnetctl net set
+    /// --lnd-timeout`, Lustre's writable module parameter).
+    sock_timeout: AtomicU32,
+    /// LNet's `lnd_timeout`, seconds, as the node derives it from its
+    /// transaction timeout and retry count.
+    lnd_timeout: AtomicU64,
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, LnetError> {
@@ -284,7 +295,6 @@ impl SockLnd {
         }
         let (connd_tx, connd_rx) = crossbeam_channel::bounded(1024);
         let lnd = Arc::new(Self {
-            cfg,
             shared: Arc::downgrade(shared),
             nis: RwLock::new(NidMap::default()),
             peer_addrs: RwLock::new(peers.into_iter().collect()),
@@ -298,6 +308,9 @@ impl SockLnd {
             acceptor_wakers: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
             nconnds,
+            sock_timeout: AtomicU32::new(cfg.sock_timeout),
+            lnd_timeout: AtomicU64::new(cfg.lnd_timeout.as_secs().max(1)),
+            cfg,
         });
         let mut threads = Vec::new();
         for (i, (poll, rx)) in sched_parts.into_iter().enumerate() {
@@ -472,6 +485,28 @@ impl SockLnd {
     /// `lnetctl net set --conns-per-peer`: the NI `nid`'s (every NI's with
     /// `None`) connections per peer, for peers met from now on (0: the
     /// runtime's default); how many NIs were set.
+    /// The dead-socket timeout (`ksocknal_timeout`): `sock_timeout`, or
+    /// LNet's `lnd_timeout` while it is 0. Read at each use, so a change
+    /// counts from the next check on.
+    pub(crate) fn sock_timeout(&self) -> Duration {
+        match self.sock_timeout.load(Ordering::Relaxed) {
+            0 => Duration::from_secs(self.lnd_timeout.load(Ordering::Relaxed)),
+            s => Duration::from_secs(s.into()),
+        }
+    }
+
+    /// `lnetctl net set --net tcp --lnd-timeout S`.
+    pub(crate) fn set_sock_timeout(&self, secs: u32) {
+        self.sock_timeout.store(secs, Ordering::Relaxed);
+    }
+
+    /// LNet's `lnd_timeout` changed (a new transaction timeout or retry
+    /// count).
+    pub(crate) fn note_lnd_timeout(&self, t: Duration) {
+        self.lnd_timeout
+            .store(t.as_secs().max(1), Ordering::Relaxed);
+    }
+
     pub(crate) fn set_conns_per_peer(&self, nid: Option<Nid>, value: u32) -> usize {
         let value = if value == 0 {
             self.cfg.conns_per_peer
@@ -968,7 +1003,7 @@ impl Lnd for SockLnd {
 
     fn tick(&self, s: &Shared, now: Time) {
         let mut inputs = Vec::new();
-        let timeout = self.cfg.sock_timeout;
+        let timeout = self.sock_timeout();
         for ni in self.all_nis() {
             let mut close = Vec::new();
             {
