@@ -560,3 +560,39 @@ fn a_peer_restarted_with_other_nis_is_known_by_its_new_ones() {
 fn a_peer_restarted_numbering_lower_is_pinged_and_known_by_its_new_nis() {
     restarted_peer_is_known_by_its_new_nis(10, 2);
 }
+
+/// The client comes back with its o2ib NI first and its tcp NI at another
+/// address: the peer the server knew, found by the o2ib NID, takes the new
+/// set, and its primary NID is the one the client now calls primary.
+#[test]
+fn a_peer_restarted_with_another_primary_nid_is_known_by_it() {
+    const NEW_TCP: &str = "10.0.0.3@tcp";
+    let mut sim = two_rails(11);
+    post_sink(&mut sim, "client");
+    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    sim.restart(
+        "client",
+        NodeConfig::new(vec![NiConfig::new(nid(C_IB)), NiConfig::new(nid(NEW_TCP))]),
+    )
+    .unwrap();
+    post_sink(&mut sim, "client");
+    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    assert_eq!(acks(&sim), 1);
+    let peers = sim.node("server").discovery().peers();
+    let peer = peers.peer_of(nid(C_IB)).unwrap();
+    assert!(peer.contains(nid(NEW_TCP)));
+    assert!(!peer.contains(nid(C_TCP)));
+    assert_eq!(peer.primary_nid(), nid(C_IB));
+    let from = sim.trace().len();
+    put_from(&mut sim, "server", C_IB, 20, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    let acked = sim
+        .events("server")
+        .iter()
+        .filter(|(_, e)| e.kind() == EventKind::Ack && e.status().is_ok())
+        .count();
+    assert_eq!(acked, 20);
+    assert!(sim.trace()[from..].iter().all(|t| t.to != nid(C_TCP)));
+}
