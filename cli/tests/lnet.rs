@@ -968,6 +968,8 @@ fn health_values_set_by_hand() {
     // which follows the transaction timeout and retry count.
     let timeout = |nid: &str| num(&local(nid), &["lnd tunables", "timeout"]);
     assert_eq!(timeout("127.0.19.1@tcp"), 50, "socklnd's default");
+    let tos = local("127.0.19.1@tcp")["lnd tunables"]["tos"].as_i64();
+    assert_eq!(tos, Some(-1), "socklnd's default: the system's");
     a.ok(&["net", "set", "--net", "tcp", "--lnd-timeout", "7"]);
     assert_eq!(
         (timeout("127.0.19.1@tcp"), timeout("127.0.19.2@tcp")),

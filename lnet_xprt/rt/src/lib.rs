@@ -950,6 +950,18 @@ impl Lnet {
         self.shared().lnd.get().map(|l| l.sock_timeout())
     }
 
+    /// The socket LND's module parameters in force (`sock_timeout` as
+    /// set at run time: 0 means LNet's `lnd_timeout`); `None` without a
+    /// socket LND.
+    #[must_use]
+    pub fn tcp_tunables(&self) -> Option<colibri_lnet::socklnd::Tunables> {
+        self.shared().lnd.get().map(|l| {
+            let mut t = l.cfg.tun.clone();
+            t.sock_timeout = l.sock_timeout_setting();
+            t
+        })
+    }
+
     /// `lnetctl net set --net NET --lnd-timeout S`: the LND timeout of
     /// the LND that serves `net`, in whole seconds, for every net of that
     /// LND (Lustre writes the LND's module parameter: socklnd's

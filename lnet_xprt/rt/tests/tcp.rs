@@ -496,6 +496,107 @@ fn sock_timeout_set_at_run_time_and_following_lnd_timeout() {
     b.shutdown();
 }
 
+/// `(IP_TOS, SO_KEEPALIVE, TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT)` of
+/// every TCP socket of this process bound to `ip` (the nodes run in the
+/// test's process), read through `/proc/self/fd`.
+fn socket_options_on(ip: [u8; 4]) -> Vec<[i32; 5]> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        // SAFETY: `sockaddr_in` is plain data; getsockname writes at most
+        // `len` bytes into it. A descriptor that is not a socket, or was
+        // closed meanwhile, fails the call and is skipped; nothing is
+        // read from or written to a descriptor but these queries.
+        let local = unsafe {
+            let mut a: libc::sockaddr_in = std::mem::zeroed();
+            let mut len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let rc = libc::getsockname(fd, (&raw mut a).cast(), &raw mut len);
+            (rc == 0 && i32::from(a.sin_family) == libc::AF_INET && a.sin_port != 0)
+                .then(|| a.sin_addr.s_addr.to_ne_bytes())
+        };
+        if local != Some(ip) {
+            continue;
+        }
+        let opt = |level: i32, name: i32| {
+            let mut v: libc::c_int = -1;
+            let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: an int-sized option read into an int of that size.
+            let rc =
+                unsafe { libc::getsockopt(fd, level, name, (&raw mut v).cast(), &raw mut len) };
+            if rc == 0 { v } else { -1 }
+        };
+        // A listening socket has no keepalive to show: connections only.
+        if opt(libc::SOL_SOCKET, libc::SO_ACCEPTCONN) != 0 {
+            continue;
+        }
+        out.push([
+            opt(libc::IPPROTO_IP, libc::IP_TOS),
+            opt(libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+            opt(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+            opt(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+            opt(libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+        ]);
+    }
+    out
+}
+
+#[test]
+fn connections_carry_the_tunables_tos_and_tcp_keepalive() {
+    // Both sides set what Lustre's ksocknal_lib_setup_sock sets: the
+    // connecting one (a) and the accepting one (b).
+    let (na, nb) = (nid("127.0.2.62@tcp"), nid("127.0.2.63@tcp"));
+    let a = start_with("127.0.2.62@tcp", AcceptPolicy::All, |c| {
+        c.tcp.tos = 0x10;
+        (
+            c.tcp.keepalive_idle,
+            c.tcp.keepalive_intvl,
+            c.tcp.keepalive_count,
+        ) = (7, 2, 3);
+    });
+    let b = start_with("127.0.2.63@tcp", AcceptPolicy::All, |c| {
+        c.tcp.tos = 0x20;
+        (
+            c.tcp.keepalive_idle,
+            c.tcp.keepalive_intvl,
+            c.tcp.keepalive_count,
+        ) = (9, 3, 4);
+    });
+    a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
+    b.set_peer_addr(na, a.listen_addr(na).unwrap());
+    a.ping(nb, LIMIT).unwrap();
+    let on_a = socket_options_on([127, 0, 2, 62]);
+    let on_b = socket_options_on([127, 0, 2, 63]);
+    assert!(!on_a.is_empty() && !on_b.is_empty(), "{on_a:?} {on_b:?}");
+    assert!(on_a.iter().all(|o| *o == [0x10, 1, 7, 2, 3]), "{on_a:?}");
+    assert!(on_b.iter().all(|o| *o == [0x20, 1, 9, 3, 4]), "{on_b:?}");
+    a.shutdown();
+    b.shutdown();
+    // No probes when one of the three is 0; tos -1 leaves the system's.
+    let (nc, nd) = (nid("127.0.2.64@tcp"), nid("127.0.2.65@tcp"));
+    let c = start_with("127.0.2.64@tcp", AcceptPolicy::All, |c| {
+        c.tcp.keepalive_count = 0;
+    });
+    let d = start("127.0.2.65@tcp", AcceptPolicy::All);
+    c.set_peer_addr(nd, d.listen_addr(nd).unwrap());
+    d.set_peer_addr(nc, c.listen_addr(nc).unwrap());
+    c.ping(nd, LIMIT).unwrap();
+    let on_c = socket_options_on([127, 0, 2, 64]);
+    assert!(
+        !on_c.is_empty() && on_c.iter().all(|o| o[..2] == [0, 0]),
+        "{on_c:?}"
+    );
+    // Lustre's defaults: probes after 30 s, every 5 s, 5 of them.
+    let on_d = socket_options_on([127, 0, 2, 65]);
+    assert!(
+        !on_d.is_empty() && on_d.iter().all(|o| *o == [0, 1, 30, 5, 5]),
+        "{on_d:?}"
+    );
+    c.shutdown();
+    d.shutdown();
+}
+
 #[test]
 fn a_new_incarnation_closes_the_old_connections() {
     let server = nid("127.0.2.16@tcp");

@@ -743,10 +743,14 @@ impl Daemon {
                         "conns_per_peer",
                         self.lnet.conns_per_peer(ni.nid).unwrap_or(cpp),
                     );
-                    // The socket LND's timeout in force, as Lustre shows
-                    // it (`ksocknal_timeout`).
-                    if let Some(timeout) = self.lnet.sock_timeout() {
+                    // The socket LND's timeout in force
+                    // (`ksocknal_timeout`) and IP type of service (-1:
+                    // the system's), as Lustre's socklnd shows them.
+                    if let (Some(timeout), Some(t)) =
+                        (self.lnet.sock_timeout(), self.lnet.tcp_tunables())
+                    {
                         lnd.push("timeout", timeout.as_secs());
+                        lnd.push("tos", i64::from(t.tos));
                     }
                     d.push("lnd tunables", lnd);
                     d.push(

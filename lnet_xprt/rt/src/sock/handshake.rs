@@ -170,7 +170,7 @@ fn passive(s: &Arc<Shared>, lnd: &Arc<SockLnd>, mut stream: TcpStream, from: Soc
         return refuse("cannot set socket timeouts".into());
     }
     let _ = stream.set_nodelay(!lnd.cfg.tun.nagle);
-    buffer_sizes(lnd, &socket2::SockRef::from(&stream));
+    tune_socket(lnd, &socket2::SockRef::from(&stream));
     // Connection request.
     let mut req = [0u8; CONNREQ_LEN];
     if let Err(e) = stream.read_exact(&mut req) {
@@ -333,13 +333,43 @@ fn active(s: &Arc<Shared>, lnd: &Arc<SockLnd>, ni: &Arc<SockNi>, peer: Nid) {
 }
 
 /// `tx_buffer_size` / `rx_buffer_size` (0 = the system's).
-fn buffer_sizes(lnd: &SockLnd, s: &Socket) {
-    let (tx, rx) = (lnd.cfg.tun.tx_buffer_size, lnd.cfg.tun.rx_buffer_size);
-    if tx > 0 {
-        let _ = s.set_send_buffer_size(tx as usize);
+/// What Lustre's `ksocknal_lib_setup_sock` sets on every connection, both
+/// sides: the buffer sizes (0: the system's), TCP keepalive probes when
+/// `keepalive_idle`, `keepalive_count` and `keepalive_intvl` are all above
+/// 0 (off otherwise), the IP type of service when `tos` is 0 or more.
+/// A refusal is logged, not fatal.
+fn tune_socket(lnd: &SockLnd, s: &Socket) {
+    let t = &lnd.cfg.tun;
+    let warn = |what: &str, e: io::Error| {
+        tracing::warn!(target: TARGET, error = %e, "cannot set {what} on a socket LND connection");
+    };
+    if t.tx_buffer_size > 0
+        && let Err(e) = s.set_send_buffer_size(t.tx_buffer_size as usize)
+    {
+        warn("SO_SNDBUF", e);
     }
-    if rx > 0 {
-        let _ = s.set_recv_buffer_size(rx as usize);
+    if t.rx_buffer_size > 0
+        && let Err(e) = s.set_recv_buffer_size(t.rx_buffer_size as usize)
+    {
+        warn("SO_RCVBUF", e);
+    }
+    let probes = t.keepalive_idle > 0 && t.keepalive_count > 0 && t.keepalive_intvl > 0;
+    if let Err(e) = s.set_keepalive(probes) {
+        warn("SO_KEEPALIVE", e);
+    }
+    if probes {
+        let k = socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(t.keepalive_idle.into()))
+            .with_interval(Duration::from_secs(t.keepalive_intvl.into()))
+            .with_retries(t.keepalive_count);
+        if let Err(e) = s.set_tcp_keepalive(&k) {
+            warn("TCP_KEEPIDLE/KEEPINTVL/KEEPCNT", e);
+        }
+    }
+    if let Ok(tos) = u32::try_from(t.tos)
+        && let Err(e) = s.set_tos_v4(tos)
+    {
+        warn("IP_TOS", e);
     }
 }
 
@@ -359,7 +389,7 @@ fn connect_socket(
             .map_err(|e| sock_err(&e, "socket for"))?;
         s.set_reuse_address(true)
             .map_err(|e| sock_err(&e, "SO_REUSEADDR for"))?;
-        buffer_sizes(lnd, &s);
+        tune_socket(lnd, &s);
         Ok::<Socket, Fail>(s)
     };
     if lnd.cfg.reserved_ports {

@@ -495,6 +495,11 @@ impl SockLnd {
         }
     }
 
+    /// `sock_timeout` as set (0: LNet's `lnd_timeout`).
+    pub(crate) fn sock_timeout_setting(&self) -> u32 {
+        self.sock_timeout.load(Ordering::Relaxed)
+    }
+
     /// `lnetctl net set --net tcp --lnd-timeout S`.
     pub(crate) fn set_sock_timeout(&self, secs: u32) {
         self.sock_timeout.store(secs, Ordering::Relaxed);
