@@ -23,7 +23,12 @@ pub struct LnetConfig {
     /// health sensitivity, router buffers (`colibri_lnet::node::NodeConfig`).
     pub node: NodeConfig,
     /// Socket LND module parameters (`sock_timeout`, `keepalive`,
-    /// `conns_per_peer`, `min_bulk`, `nscheds`, `nconnds`, …).
+    /// `conns_per_peer`, `min_bulk`, `nscheds`, `nconnds`, `tos`, TCP
+    /// keepalive probes, …). An NI's `credits`, `peer_credits` and
+    /// `peer_buffer_credits` are its own (`NiConfig`, the YAML's
+    /// `tunables:`), not these; what the socket LND does not implement
+    /// (`eager_ack`, `round_robin=0`, `peer_timeout`, zero copy, …) is
+    /// listed in `lnet_xprt/rt/DESIGN.md`.
     pub tcp: Tunables,
     /// `accept`: which source ports the acceptor admits (default `secure`:
     /// privileged ports only, as Lustre).
