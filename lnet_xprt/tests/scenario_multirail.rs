@@ -596,3 +596,38 @@ fn a_peer_restarted_with_another_primary_nid_is_known_by_it() {
     assert_eq!(acked, 20);
     assert!(sim.trace()[from..].iter().all(|t| t.to != nid(C_TCP)));
 }
+
+/// The server restarts with its o2ib NI at another address. The client's
+/// sends to the old one fail over to the tcp rail; the server's first
+/// message to the client discovers it and pushes the server's NIs, and the
+/// client takes them, so it sends to the new address from then on.
+#[test]
+fn a_server_restarted_with_other_nis_is_learned_when_it_sends() {
+    const NEW_IB: &str = "192.168.0.4@o2ib";
+    let mut sim = two_rails(12);
+    post_sink(&mut sim, "client");
+    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    sim.restart(
+        "server",
+        NodeConfig::new(vec![NiConfig::new(nid(S_TCP)), NiConfig::new(nid(NEW_IB))]),
+    )
+    .unwrap();
+    post_sink(&mut sim, "server");
+    put_from(&mut sim, "server", C_TCP, 1, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    let peer = sim
+        .node("client")
+        .discovery()
+        .peers()
+        .peer_of(nid(S_TCP))
+        .unwrap();
+    assert!(peer.contains(nid(NEW_IB)) && !peer.contains(nid(S_IB)));
+    let from = sim.trace().len();
+    let before = acks(&sim);
+    put_n(&mut sim, S_TCP, 20, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    assert_eq!(acks(&sim), before + 20);
+    assert!(sim.trace()[from..].iter().all(|t| t.to != nid(S_IB)));
+    assert!(sim.trace()[from..].iter().any(|t| t.to == nid(NEW_IB)));
+}
