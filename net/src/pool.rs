@@ -8,12 +8,17 @@
 //!   out and taken back (most recently returned first, which keeps the
 //!   memory warm in cache), grown with [`BufferPool::provision`] and
 //!   shrunk with [`BufferPool::prune`], with a low-water callback.
+//!   Buffers may be returned with a *colour* and asked for by colour
+//!   (Motr's pool colours): a transfer machine given a colour
+//!   ([`TmHandle::set_colour`]) gets back, through its provisioner, the
+//!   buffers it last used, still warm in its CPU's cache.
 //! * [`RecvProvisioner`]: keeps a transfer machine's MSG_RECV queue at a
 //!   minimum length with buffers from a pool. Each buffer's final event
 //!   goes to the application's callback and then, unless the callback
-//!   took the buffer, back to the pool; the queue is topped up from the
-//!   pool after each such event, and, when the pool ran dry, as soon as a
-//!   buffer is returned to it.
+//!   took the buffer, back to the pool (with the machine's colour); the
+//!   queue is topped up from the pool (the machine's colour first) after
+//!   each such event, and, when the pool ran dry, as soon as a buffer is
+//!   returned to it.
 //!
 //! Locks: the pool's lock is never held while calling into a transfer
 //! machine or a user callback, so callbacks may use the pool and the
@@ -114,8 +119,124 @@ impl PoolConfig {
 /// What the low-water callback is.
 pub type LowWater = dyn Fn(&BufferPool) + Send + Sync;
 
+/// No colour (Motr's `M0_BUFFER_ANY_COLOUR`): a buffer returned with it
+/// belongs to nobody in particular, and a `get` with it takes the most
+/// recently returned such buffer, or else the one returned longest ago.
+pub const ANY_COLOUR: u32 = u32::MAX;
+
+/// A free item where a `get` finds it: its place in [`FreeList::slots`]
+/// and the sequence number it was returned with (an entry whose slot holds
+/// another number, or nothing, is stale).
+type Mark = (usize, u64);
+
+/// The pool's free buffers, by colour and by age (generic so that the
+/// rules can be tested without a transport).
+struct FreeList<T> {
+    /// The free items, each with the sequence number of its return;
+    /// `None` where an item was taken (the place is reused).
+    slots: Vec<Option<(T, u64)>>,
+    vacant: Vec<usize>,
+    /// Free items in the order they came back, oldest first.
+    lru: std::collections::VecDeque<Mark>,
+    /// Free items by the colour they came back with ([`ANY_COLOUR`] for
+    /// none), most recent last.
+    stacks: std::collections::HashMap<u32, Vec<Mark>>,
+    /// Live entries of `slots`.
+    len: usize,
+    seq: u64,
+}
+
+impl<T> FreeList<T> {
+    fn new() -> Self {
+        Self {
+            slots: Vec::new(),
+            vacant: Vec::new(),
+            lru: std::collections::VecDeque::new(),
+            stacks: std::collections::HashMap::new(),
+            len: 0,
+            seq: 0,
+        }
+    }
+
+    fn push(&mut self, item: T, colour: u32) {
+        self.seq += 1;
+        let seq = self.seq;
+        let i = match self.vacant.pop() {
+            Some(i) => {
+                self.slots[i] = Some((item, seq));
+                i
+            }
+            None => {
+                self.slots.push(Some((item, seq)));
+                self.slots.len() - 1
+            }
+        };
+        self.lru.push_back((i, seq));
+        self.stacks.entry(colour).or_default().push((i, seq));
+        self.len += 1;
+        // Entries of taken items linger in the lists they were not taken
+        // from; drop them once they outnumber the live ones.
+        if self.lru.len() > 2 * self.len + 32 {
+            self.compact();
+        }
+    }
+
+    fn live(&self, (i, seq): Mark) -> bool {
+        matches!(self.slots.get(i), Some(Some((_, s))) if *s == seq)
+    }
+
+    fn take(&mut self, (i, _): Mark) -> Option<T> {
+        let (item, _) = self.slots.get_mut(i)?.take()?;
+        self.vacant.push(i);
+        self.len -= 1;
+        Some(item)
+    }
+
+    /// The most recent live entry of `colour`'s stack.
+    fn pop_colour(&mut self, colour: u32) -> Option<T> {
+        loop {
+            let m = self.stacks.get_mut(&colour)?.pop()?;
+            if self.live(m) {
+                return self.take(m);
+            }
+        }
+    }
+
+    /// The item returned longest ago.
+    fn pop_oldest(&mut self) -> Option<T> {
+        loop {
+            let m = self.lru.pop_front()?;
+            if self.live(m) {
+                return self.take(m);
+            }
+        }
+    }
+
+    /// Motr's `m0_net_buffer_pool_get`: the colour's most recent item,
+    /// else the most recent one without a colour, else the oldest (so that
+    /// other colours keep their warm buffers as long as they can).
+    fn pop(&mut self, colour: u32) -> Option<T> {
+        if colour != ANY_COLOUR
+            && let Some(b) = self.pop_colour(colour)
+        {
+            return Some(b);
+        }
+        self.pop_colour(ANY_COLOUR).or_else(|| self.pop_oldest())
+    }
+
+    fn compact(&mut self) {
+        let slots = &self.slots;
+        let live = |&(i, seq): &Mark| matches!(slots.get(i), Some(Some((_, s))) if *s == seq);
+        self.lru.retain(live);
+        self.stacks.retain(|_, v| {
+            v.retain(live);
+            !v.is_empty()
+        });
+    }
+}
+
 struct PoolState {
-    free: Vec<NetBuffer>,
+    free: FreeList<NetBuffer>,
     total: usize,
     /// Provisioners short of buffers, topped up when one comes back.
     waiters: Vec<Weak<ProvShared>>,
@@ -146,7 +267,7 @@ impl fmt::Debug for BufferPool {
         let st = self.sh.st.lock();
         f.debug_struct("BufferPool")
             .field("size", &self.buffer_size())
-            .field("free", &st.free.len())
+            .field("free", &st.free.len)
             .field("total", &st.total)
             .finish()
     }
@@ -171,7 +292,7 @@ impl BufferPool {
                 },
                 cfg,
                 st: Mutex::new(PoolState {
-                    free: Vec::new(),
+                    free: FreeList::new(),
                     total: 0,
                     waiters: Vec::new(),
                 }),
@@ -195,7 +316,7 @@ impl BufferPool {
 
     /// Free buffers.
     pub fn free(&self) -> usize {
-        self.sh.st.lock().free.len()
+        self.sh.st.lock().free.len
     }
 
     /// Buffers registered by the pool and not pruned (free or handed out).
@@ -238,18 +359,29 @@ impl BufferPool {
                 }
             };
             self.sh.st.lock().total += 1;
-            self.give_back(buf);
+            self.give_back(buf, ANY_COLOUR);
         }
         Ok(n)
     }
 
     /// Takes a free buffer (the most recently returned), or `None` when
-    /// the pool is empty. It carries no callbacks and no timeout.
+    /// the pool is empty. It carries no callbacks and no timeout. Once
+    /// buffers come back with colours, this is
+    /// [`get_coloured`](Self::get_coloured) with [`ANY_COLOUR`].
     pub fn get(&self) -> Option<NetBuffer> {
+        self.get_coloured(ANY_COLOUR)
+    }
+
+    /// Takes a free buffer, preferring those returned with `colour`
+    /// (Motr's `m0_net_buffer_pool_get`): the most recently returned
+    /// buffer of that colour, else the most recently returned one without
+    /// a colour, else the one returned longest ago (the coldest of other
+    /// colours'). Any `u32` is a colour; [`ANY_COLOUR`] asks for none.
+    pub fn get_coloured(&self, colour: u32) -> Option<NetBuffer> {
         let (buf, low) = {
             let mut st = self.sh.st.lock();
-            let buf = st.free.pop();
-            (buf, st.free.len() < self.sh.cfg.low_water)
+            let buf = st.free.pop(colour);
+            (buf, st.free.len < self.sh.cfg.low_water)
         };
         if low && !self.sh.in_low.swap(true, Ordering::SeqCst) {
             let f = self.sh.on_low.lock().clone();
@@ -261,14 +393,24 @@ impl BufferPool {
         buf
     }
 
-    /// Returns a buffer taken from this pool. Waiting provisioners are
-    /// topped up.
+    /// Returns a buffer taken from this pool, without a colour. Waiting
+    /// provisioners are topped up.
     ///
     /// # Errors
     /// An [`AddError`] with `InvalidArgument` and the buffer handed back,
     /// for a buffer of another domain or of another size (one that does not
     /// come from this pool).
     pub fn put(&self, buf: NetBuffer) -> std::result::Result<(), AddError> {
+        self.put_coloured(buf, ANY_COLOUR)
+    }
+
+    /// Returns a buffer taken from this pool with `colour` (Motr's
+    /// `m0_net_buffer_pool_put`): a later `get_coloured(colour)` takes it
+    /// before any other. Waiting provisioners are topped up.
+    ///
+    /// # Errors
+    /// As [`put`](Self::put).
+    pub fn put_coloured(&self, buf: NetBuffer, colour: u32) -> std::result::Result<(), AddError> {
         if buf.domain_id() != self.domain_id() || buf.len() != self.buffer_size() {
             let e = NetError::InvalidArgument(format!(
                 "a buffer of {} bytes in domain {} does not belong to this pool ({} bytes, domain {})",
@@ -282,15 +424,15 @@ impl BufferPool {
                 buffer: buf,
             });
         }
-        self.give_back(buf);
+        self.give_back(buf, colour);
         Ok(())
     }
 
-    fn give_back(&self, mut buf: NetBuffer) {
+    fn give_back(&self, mut buf: NetBuffer, colour: u32) {
         buf.clear_for_pool();
         let waiters = {
             let mut st = self.sh.st.lock();
-            st.free.push(buf);
+            st.free.push(buf, colour);
             std::mem::take(&mut st.waiters)
         };
         for w in waiters {
@@ -300,14 +442,15 @@ impl BufferPool {
         }
     }
 
-    /// Deregisters free buffers beyond `keep`. Returns how many went.
+    /// Deregisters free buffers beyond `keep`, those returned longest ago
+    /// first. Returns how many went.
     pub fn prune(&self, keep: usize) -> usize {
         let gone: Vec<NetBuffer> = {
             let mut st = self.sh.st.lock();
-            let n = st.free.len().saturating_sub(keep);
-            let at = st.free.len() - n;
-            let gone = st.free.split_off(at);
+            let n = st.free.len.saturating_sub(keep);
+            let gone: Vec<NetBuffer> = (0..n).map_while(|_| st.free.pop_oldest()).collect();
             st.total -= gone.len();
+            st.free.compact();
             gone
         };
         let n = gone.len();
@@ -324,7 +467,7 @@ impl BufferPool {
     pub fn fini(self) -> std::result::Result<(), FiniError<Self>> {
         let out = {
             let st = self.sh.st.lock();
-            st.total - st.free.len()
+            st.total - st.free.len
         };
         if out > 0 {
             return Err(FiniError {
@@ -338,7 +481,7 @@ impl BufferPool {
 
     fn wait_for_buffer(&self, p: &Arc<ProvShared>) -> bool {
         let mut st = self.sh.st.lock();
-        if !st.free.is_empty() {
+        if st.free.len > 0 {
             return false;
         }
         st.waiters.retain(|w| w.strong_count() > 0);
@@ -383,7 +526,8 @@ impl ProvShared {
             if !reserved {
                 return;
             }
-            let Some(mut buf) = self.pool.get() else {
+            let colour = self.tm.colour();
+            let Some(mut buf) = self.pool.get_coloured(colour) else {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
                 if self.pool.wait_for_buffer(self) {
                     return;
@@ -393,14 +537,14 @@ impl ProvShared {
             };
             let Some(cbs) = self.cbs.lock().clone() else {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
-                let _ = self.pool.put(buf);
+                let _ = self.pool.put_coloured(buf, colour);
                 return;
             };
             buf.set_callbacks(cbs);
             if let Err(e) = self.tm.add_msg_recv(buf, self.params) {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
                 debug!(error = %e.error, "receive provisioning stopped: the transfer machine refused a buffer");
-                let _ = self.pool.put(e.buffer);
+                let _ = self.pool.put_coloured(e.buffer, colour);
                 return;
             }
         }
@@ -506,20 +650,21 @@ impl RecvProvisioner {
                     return;
                 }
                 // Unless the application took it, the buffer goes back to
-                // the pool (which tops up a provisioner waiting for one).
+                // the pool with the machine's colour (which tops up a
+                // provisioner waiting for one).
                 if let Some(b) = ev.take_buffer() {
-                    let _ = pool2.put(b);
+                    let _ = pool2.put_coloured(b, tm.colour());
                 }
             },
         ));
         *sh.cbs.lock() = Some(cbs);
         // Refuse at once if the transfer machine takes no receive buffer.
-        if let Some(mut buf) = pool.get() {
+        if let Some(mut buf) = pool.get_coloured(tm.colour()) {
             buf.set_callbacks(sh.cbs.lock().clone().expect("set above"));
             sh.queued.fetch_add(1, Ordering::SeqCst);
             if let Err(e) = tm.add_msg_recv(buf, params) {
                 sh.queued.fetch_sub(1, Ordering::SeqCst);
-                let _ = pool.put(e.buffer);
+                let _ = pool.put_coloured(e.buffer, tm.colour());
                 return Err(e.error);
             }
         }
@@ -551,5 +696,80 @@ impl RecvProvisioner {
 impl Drop for RecvProvisioner {
     fn drop(&mut self) {
         self.detach();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ANY_COLOUR, FreeList};
+    use proptest::prelude::*;
+
+    /// The rules, the slow way: the free items in the order they came
+    /// back, each with its colour.
+    #[derive(Default)]
+    struct Model(Vec<(u32, u32)>);
+
+    impl Model {
+        fn pop(&mut self, colour: u32) -> Option<u32> {
+            let last_of = |c: u32, v: &Vec<(u32, u32)>| v.iter().rposition(|&(_, x)| x == c);
+            let at = (colour != ANY_COLOUR)
+                .then(|| last_of(colour, &self.0))
+                .flatten()
+                .or_else(|| last_of(ANY_COLOUR, &self.0))
+                .or((!self.0.is_empty()).then_some(0))?;
+            Some(self.0.remove(at).0)
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Put(u32),
+        Get(u32),
+        PruneOldest,
+    }
+
+    fn colour() -> impl Strategy<Value = u32> {
+        prop_oneof![Just(ANY_COLOUR), 0u32..4]
+    }
+
+    proptest! {
+        /// Whatever the order of puts and gets by colour, the free list
+        /// hands out what the rules say, and its count stays true.
+        #[test]
+        fn free_list_follows_the_colour_rules(ops in proptest::collection::vec(
+            prop_oneof![
+                3 => colour().prop_map(Op::Put),
+                3 => colour().prop_map(Op::Get),
+                1 => Just(Op::PruneOldest),
+            ],
+            0..300,
+        )) {
+            let mut list = FreeList::new();
+            let mut model = Model::default();
+            let mut out: Vec<u32> = (0..40).collect();
+            for op in ops {
+                match op {
+                    Op::Put(c) => {
+                        if let Some(item) = out.pop() {
+                            list.push(item, c);
+                            model.0.push((item, c));
+                        }
+                    }
+                    Op::Get(c) => {
+                        let got = list.pop(c);
+                        prop_assert_eq!(got, model.pop(c));
+                        out.extend(got);
+                    }
+                    Op::PruneOldest => {
+                        let got = list.pop_oldest();
+                        let want = (!model.0.is_empty()).then(|| model.0.remove(0).0);
+                        prop_assert_eq!(got, want);
+                        out.extend(got);
+                    }
+                }
+                prop_assert_eq!(list.len, model.0.len());
+                prop_assert!(list.lru.len() <= 2 * list.len + 33);
+            }
+        }
     }
 }

@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use colibri_net::fault::{FaultAction, FaultPlan, FaultRule, FaultTransport, Pick};
-use colibri_net::pool::{BufferPool, PoolConfig, RecvProvisioner};
+use colibri_net::pool::{ANY_COLOUR, BufferPool, PoolConfig, RecvProvisioner};
 use colibri_net::{
     AddError, BufToken, BufVec, BufferCallbacks, BufferEvent, Clock, DescFields, Domain,
     DomainConfig, NetBufDesc, NetBuffer, NetError, QueueType, RecvParams, TmEvent, TmEventKind,
@@ -2189,6 +2189,97 @@ pub fn pool_dry_then_refilled(f: &dyn Factory) {
     wait_until("all back in the pool", || pool.free() == 4);
     assert_eq!(pool.prune(1), 3);
     assert_eq!(pool.total(), 1);
+    pool.fini().unwrap();
+    a.shutdown();
+    b.shutdown();
+}
+
+/// Pool colours, as Motr's: a buffer returned with a colour goes to the
+/// next `get` of that colour first (the most recent of it), then a get of
+/// another colour or none takes an uncoloured buffer, then the one
+/// returned longest ago; `prune` lets the oldest go first. Through
+/// provisioners, two transfer machines of one domain with a colour each
+/// get back the buffers they used, where without colours they would take
+/// each other's.
+pub fn pool_colours_keep_each_machines_buffers(f: &dyn Factory) {
+    let b = Node::start(f);
+    let pool = BufferPool::new(&b.dom, PoolConfig::new(256).initial(6)).unwrap();
+    let bufs: Vec<NetBuffer> = (0..6).map(|_| pool.get().unwrap()).collect();
+    let ids: Vec<u64> = bufs.iter().map(NetBuffer::id).collect();
+    let colours = [1, 2, ANY_COLOUR, 1, ANY_COLOUR, 2];
+    for (buf, c) in bufs.into_iter().zip(colours) {
+        pool.put_coloured(buf, c).unwrap();
+    }
+    let mut out = Vec::new();
+    for (colour, want) in [
+        (1, 3),          // colour 1's most recent
+        (1, 0),          // then its other one
+        (1, 4),          // none left of it: the most recent uncoloured
+        (ANY_COLOUR, 2), // no colour: the other uncoloured
+        (ANY_COLOUR, 1), // none uncoloured: the oldest, colour 2's first
+        (2, 5),
+    ] {
+        let buf = pool.get_coloured(colour).unwrap();
+        assert_eq!(buf.id(), ids[want], "get_coloured({colour:#x})");
+        out.push(buf);
+    }
+    assert!(pool.get_coloured(7).is_none() && pool.free() == 0);
+    for (buf, c) in out.into_iter().zip([3, 3, 3, 4, 4, 4]) {
+        pool.put_coloured(buf, c).unwrap();
+    }
+    // The three returned first (colour 3) are the oldest.
+    assert_eq!(pool.prune(3), 3);
+    let left: Vec<u64> = (0..3).map(|_| pool.get_coloured(3).unwrap().id()).collect();
+    assert!(
+        left.iter().all(|id| [ids[2], ids[1], ids[5]].contains(id)),
+        "{left:?}"
+    );
+    let pool = BufferPool::new(&b.dom, PoolConfig::new(256).initial(4)).unwrap();
+
+    // Two machines of one domain, colours 0 and 1, one receive buffer
+    // each from a pool of four; messages to each in turn.
+    let tm2 = b.dom.tm_init(ignore_tm_events()).unwrap();
+    tm2.start(&f.addr()).unwrap();
+    tm2.wait_for_state(TmState::Started, EVENT_WAIT).unwrap();
+    b.tm.set_colour(0);
+    tm2.set_colour(1);
+    assert_eq!((b.tm.colour(), tm2.colour()), (0, 1));
+    let seen: Arc<Mutex<Vec<(u32, u64)>>> = Arc::default();
+    let attach = |tm: &TmHandle| {
+        let seen = seen.clone();
+        RecvProvisioner::attach(tm, &pool, RecvParams::default(), 1, move |tm, ev| {
+            if let (true, Some(buf)) = (ev.is_ok(), ev.buffer()) {
+                seen.lock().push((tm.colour(), buf.id()));
+            }
+        })
+        .unwrap()
+    };
+    let p1 = attach(&b.tm.handle());
+    let p2 = attach(&tm2.handle());
+    let a = Node::start(f);
+    let eps = [a.ep(&b.addr), a.ep(tm2.ep().unwrap().addr())];
+    for i in 0..8 {
+        a.tm.add_msg_send(a.buf(32), &eps[i % 2], 32).unwrap();
+        assert!(a.next_event_on(QueueType::MsgSend).is_ok());
+        wait_until("the buffer back in the pool", || {
+            seen.lock().len() == i + 1 && pool.free() == 2
+        });
+    }
+    let seen = seen.lock().clone();
+    let used = |c: u32| -> std::collections::BTreeSet<u64> {
+        seen.iter()
+            .filter(|(x, _)| *x == c)
+            .map(|(_, id)| *id)
+            .collect()
+    };
+    assert!(used(0).is_disjoint(&used(1)), "{seen:?}");
+    assert_eq!((used(0).len(), used(1).len()), (2, 2), "{seen:?}");
+    drop((p1, p2, eps));
+    tm2.stop(true).unwrap();
+    tm2.wait_stopped(EVENT_WAIT).unwrap();
+    tm2.fini().map_err(|e| e.error).unwrap();
+    b.stop(true);
+    wait_until("all back in the pool", || pool.free() == 4);
     pool.fini().unwrap();
     a.shutdown();
     b.shutdown();

@@ -180,6 +180,7 @@ macro_rules! conformance_tests {
             pool_keeps_receive_queue_stocked,
             pool_dry_then_refilled,
             pool_misuse,
+            pool_colours_keep_each_machines_buffers,
             pool_low_water_grows_the_pool,
         );
     };

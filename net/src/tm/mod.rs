@@ -99,6 +99,8 @@ pub(crate) struct TmInner {
     /// allocating, a completion keeps its slot instead of freeing it. A
     /// leaf lock.
     spare: LeafMutex<Vec<Arc<Slot>>>,
+    /// The buffer pool colour ([`TmHandle::set_colour`]).
+    colour: std::sync::atomic::AtomicU32,
     me: Weak<TmInner>,
 }
 
@@ -580,6 +582,23 @@ impl TmHandle {
         self.inner.core.lock().rejected
     }
 
+    /// Sets the machine's buffer pool colour (Motr's
+    /// `m0_net_tm_colour_set`): a [`RecvProvisioner`](crate::pool::RecvProvisioner)
+    /// takes its buffers from the pool with this colour first and returns
+    /// them with it, so the machine gets back the buffers it last used,
+    /// still warm in its CPU's cache. Give each machine of a domain that
+    /// shares a pool its own colour (Motr's servers number them 0, 1, 2,
+    /// …). Default [`ANY_COLOUR`](crate::pool::ANY_COLOUR). It may be set
+    /// in any state and counts from the next buffer taken or returned.
+    pub fn set_colour(&self, colour: u32) {
+        self.inner.colour.store(colour, Ordering::Relaxed);
+    }
+
+    /// The machine's buffer pool colour ([`TmHandle::set_colour`]).
+    pub fn colour(&self) -> u32 {
+        self.inner.colour.load(Ordering::Relaxed)
+    }
+
     /// Confines the transfer machine's threads to the given CPUs. Only in
     /// INITIALIZED.
     ///
@@ -814,6 +833,7 @@ impl TransferMachine {
             running: AtomicUsize::new(0),
             loss_pending: AtomicBool::new(false),
             spare: LeafMutex::new(Vec::new()),
+            colour: std::sync::atomic::AtomicU32::new(crate::pool::ANY_COLOUR),
             me: me.clone(),
         });
         if let Some(e) = failed {
