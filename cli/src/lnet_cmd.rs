@@ -119,11 +119,25 @@ enum LnetCmd {
     Export {
         /// Output file.
         file: Option<PathBuf>,
+        /// lnetctl's `--backup`: the configuration only, no state or
+        /// statistics (what this export always writes).
+        #[arg(short = 'b', long)]
+        backup: bool,
     },
-    /// Add a configuration (YAML, `lnetctl export` shape) to the node.
+    /// Add a configuration (YAML, `lnetctl export` shape) to the node, or
+    /// take it away (`--del`).
     Import {
-        /// Input file.
-        file: PathBuf,
+        /// Input file (standard input when absent or `-`).
+        file: Option<PathBuf>,
+        /// Add what the file describes (the default).
+        #[arg(short = 'a', long, conflicts_with = "del")]
+        add: bool,
+        /// Delete what the file describes: its NIs, peers (whole when the
+        /// primary NID is listed among its NIs, else the NIs listed),
+        /// routes; routing off; the globals it names back to their
+        /// defaults.
+        #[arg(short = 'd', long)]
+        del: bool,
     },
     /// Fault injection rules (`lctl net_drop_*`, `net_delay_*`).
     #[command(subcommand)]
@@ -462,10 +476,11 @@ struct SelftestCommon {
     from: Option<String>,
 }
 
+/// A comma-separated list; a comma inside brackets belongs to its item
+/// (NID ranges such as `5.5.5.[1,2,3-4]@o2ib`).
 fn list(s: &str) -> Vec<String> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|x| !x.is_empty())
+    colibri_lnet_rt::colibri_lnet::nidrange::split_nid_list(s)
+        .into_iter()
         .map(str::to_owned)
         .collect()
 }
@@ -520,7 +535,7 @@ pub(crate) fn lnet_main(a: &LnetArgs) -> ExitCode {
     match res {
         Ok(doc) => {
             match (&a.cmd, &cmd) {
-                (LnetCmd::Export { file: Some(f) }, _) => {
+                (LnetCmd::Export { file: Some(f), .. }, _) => {
                     if let Err(e) = std::fs::write(f, doc.to_yaml()) {
                         return fail(
                             &Failure::new(
@@ -661,8 +676,12 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
             timeout_ms: timeout.saturating_mul(1000),
         },
         LnetCmd::Export { .. } => Command::Export,
-        LnetCmd::Import { file } => Command::Import {
-            yaml: read_file(file, "import")?,
+        LnetCmd::Import { file, del, .. } => Command::Import {
+            yaml: match file.as_deref() {
+                Some(f) if f != Path::new("-") => read_file(f, "import")?,
+                _ => read_stdin("import")?,
+            },
+            del: *del,
         },
         LnetCmd::Fault(f) => {
             let (kind, op) = match f {
@@ -747,6 +766,19 @@ fn read_file(file: &Path, op: &str) -> Result<String, Failure> {
             format!("cannot read {}: {e}", file.display()),
         )
     })
+}
+
+fn read_stdin(op: &str) -> Result<String, Failure> {
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|e| {
+        Failure::new(
+            op,
+            "config",
+            e.raw_os_error().unwrap_or(errno::EIO),
+            format!("cannot read standard input: {e}"),
+        )
+    })?;
+    Ok(s)
 }
 
 /// Set by SIGINT or SIGTERM.

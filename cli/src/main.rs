@@ -567,8 +567,26 @@ pub(crate) fn write_json(out: &mut impl Write, value: &impl Serialize) -> Result
     writeln!(out).map_err(|e| e.to_string())
 }
 
+/// `colibri lnet` takes unambiguous prefixes of long options, as
+/// `lnetctl` (getopt_long) does: `--prim` for `--prim_nid`.
+fn with_inferred_long_args(c: clap::Command) -> clap::Command {
+    let names: Vec<String> = c
+        .get_subcommands()
+        .map(|s| s.get_name().to_owned())
+        .collect();
+    names.into_iter().fold(c.infer_long_args(true), |c, n| {
+        c.mut_subcommand(n, with_inferred_long_args)
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command()
+        .mut_subcommand("lnet", with_inferred_long_args)
+        .get_matches();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     // `colibri lnet run` is a daemon: it logs at info level by default.
     let level = match &cli.cmd {
         Cmd::Lnet(a) if a.is_run() => "info",

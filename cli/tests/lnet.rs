@@ -1126,3 +1126,244 @@ fn a_restarted_multi_rail_client_is_known_by_its_new_nis() {
     // And the server reaches the new NI.
     s.ok(&["ping", "127.0.20.5@tcp"]);
 }
+
+/// What Lustre's `sanity-lnet.sh` does with peers (its tests 4 to 18a, on
+/// one node): NID ranges in `peer add` and `peer del` (`4.4.4.[1-3]@tcp`,
+/// `[6-12/4]@gni`, lists whose items hold commas), abbreviated long
+/// options (`--prim`), `import` from standard input and `import --del`,
+/// and `export --backup`, compared with the NIDs its expected files list.
+#[test]
+fn peers_as_sanity_lnet_configures_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let ips = ["127.0.80.1".parse().unwrap()];
+    let port = common_free_port(&ips);
+    let g = global(port);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{g}", ni("tcp", "127.0.80.1@tcp")),
+    );
+    let base = n.ok(&["export", "--backup"]);
+    assert_eq!(base, n.ok(&["export"]), "export is always the backup form");
+    // The NIDs of peer `primary` in `export -b`, in order.
+    let nids_of = |primary: &str| -> Vec<String> {
+        let v = n.json(&["export", "-b"]);
+        v["peer"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["primary nid"] == primary)
+            .and_then(|p| p["peer ni"].as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x["nid"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let ip_nids = |prefix: &str, last: &[u32], net: &str| -> Vec<String> {
+        last.iter().map(|l| format!("{prefix}.{l}@{net}")).collect()
+    };
+    // Test 4: a range, then one overlapping the primary (no change).
+    n.ok(&[
+        "peer",
+        "add",
+        "--prim",
+        "4.4.4.4@tcp",
+        "--nid",
+        "4.4.4.[1-3]@tcp",
+    ]);
+    n.ok(&[
+        "peer",
+        "add",
+        "--prim",
+        "4.4.4.4@tcp",
+        "--nid",
+        "4.4.4.[1-4]@tcp",
+    ]);
+    assert_eq!(
+        nids_of("4.4.4.4@tcp"),
+        ip_nids("4.4.4", &[4, 1, 2, 3], "tcp")
+    );
+    // Test 5: commas inside the brackets.
+    n.ok(&[
+        "peer",
+        "add",
+        "--prim_nid",
+        "5.5.5.5@o2ib",
+        "--nid",
+        "5.5.5.[1,2,3-4]@o2ib",
+    ]);
+    assert_eq!(
+        nids_of("5.5.5.5@o2ib"),
+        ip_nids("5.5.5", &[5, 1, 2, 3, 4], "o2ib")
+    );
+    // Test 6: several ranges, steps, numeric nets.
+    n.ok(&[
+        "peer",
+        "add",
+        "--prim_nid",
+        "6.6.6.6@tcp",
+        "--nid",
+        "6.6.[6-7].[0-4/2]@tcp,6.6.[1-4/2].[0-6/3]@o2ib,[6-12/4]@gni,[6-12/4]@kfi",
+    ]);
+    let mut want = vec!["6.6.6.6@tcp".to_owned()];
+    want.extend(ip_nids("6.6.6", &[0, 2, 4], "tcp"));
+    want.extend(ip_nids("6.6.7", &[0, 2, 4], "tcp"));
+    want.extend(ip_nids("6.6.1", &[0, 3, 6], "o2ib"));
+    want.extend(ip_nids("6.6.3", &[0, 3, 6], "o2ib"));
+    want.extend(["6@gni", "10@gni", "6@kfi", "10@kfi"].map(str::to_owned));
+    assert_eq!(nids_of("6.6.6.6@tcp"), want);
+    // Tests 8 and 12: one secondary NID deleted; two from a ranged add.
+    n.ok(&[
+        "peer",
+        "add",
+        "--prim_nid",
+        "8.8.8.8@tcp",
+        "--nid",
+        "8.8.8.[10-15]@tcp",
+    ]);
+    n.ok(&[
+        "peer",
+        "del",
+        "--prim_nid",
+        "8.8.8.8@tcp",
+        "--nid",
+        "8.8.8.13@tcp",
+    ]);
+    assert_eq!(
+        nids_of("8.8.8.8@tcp"),
+        ip_nids("8.8.8", &[8, 10, 11, 12, 14, 15], "tcp")
+    );
+    n.ok(&[
+        "peer",
+        "add",
+        "--prim_nid",
+        "12.12.12.12@o2ib",
+        "--nid",
+        "[13-14/1].[13-15/2].13.13@o2ib,[15-16/3].[17-19/4].[1].[5-20/5]@tcp",
+    ]);
+    n.ok(&[
+        "peer",
+        "del",
+        "--prim_nid",
+        "12.12.12.12@o2ib",
+        "--nid",
+        "13.15.13.13@o2ib,15.17.1.15@tcp",
+    ]);
+    assert_eq!(
+        nids_of("12.12.12.12@o2ib"),
+        [
+            "12.12.12.12@o2ib",
+            "13.13.13.13@o2ib",
+            "14.13.13.13@o2ib",
+            "14.15.13.13@o2ib",
+            "15.17.1.5@tcp",
+            "15.17.1.10@tcp",
+            "15.17.1.20@tcp"
+        ]
+    );
+    n.ok(&["peer", "del", "--prim_nid", "12.12.12.12@o2ib"]);
+    // Test 13: every secondary by the expression that added them.
+    let expr = "[14-15].[1-2/1].[1].[100-254/10]@tcp,14.14.[254].14@o2ib";
+    n.ok(&[
+        "peer",
+        "add",
+        "--prim_nid",
+        "13.13.13.13@o2ib",
+        "--nid",
+        expr,
+    ]);
+    assert_eq!(nids_of("13.13.13.13@o2ib").len(), 1 + 2 * 2 * 16 + 1);
+    n.ok(&[
+        "peer",
+        "del",
+        "--prim_nid",
+        "13.13.13.13@o2ib",
+        "--nid",
+        expr,
+    ]);
+    assert_eq!(nids_of("13.13.13.13@o2ib"), ["13.13.13.13@o2ib"]);
+    // Test 7: a list naming the primary deletes the whole peer.
+    n.ok(&[
+        "peer",
+        "del",
+        "--prim_nid",
+        "8.8.8.8@tcp",
+        "--nid",
+        "8.8.8.8@tcp,8.8.8.10@tcp",
+    ]);
+    assert!(nids_of("8.8.8.8@tcp").is_empty());
+    // Bad ranges, and more than 128 NIDs, are refused and change nothing.
+    for (expr, want) in [
+        ("9.9.9.[3-1]@tcp", "the end is below the start"),
+        ("9.9.[0-255].[0-255]@tcp", "more than the 128 NIDs"),
+        ("9.9.9.*@tcp", "asterisk"),
+        ("9.9.9.[1-3@tcp", "unbalanced brackets"),
+    ] {
+        assert_fails(
+            &lnet(
+                Some(&n.ctl),
+                &["peer", "add", "--prim_nid", "9.9.9.9@tcp", "--nid", expr],
+            ),
+            want,
+        );
+    }
+    assert!(nids_of("9.9.9.9@tcp").is_empty());
+    for p in [
+        "4.4.4.4@tcp",
+        "5.5.5.5@o2ib",
+        "6.6.6.6@tcp",
+        "13.13.13.13@o2ib",
+    ] {
+        n.ok(&["peer", "del", "--prim_nid", p]);
+    }
+    assert_eq!(n.ok(&["export", "-b"]), base);
+    // A gateway range: a route through each, deleted the same way.
+    n.ok(&[
+        "route",
+        "add",
+        "--net",
+        "tcp7",
+        "--gateway",
+        "127.0.80.[2-3]@tcp",
+    ]);
+    let gws = |n: &Node| -> Vec<String> {
+        let v = n.json(&["route", "show"]);
+        v["route"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["gateway"].as_str().map(str::to_owned))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    };
+    assert_eq!(gws(&n), ["127.0.80.2@tcp", "127.0.80.3@tcp"]);
+    n.ok(&[
+        "route",
+        "del",
+        "--net",
+        "tcp7",
+        "--gateway",
+        "127.0.80.[2,3]@tcp",
+    ]);
+    assert!(gws(&n).is_empty());
+    assert_eq!(n.ok(&["export", "-b"]), base);
+
+    // Tests 14 to 18a: import from standard input, then `import --del` of
+    // the same file (whole peers), then of a subset (those NIDs only).
+    let two = "peer:\n    - primary nid: 1.1.1.1@tcp\n      Multi-Rail: True\n      peer ni:\n        - nid: 1.1.1.1@tcp\n        - nid: 2.2.2.2@tcp\n        - nid: 4.4.4.4@tcp\n        - nid: 3.3.3.3@o2ib\n        - nid: 5@gni\n    - primary nid: 6.6.6.6@o2ib\n      Multi-Rail: True\n      peer ni:\n        - nid: 6.6.6.6@o2ib\n";
+    let ok_stdin = |args: &[&str], input: &str| {
+        let o = lnet_stdin(Some(&n.ctl), args, input);
+        assert_eq!(o.code, Some(0), "{args:?}: {}{}", o.stdout, o.stderr);
+    };
+    ok_stdin(&["import"], two);
+    assert_eq!(nids_of("1.1.1.1@tcp").len(), 5);
+    assert_eq!(nids_of("6.6.6.6@o2ib"), ["6.6.6.6@o2ib"]);
+    ok_stdin(&["import", "--del"], two);
+    assert_eq!(n.ok(&["export", "-b"]), base);
+    ok_stdin(&["import", "-"], two);
+    let subset = "peer:\n    - primary nid: 1.1.1.1@tcp\n      Multi-Rail: True\n      peer ni:\n        - nid: 2.2.2.2@tcp\n        - nid: 3.3.3.3@o2ib\n        - nid: 5@gni\n";
+    ok_stdin(&["import", "-d"], subset);
+    assert_eq!(nids_of("1.1.1.1@tcp"), ["1.1.1.1@tcp", "4.4.4.4@tcp"]);
+    assert_eq!(nids_of("6.6.6.6@o2ib"), ["6.6.6.6@o2ib"]);
+}

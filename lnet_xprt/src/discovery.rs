@@ -1221,8 +1221,8 @@ impl<M> Discovery<M> {
     /// | `Discovery`, `WaitPingResponse`, `PushSent` | [`PeerError::Busy`] |
     ///
     /// # Errors
-    /// As in the table, plus [`PeerError::PrimaryInUse`] when the primary is
-    /// listed but other NIDs would remain.
+    /// As in the table. A list naming the primary NID deletes the whole
+    /// peer, as an empty one does (Lustre's `lnet_del_peer_ni`).
     pub fn dlc_del_peer_nis(
         &mut self,
         now: Time,
@@ -2227,12 +2227,12 @@ mod tests {
             d.peers().ni(nid(A_IB)).unwrap().is_detached(),
             "ACTIVE keeps the NI around detached"
         );
-        // The primary cannot go alone while others remain.
+        // Naming the primary deletes the whole peer (Lustre's
+        // lnet_del_peer_ni).
         d.dlc_add_peer_nis(t(5), nid(A), &[nid(A3)], true).unwrap();
-        assert_eq!(
-            d.dlc_del_peer_nis(t(5), nid(A), &[nid(A)]),
-            Err(PeerError::PrimaryInUse(nid(A)))
-        );
+        d.dlc_del_peer_nis(t(5), nid(A), &[nid(A)]).unwrap();
+        assert!(d.peers().peer_of(nid(A)).is_none());
+        assert!(d.peers().peer_of(nid(A3)).is_none());
         ok(&d);
     }
 

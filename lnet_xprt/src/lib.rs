@@ -131,6 +131,7 @@ pub mod health;
 pub mod ids;
 pub mod matching;
 pub mod nidmap;
+pub mod nidrange;
 pub mod node;
 pub mod peer;
 pub mod rng;

@@ -83,10 +83,6 @@ pub enum PeerError {
         /// Primary NID of the peer.
         primary: Nid,
     },
-    /// The primary NID can only be deleted together with all other NIDs of
-    /// the peer (Lustre answers `-EBUSY`).
-    #[error("primary NID {0} cannot be deleted while the peer has other NIDs")]
-    PrimaryInUse(Nid),
     /// A non-Multi-Rail peer can have at most one NID per net (`-ENOTUNIQ`).
     #[error("non-Multi-Rail peer {primary} already has NID {existing} on net {net}")]
     NotUnique {
@@ -674,15 +670,14 @@ impl PeerTable {
     }
 
     /// DLC deletion (`lnet_peer_del_peer_ni`) of `nids` from peer `id`; an
-    /// empty `nids` deletes every NI and so the peer. NIDs that are not the
-    /// peer's are skipped (Lustre's discovery design: "if not unique skip that peer_ni").
-    /// `keep_detached` keeps the removed NIs as detached peer NIs instead of
-    /// forgetting them.
+    /// empty `nids`, or one naming the primary NID, deletes every NI and so
+    /// the peer (Lustre's `lnet_del_peer_ni`: the primary goes with its
+    /// peer). NIDs that are not the peer's are skipped (Lustre's discovery
+    /// design: "if not unique skip that peer_ni"). `keep_detached` keeps
+    /// the removed NIs as detached peer NIs instead of forgetting them.
     ///
     /// # Errors
-    /// [`PeerError::NoSuchPeer`], or [`PeerError::PrimaryInUse`] if the
-    /// primary NID is listed while other NIDs would remain; nothing is
-    /// changed on error.
+    /// [`PeerError::NoSuchPeer`]; nothing is changed on error.
     pub fn delete_nids(
         &mut self,
         id: PeerId,
@@ -705,8 +700,12 @@ impl PeerTable {
                 }
             }
         }
-        if remove.contains(&peer.primary) && remove.len() < peer.ni_count() {
-            return Err(PeerError::PrimaryInUse(peer.primary));
+        if remove.contains(&peer.primary) {
+            for nid in peer.nids() {
+                if !remove.contains(&nid) {
+                    remove.push(nid);
+                }
+            }
         }
         for nid in remove {
             if self.unlink(nid, keep_detached).is_some() {
@@ -1175,11 +1174,13 @@ mod tests {
                 true,
             )
             .unwrap();
-        // Primary alone cannot go while others stay.
-        assert_eq!(
-            t.delete_nids(id, &[nid("10.0.0.1@tcp")], true),
-            Err(PeerError::PrimaryInUse(nid("10.0.0.1@tcp")))
-        );
+        // The primary goes with the whole peer (on a copy of the table).
+        let mut whole = t.clone();
+        let r = whole
+            .delete_nids(id, &[nid("10.0.0.1@tcp")], false)
+            .unwrap();
+        assert!(r.peer_deleted && r.removed.len() == 3, "{r:?}");
+        assert!(whole.peer(id).is_none());
         // Unknown NIDs are skipped; the o2ib net disappears with its last NI.
         let r = t
             .delete_nids(id, &[nid("192.168.0.1@o2ib"), nid("10.9.9.9@tcp")], true)

@@ -239,13 +239,39 @@ pub(crate) fn lnet(ctl: Option<&Path>, args: &[&str]) -> Out {
     run_bounded(cmd.args(args))
 }
 
+/// `colibri lnet [--ctl PATH] args…` with `input` on its standard input.
+pub(crate) fn lnet_stdin(ctl: Option<&Path>, args: &[&str], input: &str) -> Out {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_colibri"));
+    cmd.arg("lnet");
+    if let Some(p) = ctl {
+        cmd.arg("--ctl").arg(p);
+    }
+    run_bounded_with(cmd.args(args), Some(input))
+}
+
 pub(crate) fn run_bounded(cmd: &mut Command) -> Out {
+    run_bounded_with(cmd, None)
+}
+
+/// Runs `cmd`, killed past [`CMD_LIMIT`], with `input` written to its
+/// standard input (nothing, closed, without).
+pub(crate) fn run_bounded_with(cmd: &mut Command, input: Option<&str>) -> Out {
     let mut child = cmd
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn colibri");
+    if let (Some(text), Some(mut w)) = (input, child.stdin.take()) {
+        let text = text.to_owned();
+        std::thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut w, text.as_bytes());
+        });
+    }
     let (mut o, mut e) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
     let to = std::thread::spawn(move || {
         let mut s = String::new();

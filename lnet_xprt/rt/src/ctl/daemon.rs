@@ -13,6 +13,7 @@ use colibri_lnet::fault::{
 use colibri_lnet::health::{HealthStatus, NiSide};
 use colibri_lnet::ids::{Net, Nid};
 use colibri_lnet::matching::{Event, MdHandle};
+use colibri_lnet::nidrange;
 use colibri_lnet::node::{MsgTypeCounts, NiConfig, Node, ResponseTracking};
 use colibri_lnet::socklnd::AcceptPolicy;
 use colibri_lnet::wire::{NiStatus, PingFeatures, PingInfo};
@@ -142,6 +143,47 @@ fn health_stats(n: &Node, side: NiSide, nid: Nid) -> Doc {
 
 fn nid_arg(s: &str, op: &str, object: &str) -> Result<Nid, Failure> {
     conf::parse_nid(s, "nid").map_err(|e| conf_fail(op, object, &e))
+}
+
+/// NIDs and NID ranges, as `lnetctl` takes them (`4.4.4.[1-3]@tcp`; see
+/// `colibri_lnet::nidrange`), each item a list of its own; at most
+/// `nidrange::MAX_NIDS` in all.
+fn nid_list_arg(items: &[String], op: &str, object: &str) -> Result<Vec<Nid>, Failure> {
+    let mut out = Vec::new();
+    for item in items {
+        let nids = nidrange::expand_nid_list(item).map_err(|e| {
+            let errno = match e {
+                nidrange::NidListError::TooMany { .. } => errno::E2BIG,
+                _ => errno::EINVAL,
+            };
+            Failure::new(op, object, errno, e.to_string())
+        })?;
+        out.extend(nids);
+        if out.len() > nidrange::MAX_NIDS {
+            return Err(Failure::new(
+                op,
+                object,
+                errno::E2BIG,
+                format!(
+                    "{items:?} name more than the {} NIDs allowed",
+                    nidrange::MAX_NIDS
+                ),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Nothing, or the warnings of an import.
+fn warnings(warn: Vec<String>) -> Doc {
+    if warn.is_empty() {
+        Doc::Null
+    } else {
+        Doc::map().with(
+            "warnings",
+            warn.into_iter().map(Doc::from).collect::<Vec<_>>(),
+        )
+    }
 }
 
 fn net_arg(s: &str, op: &str, object: &str) -> Result<Net, Failure> {
@@ -473,10 +515,7 @@ impl Daemon {
                 non_mr,
             } => {
                 let prim = nid_arg(&prim_nid, "add", "peer_ni")?;
-                let nids = nids
-                    .iter()
-                    .map(|n| nid_arg(n, "add", "peer_ni"))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let nids = nid_list_arg(&nids, "add", "peer_ni")?;
                 self.lnet
                     .add_peer(prim, &nids, !non_mr)
                     .map_err(|e| lnet_fail("add", "peer_ni", &e))?;
@@ -484,10 +523,7 @@ impl Daemon {
             }
             Command::PeerDel { prim_nid, nids } => {
                 let prim = nid_arg(&prim_nid, "del", "peer_ni")?;
-                let nids = nids
-                    .iter()
-                    .map(|n| nid_arg(n, "del", "peer_ni"))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let nids = nid_list_arg(&nids, "del", "peer_ni")?;
                 let known = self
                     .lnet
                     .with_node(|n| n.discovery().peers().peer_of(prim).map(|p| p.primary_nid()));
@@ -529,7 +565,8 @@ impl Daemon {
                 priority,
             } => {
                 let net = net_arg(&net, "add", "route")?;
-                let gw = nid_arg(&gateway, "add", "route")?;
+                // A gateway range adds a route through each (lnetctl's).
+                let gws = nid_list_arg(std::slice::from_ref(&gateway), "add", "route")?;
                 let hop = match hop {
                     None | Some(-1) => None,
                     Some(h @ 1..=255) => Some(u32::try_from(h).unwrap_or(1)),
@@ -550,17 +587,20 @@ impl Daemon {
                         format!("route to {net}: {net} is a local net"),
                     ));
                 }
-                self.lnet
-                    .add_route(net, gw, hop, priority.unwrap_or(0))
-                    .map_err(|e| lnet_fail("add", "route", &e))?;
+                for gw in gws {
+                    self.lnet
+                        .add_route(net, gw, hop, priority.unwrap_or(0))
+                        .map_err(|e| lnet_fail("add", "route", &e))?;
+                }
                 Ok(Doc::Null)
             }
             Command::RouteDel { net, gateway } => {
                 let net = net_arg(&net, "del", "route")?;
-                let gw = nid_arg(&gateway, "del", "route")?;
-                self.lnet
-                    .del_route(net, gw)
-                    .map_err(|e| lnet_fail("del", "route", &e))?;
+                for gw in nid_list_arg(std::slice::from_ref(&gateway), "del", "route")? {
+                    self.lnet
+                        .del_route(net, gw)
+                        .map_err(|e| lnet_fail("del", "route", &e))?;
+                }
                 Ok(Doc::Null)
             }
             Command::RouteShow {
@@ -591,7 +631,8 @@ impl Daemon {
                 timeout_ms,
             } => self.discover(&nids, force, timeout_ms),
             Command::Export => Ok(self.export().to_doc()),
-            Command::Import { yaml } => self.import(&yaml),
+            Command::Import { yaml, del: false } => self.import(&yaml),
+            Command::Import { yaml, del: true } => self.import_del(&yaml),
             Command::FaultAdd { kind, rule } => self.fault_add(kind, rule),
             Command::FaultDel {
                 kind,
@@ -1083,10 +1124,7 @@ impl Daemon {
             }
             None => None,
         };
-        let targets = nids
-            .iter()
-            .map(|n| nid_arg(n, "manage", "ping"))
-            .collect::<Result<Vec<_>, _>>()?;
+        let targets = nid_list_arg(nids, "manage", "ping")?;
         if targets.is_empty() {
             return Err(Failure::new(
                 "manage",
@@ -1118,10 +1156,7 @@ impl Daemon {
     }
 
     fn discover(&self, nids: &[String], force: bool, timeout_ms: u64) -> Result<Doc, Failure> {
-        let targets = nids
-            .iter()
-            .map(|n| nid_arg(n, "manage", "discover"))
-            .collect::<Result<Vec<_>, _>>()?;
+        let targets = nid_list_arg(nids, "manage", "discover")?;
         let mut out = Vec::new();
         for nid in targets {
             self.lnet
@@ -1166,6 +1201,48 @@ impl Daemon {
             }
         }
         Ok(Doc::map().with("discover", out))
+    }
+
+    /// `lnetctl import --del`: takes away what the file describes, as
+    /// Lustre's `lookup_del_tbl` does: its NIs; each peer whole when its
+    /// `peer ni` list is absent or names the primary NID, else the NIs
+    /// listed; its routes; routing off when the file has a `routing`
+    /// section; the `global` values it names back to their defaults
+    /// (discovery on, asymmetric routes accepted, `max_interfaces` 200,
+    /// `numa_range` 0; Lustre resets only these). Buffers stay.
+    fn import_del(&self, yaml: &str) -> Result<Doc, Failure> {
+        let (c, warn) = NodeConf::from_yaml(yaml).map_err(|e| conf_fail("import", "config", &e))?;
+        for r in &c.routes {
+            self.lnet
+                .del_route(r.net, r.gateway)
+                .map_err(|e| lnet_fail("import", "route", &e))?;
+        }
+        for p in &c.peers {
+            self.lnet
+                .del_peer(p.primary, &p.nids)
+                .map_err(|e| lnet_fail("import", "peer", &e))?;
+        }
+        for ni in &c.nis {
+            self.lnet
+                .del_ni(ni.nid)
+                .map_err(|e| lnet_fail("import", "net", &e))?;
+        }
+        if c.routing.is_some() {
+            self.lnet
+                .set_routing(false)
+                .map_err(|e| lnet_fail("import", "routing", &e))?;
+        }
+        for (name, default) in [
+            ("discovery", "1"),
+            ("drop_asym_route", "0"),
+            ("max_interfaces", "200"),
+            ("numa_range", "0"),
+        ] {
+            if c.global.contains_key(name) {
+                self.set(name, default)?;
+            }
+        }
+        Ok(warnings(warn))
     }
 
     fn import(&self, yaml: &str) -> Result<Doc, Failure> {
@@ -1246,14 +1323,7 @@ impl Daemon {
             }
             self.set(name, &v.to_string())?;
         }
-        Ok(if warn.is_empty() {
-            Doc::Null
-        } else {
-            Doc::map().with(
-                "warnings",
-                warn.into_iter().map(Doc::from).collect::<Vec<_>>(),
-            )
-        })
+        Ok(warnings(warn))
     }
 
     fn fault_add(&self, kind: FaultKind, a: FaultArgs) -> Result<Doc, Failure> {

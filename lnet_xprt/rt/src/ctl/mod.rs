@@ -86,6 +86,8 @@ pub mod errno {
     pub const EBUSY: i32 = 16;
     /// File exists.
     pub const EEXIST: i32 = 17;
+    /// Argument list too long.
+    pub const E2BIG: i32 = 7;
     /// Invalid argument.
     pub const EINVAL: i32 = 22;
     /// Protocol error.
@@ -304,10 +306,14 @@ pub enum Command {
     },
     /// `export`: the configuration as YAML.
     Export,
-    /// `import`: a configuration (YAML text) added to the node.
+    /// `import`: a configuration (YAML text) added to the node, or with
+    /// `del` (`import --del`) taken from it.
     Import {
         /// The file's text.
         yaml: String,
+        /// Delete what the file describes instead of adding it.
+        #[serde(default)]
+        del: bool,
     },
     /// `fault drop|delay add`.
     FaultAdd {
