@@ -90,6 +90,9 @@ enum LnetCmd {
     /// Global settings.
     #[command(subcommand)]
     Global(ShowOnly),
+    /// `debug recovery --local|--peer`: the interfaces in recovery.
+    #[command(subcommand)]
+    Debug(DebugCmd),
     /// LNet counters: `stats show|reset`.
     #[command(subcommand)]
     Stats(StatsCmd),
@@ -168,6 +171,27 @@ struct RunArgs {
 enum ShowOnly {
     /// Show.
     Show,
+}
+
+/// `debug`.
+#[derive(Debug, clap::Subcommand)]
+enum DebugCmd {
+    /// The local NIs (`--local`) or peer NIs (`--peer`) in recovery: health
+    /// below the maximum, pinged until they answer (`nid-0`, `nid-1`, ...;
+    /// an empty queue is an error, as in Lustre).
+    Recovery {
+        /// The local NIs.
+        #[arg(
+            short = 'l',
+            long,
+            conflicts_with = "peer",
+            required_unless_present = "peer"
+        )]
+        local: bool,
+        /// The peer NIs.
+        #[arg(short = 'p', long)]
+        peer: bool,
+    },
 }
 
 /// Which interfaces `net set` and `peer set` change.
@@ -655,6 +679,7 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
             value: value.clone(),
         },
         LnetCmd::Global(ShowOnly::Show) => Command::GlobalShow,
+        LnetCmd::Debug(DebugCmd::Recovery { peer, .. }) => Command::DebugRecovery { peer: *peer },
         LnetCmd::Stats(StatsCmd::Show) => Command::StatsShow,
         LnetCmd::Stats(StatsCmd::Reset) => Command::StatsReset,
         LnetCmd::Ping {

@@ -923,6 +923,10 @@ fn health_values_set_by_hand() {
     let n = local("127.0.19.2@tcp");
     assert_eq!(n["status"], "down", "{n}");
     assert!(health(&n) < 1000, "{n}");
+    // lnetctl debug recovery: the NI waits in the local recovery queue.
+    let q = a.json(&["debug", "recovery", "--local"]);
+    assert_eq!(q["Local NI recovery"]["nid-0"], "127.0.19.2@tcp", "{q}");
+    assert!(q["Local NI recovery"].get("nid-1").is_none(), "{q}");
     assert_eq!(local("127.0.19.1@tcp")["status"], "up");
     a.ok(&["net", "set", "--nid", "127.0.19.2@tcp", "--health", "5000"]);
     let n = local("127.0.19.2@tcp");
@@ -936,6 +940,10 @@ fn health_values_set_by_hand() {
         assert_eq!(local(nid)["status"], "down", "{nid}");
     }
     a.ok(&["net", "set", "--all", "--health", "1000"]);
+    assert_fails(
+        &lnet(Some(&a.ctl), &["debug", "recovery", "--local"]),
+        "No NIDs in recovery",
+    );
     // `--conns-per-peer`: the NI's socket LND connections per peer met
     // from now on; above 127 is refused; one of the two options is needed.
     a.ok(&[
@@ -1002,6 +1010,8 @@ fn health_values_set_by_hand() {
     let v = a.json(&["peer", "show", "--verbose"]);
     let p = peer_ni(&v, "127.0.19.3@tcp");
     assert!(num(p, &["health stats", "health value"]) < 1000, "{p}");
+    let q = a.json(&["debug", "recovery", "--peer"]);
+    assert_eq!(q["Peer NI recovery"]["nid-0"], "127.0.19.3@tcp", "{q}");
 
     assert_fails(
         &lnet(

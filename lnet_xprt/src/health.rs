@@ -627,6 +627,18 @@ impl HealthMonitor {
             .max()
     }
 
+    /// The interfaces of `side` in recovery (health below the maximum, a
+    /// recovery ping scheduled), the next one due first: Lustre's recovery
+    /// queues (`lnetctl debug recovery --local|--peer`).
+    #[must_use]
+    pub fn in_recovery(&self, side: NiSide) -> Vec<Nid> {
+        self.due
+            .iter()
+            .filter(|(_, s, _)| *s == side)
+            .map(|&(_, _, nid)| nid)
+            .collect()
+    }
+
     /// Everything known about an interface.
     #[must_use]
     pub fn ni_health(&self, side: NiSide, nid: Nid) -> Option<&NiHealth> {

@@ -615,6 +615,30 @@ impl Daemon {
             Command::RoutingShow => Ok(self.routing_show()),
             Command::Set { name, value } => self.set(&name, &value),
             Command::GlobalShow => Ok(self.global_show()),
+            Command::DebugRecovery { peer } => {
+                // As the netlink form of `lnetctl debug recovery`: a
+                // mapping `nid-0`, `nid-1`, ... under its header, and
+                // ENOENT when the queue is empty.
+                let (side, header) = if peer {
+                    (NiSide::Peer, "Peer NI recovery")
+                } else {
+                    (NiSide::Local, "Local NI recovery")
+                };
+                let nids = self.lnet.with_node(|n| n.health().in_recovery(side));
+                if nids.is_empty() {
+                    return Err(Failure::new(
+                        "show",
+                        "recovery",
+                        errno::ENOENT,
+                        "No NIDs in recovery",
+                    ));
+                }
+                let mut m = Doc::map();
+                for (i, nid) in nids.iter().enumerate() {
+                    m.push(&format!("nid-{i}"), nid.to_string());
+                }
+                Ok(Doc::map().with(header, m))
+            }
             Command::StatsShow => Ok(self.stats_show()),
             Command::StatsReset => {
                 self.lnet.reset_stats();

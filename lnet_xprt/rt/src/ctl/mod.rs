@@ -282,6 +282,11 @@ pub enum Command {
     },
     /// `global show`.
     GlobalShow,
+    /// `debug recovery --local|--peer`: the interfaces in recovery.
+    DebugRecovery {
+        /// The peer NIs' queue instead of the local NIs'.
+        peer: bool,
+    },
     /// `stats show`.
     StatsShow,
     /// `stats reset`.
