@@ -609,7 +609,7 @@ fn bad_input_fails_clearly() {
     };
     let tcp = |extra: &str| format!("net:\n{}{extra}", ni("tcp", "127.0.17.1@tcp"));
     assert_fails(&run("net: [\n  - net type: tcp\n"), "malformed YAML");
-    assert_fails(&run(&tcp("colour: blue\n")), "unknown key 'colour'");
+    assert_fails(&run(&tcp("colour: blue\n")), "invalid key 'colour'");
     assert_fails(
         &run(&format!("net:\n{}", ni("tcp", "127.0.17@tcp"))),
         "is not a NID",
@@ -695,7 +695,7 @@ fn bad_input_fails_clearly() {
     .unwrap();
     assert_fails(
         &lnet(Some(&n.ctl), &["import", f.to_str().unwrap()]),
-        "unknown key 'colour'",
+        "invalid key 'colour'",
     );
     // --json errors are JSON on stderr.
     let o = lnet(Some(&n.ctl), &["--json", "ping", "junk"]);

@@ -68,7 +68,7 @@ pub enum NidListError {
     },
     /// An expanded NID is not a NID (an IPv4 part above 255, a net that does
     /// not exist, ...).
-    #[error("{expr:?}: {source}")]
+    #[error("{expr:?} is not a NID: {source}")]
     Nid {
         /// The expression, as written.
         expr: String,

@@ -56,7 +56,7 @@
 //! assert!(conf.to_yaml().starts_with("net:\n    - net type: tcp\n"));
 //! // An unknown key is an error that says where.
 //! let e = NodeConf::from_yaml("net:\n    - net typ: tcp\n").unwrap_err();
-//! assert_eq!(e.to_string(), "net[0]: unknown key 'net typ'");
+//! assert_eq!(e.to_string(), "net[0]: invalid key 'net typ' (unknown)");
 //! # Ok::<(), colibri_lnet_rt::conf::ConfError>(())
 //! ```
 
@@ -79,7 +79,7 @@ pub enum ConfError {
     #[error(transparent)]
     Yaml(#[from] crate::yaml::YamlError),
     /// A key this program does not know (a typo, or a newer `lnetctl`).
-    #[error("{at}: unknown key '{key}'")]
+    #[error("{at}: invalid key '{key}' (unknown)")]
     UnknownKey {
         /// Where (`net[0].local NI(s)[1]`).
         at: String,
@@ -252,8 +252,19 @@ fn seq<'a>(d: &'a Doc, at: &str) -> Result<Vec<&'a Doc>, ConfError> {
 }
 
 fn int(d: &Doc, at: &str) -> Result<i64, ConfError> {
-    d.as_i64()
-        .ok_or_else(|| ConfError::invalid(at, format!("expected a number, found {}", show(d))))
+    d.as_i64().ok_or_else(|| wrong_value(d, at, "a number"))
+}
+
+/// A value that is missing or not `what`, in the words of `lnetctl
+/// import` ("no value", "invalid value").
+fn wrong_value(d: &Doc, at: &str, what: &str) -> ConfError {
+    match d {
+        Doc::Null => ConfError::invalid(at, format!("no value (expected {what})")),
+        other => ConfError::invalid(
+            at,
+            format!("invalid value {} (expected {what})", show(other)),
+        ),
+    }
 }
 
 fn uint(d: &Doc, at: &str, max: u64) -> Result<u64, ConfError> {
@@ -305,10 +316,7 @@ fn bool_val(d: &Doc, at: &str) -> Result<bool, ConfError> {
         Doc::Int(1) => Ok(true),
         Doc::Str(s) if s.eq_ignore_ascii_case("true") => Ok(true),
         Doc::Str(s) if s.eq_ignore_ascii_case("false") => Ok(false),
-        other => Err(ConfError::invalid(
-            at,
-            format!("expected True/False or 1/0, found {}", show(other)),
-        )),
+        other => Err(wrong_value(other, at, "True/False or 1/0")),
     }
 }
 
@@ -1315,14 +1323,14 @@ global:
     fn bad_inputs() {
         let cases = [
             ("net: [\n", "malformed"),
-            ("nets:\n    - net type: tcp\n", "unknown key 'nets'"),
+            ("nets:\n    - net type: tcp\n", "invalid key 'nets'"),
             (
                 "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 1.2.3@tcp\n",
                 "not a NID",
             ),
             (
                 "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 1.2.3.4@tcp\n          colour: red\n",
-                "unknown key 'colour'",
+                "invalid key 'colour'",
             ),
             (
                 "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 1.2.3.4@tcp\nroute:\n    - net: tcp\n      gateway: 1.2.3.5@tcp\n",
@@ -1336,7 +1344,14 @@ global:
                 "net:\n    - net type: tcp\n      local NI(s):\n        - interfaces:\n              0: eth0\n",
                 "eth0 cannot be mapped",
             ),
-            ("global:\n    retry_count: many\n", "expected a number"),
+            (
+                "global:\n    retry_count: many\n",
+                "invalid value many (expected a number)",
+            ),
+            (
+                "global:\n    retry_count:\n",
+                "no value (expected a number)",
+            ),
             ("global:\n    transaction_timeout: 0\n", "out of range"),
         ];
         for (text, want) in cases {
