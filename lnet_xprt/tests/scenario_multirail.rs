@@ -93,10 +93,38 @@ fn client_puts(sim: &Sim, from: usize) -> Vec<(Nid, Nid)> {
 }
 
 fn acks(sim: &Sim) -> usize {
-    sim.events("client")
+    acks_of(sim, "client")
+}
+
+/// Successful ACKs node `name` received.
+fn acks_of(sim: &Sim, name: &str) -> usize {
+    sim.events(name)
         .iter()
         .filter(|(_, e)| e.kind() == EventKind::Ack && e.status().is_ok())
         .count()
+}
+
+/// Restarts node `name` with `nids` and a PUT sink, as a process that
+/// came back would.
+fn restart_with(sim: &mut Sim, name: &str, nids: &[&str]) {
+    let nis = nids.iter().map(|n| NiConfig::new(nid(n))).collect();
+    sim.restart(name, NodeConfig::new(nis)).unwrap();
+    post_sink(sim, name);
+}
+
+/// Node `from` PUTs 20 messages to `to`: all are acknowledged, none goes
+/// to `old`, and (unless `None`) some go to `new`.
+fn twenty_reach_the_new_nis(sim: &mut Sim, from: &str, to: &str, old: &str, new: Option<&str>) {
+    let first = sim.trace().len();
+    let before = acks_of(sim, from);
+    put_from(sim, from, to, 20, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    assert_eq!(acks_of(sim, from), before + 20);
+    let sent = &sim.trace()[first..];
+    assert!(sent.iter().all(|t| t.to != nid(old)));
+    if let Some(new) = new {
+        assert!(sent.iter().any(|t| t.to == nid(new)));
+    }
 }
 
 #[test]
@@ -516,13 +544,8 @@ fn restarted_peer_is_known_by_its_new_nis(seed: u64, changes: u32) {
 
     // The client reboots: its ping buffer is numbered from the start again,
     // no higher than the one the server saw.
-    sim.restart(
-        "client",
-        NodeConfig::new(vec![NiConfig::new(nid(C_TCP)), NiConfig::new(nid(NEW_IB))]),
-    )
-    .unwrap();
+    restart_with(&mut sim, "client", &[C_TCP, NEW_IB]);
     assert_eq!(sim.node("client").ping_seq(), first_seq);
-    post_sink(&mut sim, "client");
     // Its first message discovers the server, then pushes its NIs.
     put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
     sim.run_for(Duration::from_millis(10)).unwrap();
@@ -531,19 +554,8 @@ fn restarted_peer_is_known_by_its_new_nis(seed: u64, changes: u32) {
     let stale = sim.node("server").discovery().stats().stale_pushes;
     assert_eq!(stale, u64::from(changes > 0));
 
-    // The server's messages go to the NIs the client has now: every one
-    // is acknowledged, none goes to the old address.
-    let from = sim.trace().len();
-    put_from(&mut sim, "server", C_TCP, 20, Duration::from_millis(1));
-    sim.run_for(Duration::from_millis(10)).unwrap();
-    let acked = sim
-        .events("server")
-        .iter()
-        .filter(|(_, e)| e.kind() == EventKind::Ack && e.status().is_ok())
-        .count();
-    assert_eq!(acked, 20);
-    assert!(sim.trace()[from..].iter().all(|t| t.to != nid(C_IB)));
-    assert!(sim.trace()[from..].iter().any(|t| t.to == nid(NEW_IB)));
+    // The server's messages go to the NIs the client has now.
+    twenty_reach_the_new_nis(&mut sim, "server", C_TCP, C_IB, Some(NEW_IB));
 }
 
 /// The restarted client's push carries the number the server saw last:
@@ -571,12 +583,7 @@ fn a_peer_restarted_with_another_primary_nid_is_known_by_it() {
     post_sink(&mut sim, "client");
     put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
     sim.run_for(Duration::from_millis(10)).unwrap();
-    sim.restart(
-        "client",
-        NodeConfig::new(vec![NiConfig::new(nid(C_IB)), NiConfig::new(nid(NEW_TCP))]),
-    )
-    .unwrap();
-    post_sink(&mut sim, "client");
+    restart_with(&mut sim, "client", &[C_IB, NEW_TCP]);
     put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
     sim.run_for(Duration::from_millis(10)).unwrap();
     assert_eq!(acks(&sim), 1);
@@ -585,16 +592,7 @@ fn a_peer_restarted_with_another_primary_nid_is_known_by_it() {
     assert!(peer.contains(nid(NEW_TCP)));
     assert!(!peer.contains(nid(C_TCP)));
     assert_eq!(peer.primary_nid(), nid(C_IB));
-    let from = sim.trace().len();
-    put_from(&mut sim, "server", C_IB, 20, Duration::from_millis(1));
-    sim.run_for(Duration::from_millis(10)).unwrap();
-    let acked = sim
-        .events("server")
-        .iter()
-        .filter(|(_, e)| e.kind() == EventKind::Ack && e.status().is_ok())
-        .count();
-    assert_eq!(acked, 20);
-    assert!(sim.trace()[from..].iter().all(|t| t.to != nid(C_TCP)));
+    twenty_reach_the_new_nis(&mut sim, "server", C_IB, C_TCP, None);
 }
 
 /// The server restarts with its o2ib NI at another address. The client's
@@ -608,12 +606,7 @@ fn a_server_restarted_with_other_nis_is_learned_when_it_sends() {
     post_sink(&mut sim, "client");
     put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
     sim.run_for(Duration::from_millis(10)).unwrap();
-    sim.restart(
-        "server",
-        NodeConfig::new(vec![NiConfig::new(nid(S_TCP)), NiConfig::new(nid(NEW_IB))]),
-    )
-    .unwrap();
-    post_sink(&mut sim, "server");
+    restart_with(&mut sim, "server", &[S_TCP, NEW_IB]);
     put_from(&mut sim, "server", C_TCP, 1, Duration::from_millis(1));
     sim.run_for(Duration::from_millis(10)).unwrap();
     let peer = sim
@@ -623,11 +616,5 @@ fn a_server_restarted_with_other_nis_is_learned_when_it_sends() {
         .peer_of(nid(S_TCP))
         .unwrap();
     assert!(peer.contains(nid(NEW_IB)) && !peer.contains(nid(S_IB)));
-    let from = sim.trace().len();
-    let before = acks(&sim);
-    put_n(&mut sim, S_TCP, 20, Duration::from_millis(1));
-    sim.run_for(Duration::from_millis(10)).unwrap();
-    assert_eq!(acks(&sim), before + 20);
-    assert!(sim.trace()[from..].iter().all(|t| t.to != nid(S_IB)));
-    assert!(sim.trace()[from..].iter().any(|t| t.to == nid(NEW_IB)));
+    twenty_reach_the_new_nis(&mut sim, "client", S_TCP, S_IB, Some(NEW_IB));
 }

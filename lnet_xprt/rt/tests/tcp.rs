@@ -37,12 +37,17 @@ fn start_with(nid_s: &str, accept: AcceptPolicy, f: impl FnOnce(&mut LnetConfig)
 /// peers, so the tests pass as any user; as root they use privileged
 /// ports as Lustre does.)
 fn pair(a: &str, b: &str) -> (Lnet, Lnet) {
-    let (na, nb) = (nid(a), nid(b));
     let la = start(a, AcceptPolicy::All);
     let lb = start(b, AcceptPolicy::All);
+    introduce(&la, a, &lb, b);
+    (la, lb)
+}
+
+/// Tells nodes `la` (NID `a`) and `lb` (NID `b`) each other's ports.
+fn introduce(la: &Lnet, a: &str, lb: &Lnet, b: &str) {
+    let (na, nb) = (nid(a), nid(b));
     la.set_peer_addr(nb, lb.listen_addr(nb).unwrap());
     lb.set_peer_addr(na, la.listen_addr(na).unwrap());
-    (la, lb)
 }
 
 #[test]
@@ -546,53 +551,43 @@ fn socket_options_on(ip: [u8; 4]) -> Vec<[i32; 5]> {
 fn connections_carry_the_tunables_tos_and_tcp_keepalive() {
     // Both sides set what Lustre's ksocknal_lib_setup_sock sets: the
     // connecting one (a) and the accepting one (b).
-    let (na, nb) = (nid("127.0.2.62@tcp"), nid("127.0.2.63@tcp"));
-    let a = start_with("127.0.2.62@tcp", AcceptPolicy::All, |c| {
-        c.tcp.tos = 0x10;
-        (
-            c.tcp.keepalive_idle,
-            c.tcp.keepalive_intvl,
-            c.tcp.keepalive_count,
-        ) = (7, 2, 3);
-    });
-    let b = start_with("127.0.2.63@tcp", AcceptPolicy::All, |c| {
-        c.tcp.tos = 0x20;
-        (
-            c.tcp.keepalive_idle,
-            c.tcp.keepalive_intvl,
-            c.tcp.keepalive_count,
-        ) = (9, 3, 4);
-    });
-    a.set_peer_addr(nb, b.listen_addr(nb).unwrap());
-    b.set_peer_addr(na, a.listen_addr(na).unwrap());
-    a.ping(nb, LIMIT).unwrap();
-    let on_a = socket_options_on([127, 0, 2, 62]);
-    let on_b = socket_options_on([127, 0, 2, 63]);
-    assert!(!on_a.is_empty() && !on_b.is_empty(), "{on_a:?} {on_b:?}");
-    assert!(on_a.iter().all(|o| *o == [0x10, 1, 7, 2, 3]), "{on_a:?}");
-    assert!(on_b.iter().all(|o| *o == [0x20, 1, 9, 3, 4]), "{on_b:?}");
+    let tuned = |n: &str, tos: i32, (idle, intvl, count): (u32, u32, u32)| {
+        start_with(n, AcceptPolicy::All, |c| {
+            c.tcp.tos = tos;
+            c.tcp.keepalive_idle = idle;
+            c.tcp.keepalive_intvl = intvl;
+            c.tcp.keepalive_count = count;
+        })
+    };
+    let a = tuned("127.0.2.62@tcp", 0x10, (7, 2, 3));
+    let b = tuned("127.0.2.63@tcp", 0x20, (9, 3, 4));
+    introduce(&a, "127.0.2.62@tcp", &b, "127.0.2.63@tcp");
+    a.ping(nid("127.0.2.63@tcp"), LIMIT).unwrap();
+    // A connection is tuned by the thread that makes or accepts it, just
+    // after it exists: wait until every one is (each must get there).
+    let all_become = |ip: [u8; 4], want: &dyn Fn(&[i32; 5]) -> bool| {
+        let t0 = Instant::now();
+        loop {
+            let opts = socket_options_on(ip);
+            if !opts.is_empty() && opts.iter().all(want) {
+                return;
+            }
+            assert!(t0.elapsed() < LIMIT, "{ip:?}: {opts:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    all_become([127, 0, 2, 62], &|o| *o == [0x10, 1, 7, 2, 3]);
+    all_become([127, 0, 2, 63], &|o| *o == [0x20, 1, 9, 3, 4]);
     a.shutdown();
     b.shutdown();
     // No probes when one of the three is 0; tos -1 leaves the system's.
-    let (nc, nd) = (nid("127.0.2.64@tcp"), nid("127.0.2.65@tcp"));
-    let c = start_with("127.0.2.64@tcp", AcceptPolicy::All, |c| {
-        c.tcp.keepalive_count = 0;
-    });
+    let c = tuned("127.0.2.64@tcp", -1, (30, 5, 0));
     let d = start("127.0.2.65@tcp", AcceptPolicy::All);
-    c.set_peer_addr(nd, d.listen_addr(nd).unwrap());
-    d.set_peer_addr(nc, c.listen_addr(nc).unwrap());
-    c.ping(nd, LIMIT).unwrap();
-    let on_c = socket_options_on([127, 0, 2, 64]);
-    assert!(
-        !on_c.is_empty() && on_c.iter().all(|o| o[..2] == [0, 0]),
-        "{on_c:?}"
-    );
+    introduce(&c, "127.0.2.64@tcp", &d, "127.0.2.65@tcp");
+    c.ping(nid("127.0.2.65@tcp"), LIMIT).unwrap();
+    all_become([127, 0, 2, 64], &|o| o[..2] == [0, 0]);
     // Lustre's defaults: probes after 30 s, every 5 s, 5 of them.
-    let on_d = socket_options_on([127, 0, 2, 65]);
-    assert!(
-        !on_d.is_empty() && on_d.iter().all(|o| *o == [0, 1, 30, 5, 5]),
-        "{on_d:?}"
-    );
+    all_become([127, 0, 2, 65], &|o| *o == [0, 1, 30, 5, 5]);
     c.shutdown();
     d.shutdown();
 }
