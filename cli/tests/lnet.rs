@@ -1106,6 +1106,19 @@ fn a_restarted_multi_rail_client_is_known_by_its_new_nis() {
     c.ok(&["net", "add", "--nid", "127.0.20.6@tcp"]);
     c.ok(&["net", "del", "--nid", "127.0.20.6@tcp"]);
     c.ok(&["discover", "127.0.20.1@tcp"]);
+    // Lustre's lp_state bits: MULTI_RAIL | DISCOVERED | NIDS_UPTODATE.
+    let v = c.json(&["peer", "show", "--verbose"]);
+    let server = v["peer"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["primary nid"] == "127.0.20.1@tcp")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(server["peer state"], 273, "{server}");
+    assert_eq!(
+        server["discovery state"], "LNET_PEER_STATE_ACTIVE",
+        "{server}"
+    );
     // The server's view of the client's NIs, once it holds `want`.
     let nis_of_client = |want: &[&str]| {
         wait_for(

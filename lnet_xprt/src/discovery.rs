@@ -521,6 +521,38 @@ impl<M> Discovery<M> {
         self.disc.get(&id).map_or(PeerState::Init, |d| d.state)
     }
 
+    /// The peer's state as Lustre's `lp_state` flags, which `lnetctl peer
+    /// show -v` prints as `peer state` (273 for a discovered Multi-Rail
+    /// peer): `MULTI_RAIL` (bit 0), `NO_DISCOVERY` (1), `CONFIGURED` (3),
+    /// `DISCOVERED` (4), `REDISCOVER` (5: its discovery failed, the next
+    /// send tries again), `DISCOVERING` (6), `NIDS_UPTODATE` (8),
+    /// `PING_SENT` (9), `PUSH_SENT` (10), `PING_FAILED` (11), from this
+    /// machine's state and the peer's flags.
+    #[must_use]
+    pub fn lustre_state(&self, id: PeerId) -> u32 {
+        let mut bits = 0;
+        if let Some(p) = self.table.peer(id) {
+            bits |= u32::from(p.is_multi_rail());
+            bits |= u32::from(p.no_discovery()) << 1;
+            bits |= u32::from(p.is_configured()) << 3;
+        }
+        let Some(d) = self.disc.get(&id) else {
+            return bits;
+        };
+        let failed = d.state == PeerState::Verify && d.last_error.is_some();
+        bits |= u32::from(d.discovered) << 4;
+        bits |= u32::from(failed) << 5;
+        bits |= u32::from(matches!(
+            d.state,
+            PeerState::Discovery | PeerState::WaitPingResponse | PeerState::PushSent
+        )) << 6;
+        bits |= u32::from(d.discovered && d.state != PeerState::Verify) << 8;
+        bits |= u32::from(d.state == PeerState::WaitPingResponse) << 9;
+        bits |= u32::from(d.state == PeerState::PushSent) << 10;
+        bits |= u32::from(failed) << 11;
+        bits
+    }
+
     /// Number of messages parked on the peer owning `nid`.
     #[must_use]
     pub fn parked_count(&self, nid: Nid) -> usize {
@@ -1563,6 +1595,32 @@ mod tests {
         in_push_sent(d);
         assert!(d.handle_push_ack(t(4), nid(A)).is_empty());
         assert_eq!(d.state_of(nid(A)), PeerState::Active);
+    }
+
+    /// `peer state` as Lustre prints it, through discovery.
+    #[test]
+    fn lustre_state_bits_follow_discovery() {
+        let st = |d: &Dd| d.lustre_state(pid(d, A));
+        let mut d = dd();
+        in_wait(&mut d);
+        // DISCOVERING | PING_SENT (not known to be Multi-Rail yet).
+        assert_eq!(st(&d), (1 << 6) | (1 << 9));
+        let mut d = dd();
+        in_push_sent(&mut d);
+        // MULTI_RAIL | DISCOVERED | DISCOVERING | NIDS_UPTODATE | PUSH_SENT.
+        assert_eq!(st(&d), 1 | (1 << 4) | (1 << 6) | (1 << 8) | (1 << 10));
+        let mut d = dd();
+        in_active(&mut d);
+        assert_eq!(st(&d), 273, "MULTI_RAIL | DISCOVERED | NIDS_UPTODATE");
+        // Configured by DLC: MULTI_RAIL | CONFIGURED, not discovered yet.
+        let mut d = dd();
+        in_verify(&mut d);
+        assert_eq!(st(&d), 9);
+        // A failed discovery: REDISCOVER | PING_FAILED.
+        let mut d = dd();
+        in_wait(&mut d);
+        d.handle_ping_failure(t(3), nid(A), PingFailure::SendFailed);
+        assert_eq!(st(&d), (1 << 5) | (1 << 11));
     }
 
     // ------------------------------------------------------------ INIT

@@ -486,7 +486,7 @@ impl NodeConf {
                             );
                         }
                     }
-                    "peer state" | "lock_prim_nid" | "udsp info" => {}
+                    "peer state" | "discovery state" | "lock_prim_nid" | "udsp info" => {}
                     other => return Err(unknown(&at, other)),
                 }
             }

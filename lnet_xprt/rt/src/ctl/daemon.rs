@@ -871,7 +871,10 @@ impl Daemon {
             let mut docs: Vec<Doc> = list
                 .into_iter()
                 .map(|p| {
-                    let state = n.discovery().peer_state(p.id()).name();
+                    let state = (
+                        n.discovery().lustre_state(p.id()),
+                        n.discovery().peer_state(p.id()).name(),
+                    );
                     let nids: Vec<Nid> = p.nids().collect();
                     peer_doc(
                         n,
@@ -890,7 +893,7 @@ impl Daemon {
                         n,
                         nid,
                         false,
-                        PeerState::Init.name(),
+                        (0, PeerState::Init.name()),
                         &[nid],
                         verbose,
                         detail,
@@ -1574,7 +1577,7 @@ fn peer_doc(
     n: &Node,
     primary: Nid,
     multi_rail: bool,
-    state: &str,
+    (bits, state): (u32, &str),
     nids: &[Nid],
     verbose: bool,
     detail: u32,
@@ -1584,7 +1587,10 @@ fn peer_doc(
         .with("primary nid", primary.to_string())
         .with("Multi-Rail", Doc::Bool(multi_rail));
     if verbose {
-        d.push("peer state", state);
+        // Lustre's lp_state flags (273: a discovered Multi-Rail peer), and
+        // the discovery design's state they come from.
+        d.push("peer state", bits);
+        d.push("discovery state", state);
     }
     let nis = nids
         .iter()
