@@ -104,3 +104,79 @@ fn a_second_transport_over_a_node_is_refused_until_the_first_is_gone() {
     drop(again);
     l.shutdown();
 }
+
+/// TMIDs as Motr's LNet transport hands them out: `*` takes the highest
+/// free one, an explicit TMID in use (by a `*` machine or another) is
+/// refused with `AddrInUse`, a `*` skips TMIDs taken explicitly, and a
+/// finalised machine's TMID is free again.
+#[test]
+fn wildcard_tmids_are_unique_skip_explicit_ones_and_come_back() {
+    let mut c = LnetConfig::new(&["127.0.77.3@tcp".parse().unwrap()]);
+    c.accept_port = 0;
+    let x = LnetTransport::new(vec![Lnet::start(c).unwrap()], LnetXprtConfig::default()).unwrap();
+    let dom = Domain::new(&x).unwrap();
+    // Starts a machine at `addr`: its TMID, or why it failed (at once or
+    // with its FAILED event).
+    let start = |addr: &str| {
+        let (cb, events) = colibri_net::tm_event_channel(8);
+        let tm = dom.tm_init(cb).unwrap();
+        let failure = match tm.start(addr) {
+            Err(e) => Some(e),
+            Ok(()) => loop {
+                let ev = events.recv_timeout(WAIT).expect("a state change");
+                if let colibri_net::TmEventKind::StateChange { state, status, .. } = ev.kind {
+                    match (state, status) {
+                        (TmState::Started, _) => break None,
+                        (TmState::Failed, Err(e)) => break Some(e),
+                        _ => {}
+                    }
+                }
+            },
+        };
+        drop(events);
+        match failure {
+            None => {
+                let tmid = tm
+                    .ep()
+                    .unwrap()
+                    .addr()
+                    .rsplit(':')
+                    .next()
+                    .unwrap()
+                    .to_owned();
+                Ok((tm, tmid))
+            }
+            Some(e) => {
+                tm.fini().map_err(|e| e.error).unwrap();
+                Err(e)
+            }
+        }
+    };
+    let (a, ta) = start("127.0.77.3@tcp:12345:33:*").unwrap();
+    let (b, tb) = start("127.0.77.3@tcp:12345:33:*").unwrap();
+    assert_eq!((ta.as_str(), tb.as_str()), ("4095", "4094"));
+    let (e, te) = start("127.0.77.3@tcp:12345:33:4093").unwrap();
+    assert_eq!(te, "4093");
+    for taken in ["4095", "4093"] {
+        let err = start(&format!("127.0.77.3@tcp:12345:33:{taken}")).unwrap_err();
+        assert!(matches!(err, NetError::AddrInUse(_)), "{err:?}");
+    }
+    let (d, td) = start("127.0.77.3@tcp:12345:33:*").unwrap();
+    assert_eq!(td, "4092", "skips the explicit 4093");
+    // Another portal has its own TMIDs.
+    let (p, tp) = start("127.0.77.3@tcp:12345:34:*").unwrap();
+    assert_eq!(tp, "4095");
+    let stop = |tm: colibri_net::TransferMachine| {
+        tm.stop(true).unwrap();
+        tm.wait_stopped(WAIT).unwrap();
+        tm.fini().map_err(|e| e.error).unwrap();
+    };
+    stop(a);
+    let (a2, ta2) = start("127.0.77.3@tcp:12345:33:*").unwrap();
+    assert_eq!(ta2, "4095", "free again once its machine is gone");
+    for tm in [a2, b, e, d, p] {
+        stop(tm);
+    }
+    dom.fini().map_err(|e| e.error).unwrap();
+    x.shutdown();
+}
