@@ -315,6 +315,10 @@ enum PeerCmd {
         /// Not Multi-Rail.
         #[arg(long = "non_mr", alias = "non-mr")]
         non_mr: bool,
+        /// Lock the primary NID: discovery keeps it, and deleting the peer
+        /// removes only its other NIDs unless `peer del --force`.
+        #[arg(long = "lock_prim", alias = "lock-prim")]
+        lock_prim: bool,
     },
     /// Delete NIDs of a peer, or the whole peer.
     Del {
@@ -324,6 +328,9 @@ enum PeerCmd {
         /// NIDs to delete (comma-separated; none: the whole peer).
         #[arg(long)]
         nid: Option<String>,
+        /// Delete a peer whose primary NID is locked too.
+        #[arg(long)]
+        force: bool,
     },
     /// Show peers.
     Show {
@@ -626,14 +633,21 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 prim_nid,
                 nid,
                 non_mr,
+                lock_prim,
             } => Command::PeerAdd {
                 prim_nid: prim_nid.clone(),
                 nids: nid.as_deref().map(list).unwrap_or_default(),
                 non_mr: *non_mr,
+                lock_prim: *lock_prim,
             },
-            PeerCmd::Del { prim_nid, nid } => Command::PeerDel {
+            PeerCmd::Del {
+                prim_nid,
+                nid,
+                force,
+            } => Command::PeerDel {
                 prim_nid: prim_nid.clone(),
                 nids: nid.as_deref().map(list).unwrap_or_default(),
+                force: *force,
             },
             PeerCmd::Show { nid, verbose } => Command::PeerShow {
                 detail: verbose.unwrap_or(0),

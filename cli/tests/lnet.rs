@@ -1372,6 +1372,32 @@ fn peers_as_sanity_lnet_configures_them() {
     assert!(gws(&n).is_empty());
     assert_eq!(n.ok(&["export", "-b"]), base);
 
+    // Test 26: a locked primary NID (LNET_PEER_LOCK_PRIMARY, bit 20 of
+    // `peer state`) survives `peer del`; `--force` deletes the peer.
+    n.ok(&[
+        "peer",
+        "add",
+        "--prim_nid",
+        "26.26.26.26@tcp",
+        "--nid",
+        "26.26.26.27@tcp",
+        "--lock_prim",
+    ]);
+    let v = n.json(&["peer", "show", "-v", "--nid", "26.26.26.26@tcp"]);
+    let state = v["peer"][0]["peer state"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(
+        state,
+        1 | (1 << 3) | (1 << 20),
+        "MULTI_RAIL | CONFIGURED | LOCK_PRIMARY"
+    );
+    n.ok(&["peer", "del", "--prim_nid", "26.26.26.26@tcp"]);
+    assert_eq!(nids_of("26.26.26.26@tcp"), ["26.26.26.26@tcp"]);
+    n.ok(&["peer", "del", "--prim_nid", "26.26.26.26@tcp", "--force"]);
+    assert!(nids_of("26.26.26.26@tcp").is_empty());
+    assert_eq!(n.ok(&["export", "-b"]), base);
+
     // Tests 14 to 18a: import from standard input, then `import --del` of
     // the same file (whole peers), then of a subset (those NIDs only).
     let two = "peer:\n    - primary nid: 1.1.1.1@tcp\n      Multi-Rail: True\n      peer ni:\n        - nid: 1.1.1.1@tcp\n        - nid: 2.2.2.2@tcp\n        - nid: 4.4.4.4@tcp\n        - nid: 3.3.3.3@o2ib\n        - nid: 5@gni\n    - primary nid: 6.6.6.6@o2ib\n      Multi-Rail: True\n      peer ni:\n        - nid: 6.6.6.6@o2ib\n";

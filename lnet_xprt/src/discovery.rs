@@ -521,13 +521,29 @@ impl<M> Discovery<M> {
         self.disc.get(&id).map_or(PeerState::Init, |d| d.state)
     }
 
+    /// Locks or unlocks the primary NID of the peer whose primary is
+    /// `primary` (`lnetctl peer add --lock_prim`; see
+    /// [`Peer::is_primary_locked`](crate::peer::Peer::is_primary_locked)).
+    ///
+    /// # Errors
+    /// [`PeerError::NotFound`] when `primary` is not a peer's primary NID.
+    pub fn set_primary_locked(&mut self, primary: Nid, locked: bool) -> Result<(), PeerError> {
+        let id = self
+            .table
+            .peer_of(primary)
+            .filter(|p| p.primary_nid() == primary)
+            .map(crate::peer::Peer::id)
+            .ok_or(PeerError::NotFound(primary))?;
+        self.table.set_primary_locked(id, locked)
+    }
+
     /// The peer's state as Lustre's `lp_state` flags, which `lnetctl peer
     /// show -v` prints as `peer state` (273 for a discovered Multi-Rail
     /// peer): `MULTI_RAIL` (bit 0), `NO_DISCOVERY` (1), `CONFIGURED` (3),
     /// `DISCOVERED` (4), `REDISCOVER` (5: its discovery failed, the next
     /// send tries again), `DISCOVERING` (6), `NIDS_UPTODATE` (8),
-    /// `PING_SENT` (9), `PUSH_SENT` (10), `PING_FAILED` (11), from this
-    /// machine's state and the peer's flags.
+    /// `PING_SENT` (9), `PUSH_SENT` (10), `PING_FAILED` (11),
+    /// `LOCK_PRIMARY` (20), from this machine's state and the peer's flags.
     #[must_use]
     pub fn lustre_state(&self, id: PeerId) -> u32 {
         let mut bits = 0;
@@ -535,6 +551,7 @@ impl<M> Discovery<M> {
             bits |= u32::from(p.is_multi_rail());
             bits |= u32::from(p.no_discovery()) << 1;
             bits |= u32::from(p.is_configured()) << 3;
+            bits |= u32::from(p.is_primary_locked()) << 20;
         }
         let Some(d) = self.disc.get(&id) else {
             return bits;

@@ -2170,6 +2170,15 @@ impl Node {
         Ok(())
     }
 
+    /// `lnetctl peer add --lock_prim` (and `peer del --force`, which
+    /// unlocks first): see [`Discovery::set_primary_locked`].
+    ///
+    /// # Errors
+    /// As [`Discovery::set_primary_locked`].
+    pub fn set_peer_primary_locked(&mut self, primary: Nid, locked: bool) -> Result<(), NodeError> {
+        Ok(self.disc.set_primary_locked(primary, locked)?)
+    }
+
     /// `lnetctl peer del --prim_nid primary --nid nids…`.
     ///
     /// # Errors

@@ -179,6 +179,9 @@ pub struct Peer {
     configured: bool,
     mr_configured: bool,
     no_discovery: bool,
+    /// The primary NID stays what it was made with
+    /// (`LNET_PEER_LOCK_PRIMARY`).
+    lock_primary: bool,
     nets: Vec<PeerNet>,
 }
 
@@ -206,6 +209,15 @@ impl Peer {
     #[must_use]
     pub const fn is_configured(&self) -> bool {
         self.configured
+    }
+
+    /// Whether the primary NID is locked (`lnetctl peer add --lock_prim`,
+    /// Lustre's `LNET_PEER_LOCK_PRIMARY` for peers its upper layers
+    /// create): discovery never changes it, and a DLC delete that names it
+    /// (or the whole peer) keeps it, removing the other NIDs.
+    #[must_use]
+    pub const fn is_primary_locked(&self) -> bool {
+        self.lock_primary
     }
 
     /// Whether the peer advertised that discovery is off on its side
@@ -429,6 +441,7 @@ impl PeerTable {
                 configured: false,
                 mr_configured: false,
                 no_discovery: false,
+                lock_primary: false,
                 nets: vec![PeerNet {
                     net: nid.net(),
                     nids: vec![nid],
@@ -558,6 +571,17 @@ impl PeerTable {
         Ok(nids)
     }
 
+    /// Locks or unlocks peer `id`'s primary NID
+    /// ([`Peer::is_primary_locked`]).
+    ///
+    /// # Errors
+    /// [`PeerError::NoSuchPeer`].
+    pub fn set_primary_locked(&mut self, id: PeerId, locked: bool) -> Result<(), PeerError> {
+        let peer = self.peers.get_mut(&id).ok_or(PeerError::NoSuchPeer(id))?;
+        peer.lock_primary = locked;
+        Ok(())
+    }
+
     /// Makes `nid` (already a NID of peer `id`) the primary NID.
     ///
     /// # Errors
@@ -672,9 +696,11 @@ impl PeerTable {
     /// DLC deletion (`lnet_peer_del_peer_ni`) of `nids` from peer `id`; an
     /// empty `nids`, or one naming the primary NID, deletes every NI and so
     /// the peer (Lustre's `lnet_del_peer_ni`: the primary goes with its
-    /// peer). NIDs that are not the peer's are skipped (Lustre's discovery
-    /// design: "if not unique skip that peer_ni"). `keep_detached` keeps
-    /// the removed NIs as detached peer NIs instead of forgetting them.
+    /// peer), unless the primary is locked: then it stays and the other
+    /// NIDs go (`lnet_reset_peer`). NIDs that are not the peer's are
+    /// skipped (Lustre's discovery design: "if not unique skip that
+    /// peer_ni"). `keep_detached` keeps the removed NIs as detached peer
+    /// NIs instead of forgetting them.
     ///
     /// # Errors
     /// [`PeerError::NoSuchPeer`]; nothing is changed on error.
@@ -701,9 +727,14 @@ impl PeerTable {
             }
         }
         if remove.contains(&peer.primary) {
-            for nid in peer.nids() {
-                if !remove.contains(&nid) {
-                    remove.push(nid);
+            if peer.lock_primary {
+                // Lustre's lnet_reset_peer: the primary stays, the rest go.
+                remove = peer.nids().filter(|&n| n != peer.primary).collect();
+            } else {
+                for nid in peer.nids() {
+                    if !remove.contains(&nid) {
+                        remove.push(nid);
+                    }
                 }
             }
         }
@@ -804,7 +835,10 @@ impl PeerTable {
         // Primary NID: the data's first valid entry, if we now own it.
         if let Some(&new_primary) = listed.first() {
             let old = self.peers[&id].primary;
-            if new_primary != old && self.peer_id_of(new_primary) == Some(id) {
+            if new_primary != old
+                && !self.peers[&id].lock_primary
+                && self.peer_id_of(new_primary) == Some(id)
+            {
                 self.set_primary(id, new_primary)?;
                 report.primary_changed = Some((old, new_primary));
             }
@@ -1009,6 +1043,28 @@ mod tests {
         assert_eq!(r.detached, vec![nid("10.0.0.2@tcp")]);
         assert!(t.ni(nid("10.0.0.2@tcp")).unwrap().is_detached());
         assert_eq!(t.peer(id).unwrap().primary_nid(), nid("10.0.0.1@tcp"));
+        assert!(t.invariant_violation().is_none());
+    }
+
+    #[test]
+    fn a_locked_primary_stays_through_merges_and_deletes() {
+        let mut t = PeerTable::new();
+        let id = mr_peer(&mut t, "10.0.0.2@tcp");
+        t.set_primary_locked(id, true).unwrap();
+        let r = t
+            .merge(id, &[up("10.0.0.1@tcp"), up("10.0.0.3@tcp")], true)
+            .unwrap();
+        assert_eq!(r.primary_changed, None);
+        let p = t.peer(id).unwrap();
+        assert_eq!(p.primary_nid(), nid("10.0.0.2@tcp"));
+        assert!(p.contains(nid("10.0.0.1@tcp")) && p.contains(nid("10.0.0.3@tcp")));
+        // Deleting the whole peer keeps the primary (lnet_reset_peer).
+        let r = t.delete_nids(id, &[], false).unwrap();
+        assert!(!r.peer_deleted);
+        let left: Vec<Nid> = t.peer(id).unwrap().nids().collect();
+        assert_eq!(left, vec![nid("10.0.0.2@tcp")]);
+        t.set_primary_locked(id, false).unwrap();
+        assert!(t.delete_nids(id, &[], false).unwrap().peer_deleted);
         assert!(t.invariant_violation().is_none());
     }
 

@@ -864,6 +864,20 @@ impl Lnet {
         })?)
     }
 
+    /// Locks (`lnetctl peer add --lock_prim`) or unlocks the primary NID
+    /// of the peer whose primary is `primary`: discovery keeps it, and a
+    /// delete of the whole peer removes only its other NIDs until it is
+    /// unlocked (`peer del --force`).
+    ///
+    /// # Errors
+    /// `primary` is not a peer's primary NID.
+    pub fn set_peer_primary_locked(&self, primary: Nid, locked: bool) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| {
+            c.node.set_peer_primary_locked(primary, locked)
+        })?)
+    }
+
     /// `lnetctl peer del --prim_nid primary --nid nids`.
     ///
     /// # Errors

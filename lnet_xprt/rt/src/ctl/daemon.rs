@@ -513,15 +513,25 @@ impl Daemon {
                 prim_nid,
                 nids,
                 non_mr,
+                lock_prim,
             } => {
                 let prim = nid_arg(&prim_nid, "add", "peer_ni")?;
                 let nids = nid_list_arg(&nids, "add", "peer_ni")?;
                 self.lnet
                     .add_peer(prim, &nids, !non_mr)
                     .map_err(|e| lnet_fail("add", "peer_ni", &e))?;
+                if lock_prim {
+                    self.lnet
+                        .set_peer_primary_locked(prim, true)
+                        .map_err(|e| lnet_fail("add", "peer_ni", &e))?;
+                }
                 Ok(Doc::Null)
             }
-            Command::PeerDel { prim_nid, nids } => {
+            Command::PeerDel {
+                prim_nid,
+                nids,
+                force,
+            } => {
                 let prim = nid_arg(&prim_nid, "del", "peer_ni")?;
                 let nids = nid_list_arg(&nids, "del", "peer_ni")?;
                 let known = self
@@ -534,6 +544,11 @@ impl Daemon {
                         errno::ENOENT,
                         format!("{prim} is not the primary NID of a peer"),
                     ));
+                }
+                if force {
+                    self.lnet
+                        .set_peer_primary_locked(prim, false)
+                        .map_err(|e| lnet_fail("del", "peer_ni", &e))?;
                 }
                 self.lnet
                     .del_peer(prim, &nids)

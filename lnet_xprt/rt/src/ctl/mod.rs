@@ -213,6 +213,9 @@ pub enum Command {
         nids: Vec<String>,
         /// Not Multi-Rail.
         non_mr: bool,
+        /// Lock the primary NID (`--lock_prim`).
+        #[serde(default)]
+        lock_prim: bool,
     },
     /// `peer del --prim_nid NID [--nid NID,...]`.
     PeerDel {
@@ -220,6 +223,9 @@ pub enum Command {
         prim_nid: String,
         /// NIDs to remove (none: the whole peer).
         nids: Vec<String>,
+        /// Unlock a locked primary NID first (`--force`).
+        #[serde(default)]
+        force: bool,
     },
     /// `peer show [--nid NID] [--verbose]`.
     PeerShow {
