@@ -1300,6 +1300,7 @@ mod tests {
             Delete(u8, Vec<u8>, bool),
             DeletePeer(u8),
             SetMr(u8, bool),
+            Lock(u8, bool),
         }
 
         fn nid_of(i: u8) -> Nid {
@@ -1310,6 +1311,7 @@ mod tests {
 
         fn op() -> impl Strategy<Value = Op> {
             prop_oneof![
+                (any::<u8>(), any::<bool>()).prop_map(|(a, l)| Op::Lock(a, l)),
                 any::<u8>().prop_map(Op::Create),
                 any::<u8>().prop_map(Op::Ensure),
                 (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Op::Attach(a, b)),
@@ -1357,6 +1359,10 @@ mod tests {
                                 let r = t.merge(id, &d, mr).unwrap();
                                 // The merged peer always survives.
                                 prop_assert!(t.peer(id).is_some());
+                                // A locked primary stays.
+                                if before.is_primary_locked() {
+                                    prop_assert_eq!(t.peer(id).unwrap().primary_nid(), before.primary_nid());
+                                }
                                 if !mr || before.is_configured() {
                                     prop_assert_eq!(t.peer(id).unwrap().ni_count(), before.ni_count());
                                 }
@@ -1374,8 +1380,17 @@ mod tests {
                         Op::Delete(p, nids, keep) => {
                             if let Some(id) = peer_at(&t, p) {
                                 let nids: Vec<Nid> = nids.into_iter().map(nid_of).collect();
+                                let before = t.peer(id).unwrap().clone();
                                 let _ = t.delete_nids(id, &nids, keep);
+                                // A locked primary outlives any delete.
+                                if before.is_primary_locked() {
+                                    let after = t.peer(id);
+                                    prop_assert!(after.is_some_and(|p| p.primary_nid() == before.primary_nid()));
+                                }
                             }
+                        }
+                        Op::Lock(p, l) => {
+                            if let Some(id) = peer_at(&t, p) { t.set_primary_locked(id, l).unwrap(); }
                         }
                         Op::SetMr(p, mr) => {
                             if let Some(id) = peer_at(&t, p) { let _ = t.set_discovered_flags(id, mr, false); }
