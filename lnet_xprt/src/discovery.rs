@@ -295,10 +295,15 @@ pub enum Action<M> {
     SendPing {
         /// The peer being discovered.
         peer: PeerId,
-        /// NID to ping (the peer's primary NID).
+        /// NID to ping (the peer's primary NID, or the NID an older push
+        /// came from).
         to: Nid,
         /// Reply buffer size, in NI entries (at least 16).
         max_nis: u32,
+        /// Send to exactly `to`, not to whichever NI of a Multi-Rail peer
+        /// selection picks: a check of the NID an older push came from,
+        /// whose other NIs may be gone with the peer's last incarnation.
+        exact: bool,
     },
     /// Push our ping buffer (sequence `seq`) to `to`: an LNet PUT with ACK on
     /// portal 0, ping match bits, from local NI `from` when given (else
@@ -406,6 +411,10 @@ struct PeerDisc<M> {
     /// Reply buffer size for the next ping.
     ping_nis: u32,
     last_error: Option<DiscoveryError>,
+    /// Where the next discovery ping goes instead of the primary NID: the
+    /// NID an older push came from (the primary may be gone with the
+    /// peer's last incarnation).
+    ping_at: Option<Nid>,
 }
 
 /// Sets peer `id`'s ping or push deadline, keeping the index `due` in
@@ -440,6 +449,7 @@ impl<M> PeerDisc<M> {
             discovered: false,
             ping_nis: MIN_PING_NIS,
             last_error: None,
+            ping_at: None,
         }
     }
 }
@@ -863,16 +873,17 @@ impl<M> Discovery<M> {
                 continue; // merged away or handled otherwise meanwhile
             }
             if self.config.enabled {
-                let Some(to) = self.table.peer(id).map(|p| p.primary_nid()) else {
+                let Some(peer) = self.table.peer(id) else {
                     continue;
                 };
-                let max_nis = {
-                    let Some(d) = self.disc.get_mut(&id) else {
-                        continue;
-                    };
-                    set_deadline(&mut self.due, id, d, Some(now + self.config.ping_timeout));
-                    d.ping_nis
+                let Some(d) = self.disc.get_mut(&id) else {
+                    continue;
                 };
+                // The primary NID, unless a NID of the peer was asked for.
+                let at = d.ping_at.take().filter(|&n| peer.contains(n));
+                let to = at.unwrap_or_else(|| peer.primary_nid());
+                set_deadline(&mut self.due, id, d, Some(now + self.config.ping_timeout));
+                let max_nis = d.ping_nis;
                 self.set_state(id, PeerState::WaitPingResponse, PeerEvent::Send);
                 self.stats.pings_sent += 1;
                 tracing::debug!(target: TARGET, peer = %id, %to, "sending discovery ping");
@@ -880,6 +891,7 @@ impl<M> Discovery<M> {
                     peer: id,
                     to,
                     max_nis,
+                    exact: at.is_some(),
                 });
             } else {
                 self.set_state(id, PeerState::Active, PeerEvent::Send);
@@ -1060,6 +1072,7 @@ impl<M> Discovery<M> {
                         peer: id,
                         to,
                         max_nis: d.ping_nis,
+                        exact: false,
                     });
                 }
             }
@@ -1122,6 +1135,11 @@ impl<M> Discovery<M> {
                     self.stats.stale_pushes += 1;
                     tracing::info!(target: TARGET, %from, seq = info.seqno, ?last, "push older than the last seen: ignored, peer pinged (restarted?)");
                     if state == PeerState::Active && self.config.enabled {
+                        // Ping where the push came from: the primary may
+                        // have gone with the peer's last incarnation.
+                        if let Some(d) = self.disc.get_mut(&id) {
+                            d.ping_at = Some(from);
+                        }
                         self.enqueue(id, now);
                         out.extend(self.process_queue(now));
                     }
@@ -1593,7 +1611,8 @@ mod tests {
             vec![Action::SendPing {
                 peer: pid(d, A),
                 to: nid(A),
-                max_nis: 16
+                max_nis: 16,
+                exact: false,
             }]
         );
         assert_eq!(d.state_of(nid(A)), PeerState::WaitPingResponse);
@@ -1704,7 +1723,8 @@ mod tests {
             vec![Action::SendPing {
                 peer: pid(&d, A),
                 to: nid(A),
-                max_nis: 16
+                max_nis: 16,
+                exact: false,
             }]
         );
         assert_eq!(d.state_of(nid(A)), PeerState::WaitPingResponse);
@@ -1822,7 +1842,8 @@ mod tests {
             vec![Action::SendPing {
                 peer: pid(&d, A),
                 to: nid(A),
-                max_nis: 16
+                max_nis: 16,
+                exact: false,
             }]
         );
         assert_eq!(d.state_of(nid(A)), PeerState::WaitPingResponse);
@@ -2241,15 +2262,20 @@ mod tests {
         assert_eq!(d.peers().peer_of(nid(A)).unwrap().ni_count(), 2);
         // An older one is not taken, but the peer is pinged: its reply
         // says what it has now, whatever its number.
-        let a = d.handle_push(t(6), nid(A), mr_info(2, &[A]));
+        let a = d.handle_push(t(6), nid(A_IB), mr_info(2, &[A_IB]));
         assert_eq!(d.stats().stale_pushes, 1);
         assert_eq!(d.peers().peer_of(nid(A)).unwrap().ni_count(), 2);
-        assert!(matches!(a[..], [Action::SendPing { .. }]), "{a:?}");
+        // To the NID the push came from, and only there.
+        assert!(
+            matches!(a[..], [Action::SendPing { to, exact: true, .. }] if to == nid(A_IB)),
+            "{a:?}"
+        );
         assert_eq!(d.state_of(nid(A)), PeerState::WaitPingResponse);
-        let a = d.handle_ping_reply(t(7), nid(A), nid(ME), mr_info(2, &[A]));
+        let a = d.handle_ping_reply(t(7), nid(A_IB), nid(ME), mr_info(2, &[A_IB]));
         assert!(matches!(a[..], [Action::SendPush { .. }]), "{a:?}");
-        assert_eq!(d.peers().peer_of(nid(A)).unwrap().ni_count(), 1);
-        assert_eq!(d.peer_seq(nid(A)), Some(2));
+        let p = d.peers().peer_of(nid(A_IB)).unwrap();
+        assert_eq!((p.ni_count(), p.primary_nid()), (1, nid(A_IB)));
+        assert_eq!(d.peer_seq(nid(A_IB)), Some(2));
         ok(&d);
     }
 
@@ -2429,7 +2455,8 @@ mod tests {
             vec![Action::SendPing {
                 peer: pid(&d, A),
                 to: nid(A),
-                max_nis: 40
+                max_nis: 40,
+                exact: false,
             }]
         );
         assert_eq!(d.state_of(nid(A)), PeerState::WaitPingResponse);

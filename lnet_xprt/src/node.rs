@@ -730,6 +730,9 @@ pub struct OutMsg {
     via_lnd: bool,
     /// Never resend (recovery pings).
     no_resend: bool,
+    /// To exactly the header's destination, whatever the peer's other NIs
+    /// (a discovery ping that checks one NID).
+    exact_dst: bool,
     /// Holds a peer NI and an NI tx credit on `path`.
     holds_credits: bool,
 }
@@ -849,8 +852,12 @@ const fn internal_mem(len: usize) -> MemRef {
 enum PingPurpose {
     /// `Node::ping` (`lnetctl ping`).
     User,
-    /// Discovery of a peer.
-    Discovery,
+    /// Discovery of a peer; `exact`: to exactly the NID pinged (see
+    /// [`Action::SendPing`]).
+    Discovery {
+        /// Not to another NI of a Multi-Rail peer.
+        exact: bool,
+    },
     /// Health recovery of a local NI or a peer NI.
     Recovery(NiSide),
     /// Router checker ping of a gateway.
@@ -2067,6 +2074,11 @@ impl Node {
             msg.src_nid = Some(src);
             msg.no_resend = true;
         }
+        if let PingPurpose::Discovery { exact: true } = purpose {
+            // That NID and no other, as a ping to a non-Multi-Rail peer
+            // (resends included).
+            msg.exact_dst = true;
+        }
         if let PingPurpose::Recovery(side) = purpose {
             // Recovery pings use exactly this NID, are never resent, and a
             // local NI is pinged through itself (lnet.md 7.3).
@@ -2387,8 +2399,11 @@ impl Node {
                     tracing::debug!(target: "colibri_lnet::node", %error, "parked message failed");
                     self.fail_msg(now, msg, e);
                 }
-                Action::SendPing { to, max_nis, .. } => {
-                    if let Err(e) = self.send_ping(now, to, max_nis, PingPurpose::Discovery, None) {
+                Action::SendPing {
+                    to, max_nis, exact, ..
+                } => {
+                    let purpose = PingPurpose::Discovery { exact };
+                    if let Err(e) = self.send_ping(now, to, max_nis, purpose, None) {
                         tracing::warn!(target: "colibri_lnet::node", %to, error = %e, "cannot send discovery ping");
                         let more = self
                             .disc
@@ -2496,6 +2511,7 @@ impl Node {
             path: None,
             via_lnd: false,
             no_resend: false,
+            exact_dst: false,
             holds_credits: false,
         }
     }
@@ -2537,7 +2553,7 @@ impl Node {
             // Multi-Rail forwarding, see DESIGN.md).
             response,
             rtr: msg.rtr_nid,
-            recovery: msg.no_resend,
+            recovery: msg.no_resend || msg.exact_dst,
             reserved_portal: msg.header.body.portal() == Some(RESERVED_PORTAL),
         };
         let health = &self.health;
@@ -3012,7 +3028,7 @@ impl Node {
                 );
                 self.apply_verdict(now, v);
             }
-            PingPurpose::Discovery => {
+            PingPurpose::Discovery { .. } => {
                 let actions = match result {
                     Ok(info) => {
                         let local = self.rx_ni.unwrap_or_else(|| self.primary_nid());
@@ -3669,6 +3685,7 @@ impl Node {
                 path: None,
                 via_lnd: false,
                 no_resend: false,
+                exact_dst: false,
                 holds_credits: false,
             };
             self.launch(now, ack);
@@ -3725,6 +3742,7 @@ impl Node {
             path: None,
             via_lnd: false,
             no_resend: false,
+            exact_dst: false,
             holds_credits: false,
         };
         self.launch(now, reply);
@@ -3818,6 +3836,7 @@ impl Node {
             path: None,
             via_lnd: false,
             no_resend: false,
+            exact_dst: false,
             holds_credits: false,
         };
         self.launch(now, msg);

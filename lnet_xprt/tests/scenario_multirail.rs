@@ -618,3 +618,36 @@ fn a_server_restarted_with_other_nis_is_learned_when_it_sends() {
     assert!(peer.contains(nid(NEW_IB)) && !peer.contains(nid(S_IB)));
     twenty_reach_the_new_nis(&mut sim, "client", S_TCP, S_IB, Some(NEW_IB));
 }
+
+/// A client that changed its NIs twice, then restarts with its o2ib NI
+/// only: its push comes from a NID the server knows, numbered lower than
+/// what the server saw, and the ping that checks it goes to the NID the
+/// push came from, not to the old primary, which is gone.
+#[test]
+fn a_peer_restarted_lower_without_its_old_primary_is_pinged_where_it_is() {
+    let mut sim = two_rails(13);
+    post_sink(&mut sim, "client");
+    for add in [true, false] {
+        let extra = nid("172.16.0.10@tcp1");
+        sim.with_node("client", |n, now| {
+            if add {
+                n.add_ni(now, NiConfig::new(extra))
+            } else {
+                n.del_ni(now, extra)
+            }
+        })
+        .unwrap();
+    }
+    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    restart_with(&mut sim, "client", &[C_IB]);
+    put_n(&mut sim, S_IB, 1, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    assert_eq!(acks(&sim), 1);
+    assert_eq!(sim.node("server").discovery().stats().stale_pushes, 1);
+    let peers = sim.node("server").discovery().peers();
+    let peer = peers.peer_of(nid(C_IB)).unwrap();
+    assert!(!peer.contains(nid(C_TCP)), "the old primary is forgotten");
+    assert_eq!(peer.primary_nid(), nid(C_IB));
+    twenty_reach_the_new_nis(&mut sim, "server", C_IB, C_TCP, None);
+}
