@@ -403,27 +403,21 @@ fn selftest_between_two_nodes() {
     );
 
     // Bad selftest arguments.
-    assert_fails(
-        &lnet(
-            Some(&a.ctl),
-            &[
-                "selftest",
-                "brw",
-                "--to",
-                "127.0.15.2@tcp",
-                "--size",
-                "2M",
-                "--duration",
-                "1",
-            ],
-        ),
+    a.fails(
+        &[
+            "selftest",
+            "brw",
+            "--to",
+            "127.0.15.2@tcp",
+            "--size",
+            "2M",
+            "--duration",
+            "1",
+        ],
         "--size",
     );
-    assert_fails(
-        &lnet(
-            Some(&a.ctl),
-            &["selftest", "ping", "--to", "nonsense", "--duration", "1"],
-        ),
+    a.fails(
+        &["selftest", "ping", "--to", "nonsense", "--duration", "1"],
         "not a NID",
     );
     a.stop();
@@ -651,52 +645,31 @@ fn bad_input_fails_clearly() {
     let ips = ["127.0.17.1", "127.0.17.2"].map(|s| s.parse().unwrap());
     let port = common_free_port(&ips);
     let n = Node::start(dir.path(), "n", &tcp(&global(port)));
-    assert_fails(
-        &lnet(
-            Some(&n.ctl),
-            &[
-                "route",
-                "add",
-                "--net",
-                "tcp",
-                "--gateway",
-                "127.0.17.5@tcp",
-            ],
-        ),
+    n.fails(
+        &[
+            "route",
+            "add",
+            "--net",
+            "tcp",
+            "--gateway",
+            "127.0.17.5@tcp",
+        ],
         "local net",
     );
-    assert_fails(
-        &lnet(
-            Some(&n.ctl),
-            &["route", "add", "--net", "tcp2", "--gateway", "bogus"],
-        ),
+    n.fails(
+        &["route", "add", "--net", "tcp2", "--gateway", "bogus"],
         "not a NID",
     );
-    assert_fails(
-        &lnet(
-            Some(&n.ctl),
-            &["peer", "add", "--prim_nid", "300.1.1.1@tcp"],
-        ),
-        "not a NID",
-    );
-    assert_fails(
-        &lnet(Some(&n.ctl), &["set", "routing", "yes"]),
-        "not a number",
-    );
-    assert_fails(
-        &lnet(Some(&n.ctl), &["set", "transaction_timeout", "0"]),
-        "transaction_timeout",
-    );
+    n.fails(&["peer", "add", "--prim_nid", "300.1.1.1@tcp"], "not a NID");
+    n.fails(&["set", "routing", "yes"], "not a number");
+    n.fails(&["set", "transaction_timeout", "0"], "transaction_timeout");
     let f = dir.path().join("bad-import.yaml");
     std::fs::write(
         &f,
         "peer:\n    - primary nid: 1.2.3.4@tcp\n      colour: red\n",
     )
     .unwrap();
-    assert_fails(
-        &lnet(Some(&n.ctl), &["import", f.to_str().unwrap()]),
-        "invalid key 'colour'",
-    );
+    n.fails(&["import", f.to_str().unwrap()], "invalid key 'colour'");
     // --json errors are JSON on stderr.
     let o = lnet(Some(&n.ctl), &["--json", "ping", "junk"]);
     assert_ne!(o.code, Some(0));
@@ -721,16 +694,13 @@ fn bad_input_fails_clearly() {
         ) && p.contains("        - nid: 127.0.17.41@tcp\n"),
         "{p}"
     );
-    assert_fails(
-        &lnet(
-            Some(&n.ctl),
-            &["peer", "del", "--prim_nid", "127.0.17.41@tcp"],
-        ),
+    n.fails(
+        &["peer", "del", "--prim_nid", "127.0.17.41@tcp"],
         "not the primary NID",
     );
     n.ok(&["peer", "del", "--prim_nid", "127.0.17.40@tcp"]);
-    assert_fails(
-        &lnet(Some(&n.ctl), &["peer", "show", "--nid", "127.0.17.41@tcp"]),
+    n.fails(
+        &["peer", "show", "--nid", "127.0.17.41@tcp"],
         "no peer has NID",
     );
 
@@ -745,15 +715,12 @@ fn bad_input_fails_clearly() {
         nets.contains("tunables:") && nets.contains("health value: 1000"),
         "{nets}"
     );
-    assert_fails(
-        &lnet(Some(&n.ctl), &["net", "add", "--nid", "127.0.17.2@tcp3"]),
+    n.fails(
+        &["net", "add", "--nid", "127.0.17.2@tcp3"],
         "127.0.17.2@tcp3",
     );
     n.ok(&["net", "del", "--net", "tcp3"]);
-    assert_fails(
-        &lnet(Some(&n.ctl), &["net", "show", "--net", "tcp3"]),
-        "no local NI",
-    );
+    n.fails(&["net", "show", "--net", "tcp3"], "no local NI");
     // The node is unharmed.
     n.ok(&["global", "show"]);
     n.stop();
@@ -811,11 +778,8 @@ fn the_routed_example_works() {
             .contains("    - enable: 1\n")
     );
     router.ok(&["set", "routing", "0"]);
-    assert_fails(
-        &lnet(
-            Some(&client.ctl),
-            &["ping", "127.0.4.4@tcp1", "--timeout", "2"],
-        ),
+    client.fails(
+        &["ping", "127.0.4.4@tcp1", "--timeout", "2"],
         "127.0.4.4@tcp1",
     );
     router.ok(&["set", "routing", "1"]);
@@ -940,10 +904,7 @@ fn health_values_set_by_hand() {
         assert_eq!(local(nid)["status"], "down", "{nid}");
     }
     a.ok(&["net", "set", "--all", "--health", "1000"]);
-    assert_fails(
-        &lnet(Some(&a.ctl), &["debug", "recovery", "--local"]),
-        "No NIDs in recovery",
-    );
+    a.fails(&["debug", "recovery", "--local"], "No NIDs in recovery");
     // `--conns-per-peer`: the NI's socket LND connections per peer met
     // from now on; above 127 is refused; one of the two options is needed.
     a.ok(&[
@@ -961,11 +922,8 @@ fn health_values_set_by_hand() {
         exported.contains("- nid: 127.0.19.1@tcp\n") && exported.contains("conns_per_peer: 3\n"),
         "{exported}"
     );
-    assert_fails(
-        &lnet(
-            Some(&a.ctl),
-            &["net", "set", "--all", "--conns-per-peer", "200"],
-        ),
+    a.fails(
+        &["net", "set", "--all", "--conns-per-peer", "200"],
         "outside 0..=127",
     );
     let neither = lnet(Some(&a.ctl), &["net", "set", "--nid", "127.0.19.1@tcp"]);
@@ -989,18 +947,12 @@ fn health_values_set_by_hand() {
     a.ok(&["set", "transaction_timeout", "40"]);
     assert_eq!(timeout("127.0.19.1@tcp"), lnd_timeout());
     assert_eq!(lnd_timeout(), 13, "(40 - 1) / (2 + 1)");
-    assert_fails(
-        &lnet(
-            Some(&a.ctl),
-            &["net", "set", "--net", "lo", "--lnd-timeout", "5"],
-        ),
+    a.fails(
+        &["net", "set", "--net", "lo", "--lnd-timeout", "5"],
         "does not accept an LND timeout",
     );
-    assert_fails(
-        &lnet(
-            Some(&a.ctl),
-            &["net", "set", "--net", "tcp", "--lnd-timeout", "-1"],
-        ),
+    a.fails(
+        &["net", "set", "--net", "tcp", "--lnd-timeout", "-1"],
         "invalid LND timeout",
     );
     let alone = lnet(Some(&a.ctl), &["net", "set", "--lnd-timeout", "5"]);
@@ -1013,24 +965,15 @@ fn health_values_set_by_hand() {
     let q = a.json(&["debug", "recovery", "--peer"]);
     assert_eq!(q["Peer NI recovery"]["nid-0"], "127.0.19.3@tcp", "{q}");
 
-    assert_fails(
-        &lnet(
-            Some(&a.ctl),
-            &["peer", "set", "--nid", "127.0.19.9@tcp", "--health", "0"],
-        ),
+    a.fails(
+        &["peer", "set", "--nid", "127.0.19.9@tcp", "--health", "0"],
         "not a known peer NI",
     );
-    assert_fails(
-        &lnet(
-            Some(&a.ctl),
-            &["net", "set", "--nid", "127.0.19.3@tcp", "--health", "0"],
-        ),
+    a.fails(
+        &["net", "set", "--nid", "127.0.19.3@tcp", "--health", "0"],
         "not a local NI",
     );
-    assert_fails(
-        &lnet(Some(&a.ctl), &["net", "set", "--all", "--health", "-1"]),
-        "negative",
-    );
+    a.fails(&["net", "set", "--all", "--health", "-1"], "negative");
     let both = lnet(
         Some(&a.ctl),
         &[
@@ -1322,11 +1265,8 @@ fn peers_as_sanity_lnet_configures_them() {
         ("9.9.9.*@tcp", "asterisk"),
         ("9.9.9.[1-3@tcp", "unbalanced brackets"),
     ] {
-        assert_fails(
-            &lnet(
-                Some(&n.ctl),
-                &["peer", "add", "--prim_nid", "9.9.9.9@tcp", "--nid", expr],
-            ),
+        n.fails(
+            &["peer", "add", "--prim_nid", "9.9.9.9@tcp", "--nid", expr],
             want,
         );
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use colibri_lnet::fault::{DelayRuleSpec, DropRuleSpec, FaultMatch, HealthError, MsgMask, Trigger};
 use colibri_lnet::ids::ProcessId;
 use colibri_lnet::matching::{
-    EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, OpError, Threshold, Unlink,
+    EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, MemRef, OpError, Threshold, Unlink,
 };
 use colibri_lnet::node::{NodeError, RxAction};
 use colibri_lnet::sim::{Sim, SimError, Topology};
@@ -45,6 +45,19 @@ fn post(sim: &mut Sim, name: &str, portal: u32, bits: u64, spec: MdSpec) -> MdHa
             .unwrap();
         n.md_attach(now, me, spec).unwrap()
     })
+}
+
+/// Binds an MD over `mem` on node `name`, unlinked after `threshold`
+/// operations (a PUT's or GET's source or sink).
+fn bind(sim: &mut Sim, name: &str, mem: MemRef, threshold: u32) -> MdHandle {
+    sim.with_node(name, |n, _| {
+        n.md_bind(
+            MdSpec::new(mem, MdOptions::empty())
+                .threshold(Threshold::Count(threshold))
+                .unlink(Unlink::Unlink),
+        )
+    })
+    .unwrap()
 }
 
 fn kinds(sim: &Sim, name: &str) -> Vec<EventKind> {
@@ -115,15 +128,7 @@ fn put_without_ack_has_only_send() {
     let inbox = sim.register_mem("b", vec![0; 16]);
     post(&mut sim, "b", 5, 1, MdSpec::new(inbox, MdOptions::OP_PUT));
     let data = sim.register_mem("a", vec![1; 3]);
-    let src = sim
-        .with_node("a", |n, _| {
-            n.md_bind(
-                MdSpec::new(data, MdOptions::empty())
-                    .threshold(Threshold::Count(1))
-                    .unlink(Unlink::Unlink),
-            )
-        })
-        .unwrap();
+    let src = bind(&mut sim, "a", data, 1);
     let b = ProcessId::lustre(nid("10.0.0.2@tcp"));
     sim.with_node("a", |n, now| n.put(now, src, false, b, 5, 1, 0, 0))
         .unwrap();
@@ -146,15 +151,7 @@ fn get_with_reply() {
         MdSpec::new(served_mem, MdOptions::OP_GET | MdOptions::MANAGE_REMOTE),
     );
     let sink_mem = sim.register_mem("a", vec![0; 4]);
-    let sink = sim
-        .with_node("a", |n, _| {
-            n.md_bind(
-                MdSpec::new(sink_mem, MdOptions::empty())
-                    .threshold(Threshold::Count(2))
-                    .unlink(Unlink::Unlink),
-            )
-        })
-        .unwrap();
+    let sink = bind(&mut sim, "a", sink_mem, 2);
     let b = ProcessId::lustre(nid("10.0.0.2@tcp"));
     sim.with_node("a", |n, now| n.get(now, sink, b, 7, 42, 3))
         .unwrap();
@@ -183,15 +180,7 @@ fn get_with_reply() {
 fn get_without_match_times_out() {
     let mut sim = pair(4);
     let sink_mem = sim.register_mem("a", vec![0; 4]);
-    let sink = sim
-        .with_node("a", |n, _| {
-            n.md_bind(
-                MdSpec::new(sink_mem, MdOptions::empty())
-                    .threshold(Threshold::Count(2))
-                    .unlink(Unlink::Unlink),
-            )
-        })
-        .unwrap();
+    let sink = bind(&mut sim, "a", sink_mem, 2);
     let b = ProcessId::lustre(nid("10.0.0.2@tcp"));
     sim.with_node("a", |n, now| n.get(now, sink, b, 7, 42, 0))
         .unwrap();
@@ -708,15 +697,7 @@ fn restart_breaks_what_was_on_its_way_and_refuses_another_nodes_nid() {
     // A PUT on the wire to b when b restarts fails as at a connection
     // reset; the new b knows nothing of it.
     let data = sim.register_mem("a", vec![1; 3]);
-    let src = sim
-        .with_node("a", |n, _| {
-            n.md_bind(
-                MdSpec::new(data, MdOptions::empty())
-                    .threshold(Threshold::Count(1))
-                    .unlink(Unlink::Unlink),
-            )
-        })
-        .unwrap();
+    let src = bind(&mut sim, "a", data, 1);
     let b = ProcessId::lustre(nid("10.0.0.2@tcp"));
     sim.with_node("a", |n, now| n.put(now, src, false, b, 5, 1, 0, 0))
         .unwrap();
@@ -737,15 +718,7 @@ fn restart_breaks_what_was_on_its_way_and_refuses_another_nodes_nid() {
     // The new b works.
     let inbox = sim.register_mem("b", vec![0; 16]);
     post(&mut sim, "b", 5, 1, MdSpec::new(inbox, MdOptions::OP_PUT));
-    let src = sim
-        .with_node("a", |n, _| {
-            n.md_bind(
-                MdSpec::new(data, MdOptions::empty())
-                    .threshold(Threshold::Count(1))
-                    .unlink(Unlink::Unlink),
-            )
-        })
-        .unwrap();
+    let src = bind(&mut sim, "a", data, 1);
     sim.with_node("a", |n, now| n.put(now, src, false, b, 5, 1, 0, 0))
         .unwrap();
     sim.run_until_idle().unwrap();

@@ -165,6 +165,12 @@ impl Node {
         o.stdout
     }
 
+    /// `colibri lnet --ctl <its socket> args…`: must fail with one
+    /// `descr` line holding `want` ([`assert_fails`]).
+    pub(crate) fn fails(&self, args: &[&str], want: &str) {
+        assert_fails(&lnet(Some(&self.ctl), args), want);
+    }
+
     /// `colibri lnet --ctl <its socket> --json args…` parsed.
     pub(crate) fn json(&self, args: &[&str]) -> serde_json::Value {
         let mut a = vec!["--json"];
