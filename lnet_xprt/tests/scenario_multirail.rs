@@ -104,6 +104,21 @@ fn acks_of(sim: &Sim, name: &str) -> usize {
         .count()
 }
 
+/// A PUT from the client to `to`, and time for it to settle (discovery
+/// and pushes included).
+fn put_and_settle(sim: &mut Sim, to: &str) {
+    put_n(sim, to, 1, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+}
+
+/// Client and server that discovered each other (both with a PUT sink).
+fn acquainted(seed: u64) -> Sim {
+    let mut sim = two_rails(seed);
+    post_sink(&mut sim, "client");
+    put_and_settle(&mut sim, S_TCP);
+    sim
+}
+
 /// Restarts node `name` with `nids` and a PUT sink, as a process that
 /// came back would.
 fn restart_with(sim: &mut Sim, name: &str, nids: &[&str]) {
@@ -528,8 +543,7 @@ fn restarted_peer_is_known_by_its_new_nis(seed: u64, changes: u32) {
         })
         .unwrap();
     }
-    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
-    sim.run_for(Duration::from_millis(10)).unwrap();
+    put_and_settle(&mut sim, S_TCP);
     assert_eq!(sim.node("client").ping_seq(), first_seq + changes);
     let known = |sim: &Sim| {
         let peer = sim
@@ -547,8 +561,7 @@ fn restarted_peer_is_known_by_its_new_nis(seed: u64, changes: u32) {
     restart_with(&mut sim, "client", &[C_TCP, NEW_IB]);
     assert_eq!(sim.node("client").ping_seq(), first_seq);
     // Its first message discovers the server, then pushes its NIs.
-    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
-    sim.run_for(Duration::from_millis(10)).unwrap();
+    put_and_settle(&mut sim, S_TCP);
     assert_eq!(acks(&sim), 1);
     assert_eq!(known(&sim), [true, false, true]);
     let stale = sim.node("server").discovery().stats().stale_pushes;
@@ -579,13 +592,9 @@ fn a_peer_restarted_numbering_lower_is_pinged_and_known_by_its_new_nis() {
 #[test]
 fn a_peer_restarted_with_another_primary_nid_is_known_by_it() {
     const NEW_TCP: &str = "10.0.0.3@tcp";
-    let mut sim = two_rails(11);
-    post_sink(&mut sim, "client");
-    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
-    sim.run_for(Duration::from_millis(10)).unwrap();
+    let mut sim = acquainted(11);
     restart_with(&mut sim, "client", &[C_IB, NEW_TCP]);
-    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
-    sim.run_for(Duration::from_millis(10)).unwrap();
+    put_and_settle(&mut sim, S_TCP);
     assert_eq!(acks(&sim), 1);
     let peers = sim.node("server").discovery().peers();
     let peer = peers.peer_of(nid(C_IB)).unwrap();
@@ -602,10 +611,7 @@ fn a_peer_restarted_with_another_primary_nid_is_known_by_it() {
 #[test]
 fn a_server_restarted_with_other_nis_is_learned_when_it_sends() {
     const NEW_IB: &str = "192.168.0.4@o2ib";
-    let mut sim = two_rails(12);
-    post_sink(&mut sim, "client");
-    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
-    sim.run_for(Duration::from_millis(10)).unwrap();
+    let mut sim = acquainted(12);
     restart_with(&mut sim, "server", &[S_TCP, NEW_IB]);
     put_from(&mut sim, "server", C_TCP, 1, Duration::from_millis(1));
     sim.run_for(Duration::from_millis(10)).unwrap();
@@ -638,11 +644,9 @@ fn a_peer_restarted_lower_without_its_old_primary_is_pinged_where_it_is() {
         })
         .unwrap();
     }
-    put_n(&mut sim, S_TCP, 1, Duration::from_millis(1));
-    sim.run_for(Duration::from_millis(10)).unwrap();
+    put_and_settle(&mut sim, S_TCP);
     restart_with(&mut sim, "client", &[C_IB]);
-    put_n(&mut sim, S_IB, 1, Duration::from_millis(1));
-    sim.run_for(Duration::from_millis(10)).unwrap();
+    put_and_settle(&mut sim, S_IB);
     assert_eq!(acks(&sim), 1);
     assert_eq!(sim.node("server").discovery().stats().stale_pushes, 1);
     let peers = sim.node("server").discovery().peers();
