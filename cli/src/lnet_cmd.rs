@@ -90,7 +90,8 @@ enum LnetCmd {
     /// Global settings.
     #[command(subcommand)]
     Global(ShowOnly),
-    /// `debug recovery --local|--peer`: the interfaces in recovery.
+    /// `debug recovery --local|--peer`: the interfaces in recovery;
+    /// `debug peer --nid NID`: a peer NI's credits.
     #[command(subcommand)]
     Debug(DebugCmd),
     /// LNet counters: `stats show|reset`.
@@ -192,6 +193,13 @@ enum DebugCmd {
         #[arg(short = 'p', long)]
         peer: bool,
     },
+    /// One peer NI's aliveness and credits, as Lustre's `lnet_debug_peer`
+    /// logs them (also written to the node's log).
+    Peer {
+        /// The peer NI's NID.
+        #[arg(long)]
+        nid: String,
+    },
 }
 
 /// Which interfaces `net set` and `peer set` change.
@@ -251,8 +259,14 @@ struct PeerSet {
     #[command(flatten)]
     which: SetWhich,
     /// Health value, 0 to 1000.
+    #[arg(long, allow_negative_numbers = true, required_unless_present = "state")]
+    health: Option<i64>,
+    /// The peer's flags as Lustre's `lp_state` bits (for tests and
+    /// debugging, as lnetctl's): MULTI_RAIL 1, CONFIGURED 8,
+    /// LOCK_PRIMARY 1048576 and BAD_CONFIG 2097152 are set; discovery's
+    /// own bits follow its progress. Needs --nid.
     #[arg(long, allow_negative_numbers = true)]
-    health: i64,
+    state: Option<i64>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -344,7 +358,8 @@ enum PeerCmd {
     },
     /// Set a peer NI's health value by hand (`--all`: every peer NI), as
     /// `lnetctl peer set --health`: below 1000 it enters recovery (pinged
-    /// until healthy again) and selection avoids it meanwhile.
+    /// until healthy again) and selection avoids it meanwhile; or, with
+    /// `--state`, a peer's flags (`lnetctl peer set --state`).
     Set(PeerSet),
     /// List the peers' primary NIDs.
     List,
@@ -657,7 +672,8 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
             PeerCmd::Set(h) => Command::PeerSet {
                 nid: h.which.nid.clone(),
                 all: h.which.all,
-                health: Some(h.health),
+                health: h.health,
+                state: h.state,
             },
             PeerCmd::List => Command::PeerList,
         },
@@ -694,6 +710,7 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
         },
         LnetCmd::Global(ShowOnly::Show) => Command::GlobalShow,
         LnetCmd::Debug(DebugCmd::Recovery { peer, .. }) => Command::DebugRecovery { peer: *peer },
+        LnetCmd::Debug(DebugCmd::Peer { nid }) => Command::DebugPeer { nid: nid.clone() },
         LnetCmd::Stats(StatsCmd::Show) => Command::StatsShow,
         LnetCmd::Stats(StatsCmd::Reset) => Command::StatsReset,
         LnetCmd::Ping {

@@ -1356,3 +1356,137 @@ fn peers_as_sanity_lnet_configures_them() {
     assert_eq!(nids_of("1.1.1.1@tcp"), ["1.1.1.1@tcp", "4.4.4.4@tcp"]);
     assert_eq!(nids_of("6.6.6.6@o2ib"), ["6.6.6.6@o2ib"]);
 }
+
+/// More of Lustre's `sanity-lnet.sh`, run by hand against one node with
+/// two NIs: test 28 (`peer list`, `--ni` for `--nid`), 105 and 106 (a
+/// router's peer is neither re-created nor deleted), 302 (`debug peer`)
+/// and 304 (a locked primary survives consolidation, `peer set --state`),
+/// with Lustre's errnos.
+#[test]
+fn routers_locked_primaries_and_debug_as_sanity_lnet_checks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let ips = ["127.0.81.1".parse().unwrap(), "127.0.81.2".parse().unwrap()];
+    let port = common_free_port(&ips);
+    let (nid1, nid2) = ("127.0.81.1@tcp", "127.0.81.2@tcp");
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!(
+            "net:\n    - net type: tcp\n      local NI(s):\n        - nid: {nid1}\n        - nid: {nid2}\n{}",
+            global(port)
+        ),
+    );
+    let state = |nid: &str| -> u64 {
+        let v = n.json(&["peer", "show", "-v", "4", "--nid", nid]);
+        v["peer"][0]["peer state"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{v}"))
+    };
+    // Test 28.
+    n.ok(&[
+        "peer",
+        "add",
+        "--prim_nid",
+        "1.1.1.1@tcp",
+        "--ni",
+        "7.7.7.7@tcp",
+    ]);
+    n.ok(&[
+        "peer",
+        "add",
+        "--prim_nid",
+        "1.1.1.2@tcp",
+        "--nid",
+        "7.7.7.8@tcp",
+    ]);
+    let list = n.ok(&["peer", "list"]);
+    assert_eq!(
+        list.lines()
+            .filter(|l| l.trim_start().starts_with("- nid:"))
+            .count(),
+        2,
+        "{list}"
+    );
+    // Lustre's errnos for DLC's refusals.
+    n.fails_errno(
+        &[
+            "peer",
+            "add",
+            "--prim_nid",
+            "1.1.1.3@tcp",
+            "--nid",
+            "7.7.7.8@tcp",
+        ],
+        17,
+        "already belongs",
+    );
+    n.fails_errno(
+        &["peer", "add", "--prim_nid", "1.1.1.1@tcp", "--non_mr"],
+        1,
+        "Multi-Rail",
+    );
+    n.fails_errno(
+        &["peer", "set", "--nid", "1.1.1.9@tcp", "--state", "1"],
+        2,
+        "no peer",
+    );
+    for p in ["1.1.1.1@tcp", "1.1.1.2@tcp"] {
+        n.ok(&["peer", "del", "--prim_nid", p]);
+    }
+
+    // Tests 105 and 106: EBUSY for a gateway's peer, until its route goes.
+    let gw = "127.0.81.77@tcp";
+    n.ok(&["route", "add", "--net", "tcp9", "--gateway", gw]);
+    n.fails_errno(&["peer", "add", "--prim", gw], 16, "is a router");
+    n.fails_errno(&["peer", "del", "--prim", gw], 16, "is a router");
+    n.ok(&["route", "del", "--net", "tcp9", "--gateway", gw]);
+    n.ok(&["peer", "add", "--prim", gw]);
+    n.ok(&["peer", "del", "--prim", gw]);
+
+    // Test 302: the node pings itself, then dumps the peer NI.
+    n.ok(&["ping", nid1]);
+    let v = n.json(&["debug", "peer", "--nid", nid1]);
+    let d = &v["peer debug"][0];
+    assert_eq!(d["nid"], nid1, "{v}");
+    assert!(d["tx_credits"].as_i64().is_some(), "{v}");
+    n.fails_errno(&["debug", "peer", "--nid", "nonsense"], 22, "not a NID");
+
+    // Test 304: nid2 is added with its primary locked (MULTI_RAIL |
+    // CONFIGURED | LOCK_PRIMARY), made unconfigured by hand, then
+    // discovery of nid1 finds both NIDs on one node: one peer, nid2
+    // still its primary, now discovered (| DISCOVERED | NIDS_UPTODATE).
+    n.ok(&["peer", "add", "--prim_nid", nid2, "--lock_prim"]);
+    assert_eq!(state(nid2), 1_048_585);
+    n.ok(&["peer", "set", "--nid", nid2, "--state", "1048577"]);
+    assert_eq!(state(nid2), 1_048_577);
+    n.ok(&["discover", nid1]);
+    let v = n.json(&["peer", "show"]);
+    let peers: Vec<&serde_json::Value> = v["peer"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| {
+            p["peer ni"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x["nid"] == nid1 || x["nid"] == nid2)
+        })
+        .collect();
+    assert_eq!(peers.len(), 1, "consolidated: {v}");
+    assert_eq!(peers[0]["primary nid"], nid2, "{v}");
+    assert_eq!(peers[0]["peer ni"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(state(nid2), 1_048_849);
+    // `--state` takes one peer, and a Multi-Rail peer with two NIDs on
+    // one net stays Multi-Rail.
+    n.fails_errno(&["peer", "set", "--all", "--state", "1"], 22, "one peer");
+    n.fails_errno(
+        &["peer", "set", "--nid", nid2, "--state", "0"],
+        22,
+        "must stay Multi-Rail",
+    );
+    // The locked primary outlives `peer del` until `--force`.
+    n.ok(&["peer", "del", "--prim_nid", nid2]);
+    assert_eq!(state(nid2) & (1 << 20), 1 << 20);
+    n.ok(&["peer", "del", "--prim_nid", nid2, "--force"]);
+}

@@ -547,13 +547,39 @@ impl<M> Discovery<M> {
         self.table.set_primary_locked(id, locked)
     }
 
+    /// `lnetctl peer set --nid NID --state BITS` ("for test and debug
+    /// only"): sets the flags of the peer owning `nid` from Lustre's
+    /// `lp_state` bits that the peer table holds: `MULTI_RAIL` (bit 0),
+    /// `CONFIGURED` (3), `LOCK_PRIMARY` (20) and `BAD_CONFIG` (21). The
+    /// bits of discovery's progress (1, 4 to 12) follow this machine's
+    /// state and are not set by hand (`discover --force` starts discovery
+    /// again); [`Discovery::lustre_state`] reads them all back.
+    ///
+    /// # Errors
+    /// [`PeerError::NotFound`] when no peer owns `nid`; as
+    /// [`PeerTable::set_flags`].
+    pub fn set_lustre_state(&mut self, nid: Nid, bits: u32) -> Result<(), PeerError> {
+        let id = self.table.peer_id_of(nid).ok_or(PeerError::NotFound(nid))?;
+        let bit = |n: u32| bits & (1 << n) != 0;
+        self.table.set_flags(
+            id,
+            crate::peer::PeerFlags {
+                multi_rail: bit(0),
+                configured: bit(3),
+                lock_primary: bit(20),
+                bad_config: bit(21),
+            },
+        )
+    }
+
     /// The peer's state as Lustre's `lp_state` flags, which `lnetctl peer
     /// show -v` prints as `peer state` (273 for a discovered Multi-Rail
     /// peer): `MULTI_RAIL` (bit 0), `NO_DISCOVERY` (1), `CONFIGURED` (3),
     /// `DISCOVERED` (4), `REDISCOVER` (5: its discovery failed, the next
     /// send tries again), `DISCOVERING` (6), `NIDS_UPTODATE` (8),
     /// `PING_SENT` (9), `PUSH_SENT` (10), `PING_FAILED` (11),
-    /// `LOCK_PRIMARY` (20), from this machine's state and the peer's flags.
+    /// `LOCK_PRIMARY` (20), `BAD_CONFIG` (21), from this machine's state
+    /// and the peer's flags.
     #[must_use]
     pub fn lustre_state(&self, id: PeerId) -> u32 {
         let mut bits = 0;
@@ -562,6 +588,7 @@ impl<M> Discovery<M> {
             bits |= u32::from(p.no_discovery()) << 1;
             bits |= u32::from(p.is_configured()) << 3;
             bits |= u32::from(p.is_primary_locked()) << 20;
+            bits |= u32::from(p.is_bad_config()) << 21;
         }
         let Some(d) = self.disc.get(&id) else {
             return bits;

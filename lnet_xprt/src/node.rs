@@ -2169,7 +2169,9 @@ impl Node {
     /// `lnetctl peer add --prim_nid primary --nid nids…`.
     ///
     /// # Errors
-    /// As [`Discovery::dlc_add_peer_nis`] (`Busy` during discovery, NID in use, …).
+    /// [`PeerError::Gateway`] when the NID's peer is a router's that DLC
+    /// did not configure; as [`Discovery::dlc_add_peer_nis`] (`Busy`
+    /// during discovery, NID in use, …).
     pub fn dlc_add_peer(
         &mut self,
         now: Time,
@@ -2177,9 +2179,34 @@ impl Node {
         nids: &[Nid],
         multi_rail: bool,
     ) -> Result<(), NodeError> {
+        // Lustre re-creates an unconfigured peer as a configured one,
+        // which a router's peer refuses.
+        if self
+            .disc
+            .peers()
+            .peer_of(primary)
+            .is_none_or(|p| !p.is_configured())
+        {
+            self.refuse_gateway_peer(primary)?;
+        }
         self.disc.dlc_add_peer_nis(now, primary, nids, multi_rail)?;
         self.after_input(now);
         Ok(())
+    }
+
+    /// [`PeerError::Gateway`] when `nid`, or the peer owning it, is a
+    /// router: a route names one of its NIDs as gateway.
+    fn refuse_gateway_peer(&self, nid: Nid) -> Result<(), PeerError> {
+        let (primary, gateway) = match self.disc.peers().peer_of(nid) {
+            Some(peer) => (
+                peer.primary_nid(),
+                peer.nids().find(|&n| self.routes.is_gateway(n)),
+            ),
+            None => (nid, Some(nid).filter(|&n| self.routes.is_gateway(n))),
+        };
+        gateway.map_or(Ok(()), |gateway| {
+            Err(PeerError::Gateway { primary, gateway })
+        })
     }
 
     /// `lnetctl peer add --lock_prim` (and `peer del --force`, which
@@ -2191,11 +2218,22 @@ impl Node {
         Ok(self.disc.set_primary_locked(primary, locked)?)
     }
 
+    /// `lnetctl peer set --nid nid --state bits`: see
+    /// [`Discovery::set_lustre_state`].
+    ///
+    /// # Errors
+    /// As [`Discovery::set_lustre_state`].
+    pub fn set_peer_state(&mut self, nid: Nid, bits: u32) -> Result<(), NodeError> {
+        Ok(self.disc.set_lustre_state(nid, bits)?)
+    }
+
     /// `lnetctl peer del --prim_nid primary --nid nids…`.
     ///
     /// # Errors
-    /// As [`Discovery::dlc_del_peer_nis`].
+    /// [`PeerError::Gateway`] for a router's peer; as
+    /// [`Discovery::dlc_del_peer_nis`].
     pub fn dlc_del_peer(&mut self, now: Time, primary: Nid, nids: &[Nid]) -> Result<(), NodeError> {
+        self.refuse_gateway_peer(primary)?;
         self.disc.dlc_del_peer_nis(now, primary, nids)?;
         self.after_input(now);
         Ok(())

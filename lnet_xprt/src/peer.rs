@@ -105,6 +105,33 @@ pub enum PeerError {
     /// (Lustre's discovery design: "Reject request -EBUSY").
     #[error("peer {0} is busy with discovery; retry when discovery has finished")]
     Busy(Nid),
+    /// The NID is the locked primary of another peer that has other NIDs
+    /// too: a merge does not take it (Lustre's `lnet_peer_add_nid` flags
+    /// both peers `LNET_PEER_BAD_CONFIG` and leaves them apart).
+    #[error("NID {nid} is the locked primary NID of another peer with more NIDs")]
+    PrimaryLocked {
+        /// The NID asked for.
+        nid: Nid,
+    },
+    /// The peer is a router: one of its NIDs is a route's gateway, so DLC
+    /// neither deletes it nor makes it a configured peer (Lustre's
+    /// `lnet_peer_ni_del_locked` and `lnet_del_peer_ni`: `-EBUSY`).
+    #[error("peer {primary} is a router (gateway {gateway}): it cannot be deleted or re-created")]
+    Gateway {
+        /// Primary NID of the peer.
+        primary: Nid,
+        /// Its NID that a route uses as gateway.
+        gateway: Nid,
+    },
+    /// A state that cannot hold (`peer set --state`): a peer that is not
+    /// Multi-Rail keeps at most one NID per net.
+    #[error("peer {primary} has several NIDs on net {net}: it must stay Multi-Rail")]
+    MustStayMultiRail {
+        /// Primary NID of the peer.
+        primary: Nid,
+        /// A net where it has several NIDs.
+        net: Net,
+    },
 }
 
 /// One remote interface of a peer, or a detached one.
@@ -182,6 +209,13 @@ pub struct Peer {
     /// The primary NID stays what it was made with
     /// (`LNET_PEER_LOCK_PRIMARY`).
     lock_primary: bool,
+    /// When the primary was locked, in the table's lock order (Lustre's
+    /// `lp_prim_lock_ts`): of two locked peers that turn out to be one
+    /// node, the NID locked first stays primary.
+    lock_seq: u64,
+    /// A merge met this peer's locked primary NID in another locked peer
+    /// (`LNET_PEER_BAD_CONFIG`, for information).
+    bad_config: bool,
     nets: Vec<PeerNet>,
 }
 
@@ -218,6 +252,14 @@ impl Peer {
     #[must_use]
     pub const fn is_primary_locked(&self) -> bool {
         self.lock_primary
+    }
+
+    /// Whether a merge found this peer's configuration contradicting
+    /// another's: both claimed one NID as their locked primary
+    /// (`LNET_PEER_BAD_CONFIG`). For information only.
+    #[must_use]
+    pub const fn is_bad_config(&self) -> bool {
+        self.bad_config
     }
 
     /// Whether the peer advertised that discovery is off on its side
@@ -328,6 +370,22 @@ pub struct PeerTable {
     peers: BTreeMap<PeerId, Peer>,
     nis: NidMap<PeerNi>,
     next_id: u64,
+    /// The next [`Peer::lock_seq`].
+    next_lock_seq: u64,
+}
+
+/// The flags of a peer that `lnetctl peer set --state` may set
+/// ([`PeerTable::set_flags`]); discovery's own state is not among them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerFlags {
+    /// `LNET_PEER_MULTI_RAIL`.
+    pub multi_rail: bool,
+    /// `LNET_PEER_CONFIGURED`: DLC owns the peer's NIDs.
+    pub configured: bool,
+    /// `LNET_PEER_LOCK_PRIMARY`.
+    pub lock_primary: bool,
+    /// `LNET_PEER_BAD_CONFIG`.
+    pub bad_config: bool,
 }
 
 fn check_peer_nid(nid: Nid) -> Result<(), PeerError> {
@@ -442,6 +500,8 @@ impl PeerTable {
                 mr_configured: false,
                 no_discovery: false,
                 lock_primary: false,
+                lock_seq: 0,
+                bad_config: false,
                 nets: vec![PeerNet {
                     net: nid.net(),
                     nids: vec![nid],
@@ -578,7 +638,43 @@ impl PeerTable {
     /// [`PeerError::NoSuchPeer`].
     pub fn set_primary_locked(&mut self, id: PeerId, locked: bool) -> Result<(), PeerError> {
         let peer = self.peers.get_mut(&id).ok_or(PeerError::NoSuchPeer(id))?;
+        if locked && !peer.lock_primary {
+            self.next_lock_seq += 1;
+            peer.lock_seq = self.next_lock_seq;
+        }
         peer.lock_primary = locked;
+        Ok(())
+    }
+
+    /// Sets peer `id`'s flags at once (`lnetctl peer set --state`, "for
+    /// test and debug only"): clearing `configured` hands the peer's NIDs
+    /// to discovery, setting it takes them back for DLC.
+    ///
+    /// # Errors
+    /// [`PeerError::NoSuchPeer`]; [`PeerError::MustStayMultiRail`] when
+    /// `multi_rail` is cleared on a peer with several NIDs on one net.
+    /// Nothing is changed on error.
+    pub fn set_flags(&mut self, id: PeerId, flags: PeerFlags) -> Result<(), PeerError> {
+        let peer = self.peers.get(&id).ok_or(PeerError::NoSuchPeer(id))?;
+        if !flags.multi_rail
+            && let Some(pn) = peer.nets.iter().find(|pn| pn.nids.len() > 1)
+        {
+            return Err(PeerError::MustStayMultiRail {
+                primary: peer.primary,
+                net: pn.net,
+            });
+        }
+        self.set_primary_locked(id, flags.lock_primary)?;
+        let peer = self.peers.get_mut(&id).ok_or(PeerError::NoSuchPeer(id))?;
+        peer.multi_rail = flags.multi_rail;
+        peer.configured = flags.configured;
+        peer.bad_config = flags.bad_config;
+        let nids: Vec<Nid> = peer.nids().collect();
+        for nid in nids {
+            if let Some(ni) = self.nis.get_mut(&nid) {
+                ni.configured = flags.configured;
+            }
+        }
         Ok(())
     }
 
@@ -759,7 +855,11 @@ impl PeerTable {
     ///   since discovery gives the latest view of the node. Taking another
     ///   peer's primary NID absorbs that peer: it is deleted and its other NIs
     ///   are detached (those listed in `data` are attached here). NIDs owned by
-    ///   a DLC-configured peer are skipped (DLC wins);
+    ///   a DLC-configured peer are skipped (DLC wins). When the absorbed
+    ///   peer's primary was locked, it becomes this peer's locked primary,
+    ///   unless this peer's own primary was locked before it (Lustre keeps
+    ///   the NID locked first); a locked primary whose peer has other NIDs
+    ///   is not taken, and both peers are marked [`Peer::is_bad_config`];
     /// - the data's primary becomes the peer's primary (unless configured);
     /// - the peer's NIDs that the data does not list are detached.
     ///
@@ -778,6 +878,8 @@ impl PeerTable {
         let may_change = may_change_nids && !peer.configured && peer.multi_rail;
         let mut report = MergeReport::default();
         let mut listed: Vec<Nid> = Vec::with_capacity(data.len());
+        // The locked primary of a peer being absorbed, with its lock order.
+        let mut inherit_lock: Option<(Nid, u64)> = None;
         for &(nid, status) in data {
             if let Err(e) = check_peer_nid(nid) {
                 report.skipped.push((nid, e));
@@ -805,11 +907,27 @@ impl PeerTable {
                         continue;
                     }
                     if other_peer.primary == nid {
-                        // The other peer is this node: absorb it.
+                        if other_peer.lock_primary && other_peer.ni_count() > 1 {
+                            // Lustre keeps both apart and flags them.
+                            tracing::warn!(target: "colibri_lnet::peer", %nid, locked_in = %other,
+                                peer = %id, "NID is another peer's locked primary; not merged");
+                            for p in [id, other] {
+                                if let Some(p) = self.peers.get_mut(&p) {
+                                    p.bad_config = true;
+                                }
+                            }
+                            report.skipped.push((nid, PeerError::PrimaryLocked { nid }));
+                            continue;
+                        }
+                        // The other peer is this node: absorb it. A locked
+                        // primary of the other peer stays the node's
+                        // primary unless this peer's was locked before it.
+                        let locked = other_peer.lock_primary.then_some(other_peer.lock_seq);
                         self.delete_peer(other)?;
                         report.absorbed.push(other);
                         tracing::info!(target: "colibri_lnet::peer", %nid, absorbed = %other,
                             into = %id, "peers merged: same node");
+                        inherit_lock = locked.map(|seq| (nid, seq));
                     } else {
                         self.unlink(nid, true);
                     }
@@ -820,6 +938,19 @@ impl PeerTable {
                 if let Err(e) = self.attach(id, nid) {
                     report.skipped.push((nid, e));
                     continue;
+                }
+                if let Some((locked_nid, seq)) = inherit_lock.take() {
+                    let this = &self.peers[&id];
+                    if !this.lock_primary || seq < this.lock_seq {
+                        let old = this.primary;
+                        self.set_primary(id, locked_nid)?;
+                        let this = self.peers.get_mut(&id).ok_or(PeerError::NoSuchPeer(id))?;
+                        this.lock_primary = true;
+                        this.lock_seq = seq;
+                        if old != locked_nid {
+                            report.primary_changed = Some((old, locked_nid));
+                        }
+                    }
                 }
             }
             if let Some(ni) = self.nis.get_mut(&nid)
@@ -1068,6 +1199,122 @@ mod tests {
         assert!(t.invariant_violation().is_none());
     }
 
+    /// Lustre's sanity-lnet test 304: a locked primary of a peer that
+    /// discovery finds to be the same node stays the node's primary.
+    #[test]
+    fn a_merge_keeps_the_absorbed_peers_locked_primary() {
+        let mut t = PeerTable::new();
+        let locked = mr_peer(&mut t, "10.0.0.2@tcp");
+        t.set_primary_locked(locked, true).unwrap();
+        let found = mr_peer(&mut t, "10.0.0.1@tcp");
+        let r = t
+            .merge(found, &[up("10.0.0.1@tcp"), up("10.0.0.2@tcp")], true)
+            .unwrap();
+        assert_eq!(r.absorbed, vec![locked]);
+        assert_eq!(
+            r.primary_changed,
+            Some((nid("10.0.0.1@tcp"), nid("10.0.0.2@tcp")))
+        );
+        let p = t.peer(found).unwrap();
+        assert_eq!(p.primary_nid(), nid("10.0.0.2@tcp"));
+        assert!(p.is_primary_locked() && !p.is_bad_config());
+        assert_eq!(p.ni_count(), 2);
+        // The next merge does not move it back to the data's first NID.
+        let r = t
+            .merge(found, &[up("10.0.0.1@tcp"), up("10.0.0.2@tcp")], true)
+            .unwrap();
+        assert_eq!(r.primary_changed, None);
+        assert!(t.invariant_violation().is_none());
+    }
+
+    /// Of two locked primaries of one node, the one locked first stays.
+    #[test]
+    fn of_two_locked_primaries_the_first_locked_stays() {
+        for first_locked_is_absorbed in [true, false] {
+            let mut t = PeerTable::new();
+            let other = mr_peer(&mut t, "10.0.0.2@tcp");
+            let this = mr_peer(&mut t, "10.0.0.1@tcp");
+            let order = if first_locked_is_absorbed {
+                [other, this]
+            } else {
+                [this, other]
+            };
+            for id in order {
+                t.set_primary_locked(id, true).unwrap();
+            }
+            t.merge(this, &[up("10.0.0.1@tcp"), up("10.0.0.2@tcp")], true)
+                .unwrap();
+            let p = t.peer(this).unwrap();
+            let want = if first_locked_is_absorbed {
+                "10.0.0.2@tcp"
+            } else {
+                "10.0.0.1@tcp"
+            };
+            assert_eq!(p.primary_nid(), nid(want), "{first_locked_is_absorbed}");
+            assert!(p.is_primary_locked());
+            assert!(t.peer(other).is_none());
+            assert!(t.invariant_violation().is_none());
+        }
+    }
+
+    /// A locked primary whose peer has more NIDs is not taken: both
+    /// peers are flagged, nothing moves.
+    #[test]
+    fn a_locked_primary_with_company_is_not_merged() {
+        let mut t = PeerTable::new();
+        let other = mr_peer(&mut t, "10.0.0.2@tcp");
+        t.attach(other, nid("10.0.0.3@tcp")).unwrap();
+        t.set_primary_locked(other, true).unwrap();
+        let this = mr_peer(&mut t, "10.0.0.1@tcp");
+        let r = t
+            .merge(this, &[up("10.0.0.1@tcp"), up("10.0.0.2@tcp")], true)
+            .unwrap();
+        assert!(r.absorbed.is_empty());
+        assert_eq!(
+            r.skipped,
+            vec![(
+                nid("10.0.0.2@tcp"),
+                PeerError::PrimaryLocked {
+                    nid: nid("10.0.0.2@tcp")
+                }
+            )]
+        );
+        assert_eq!(t.peer(other).unwrap().ni_count(), 2);
+        assert_eq!(t.peer(this).unwrap().ni_count(), 1);
+        assert!(t.peer(this).unwrap().is_bad_config());
+        assert!(t.peer(other).unwrap().is_bad_config());
+        assert!(t.invariant_violation().is_none());
+    }
+
+    #[test]
+    fn set_flags_hands_a_configured_peer_to_discovery() {
+        let mut t = PeerTable::new();
+        let id = t.dlc_add(nid("10.0.0.2@tcp"), &[], true).unwrap();
+        assert!(t.peer(id).unwrap().is_configured());
+        let flags = PeerFlags {
+            multi_rail: true,
+            lock_primary: true,
+            ..PeerFlags::default()
+        };
+        t.set_flags(id, flags).unwrap();
+        let p = t.peer(id).unwrap();
+        assert!(!p.is_configured() && p.is_primary_locked() && p.is_multi_rail());
+        // Now a merge may absorb it.
+        let found = mr_peer(&mut t, "10.0.0.1@tcp");
+        let r = t
+            .merge(found, &[up("10.0.0.1@tcp"), up("10.0.0.2@tcp")], true)
+            .unwrap();
+        assert_eq!(r.absorbed, vec![id]);
+        // Several NIDs on one net: it must stay Multi-Rail.
+        let err = t.set_flags(found, PeerFlags::default()).unwrap_err();
+        assert!(matches!(err, PeerError::MustStayMultiRail { .. }), "{err}");
+        assert!(
+            t.peer(found).unwrap().is_primary_locked(),
+            "unchanged on error"
+        );
+        assert!(t.invariant_violation().is_none());
+    }
+
     #[test]
     fn merge_absorbs_a_peer_whose_primary_is_listed() {
         let mut t = PeerTable::new();
@@ -1301,6 +1548,7 @@ mod tests {
             DeletePeer(u8),
             SetMr(u8, bool),
             Lock(u8, bool),
+            Flags(u8, u8),
         }
 
         fn nid_of(i: u8) -> Nid {
@@ -1312,6 +1560,7 @@ mod tests {
         fn op() -> impl Strategy<Value = Op> {
             prop_oneof![
                 (any::<u8>(), any::<bool>()).prop_map(|(a, l)| Op::Lock(a, l)),
+                (any::<u8>(), any::<u8>()).prop_map(|(a, f)| Op::Flags(a, f)),
                 any::<u8>().prop_map(Op::Create),
                 any::<u8>().prop_map(Op::Ensure),
                 (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Op::Attach(a, b)),
@@ -1356,12 +1605,26 @@ mod tests {
                                     .collect();
                                 let mr = t.peer(id).unwrap().is_multi_rail();
                                 let before = t.peer(id).unwrap().clone();
+                                let table_before = t.clone();
                                 let r = t.merge(id, &d, mr).unwrap();
                                 // The merged peer always survives.
                                 prop_assert!(t.peer(id).is_some());
-                                // A locked primary stays.
-                                if before.is_primary_locked() {
-                                    prop_assert_eq!(t.peer(id).unwrap().primary_nid(), before.primary_nid());
+                                // A locked primary stays, unless an absorbed
+                                // peer's was locked first: of all of them,
+                                // the first locked is the primary.
+                                let first_locked = std::iter::once(&before)
+                                    .chain(r.absorbed.iter().filter_map(|a| table_before.peer(*a)))
+                                    .filter(|p| p.is_primary_locked())
+                                    .min_by_key(|p| p.lock_seq);
+                                if let Some(first) = first_locked {
+                                    let after = t.peer(id).unwrap();
+                                    prop_assert_eq!(after.primary_nid(), first.primary_nid());
+                                    prop_assert!(after.is_primary_locked());
+                                }
+                                // A locked primary with other NIDs is never absorbed.
+                                for a in &r.absorbed {
+                                    let p = table_before.peer(*a).unwrap();
+                                    prop_assert!(!(p.is_primary_locked() && p.ni_count() > 1));
                                 }
                                 if !mr || before.is_configured() {
                                     prop_assert_eq!(t.peer(id).unwrap().ni_count(), before.ni_count());
@@ -1394,6 +1657,25 @@ mod tests {
                         }
                         Op::SetMr(p, mr) => {
                             if let Some(id) = peer_at(&t, p) { let _ = t.set_discovered_flags(id, mr, false); }
+                        }
+                        Op::Flags(p, f) => {
+                            if let Some(id) = peer_at(&t, p) {
+                                let flags = PeerFlags {
+                                    multi_rail: f & 1 != 0,
+                                    configured: f & 2 != 0,
+                                    lock_primary: f & 4 != 0,
+                                    bad_config: f & 8 != 0,
+                                };
+                                let before = t.clone();
+                                if t.set_flags(id, flags).is_err() {
+                                    prop_assert_eq!(before.peers.clone(), t.peers.clone());
+                                } else {
+                                    let after = t.peer(id).unwrap();
+                                    prop_assert_eq!(after.is_multi_rail(), flags.multi_rail);
+                                    prop_assert_eq!(after.is_configured(), flags.configured);
+                                    prop_assert_eq!(after.is_primary_locked(), flags.lock_primary);
+                                }
+                            }
                         }
                         Op::DeletePeer(p) => {
                             if let Some(id) = peer_at(&t, p) { t.delete_peer(id).unwrap(); }

@@ -388,3 +388,56 @@ fn router_forwards_a_portal_beyond_the_table_and_the_target_drops_it() {
     );
     assert_eq!(sim.rx_buffers("router"), 0);
 }
+
+/// Lustre's sanity-lnet tests 105 and 106: a router's peer is neither
+/// re-created nor deleted by DLC (`-EBUSY`); once no route names it, it is
+/// an ordinary peer again.
+#[test]
+fn dlc_leaves_a_routers_peer_alone() {
+    use colibri_lnet::node::NodeError;
+    use colibri_lnet::peer::PeerError;
+    let mut sim = routed(7);
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    let gw = nid("10.0.0.3@tcp");
+    let is_gateway = |r: Result<(), NodeError>| matches!(r, Err(NodeError::Peer(PeerError::Gateway { gateway, .. })) if gateway == gw);
+    let r = sim.with_node("client", |n, now| n.dlc_add_peer(now, gw, &[], true));
+    assert!(is_gateway(r), "peer add of a gateway");
+    let r = sim.with_node("client", |n, now| n.dlc_del_peer(now, gw, &[]));
+    assert!(is_gateway(r), "peer del of a gateway");
+    // Traffic still crosses the router.
+    let inbox_mem = sim.register_mem("server", vec![0; 8]);
+    post_any(
+        &mut sim,
+        "server",
+        4,
+        MdSpec::new(inbox_mem, MdOptions::OP_PUT | MdOptions::TRUNCATE),
+    );
+    let data = sim.register_mem("client", b"ping!".to_vec());
+    let src = sim
+        .with_node("client", |n, _| {
+            n.md_bind(MdSpec::new(data, MdOptions::empty()))
+        })
+        .unwrap();
+    let server = ProcessId::lustre(nid("192.168.1.2@o2ib1"));
+    sim.with_node("client", |n, now| {
+        n.put(now, src, false, server, 4, 0, 0, 0)
+    })
+    .unwrap();
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    assert_eq!(&sim.mem("server", inbox_mem.key)[..5], b"ping!");
+    // Without the route, DLC may take the peer.
+    sim.with_node("client", |n, _| n.del_route(net("o2ib1"), gw))
+        .unwrap();
+    sim.with_node("client", |n, now| n.dlc_add_peer(now, gw, &[], true))
+        .unwrap();
+    assert!(
+        sim.node("client")
+            .discovery()
+            .peers()
+            .peer_of(gw)
+            .unwrap()
+            .is_configured()
+    );
+    sim.with_node("client", |n, now| n.dlc_del_peer(now, gw, &[]))
+        .unwrap();
+}

@@ -171,6 +171,17 @@ impl Node {
         assert_fails(&lnet(Some(&self.ctl), args), want);
     }
 
+    /// As [`Node::fails`], with Lustre's errno (positive) too.
+    pub(crate) fn fails_errno(&self, args: &[&str], errno: i32, want: &str) {
+        let o = lnet(Some(&self.ctl), args);
+        assert_fails(&o, want);
+        assert!(
+            o.stderr.contains(&format!("errno: -{errno}\n")),
+            "{args:?}: want errno -{errno}: {}",
+            o.stderr
+        );
+    }
+
     /// `colibri lnet --ctl <its socket> --json args…` parsed.
     pub(crate) fn json(&self, args: &[&str]) -> serde_json::Value {
         let mut a = vec!["--json"];

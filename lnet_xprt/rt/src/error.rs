@@ -62,6 +62,7 @@ const EIO: i32 = 5;
 const EFAULT: i32 = 14;
 const EHOSTUNREACH: i32 = 113;
 const ENOSPC: i32 = 28;
+const ENOTUNIQ: i32 = 76;
 
 impl LnetError {
     /// The (positive) Linux errno Lustre would return for this error.
@@ -89,10 +90,17 @@ fn node_errno(e: &NodeError) -> i32 {
         },
         NodeError::Wire(_) | NodeError::Protocol(_) => EPROTO,
         NodeError::Peer(p) => {
-            if matches!(p, colibri_lnet::peer::PeerError::Busy(_)) {
-                EBUSY
-            } else {
-                EINVAL
+            use colibri_lnet::peer::PeerError;
+            // As Lustre's peer.c answers the same cases.
+            match p {
+                PeerError::Busy(_) | PeerError::Gateway { .. } => EBUSY,
+                PeerError::NotFound(_) | PeerError::NoSuchPeer(_) | PeerError::NotInPeer { .. } => {
+                    ENOENT
+                }
+                PeerError::NidInUse { .. } | PeerError::PrimaryLocked { .. } => EEXIST,
+                PeerError::NotUnique { .. } => ENOTUNIQ,
+                PeerError::MultiRailConflict { .. } => EPERM,
+                _ => EINVAL,
             }
         }
         NodeError::NoSuchNi(_)

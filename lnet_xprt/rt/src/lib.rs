@@ -878,6 +878,18 @@ impl Lnet {
         })?)
     }
 
+    /// `lnetctl peer set --nid nid --state bits` (for tests and debugging):
+    /// the flags of the peer owning `nid` from Lustre's `lp_state` bits
+    /// (see `Discovery::set_lustre_state`).
+    ///
+    /// # Errors
+    /// No peer owns `nid`; a non-Multi-Rail state for a peer with several
+    /// NIDs on one net.
+    pub fn set_peer_state(&self, nid: Nid, bits: u32) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| c.node.set_peer_state(nid, bits))?)
+    }
+
     /// `lnetctl peer del --prim_nid primary --nid nids`.
     ///
     /// # Errors

@@ -498,7 +498,27 @@ impl Daemon {
                 }
                 Ok(Doc::Null)
             }
-            Command::PeerSet { nid, all, health } => {
+            Command::PeerSet {
+                nid,
+                all,
+                health,
+                state,
+            } => {
+                if let Some(bits) = state {
+                    let fail = |msg: String| Failure::new("set", "peer_ni", errno::EINVAL, msg);
+                    let one = match (nid.as_deref(), all) {
+                        (Some(n), false) => nid_arg(n, "set", "peer_ni")?,
+                        _ => return Err(fail("--state sets one peer: give --nid NID".into())),
+                    };
+                    let bits = u32::try_from(bits)
+                        .map_err(|_| fail(format!("peer state {bits} is not a 32-bit flag set")))?;
+                    self.lnet
+                        .set_peer_state(one, bits)
+                        .map_err(|e| lnet_fail("set", "peer_ni", &e))?;
+                    if health.is_none() {
+                        return Ok(Doc::Null);
+                    }
+                }
                 self.set_ni(NiSide::Peer, nid.as_deref(), all, health, None)
             }
             Command::NetShow {
@@ -534,10 +554,15 @@ impl Daemon {
             } => {
                 let prim = nid_arg(&prim_nid, "del", "peer_ni")?;
                 let nids = nid_list_arg(&nids, "del", "peer_ni")?;
-                let known = self
-                    .lnet
-                    .with_node(|n| n.discovery().peers().peer_of(prim).map(|p| p.primary_nid()));
-                if known != Some(prim) {
+                // A gateway is a peer even before it has an entry (the
+                // node answers EBUSY for it).
+                let (known, gateway) = self.lnet.with_node(|n| {
+                    (
+                        n.discovery().peers().peer_of(prim).map(|p| p.primary_nid()),
+                        n.routes().is_gateway(prim),
+                    )
+                });
+                if known != Some(prim) && !gateway {
                     return Err(Failure::new(
                         "del",
                         "peer_ni",
@@ -654,6 +679,10 @@ impl Daemon {
                 }
                 Ok(Doc::map().with(header, m))
             }
+            Command::DebugPeer { nid } => {
+                let nid = nid_arg(&nid, "debug", "peer")?;
+                Ok(self.debug_peer(nid))
+            }
             Command::StatsShow => Ok(self.stats_show()),
             Command::StatsReset => {
                 self.lnet.reset_stats();
@@ -692,6 +721,47 @@ impl Daemon {
     /// `net set` / `peer set`: `--health V` (and, for a local NI,
     /// `--conns-per-peer N`) of one interface (`--nid`) or of every one of
     /// its side (`--all`).
+    /// `lnetctl debug peer --nid NID`: the peer NI's line of Lustre's
+    /// `lnet_debug_peer` (NID, aliveness, peer credits, router credits and
+    /// their low mark, send credits and their low mark, queued bytes),
+    /// written to the node's log as Lustre writes it to the kernel's, and
+    /// answered as a YAML mapping of the same fields. A NID the node does
+    /// not know shows what a new peer NI would have (Lustre creates one),
+    /// with `known: false`.
+    fn debug_peer(&self, nid: Nid) -> Doc {
+        self.lnet.with_node(|n| {
+            let table = n.discovery().peers();
+            let ni = table.ni(nid);
+            let c = PeerNiCredits::of(n, nid);
+            let aliveness = ni.map_or("NA", |ni| status_name(ni.status()));
+            tracing::warn!(target: "colibri_lnet::debug",
+                "{:<24} {:>5} {:>5} {:>5} {:>5} {:>5} {:>5} {}",
+                nid.to_string(), aliveness, c.max_tx, c.rtr, c.min_rtr, c.tx, c.min_tx,
+                c.queued_bytes);
+            let primary = ni
+                .and_then(colibri_lnet::peer::PeerNi::peer)
+                .and_then(|id| table.peer(id))
+                .map_or_else(|| "none".to_owned(), |p| p.primary_nid().to_string());
+            Doc::map().with(
+                "peer debug",
+                Doc::Seq(vec![
+                    Doc::map()
+                        .with("nid", nid.to_string())
+                        .with("known", Doc::Bool(ni.is_some()))
+                        .with("primary nid", primary)
+                        .with("aliveness", aliveness)
+                        .with("peer_tx_credits", c.max_tx)
+                        .with("rtr_credits", c.rtr)
+                        .with("min_rtr_credits", c.min_rtr)
+                        .with("tx_credits", c.tx)
+                        .with("min_tx_credits", c.min_tx)
+                        .with("tx_q_num_of_buf", c.queued)
+                        .with("tx_q_nob", c.queued_bytes),
+                ]),
+            )
+        })
+    }
+
     fn set_ni(
         &self,
         side: NiSide,
@@ -717,7 +787,7 @@ impl Daemon {
             None if conns_per_peer.is_none() => {
                 let what = match side {
                     NiSide::Local => "give --health or --conns-per-peer",
-                    NiSide::Peer => "give --health",
+                    NiSide::Peer => "give --health or --state",
                 };
                 return Err(fail(errno::EINVAL, format!("nothing to set: {what}")));
             }
@@ -1588,6 +1658,50 @@ fn push_by_type(
     d.push("dropped_stats", by(dropped));
 }
 
+/// A peer NI's credits as `peer show -v` and `debug peer` print them.
+struct PeerNiCredits {
+    max_tx: i64,
+    tx: i64,
+    min_tx: i64,
+    /// Messages waiting for a credit.
+    queued: usize,
+    /// Bytes queued to it (`lpni_txqnob`).
+    queued_bytes: u64,
+    rtr: i64,
+    min_rtr: i64,
+}
+
+impl PeerNiCredits {
+    fn of(n: &Node, nid: Nid) -> Self {
+        use colibri_lnet::credits::CreditQueue;
+        // A peer NI on a net we have no NI on gets no credits (Lustre's
+        // lnet_peer_ni_alloc without a local net).
+        let local = n.is_local_net(nid.net());
+        let t = n.tx_credits().tunables(nid.net());
+        let tx = n.tx_credits().peer_ni(nid);
+        let rtr = n.router_credits().peer(nid);
+        let max_tx = if local {
+            tx.map_or(i64::from(t.peer_credits), |q| i64::from(q.max()))
+        } else {
+            0
+        };
+        let max_rtr = if local {
+            i64::from(t.router_credits())
+        } else {
+            0
+        };
+        Self {
+            max_tx,
+            tx: tx.map_or(max_tx, CreditQueue::credits),
+            min_tx: tx.map_or(max_tx, CreditQueue::min_credits),
+            queued: tx.map_or(0, CreditQueue::queued),
+            queued_bytes: n.tx_credits().queued_bytes(nid),
+            rtr: rtr.map_or(max_rtr, CreditQueue::credits),
+            min_rtr: rtr.map_or(max_rtr, CreditQueue::min_credits),
+        }
+    }
+}
+
 fn peer_doc(
     n: &Node,
     primary: Nid,
@@ -1615,40 +1729,13 @@ fn peer_doc(
                 table.ni(nid).map_or("NA", |x| status_name(x.status())),
             );
             if verbose {
-                // A peer NI on a net we have no NI on gets no credits
-                // (Lustre's lnet_peer_ni_alloc without a local net).
-                let local = n.is_local_net(nid.net());
-                let t = n.tx_credits().tunables(nid.net());
-                let tx = n.tx_credits().peer_ni(nid);
-                let rtr = n.router_credits().peer(nid);
-                let max_tx = if local {
-                    tx.map_or(i64::from(t.peer_credits), |q| i64::from(q.max()))
-                } else {
-                    0
-                };
-                let max_rtr = if local {
-                    i64::from(t.router_credits())
-                } else {
-                    0
-                };
-                ni.push("max_ni_tx_credits", max_tx);
-                ni.push(
-                    "available_tx_credits",
-                    tx.map_or(max_tx, colibri_lnet::credits::CreditQueue::credits),
-                );
-                ni.push(
-                    "min_tx_credits",
-                    tx.map_or(max_tx, colibri_lnet::credits::CreditQueue::min_credits),
-                );
-                ni.push("tx_q_num_of_buf", tx.map_or(0, |q| q.queued()));
-                ni.push(
-                    "available_rtr_credits",
-                    rtr.map_or(max_rtr, colibri_lnet::credits::CreditQueue::credits),
-                );
-                ni.push(
-                    "min_rtr_credits",
-                    rtr.map_or(max_rtr, colibri_lnet::credits::CreditQueue::min_credits),
-                );
+                let c = PeerNiCredits::of(n, nid);
+                ni.push("max_ni_tx_credits", c.max_tx);
+                ni.push("available_tx_credits", c.tx);
+                ni.push("min_tx_credits", c.min_tx);
+                ni.push("tx_q_num_of_buf", c.queued);
+                ni.push("available_rtr_credits", c.rtr);
+                ni.push("min_rtr_credits", c.min_rtr);
                 let s = n.peer_ni_stats(nid).unwrap_or_default();
                 ni.push(
                     "statistics",

@@ -238,7 +238,9 @@ pub enum Command {
         detail: u32,
     },
     /// `peer set --nid NID | --all --health V`: a peer NI's health value
-    /// set by hand (above 1000: 1000).
+    /// set by hand (above 1000: 1000); `peer set --nid NID --state BITS`:
+    /// the flags of the peer owning NID, as Lustre's `lp_state` bits (for
+    /// tests and debugging).
     PeerSet {
         /// One peer NI.
         nid: Option<String>,
@@ -247,6 +249,9 @@ pub enum Command {
         all: bool,
         /// The health value.
         health: Option<i64>,
+        /// Lustre's peer state bits.
+        #[serde(default)]
+        state: Option<i64>,
     },
     /// `peer list`.
     PeerList,
@@ -292,6 +297,11 @@ pub enum Command {
     DebugRecovery {
         /// The peer NIs' queue instead of the local NIs'.
         peer: bool,
+    },
+    /// `debug peer --nid NID`: one peer NI's credits and aliveness.
+    DebugPeer {
+        /// The peer NI.
+        nid: String,
     },
     /// `stats show`.
     StatsShow,
