@@ -1490,3 +1490,29 @@ fn routers_locked_primaries_and_debug_as_sanity_lnet_checks_them() {
     assert_eq!(state(nid2) & (1 << 20), 1 << 20);
     n.ok(&["peer", "del", "--prim_nid", nid2, "--force"]);
 }
+
+/// Lustre's sanity-lnet test 219 ("Consolidate peer entries"): nets `tcp`
+/// and `tcp1` on one interface share its address and port; the node
+/// pings both NIDs, discovers the second, and knows them as one peer.
+#[test]
+fn two_nets_on_one_interface_are_one_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = "127.0.82.1";
+    let port = common_free_port(&[ip.parse().unwrap()]);
+    let (nid1, nid2) = (format!("{ip}@tcp"), format!("{ip}@tcp1"));
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!(
+            "net:\n{}{}{}",
+            ni("tcp", &nid1),
+            ni("tcp1", &nid2),
+            global(port)
+        ),
+    );
+    n.ok(&["ping", &nid1]);
+    n.ok(&["ping", &nid2]);
+    n.ok(&["discover", &nid2]);
+    let show = n.ok(&["peer", "show", "--nid", &nid1]);
+    assert!(show.contains(&nid2), "{show}");
+}

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use colibri_lnet_rt::colibri_lnet::ids::{Nid, ProcessId};
 use colibri_lnet_rt::colibri_lnet::matching::{EventKind, MdOptions, OpError};
+use colibri_lnet_rt::colibri_lnet::node::NiConfig;
 use colibri_lnet_rt::colibri_lnet::socklnd::{AcceptPolicy, ConnReq, ConnType, Hello, LnetFrame};
 use colibri_lnet_rt::colibri_lnet::wire::{Body, Header, WireHandle};
 use colibri_lnet_rt::{Lnet, LnetConfig, MemRegion};
@@ -1230,6 +1231,67 @@ fn a_scheduler_that_stops_spinning_hears_of_its_connection_again() {
         std::thread::sleep(Duration::from_millis(300));
     }
     assert!(a.runtime_stats().hot_detaches + b.runtime_stats().hot_detaches >= 1);
+    a.shutdown();
+    b.shutdown();
+}
+
+/// A port free on every one of `ips`.
+fn common_port(ips: &[&str]) -> u16 {
+    for _ in 0..100 {
+        let first = std::net::TcpListener::bind((ips[0], 0)).unwrap();
+        let port = first.local_addr().unwrap().port();
+        if ips[1..]
+            .iter()
+            .all(|ip| std::net::TcpListener::bind((*ip, port)).is_ok())
+        {
+            return port;
+        }
+    }
+    panic!("no common free port");
+}
+
+/// Two nets on one interface (Lustre's `net add --net tcp --if eth0` and
+/// `--net tcp1 --if eth0`): both NIs listen on the same address and port
+/// through one listener, which dispatches by the connection request's
+/// NID, lives while either NI does, and closes with the last one so that
+/// the address can be bound again at once.
+#[test]
+fn two_nets_on_one_address_share_its_listener() {
+    let port = common_port(&["127.0.2.70", "127.0.2.71"]);
+    let node = |ip: &str| {
+        init_tracing();
+        let mut cfg = LnetConfig::new(&[nid(&format!("{ip}@tcp")), nid(&format!("{ip}@tcp1"))]);
+        cfg.accept_port = port;
+        cfg.accept = AcceptPolicy::All;
+        cfg.tick = Duration::from_millis(200);
+        Lnet::start(cfg).unwrap()
+    };
+    let (a, b) = (node("127.0.2.70"), node("127.0.2.71"));
+    for (x, ip) in [(&a, "127.0.2.70"), (&b, "127.0.2.71")] {
+        for net in ["tcp", "tcp1"] {
+            let bound = x.listen_addr(nid(&format!("{ip}@{net}"))).unwrap();
+            assert_eq!(bound.to_string(), format!("{ip}:{port}"));
+        }
+    }
+    let pings = |to: &str| a.ping(nid(to), LIMIT).is_ok();
+    assert!(pings("127.0.2.71@tcp") && pings("127.0.2.71@tcp1"));
+    // Deleting one NI leaves the other's listener alone.
+    b.del_ni(nid("127.0.2.71@tcp")).unwrap();
+    assert!(pings("127.0.2.71@tcp1"), "tcp1 still accepts");
+    // The last NI closes it; adding one binds again, at once.
+    b.del_ni(nid("127.0.2.71@tcp1")).unwrap();
+    assert!(TcpStream::connect(("127.0.2.71", port)).is_err());
+    b.add_ni(NiConfig::new(nid("127.0.2.71@tcp1"))).unwrap();
+    // A ping written to a's old connection as b closes it is lost (LNet
+    // learns of it by its timeout): ping with a short one until it works.
+    let deadline = Instant::now() + LIMIT;
+    while a
+        .ping(nid("127.0.2.71@tcp1"), Duration::from_secs(2))
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "tcp1 came back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     a.shutdown();
     b.shutdown();
 }

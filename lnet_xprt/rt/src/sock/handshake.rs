@@ -17,7 +17,7 @@ use colibri_lnet::socklnd::{
 use crossbeam_channel::Receiver;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::{ConndJob, SockLnd, SockNi, TARGET};
+use super::{ConndJob, Listener, SockLnd, SockNi, TARGET};
 use crate::LnetError;
 use crate::core::Shared;
 
@@ -44,25 +44,25 @@ pub(super) fn listener(addr: SocketAddr) -> Result<std::net::TcpListener, LnetEr
 /// The acceptor of one NI: takes connections and hands them to the connds.
 pub(super) fn acceptor(
     lnd: &Arc<SockLnd>,
-    ni: &SockNi,
+    shared: &Listener,
     mut poll: mio::Poll,
     l: std::net::TcpListener,
 ) {
-    let nid = ni.nid;
+    let at = shared.addr;
     let mut l = mio::net::TcpListener::from_std(l);
     if let Err(e) = poll
         .registry()
         .register(&mut l, LISTENER, mio::Interest::READABLE)
     {
-        tracing::error!(target: TARGET, %nid, error = %e, "acceptor cannot poll its listener");
+        tracing::error!(target: TARGET, %at, error = %e, "acceptor cannot poll its listener");
         return;
     }
     let mut events = mio::Events::with_capacity(16);
-    while !lnd.stopping.load(Ordering::Acquire) && !ni.deleted.load(Ordering::Acquire) {
+    while !lnd.stopping.load(Ordering::Acquire) && !shared.stop.load(Ordering::Acquire) {
         if let Err(e) = poll.poll(&mut events, Some(Duration::from_secs(1)))
             && e.kind() != io::ErrorKind::Interrupted
         {
-            tracing::error!(target: TARGET, %nid, error = %e, "acceptor poll failed");
+            tracing::error!(target: TARGET, %at, error = %e, "acceptor poll failed");
             return;
         }
         loop {
@@ -71,20 +71,20 @@ pub(super) fn acceptor(
                     let s: TcpStream = s.into();
                     if lnd.connd_tx.try_send(ConndJob::Accept(s, from)).is_err() {
                         lnd.log_close(format!(
-                            "refused connection from {from} on {nid}: connection daemons busy"
+                            "refused connection from {from} on {at}: connection daemons busy"
                         ));
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    tracing::warn!(target: TARGET, %nid, error = %e, "accept failed");
+                    tracing::warn!(target: TARGET, %at, error = %e, "accept failed");
                     break;
                 }
             }
         }
     }
-    tracing::debug!(target: TARGET, %nid, "acceptor stopped");
+    tracing::debug!(target: TARGET, %at, "acceptor stopped");
 }
 
 /// A connection daemon: runs handshakes until told to stop.

@@ -188,9 +188,11 @@ pub(crate) struct SockNi {
     pub(crate) local: LocalEnd,
     pub(crate) listen: Option<SocketAddr>,
     peers: Mutex<NidMap<Peer>>,
-    /// Wakes the NI's acceptor.
-    waker: Option<Arc<mio::Waker>>,
-    /// The NI was deleted: its acceptor stops.
+    /// The listener it accepts on, shared with the other NIs on the same
+    /// address (`tcp` and `tcp1` on one interface: Lustre's one acceptor
+    /// dispatches by the connection request's NID).
+    listener: Option<Arc<Listener>>,
+    /// The NI was deleted.
     pub(crate) deleted: AtomicBool,
     /// `conns_per_peer` of this NI (BULK_IN/BULK_OUT pairs per peer),
     /// for peers met from now on (`lnetctl net set --conns-per-peer`).
@@ -201,6 +203,20 @@ impl SockNi {
     pub(crate) fn ip(&self) -> Ipv4Addr {
         Ipv4Addr::from(self.nid.addr())
     }
+}
+
+/// A listening socket and its acceptor thread, shared by the NIs that
+/// listen on its address.
+pub(crate) struct Listener {
+    addr: SocketAddr,
+    waker: Arc<mio::Waker>,
+    /// NIs using it; the last one to go stops the acceptor.
+    users: AtomicUsize,
+    /// Set when its last NI is deleted.
+    pub(crate) stop: AtomicBool,
+    /// The acceptor sends one message here once it has closed the
+    /// socket, so that the address can be bound again at once.
+    closed: (Sender<()>, Receiver<()>),
 }
 
 /// A scheduler as seen from outside.
@@ -242,6 +258,8 @@ pub(crate) struct SockLnd {
     close_log: Mutex<VecDeque<String>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     acceptor_wakers: Mutex<Vec<Arc<mio::Waker>>>,
+    /// Listeners by the address they were asked to bind (a fixed port).
+    listeners: Mutex<HashMap<SocketAddr, Arc<Listener>>>,
     pub(crate) stopping: AtomicBool,
     nconnds: usize,
     /// `sock_timeout`, seconds, 0: `lnd_timeout` (`lnetctl net set
@@ -306,6 +324,7 @@ impl SockLnd {
             close_log: Mutex::new(VecDeque::new()),
             threads: Mutex::new(Vec::new()),
             acceptor_wakers: Mutex::new(Vec::new()),
+            listeners: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             nconnds,
             sock_timeout: AtomicU32::new(cfg.sock_timeout),
@@ -332,7 +351,9 @@ impl SockLnd {
         Ok(lnd)
     }
 
-    /// Adds a `tcp` NI: binds its listener (unless `accept=none`).
+    /// Adds a `tcp` NI: binds its listener (unless `accept=none`), or
+    /// shares the one already bound to its address by another NI (two
+    /// nets on one interface).
     pub(crate) fn add_ni(
         self: &Arc<Self>,
         nid: Nid,
@@ -343,18 +364,21 @@ impl SockLnd {
         let ip = Ipv4Addr::from(nid.addr());
         let addr =
             listen.unwrap_or_else(|| SocketAddr::V4(SocketAddrV4::new(ip, self.cfg.accept_port)));
-        let (listener, bound) = if self.cfg.accept.listens() {
+        let mut new_acceptor = None;
+        // Held until the NI is in the table, so that a delete of the
+        // last NI on a listener cannot stop it under a new user.
+        let mut listeners = self.listeners.lock();
+        let listener = if !self.cfg.accept.listens() {
+            None
+        } else if let Some(l) = listeners.get(&addr).filter(|_| addr.port() != 0) {
+            l.users.fetch_add(1, Ordering::AcqRel);
+            Some(l.clone())
+        } else {
             let l = handshake::listener(addr)?;
             let bound = l.local_addr().map_err(|source| LnetError::Io {
                 what: format!("listener of {nid}"),
                 source,
             })?;
-            (Some(l), bound)
-        } else {
-            (None, addr)
-        };
-        let mut acceptor = None;
-        if let Some(l) = listener {
             let poll = mio::Poll::new().map_err(|source| LnetError::Io {
                 what: "creating a poll instance".into(),
                 source,
@@ -367,8 +391,20 @@ impl SockLnd {
                     }
                 })?,
             );
-            acceptor = Some((poll, l, waker));
-        }
+            let shared = Arc::new(Listener {
+                addr: bound,
+                waker,
+                users: AtomicUsize::new(1),
+                stop: AtomicBool::new(false),
+                closed: crossbeam_channel::bounded(1),
+            });
+            if addr.port() != 0 {
+                listeners.insert(addr, shared.clone());
+            }
+            new_acceptor = Some((poll, l, shared.clone()));
+            Some(shared)
+        };
+        let bound = listener.as_ref().map_or(addr, |l| l.addr);
         let ni = Arc::new(SockNi {
             nid,
             local: LocalEnd {
@@ -376,9 +412,9 @@ impl SockLnd {
                 pid: self.cfg.pid,
                 incarnation,
             },
-            listen: acceptor.as_ref().map(|_| bound),
+            listen: listener.as_ref().map(|l| l.addr),
             peers: Mutex::new(NidMap::default()),
-            waker: acceptor.as_ref().map(|a| a.2.clone()),
+            listener,
             deleted: AtomicBool::new(false),
             conns_per_peer: AtomicU32::new(if conns_per_peer == 0 {
                 self.cfg.conns_per_peer
@@ -386,15 +422,21 @@ impl SockLnd {
                 conns_per_peer
             }),
         });
-        self.nis.write().insert(nid, ni.clone());
-        if let Some((poll, l, waker)) = acceptor {
-            self.acceptor_wakers.lock().push(waker);
+        self.nis.write().insert(nid, ni);
+        drop(listeners);
+        if let Some((poll, l, shared)) = new_acceptor {
+            self.acceptor_wakers.lock().push(shared.waker.clone());
             let me = self.clone();
             let t = spawn(&format!("acceptor_{ip}"), move || {
-                handshake::acceptor(&me, &ni, poll, l);
+                // It owns the socket: closed when it returns.
+                handshake::acceptor(&me, &shared, poll, l);
+                let _ = shared.closed.0.try_send(());
             })?;
             self.threads.lock().push(t);
             tracing::info!(target: TARGET, %nid, %bound, "socket LND listening");
+        } else if self.cfg.accept.listens() {
+            tracing::info!(target: TARGET, %nid, %bound,
+                "socket LND listening (a listener shared with another NI)");
         }
         Ok(bound)
     }
@@ -405,8 +447,19 @@ impl SockLnd {
             return;
         };
         ni.deleted.store(true, Ordering::Release);
-        if let Some(w) = &ni.waker {
-            let _ = w.wake();
+        if let Some(l) = &ni.listener {
+            let mut listeners = self.listeners.lock();
+            if l.users.fetch_sub(1, Ordering::AcqRel) == 1 {
+                l.stop.store(true, Ordering::Release);
+                listeners.retain(|_, x| !Arc::ptr_eq(x, l));
+                drop(listeners);
+                let _ = l.waker.wake();
+                // An NI added again on this address binds it anew.
+                if l.closed.1.recv_timeout(Duration::from_secs(2)).is_err() {
+                    tracing::warn!(target: TARGET, addr = %l.addr,
+                        "the acceptor of a deleted NI has not closed its socket yet");
+                }
+            }
         }
         let conns: Vec<Arc<Conn>> = ni
             .peers
