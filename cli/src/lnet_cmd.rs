@@ -234,9 +234,14 @@ struct NetSet {
     )]
     health: Option<i64>,
     /// Socket LND connections (BULK_IN/BULK_OUT pairs) per peer met from
-    /// now on, 0 to 127 (0: the default).
-    #[arg(long = "conns-per-peer", alias = "conns_per_peer")]
-    conns_per_peer: Option<u32>,
+    /// now on, 0 to 127 (0: the default; a negative value is ignored, as
+    /// lnetctl ignores it).
+    #[arg(
+        long = "conns-per-peer",
+        alias = "conns_per_peer",
+        allow_negative_numbers = true
+    )]
+    conns_per_peer: Option<i64>,
     /// The net whose LND `--lnd-timeout` sets (e.g. tcp: the socket LND,
     /// for all its nets).
     #[arg(long, requires = "lnd_timeout")]
@@ -288,6 +293,10 @@ enum NetCmd {
         /// Socket LND connections per peer (BULK_IN/BULK_OUT pairs), 1..=127.
         #[arg(long = "conns-per-peer", alias = "conns_per_peer")]
         conns_per_peer: Option<u32>,
+        /// IP type of service of the NI's connections, 0..=255 (-1: the
+        /// socket LND's `tos`).
+        #[arg(long, allow_negative_numbers = true)]
+        tos: Option<i64>,
     },
     /// Delete a local NI, or every NI of a net.
     Del {
@@ -618,11 +627,13 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 peer_credits,
                 peer_buffer_credits,
                 conns_per_peer,
+                tos,
             } => Command::NetAdd {
                 nid: nid.clone(),
                 credits: *credits,
                 peer_credits: *peer_credits,
                 peer_buffer_credits: *peer_buffer_credits,
+                tos: *tos,
                 conns_per_peer: *conns_per_peer,
             },
             NetCmd::Del { nid, net } => Command::NetDel {

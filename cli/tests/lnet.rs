@@ -1361,11 +1361,15 @@ fn peers_as_sanity_lnet_configures_them() {
 /// two NIs: test 28 (`peer list`, `--ni` for `--nid`), 105 and 106 (a
 /// router's peer is neither re-created nor deleted), 302 (`debug peer`)
 /// and 304 (a locked primary survives consolidation, `peer set --state`),
-/// with Lustre's errnos.
+/// with Lustre's errnos; 230 and 232 (`conns-per-peer` and `tos` checks).
 #[test]
 fn routers_locked_primaries_and_debug_as_sanity_lnet_checks_them() {
     let dir = tempfile::tempdir().unwrap();
-    let ips = ["127.0.81.1".parse().unwrap(), "127.0.81.2".parse().unwrap()];
+    let ips = [
+        "127.0.81.1".parse().unwrap(),
+        "127.0.81.2".parse().unwrap(),
+        "127.0.81.3".parse().unwrap(),
+    ];
     let port = common_free_port(&ips);
     let (nid1, nid2) = ("127.0.81.1@tcp", "127.0.81.2@tcp");
     let n = Node::start(
@@ -1433,6 +1437,37 @@ fn routers_locked_primaries_and_debug_as_sanity_lnet_checks_them() {
     for p in ["1.1.1.1@tcp", "1.1.1.2@tcp"] {
         n.ok(&["peer", "del", "--prim_nid", p]);
     }
+
+    // Test 230: a negative conns-per-peer is ignored, 128 refused.
+    n.ok(&["net", "set", "--all", "--conns-per-peer", "-1"]);
+    n.fails_errno(
+        &["net", "set", "--all", "--conns-per-peer", "128"],
+        22,
+        "127",
+    );
+    // Test 232: an NI's type of service, -1 to 255, in `net show -v` and
+    // in the export.
+    let tos_of = |net: &str| -> i64 {
+        let v = n.json(&["net", "show", "--net", net, "-v", "1"]);
+        v["net"][0]["local NI(s)"][0]["lnd tunables"]["tos"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{v}"))
+    };
+    let ni3 = "127.0.81.3@tcp232";
+    n.ok(&["net", "add", "--nid", ni3]);
+    assert_eq!(tos_of("tcp232"), -1, "the LND's default");
+    n.ok(&["net", "del", "--nid", ni3]);
+    for t in ["-1", "104", "106"] {
+        n.ok(&["net", "add", "--nid", ni3, "--tos", t]);
+        assert_eq!(tos_of("tcp232").to_string(), t);
+        assert_eq!(
+            n.ok(&["export"]).contains("tos: 104"),
+            t == "104",
+            "export keeps a set ToS"
+        );
+        n.ok(&["net", "del", "--nid", ni3]);
+    }
+    n.fails_errno(&["net", "add", "--nid", ni3, "--tos", "300"], 22, "ToS");
 
     // Tests 105 and 106: EBUSY for a gateway's peer, until its route goes.
     let gw = "127.0.81.77@tcp";

@@ -160,6 +160,10 @@ pub struct NiConfig {
     /// default, leaves it to the LND). The core does not use it; it travels
     /// with the NI for the LND and for `net show`/`export`.
     pub conns_per_peer: u32,
+    /// The IP type of service of the NI's connections (`lnd tunables:
+    /// tos`, 0 to 255; -1, the default, leaves it to the LND's `tos`).
+    /// For the LND, as `conns_per_peer`.
+    pub tos: i32,
 }
 
 impl NiConfig {
@@ -172,6 +176,7 @@ impl NiConfig {
             peer_credits: 8,
             peer_buffer_credits: 0,
             conns_per_peer: 0,
+            tos: -1,
         }
     }
 }

@@ -125,6 +125,9 @@ pub struct NiConf {
     pub peer_buffer_credits: u32,
     /// `lnd tunables: conns_per_peer` (`None`: the socket LND's default).
     pub conns_per_peer: Option<u32>,
+    /// `lnd tunables: tos`, 0 to 255 (`None`, or -1 in a file: the socket
+    /// LND's `tos`).
+    pub tos: Option<i32>,
 }
 
 /// A DLC-configured peer.
@@ -640,6 +643,7 @@ impl NodeConf {
                 c.peer_credits = n.peer_credits;
                 c.peer_buffer_credits = n.peer_buffer_credits;
                 c.conns_per_peer = n.conns_per_peer.unwrap_or(0);
+                c.tos = n.tos.unwrap_or(-1);
                 c
             })
             .collect();
@@ -719,6 +723,7 @@ impl NodeConf {
                 } else {
                     n.conns_per_peer
                 }),
+                tos: (n.tos >= 0).then_some(n.tos),
             })
             .collect();
         let peers = node
@@ -799,12 +804,16 @@ impl NodeConf {
                     .with("peer_buffer_credits", n.peer_buffer_credits)
                     .with("credits", n.credits),
             );
+            let mut lnd = Doc::map();
+            if let Some(c) = n.conns_per_peer {
+                lnd.push("conns_per_peer", c);
+            }
+            if let Some(t) = n.tos {
+                lnd.push("tos", t);
+            }
             ni.push(
                 "lnd tunables",
-                match n.conns_per_peer {
-                    Some(c) => Doc::map().with("conns_per_peer", c),
-                    None => Doc::Null,
-                },
+                if lnd == Doc::map() { Doc::Null } else { lnd },
             );
             // Adjacent NIs of one net share an entry; the order of the NIs
             // (the first is the primary NID) is kept whatever it is.
@@ -938,6 +947,7 @@ fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<
         peer_credits: 8,
         peer_buffer_credits: 0,
         conns_per_peer: None,
+        tos: None,
     };
     let mut have_nid = false;
     let mut interfaces = None;
@@ -994,8 +1004,20 @@ fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<
                             let c = uint(tv, &tat, 127)?;
                             n.conns_per_peer = Some(u32::try_from(c).unwrap_or(1).max(1));
                         }
-                        "tos" | "lnd_timeout" | "timeout" => {
-                            warn.push(format!("{tat}: not settable per NI here, ignored"));
+                        "tos" => {
+                            let t = int(tv, &tat)?;
+                            if !(-1..=255).contains(&t) {
+                                return Err(ConfError::invalid(
+                                    &tat,
+                                    format!("invalid value {t} (-1 to 255)"),
+                                ));
+                            }
+                            n.tos = i32::try_from(t).ok().filter(|t| *t >= 0);
+                        }
+                        "lnd_timeout" | "timeout" => {
+                            warn.push(format!(
+                                "{tat}: not settable per NI here (`net set --net NET --lnd-timeout`), ignored"
+                            ));
                         }
                         other => return Err(unknown(&kat, other)),
                     }
@@ -1240,6 +1262,8 @@ global:
                                     credits,
                                     peer_credits,
                                     conns_per_peer,
+                                    tos: (credits % 5 == 0)
+                                        .then(|| i32::try_from(credits % 256).unwrap_or(0)),
                                 },
                             )
                             .collect(),
@@ -1319,6 +1343,26 @@ global:
         assert_eq!(c.nis[0].nid, "10.0.0.1@tcp".parse().unwrap());
     }
 
+    /// An NI's `tos` (sanity-lnet test 232): kept through an export; -1
+    /// is the LND's, as if absent.
+    #[test]
+    fn ni_tos_survives_export() {
+        let ni = |tos: &str| {
+            format!(
+                "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 10.0.0.1@tcp\n          lnd tunables:\n              tos: {tos}\n"
+            )
+        };
+        let (c, _) = NodeConf::from_yaml(&ni("104")).unwrap();
+        assert_eq!(c.nis[0].tos, Some(104));
+        let text = c.to_yaml();
+        assert!(text.contains("tos: 104"), "{text}");
+        assert_eq!(NodeConf::from_yaml(&text).unwrap().0, c);
+        assert_eq!(c.to_lnet_config().node.nis[0].tos, 104);
+        let (c, _) = NodeConf::from_yaml(&ni("-1")).unwrap();
+        assert_eq!(c.nis[0].tos, None);
+        assert!(!c.to_yaml().contains("tos"));
+    }
+
     #[test]
     fn bad_inputs() {
         let cases = [
@@ -1331,6 +1375,10 @@ global:
             (
                 "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 1.2.3.4@tcp\n          colour: red\n",
                 "invalid key 'colour'",
+            ),
+            (
+                "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 1.2.3.4@tcp\n          lnd tunables:\n              tos: 256\n",
+                "invalid value 256",
             ),
             (
                 "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 1.2.3.4@tcp\nroute:\n    - net: tcp\n      gateway: 1.2.3.5@tcp\n",

@@ -389,6 +389,7 @@ impl Lnet {
                     cfg.listen.get(&ni.nid).copied(),
                     salt,
                     ni.conns_per_peer,
+                    ni.tos,
                 )?;
             }
         }
@@ -785,7 +786,7 @@ impl Lnet {
                 return Err(NodeError::DuplicateNi(ni.nid).into());
             }
             let inc = wall_nanos();
-            l.add_ni(ni.nid, None, inc, ni.conns_per_peer)?;
+            l.add_ni(ni.nid, None, inc, ni.conns_per_peer, ni.tos)?;
         }
         if let Err(e) = s.run(Vec::new(), |c, now| c.node.add_ni(now, ni)) {
             if let Some(l) = s.lnd.get() {

@@ -372,6 +372,7 @@ fn net_add_with_tunables_makes_them_effective() {
             peer_credits: None,
             peer_buffer_credits: None,
             conns_per_peer: Some(2),
+            tos: None,
         },
     )
     .unwrap();
@@ -383,6 +384,7 @@ fn net_add_with_tunables_makes_them_effective() {
             peer_credits: Some(4),
             peer_buffer_credits: Some(3),
             conns_per_peer: Some(2),
+            tos: None,
         },
     )
     .unwrap();
@@ -394,6 +396,7 @@ fn net_add_with_tunables_makes_them_effective() {
             peer_credits: None,
             peer_buffer_credits: None,
             conns_per_peer: Some(0),
+            tos: None,
         },
     )
     .unwrap_err();

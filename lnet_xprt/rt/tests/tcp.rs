@@ -591,6 +591,22 @@ fn connections_carry_the_tunables_tos_and_tcp_keepalive() {
     all_become([127, 0, 2, 65], &|o| *o == [0, 1, 30, 5, 5]);
     c.shutdown();
     d.shutdown();
+    // An NI's own type of service (`net add --tos`, sanity-lnet test
+    // 232) wins over the LND's, on the connecting side and, once the
+    // connection request names the NI, on the accepting one.
+    let e = start_with("127.0.2.66@tcp", AcceptPolicy::All, |c| {
+        c.tcp.tos = 0x10;
+        c.node.nis[0].tos = 0x28;
+    });
+    let f = start_with("127.0.2.67@tcp", AcceptPolicy::All, |c| {
+        c.node.nis[0].tos = 0x48;
+    });
+    introduce(&e, "127.0.2.66@tcp", &f, "127.0.2.67@tcp");
+    e.ping(nid("127.0.2.67@tcp"), LIMIT).unwrap();
+    all_become([127, 0, 2, 66], &|o| o[0] == 0x28);
+    all_become([127, 0, 2, 67], &|o| o[0] == 0x48);
+    e.shutdown();
+    f.shutdown();
 }
 
 #[test]

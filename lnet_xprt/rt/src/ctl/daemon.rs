@@ -420,9 +420,23 @@ impl Daemon {
                 peer_credits,
                 peer_buffer_credits,
                 conns_per_peer,
+                tos,
             } => {
                 let nid = nid_arg(&nid, "add", "net")?;
                 let mut ni = NiConfig::new(nid);
+                if let Some(t) = tos {
+                    ni.tos = i32::try_from(t)
+                        .ok()
+                        .filter(|t| (-1..=255).contains(t))
+                        .ok_or_else(|| {
+                            Failure::new(
+                                "add",
+                                "net",
+                                errno::EINVAL,
+                                format!("invalid ToS {t}: must be -1 to 255"),
+                            )
+                        })?;
+                }
                 if let Some(c) = credits {
                     ni.credits = c;
                 }
@@ -487,6 +501,24 @@ impl Daemon {
                             "--net is for --lnd-timeout".to_owned(),
                         ));
                     }
+                };
+                // lnetctl ignores a negative count (sanity-lnet test 230).
+                let conns_per_peer = match conns_per_peer {
+                    Some(c) if c < 0 => {
+                        if health.is_none() && lnd.is_none() {
+                            return Ok(Doc::Null);
+                        }
+                        None
+                    }
+                    Some(c) => Some(u32::try_from(c).map_err(|_| {
+                        Failure::new(
+                            "set",
+                            "net",
+                            errno::EINVAL,
+                            format!("conns_per_peer {c} is outside 0..=127"),
+                        )
+                    })?),
+                    None => None,
                 };
                 if lnd.is_none() || nid.is_some() || all || health.is_some() {
                     self.set_ni(NiSide::Local, nid.as_deref(), all, health, conns_per_peer)?;
@@ -900,7 +932,8 @@ impl Daemon {
                         (self.lnet.sock_timeout(), self.lnet.tcp_tunables())
                     {
                         lnd.push("timeout", timeout.as_secs());
-                        lnd.push("tos", i64::from(t.tos));
+                        let tos = if ni.tos >= 0 { ni.tos } else { t.tos };
+                        lnd.push("tos", i64::from(tos));
                     }
                     d.push("lnd tunables", lnd);
                     d.push(
@@ -1367,10 +1400,11 @@ impl Daemon {
                 if (h.credits, h.peer_credits, h.peer_buffer_credits)
                     != (ni.credits, ni.peer_credits, ni.peer_buffer_credits)
                     || ni.conns_per_peer.is_some_and(|c| c != cpp)
+                    || ni.tos.unwrap_or(-1) != h.tos
                 {
                     warn.push(format!(
-                        "net: {} exists; its tunables are those it was added with (credits {}, peer_credits {}, peer_buffer_credits {}, conns_per_peer {cpp}), unchanged: delete and add it to change them",
-                        ni.nid, h.credits, h.peer_credits, h.peer_buffer_credits
+                        "net: {} exists; its tunables are those it was added with (credits {}, peer_credits {}, peer_buffer_credits {}, conns_per_peer {cpp}, tos {}), unchanged: delete and add it to change them",
+                        ni.nid, h.credits, h.peer_credits, h.peer_buffer_credits, h.tos
                     ));
                 }
                 continue;
@@ -1380,6 +1414,7 @@ impl Daemon {
             cfg.peer_credits = ni.peer_credits;
             cfg.peer_buffer_credits = ni.peer_buffer_credits;
             cfg.conns_per_peer = ni.conns_per_peer.unwrap_or(0);
+            cfg.tos = ni.tos.unwrap_or(-1);
             self.lnet
                 .add_ni(cfg)
                 .map_err(|e| lnet_fail("import", "net", &e))?;

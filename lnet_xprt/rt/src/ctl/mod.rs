@@ -164,6 +164,10 @@ pub enum Command {
         /// The socket LND's `conns_per_peer` for this NI.
         #[serde(default)]
         conns_per_peer: Option<u32>,
+        /// The IP type of service of this NI's connections (-1: the
+        /// LND's `tos`).
+        #[serde(default)]
+        tos: Option<i64>,
     },
     /// `net del --nid NID | --net NET`.
     NetDel {
@@ -184,9 +188,10 @@ pub enum Command {
         all: bool,
         /// The health value.
         health: Option<i64>,
-        /// Connections per peer (0: the default).
+        /// Connections per peer (0: the default; negative: ignored, as
+        /// lnetctl ignores it).
         #[serde(default)]
-        conns_per_peer: Option<u32>,
+        conns_per_peer: Option<i64>,
         /// The net whose LND `lnd_timeout` is for.
         #[serde(default)]
         net: Option<String>,

@@ -170,7 +170,7 @@ fn passive(s: &Arc<Shared>, lnd: &Arc<SockLnd>, mut stream: TcpStream, from: Soc
         return refuse("cannot set socket timeouts".into());
     }
     let _ = stream.set_nodelay(!lnd.cfg.tun.nagle);
-    tune_socket(lnd, &socket2::SockRef::from(&stream));
+    tune_socket(lnd, lnd.cfg.tun.tos, &socket2::SockRef::from(&stream));
     // Connection request.
     let mut req = [0u8; CONNREQ_LEN];
     if let Err(e) = stream.read_exact(&mut req) {
@@ -191,6 +191,11 @@ fn passive(s: &Arc<Shared>, lnd: &Arc<SockLnd>, mut stream: TcpStream, from: Soc
     let Some(ni) = lnd.ni_for_connreq(req.nid) else {
         return refuse(format!("no NI {}", req.nid));
     };
+    // The NI's own type of service, now that it is known.
+    let tos = ni.tos(lnd);
+    if tos != lnd.cfg.tun.tos {
+        set_tos(&socket2::SockRef::from(&stream), tos);
+    }
     // The peer's HELLO.
     let hello = match read_hello(&mut stream) {
         Ok(h) => h,
@@ -336,9 +341,9 @@ fn active(s: &Arc<Shared>, lnd: &Arc<SockLnd>, ni: &Arc<SockNi>, peer: Nid) {
 /// What Lustre's `ksocknal_lib_setup_sock` sets on every connection, both
 /// sides: the buffer sizes (0: the system's), TCP keepalive probes when
 /// `keepalive_idle`, `keepalive_count` and `keepalive_intvl` are all above
-/// 0 (off otherwise), the IP type of service when `tos` is 0 or more.
-/// A refusal is logged, not fatal.
-fn tune_socket(lnd: &SockLnd, s: &Socket) {
+/// 0 (off otherwise), the IP type of service when `tos` (the NI's, else
+/// the LND's) is 0 or more. A refusal is logged, not fatal.
+fn tune_socket(lnd: &SockLnd, tos: i32, s: &Socket) {
     let t = &lnd.cfg.tun;
     let warn = |what: &str, e: io::Error| {
         tracing::warn!(target: TARGET, error = %e, "cannot set {what} on a socket LND connection");
@@ -366,10 +371,15 @@ fn tune_socket(lnd: &SockLnd, s: &Socket) {
             warn("TCP_KEEPIDLE/KEEPINTVL/KEEPCNT", e);
         }
     }
-    if let Ok(tos) = u32::try_from(t.tos)
+    set_tos(s, tos);
+}
+
+/// `IP_TOS` when `tos` is 0 or more.
+fn set_tos(s: &Socket, tos: i32) {
+    if let Ok(tos) = u32::try_from(tos)
         && let Err(e) = s.set_tos_v4(tos)
     {
-        warn("IP_TOS", e);
+        tracing::warn!(target: TARGET, error = %e, "cannot set IP_TOS on a socket LND connection");
     }
 }
 
@@ -377,6 +387,7 @@ fn tune_socket(lnd: &SockLnd, s: &Socket) {
 /// (Lustre's `lnet_connect`), connected to `to`.
 fn connect_socket(
     lnd: &SockLnd,
+    tos: i32,
     local: Ipv4Addr,
     to: SocketAddr,
     timeout: Duration,
@@ -389,7 +400,7 @@ fn connect_socket(
             .map_err(|e| sock_err(&e, "socket for"))?;
         s.set_reuse_address(true)
             .map_err(|e| sock_err(&e, "SO_REUSEADDR for"))?;
-        tune_socket(lnd, &s);
+        tune_socket(lnd, tos, &s);
         Ok::<Socket, Fail>(s)
     };
     if lnd.cfg.reserved_ports {
@@ -437,7 +448,7 @@ fn connect_one(
         ));
     };
     let timeout = lnd.sock_timeout();
-    let mut stream = connect_socket(lnd, ni.ip(), to, timeout)?;
+    let mut stream = connect_socket(lnd, ni.tos(lnd), ni.ip(), to, timeout)?;
     let io_fail = |e: io::Error, what: &str| {
         Fail::Sock(SocketError::from_io_error(&e), format!("{what}: {e}"))
     };

@@ -197,11 +197,23 @@ pub(crate) struct SockNi {
     /// `conns_per_peer` of this NI (BULK_IN/BULK_OUT pairs per peer),
     /// for peers met from now on (`lnetctl net set --conns-per-peer`).
     pub(crate) conns_per_peer: AtomicU32,
+    /// The IP type of service of its connections (-1: the LND's `tos`).
+    tos: i32,
 }
 
 impl SockNi {
     pub(crate) fn ip(&self) -> Ipv4Addr {
         Ipv4Addr::from(self.nid.addr())
+    }
+
+    /// The type of service its connections carry: its own, else the
+    /// LND's (-1: none set).
+    pub(crate) fn tos(&self, lnd: &SockLnd) -> i32 {
+        if self.tos >= 0 {
+            self.tos
+        } else {
+            lnd.cfg.tun.tos
+        }
     }
 }
 
@@ -360,6 +372,7 @@ impl SockLnd {
         listen: Option<SocketAddr>,
         incarnation: u64,
         conns_per_peer: u32,
+        tos: i32,
     ) -> Result<SocketAddr, LnetError> {
         let ip = Ipv4Addr::from(nid.addr());
         let addr =
@@ -421,6 +434,7 @@ impl SockLnd {
             } else {
                 conns_per_peer
             }),
+            tos,
         });
         self.nis.write().insert(nid, ni);
         drop(listeners);
