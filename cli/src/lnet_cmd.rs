@@ -142,6 +142,11 @@ enum LnetCmd {
         /// defaults.
         #[arg(short = 'd', long)]
         del: bool,
+        /// Run the file's `ping:` and `discover:` blocks (`nids:`, and
+        /// `timeout:` in milliseconds, `source:`), as `lnetctl import
+        /// --exec`.
+        #[arg(short = 'e', long, conflicts_with_all = ["add", "del"])]
+        exec: bool,
     },
     /// Fault injection rules (`lctl net_drop_*`, `net_delay_*`).
     #[command(subcommand)]
@@ -565,6 +570,12 @@ pub(crate) fn lnet_main(a: &LnetArgs) -> ExitCode {
             Err(f) => fail(&f, a.json),
         };
     }
+    if let LnetCmd::Import {
+        file, exec: true, ..
+    } = &a.cmd
+    {
+        return import_exec(a, file.as_deref());
+    }
     let cmd = match command(&a.cmd) {
         Ok(c) => c,
         Err(f) => return fail(&f, a.json),
@@ -577,12 +588,9 @@ pub(crate) fn lnet_main(a: &LnetArgs) -> ExitCode {
             return selftest_group(a, &cmd, &list(from));
         }
     }
-    let path = match &a.ctl {
-        Some(p) => p.clone(),
-        None => match ctl::find_default() {
-            Ok(p) => p,
-            Err(f) => return fail(&f, a.json),
-        },
+    let path = match ctl_path(a) {
+        Ok(p) => p,
+        Err(f) => return fail(&f, a.json),
     };
     let timeout = cmd.deadline(Duration::from_secs(a.ctl_timeout.max(1)));
     let mut stdout = std::io::stdout();
@@ -615,6 +623,41 @@ pub(crate) fn lnet_main(a: &LnetArgs) -> ExitCode {
         }
         Err(f) => fail(&f, a.json),
     }
+}
+
+/// The node's control socket: `--ctl`, else the only one found.
+fn ctl_path(a: &LnetArgs) -> Result<PathBuf, Failure> {
+    match &a.ctl {
+        Some(p) => Ok(p.clone()),
+        None => ctl::find_default(),
+    }
+}
+
+/// `import --exec [FILE]`: each `ping` and `discover` of the file in
+/// turn, its answer printed as the command's; every one runs, and the
+/// exit status says whether all succeeded.
+fn import_exec(a: &LnetArgs, file: Option<&Path>) -> ExitCode {
+    let cmds = (|| {
+        let yaml = match file {
+            Some(f) if f != Path::new("-") => read_file(f, "import")?,
+            _ => read_stdin("import")?,
+        };
+        ctl::exec_commands(&yaml)
+    })();
+    let (cmds, path) = match cmds.and_then(|c| Ok((c, ctl_path(a)?))) {
+        Ok(x) => x,
+        Err(f) => return fail(&f, a.json),
+    };
+    let mut stdout = std::io::stdout();
+    let mut status = ExitCode::SUCCESS;
+    for cmd in &cmds {
+        let timeout = cmd.deadline(Duration::from_secs(a.ctl_timeout.max(1)));
+        match ctl::call(&path, cmd, timeout, |d| print_doc(&mut stdout, d, a.json)) {
+            Ok(doc) => print_doc(&mut stdout, &doc, a.json),
+            Err(f) => status = fail(&f, a.json),
+        }
+    }
+    status
 }
 
 fn command(c: &LnetCmd) -> Result<Command, Failure> {

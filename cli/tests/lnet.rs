@@ -1528,7 +1528,8 @@ fn routers_locked_primaries_and_debug_as_sanity_lnet_checks_them() {
 
 /// Lustre's sanity-lnet test 219 ("Consolidate peer entries"): nets `tcp`
 /// and `tcp1` on one interface share its address and port; the node
-/// pings both NIDs, discovers the second, and knows them as one peer.
+/// pings both NIDs, discovers the second, and knows them as one peer;
+/// then test 350, `import --exec` of a ping and a discovery.
 #[test]
 fn two_nets_on_one_interface_are_one_peer() {
     let dir = tempfile::tempdir().unwrap();
@@ -1550,4 +1551,21 @@ fn two_nets_on_one_interface_are_one_peer() {
     n.ok(&["discover", &nid2]);
     let show = n.ok(&["peer", "show", "--nid", &nid1]);
     assert!(show.contains(&nid2), "{show}");
+    // Test 350: the same through `import --exec`.
+    for (what, block) in [("ping", &nid1), ("discover", &nid2)] {
+        let o = lnet_stdin(
+            Some(&n.ctl),
+            &["import", "-e"],
+            &format!("{what}:\n  nids:\n    0: {block}\n"),
+        );
+        assert_eq!(o.code, Some(0), "{what}: {}{}", o.stdout, o.stderr);
+        assert!(o.stdout.starts_with(&format!("{what}:\n")), "{}", o.stdout);
+        assert!(o.stdout.contains(&nid2), "{}", o.stdout);
+    }
+    let o = lnet_stdin(
+        Some(&n.ctl),
+        &["import", "--exec"],
+        "peer:\n    - primary nid: 1.2.3.4@tcp\n",
+    );
+    assert_fails(&o, "invalid key 'peer'");
 }

@@ -390,6 +390,69 @@ impl Command {
     }
 }
 
+/// The commands of an `lnetctl import --exec` file: its `ping:` and
+/// `discover:` blocks (a mapping, or a sequence of them, as lnetctl's
+/// netlink form writes them), each with `nids:` (a mapping `0: NID`, ...
+/// or a sequence; NID lists with ranges as on the command line),
+/// `timeout:` in milliseconds (1000 when absent, as lnetctl's) and, for
+/// `ping`, `source:`. Anything else in the file is refused, as lnetctl
+/// refuses configuration blocks with `--exec`.
+///
+/// # Errors
+/// Malformed YAML, a block without NIDs, a bad timeout, another key.
+pub fn exec_commands(yaml: &str) -> Result<Vec<Command>, Failure> {
+    let bad = |what: String| Failure::new("import", "exec", errno::EINVAL, what);
+    let doc = Doc::from_yaml(yaml).map_err(|e| bad(e.to_string()))?;
+    let Doc::Map(blocks) = doc else {
+        return Err(bad("expected `ping:` or `discover:` blocks".into()));
+    };
+    let mut out = Vec::new();
+    for (key, value) in blocks {
+        if key != "ping" && key != "discover" {
+            return Err(bad(format!(
+                "invalid key '{key}': --exec runs `ping` and `discover` only"
+            )));
+        }
+        let each: Vec<&Doc> = match &value {
+            Doc::Seq(v) => v.iter().collect(),
+            other => vec![other],
+        };
+        for b in each {
+            let nids: Vec<String> = match b.get("nids") {
+                Some(Doc::Map(m)) => m.iter().filter_map(|(_, v)| v.as_text()).collect(),
+                Some(Doc::Seq(v)) => v.iter().filter_map(Doc::as_text).collect(),
+                Some(one) => one.as_text().into_iter().collect(),
+                None => Vec::new(),
+            };
+            if nids.is_empty() {
+                return Err(bad(format!("{key}: no value for key 'nids'")));
+            }
+            let timeout_ms = match b.get("timeout") {
+                None => 1000,
+                Some(t) => t
+                    .as_i64()
+                    .and_then(|t| u64::try_from(t).ok())
+                    .filter(|t| *t > 0)
+                    .ok_or_else(|| bad(format!("{key}: invalid value for key 'timeout'")))?,
+            };
+            out.push(if key == "ping" {
+                Command::Ping {
+                    nids,
+                    timeout_ms,
+                    source: b.get("source").and_then(Doc::as_text),
+                }
+            } else {
+                Command::Discover {
+                    nids,
+                    force: false,
+                    timeout_ms,
+                }
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// A failed command, as `lnetctl` reports it: `op` and `object` name the
 /// YAML block (`add:` / `- route:`), `errno` is positive here and printed
 /// negated as `lnetctl` does.
@@ -989,6 +1052,46 @@ mod tests {
             f.to_doc().to_yaml(),
             "add:\n    - route:\n          errno: -17\n          descr: \"route to tcp: tcp is a local net more\"\n"
         );
+    }
+
+    /// `lnetctl import --exec` files (sanity-lnet test 350), in both of
+    /// lnetctl's shapes, and what they may not hold.
+    #[test]
+    fn exec_files_become_pings_and_discoveries() {
+        let cmds = exec_commands(
+            "ping:\n  nids:\n    0: 10.0.0.1@tcp\n    1: 10.0.0.2@tcp\n  timeout: 2500\n  source: 10.0.0.9@tcp\ndiscover:\n  - nids: [10.0.0.3@tcp]\n",
+        )
+        .unwrap();
+        // `Command` has no `PartialEq`: compared as printed.
+        assert_eq!(
+            format!("{cmds:?}"),
+            format!(
+                "{:?}",
+                vec![
+                    Command::Ping {
+                        nids: vec!["10.0.0.1@tcp".into(), "10.0.0.2@tcp".into()],
+                        timeout_ms: 2500,
+                        source: Some("10.0.0.9@tcp".into()),
+                    },
+                    Command::Discover {
+                        nids: vec!["10.0.0.3@tcp".into()],
+                        force: false,
+                        timeout_ms: 1000,
+                    },
+                ]
+            )
+        );
+        for (bad, want) in [
+            ("net:\n  - net type: tcp\n", "invalid key 'net'"),
+            ("ping:\n  timeout: 5\n", "no value for key 'nids'"),
+            ("ping:\n  nids: [a]\n  timeout: -1\n", "'timeout'"),
+            ("ping: [\n", "malformed"),
+            ("- 1\n", "blocks"),
+        ] {
+            let e = exec_commands(bad).unwrap_err();
+            assert!(e.descr.contains(want), "{bad:?}: {e}");
+            assert_eq!(e.errno, errno::EINVAL);
+        }
     }
 
     #[test]
