@@ -284,7 +284,7 @@ impl Net {
 
     /// Whether libcfs can name this net (`tcp`, `o2ib1`, `lo`): a known LND
     /// type, and for `lo` no net number.
-    fn has_name(self) -> bool {
+    pub(crate) fn has_name(self) -> bool {
         match self.lnd().name() {
             None => false,
             Some(_) => !(self.is_lo() && self.number() != 0),

@@ -141,4 +141,5 @@ pub mod select;
 pub mod sim;
 pub mod socklnd;
 pub mod time;
+pub mod udsp;
 pub mod wire;

@@ -86,6 +86,7 @@ use crate::select::{
     LocalNiInfo as SelLocalNi, Pathway, PeerNiInfo, SelectConfig, Selector, SendRequest,
 };
 use crate::time::Time;
+use crate::udsp::{Rule, Udsp, UdspError};
 use crate::wire::{
     Body, HEADER_LEN, Header, LNET_MTU, MsgType, NiStatus, PING_ENTRY_LEN, PING_HEADER_LEN,
     PING_INFO_MIN_SIZE, PING_MATCHBITS, PingFeatures, PingInfo, PingNi, RESERVED_PORTAL, WireError,
@@ -1051,6 +1052,8 @@ pub struct Node {
     /// which zeroes the entries but keeps them: the peers known from
     /// traffic alone.
     peer_ni_stats: NidMap<PeerNiStats>,
+    /// Selection policies (`lnetctl udsp`).
+    udsp: Udsp,
     /// The local NIs as path selection sees them, rebuilt per send in
     /// place (kept for its capacity).
     sel_local: Vec<SelLocalNi>,
@@ -1075,6 +1078,42 @@ fn event_info(kind: EventKind) -> EventInfo {
 }
 
 /// Whether two NIDs belong to the same peer (ME NID rule of lnet.md 2.2).
+/// What selection reads from the node: health, credits and its selection
+/// policies.
+struct NodePathStats<'a> {
+    health: &'a HealthMonitor,
+    credits: &'a TxCredits<u64>,
+    udsp: &'a Udsp,
+}
+
+impl crate::select::PathStats for NodePathStats<'_> {
+    fn peer_ni(&self, nid: Nid) -> PeerNiInfo {
+        let clamp = |c: i64| i32::try_from(c).unwrap_or(if c < 0 { i32::MIN } else { i32::MAX });
+        PeerNiInfo {
+            health: self.health.peer_health(nid),
+            tx_credits: clamp(self.credits.peer_ni_credits(nid)),
+            queued_bytes: self.credits.queued_bytes(nid),
+            priority: self.udsp.peer_ni_priority(nid),
+        }
+    }
+
+    fn peer_net_priority(&self, _peer: &crate::peer::Peer, net: Net) -> u32 {
+        self.udsp.peer_net_priority(net)
+    }
+
+    fn local_net_priority(&self, net: Net) -> u32 {
+        self.udsp.local_net_priority(net)
+    }
+
+    fn prefers_local(&self, peer_ni: Nid, local: Nid) -> bool {
+        !self.udsp.is_empty() && self.udsp.prefers_local(peer_ni, local)
+    }
+
+    fn prefers_gateway(&self, peer_ni: Nid, gateway: Nid) -> bool {
+        !self.udsp.is_empty() && self.udsp.prefers_gateway(peer_ni, gateway)
+    }
+}
+
 fn same_peer(peers: &crate::peer::PeerTable, a: Nid, b: Nid) -> bool {
     peers
         .peer_id_of(a)
@@ -1161,6 +1200,7 @@ impl Node {
             stats: NodeStats::default(),
             peer_ni_stats: nid_map(),
             sel_local: Vec::new(),
+            udsp: Udsp::default(),
             cfg: NodeConfig {
                 nis: Vec::new(),
                 ..cfg.clone()
@@ -2582,6 +2622,31 @@ impl Node {
     }
 
     /// Chooses the pathway with the Multi-Rail selector (lnet.md 4):
+    /// The node's selection policies (`lnetctl udsp`).
+    #[must_use]
+    pub const fn udsp(&self) -> &Udsp {
+        &self.udsp
+    }
+
+    /// `lnetctl udsp add`: see [`Udsp::add`]; in force from the next
+    /// selection on. Returns the rule's index.
+    ///
+    /// # Errors
+    /// As [`Udsp::add`].
+    pub fn udsp_add(&mut self, rule: Rule, idx: Option<usize>) -> Result<usize, UdspError> {
+        let at = self.udsp.add(rule, idx)?;
+        tracing::info!(target: "colibri_lnet::node", idx = at, "selection policy added");
+        Ok(at)
+    }
+
+    /// `lnetctl udsp del --idx N` (`None`: every rule).
+    ///
+    /// # Errors
+    /// As [`Udsp::del`].
+    pub fn udsp_del(&mut self, idx: Option<usize>) -> Result<(), UdspError> {
+        self.udsp.del(idx)
+    }
+
     /// returns (local NI, next hop, destination NID for the header).
     fn select_path(&mut self, msg: &OutMsg) -> Result<(Nid, Nid, Nid), OpError> {
         let dst = msg.header.dest_nid;
@@ -2605,16 +2670,17 @@ impl Node {
         // Filled in place: a send allocates nothing for it.
         let mut local = std::mem::take(&mut self.sel_local);
         local.clear();
+        let udsp = &self.udsp;
         local.extend(self.nis.iter().map(|n| SelLocalNi {
             health: health.local_health(n.cfg.nid),
             tx_credits: clamp(credits.ni_credits(n.cfg.nid)),
+            priority: udsp.local_ni_priority(n.cfg.nid),
             ..SelLocalNi::new(n.cfg.nid)
         }));
-        let stats = |nid: Nid| PeerNiInfo {
-            health: health.peer_health(nid),
-            tx_credits: clamp(credits.peer_ni_credits(nid)),
-            queued_bytes: credits.queued_bytes(nid),
-            ..PeerNiInfo::default()
+        let stats = NodePathStats {
+            health,
+            credits,
+            udsp,
         };
         let peer = self.disc.peers().peer_of(dst);
         let chosen = self

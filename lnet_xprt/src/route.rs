@@ -165,6 +165,9 @@ pub struct GatewayRank {
     pub queued_bytes: u64,
     /// Its available tx credits: more is better.
     pub tx_credits: i32,
+    /// The destination prefers it (a UDSP router rule): chosen before any
+    /// other live gateway.
+    pub preferred: bool,
 }
 
 impl Default for GatewayRank {
@@ -173,6 +176,7 @@ impl Default for GatewayRank {
             health: Health::MAX,
             queued_bytes: 0,
             tx_credits: 0,
+            preferred: false,
         }
     }
 }
@@ -415,7 +419,8 @@ impl RouteTable {
 
     /// Picks a route to `net` (`lnet_find_route_locked`): among live routes
     /// whose gateway is usable, the preferred gateway if it is one of them,
-    /// else by priority (lower), hops (fewer; undefined = 1), then the
+    /// else gateways the destination prefers first ([`GatewayRank::preferred`],
+    /// UDSP router rules), then by priority (lower), hops (fewer; undefined = 1), then the
     /// gateway's [`GatewayRank`] (health higher, queued bytes fewer, credits
     /// more), then least recently used. Returns the gateway NID.
     pub fn select(
@@ -450,6 +455,7 @@ impl RouteTable {
                         let (ra, rb) = (rank(r.gateway), rank(cur.gateway));
                         let key = |x: &Route, g: GatewayRank| {
                             (
+                                !g.preferred,
                                 x.priority,
                                 x.effective_hops(),
                                 std::cmp::Reverse(g.health),

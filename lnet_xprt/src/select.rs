@@ -123,6 +123,21 @@ pub trait PathStats {
         let _ = net;
         DEFAULT_PRIORITY
     }
+
+    /// Whether peer NI `peer_ni` prefers our NI `local` (a UDSP NID pair
+    /// rule): among equally healthy peer NIs of equal priority, one that
+    /// prefers the chosen local NI wins.
+    fn prefers_local(&self, peer_ni: Nid, local: Nid) -> bool {
+        let _ = (peer_ni, local);
+        false
+    }
+
+    /// Whether messages for peer NI `peer_ni` prefer gateway `gateway` (a
+    /// UDSP router rule): preferred live gateways are chosen first.
+    fn prefers_gateway(&self, peer_ni: Nid, gateway: Nid) -> bool {
+        let _ = (peer_ni, gateway);
+        false
+    }
 }
 
 impl<F: Fn(Nid) -> PeerNiInfo> PathStats for F {
@@ -301,7 +316,9 @@ impl Selector {
     ) -> Option<Nid> {
         nids.iter().copied().min_by_key(|&n| {
             let s = stats.peer_ni(n);
-            let preferred = local.is_some() && self.non_mr_pref.get(&n).copied() == local;
+            let preferred = local.is_some_and(|l| {
+                self.non_mr_pref.get(&n).copied() == Some(l) || stats.prefers_local(n, l)
+            });
             (
                 std::cmp::Reverse(s.health),
                 s.priority,
@@ -312,9 +329,11 @@ impl Selector {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn route(
         &self,
         routes: &mut RouteTable,
+        peer_ni: Nid,
         net: Net,
         src_net: Option<Net>,
         rtr: Option<Nid>,
@@ -333,6 +352,7 @@ impl Selector {
                     health: s.health,
                     queued_bytes: s.queued_bytes,
                     tx_credits: s.tx_credits,
+                    preferred: stats.prefers_gateway(peer_ni, gw),
                 }
             })
             .ok_or(SelectError::NoRoute(net))
@@ -398,8 +418,15 @@ impl Selector {
                     peer_ni: req.dst,
                 })
             } else {
-                let gateway =
-                    self.route(routes, dst_net, Some(src.net()), req.rtr, local_nets, stats)?;
+                let gateway = self.route(
+                    routes,
+                    req.dst,
+                    dst_net,
+                    Some(src.net()),
+                    req.rtr,
+                    local_nets,
+                    stats,
+                )?;
                 self.stamp(src, None, Some(gateway));
                 Ok(Pathway::Routed {
                     local: src,
@@ -455,7 +482,9 @@ impl Selector {
             });
         }
         let src_net = remembered.filter(|_| sticky).map(Nid::net);
-        let gateway = self.route(routes, dst_net, src_net, req.rtr, local_nets, stats)?;
+        let gateway = self.route(
+            routes, req.dst, dst_net, src_net, req.rtr, local_nets, stats,
+        )?;
         let chosen = match remembered.filter(|n| sticky && n.net() == gateway.net()) {
             Some(n) => n,
             None => self
@@ -546,7 +575,7 @@ impl Selector {
         let peer_ni = self
             .best_peer_ni(remote.nids(), None, stats)
             .ok_or(SelectError::NoPeerNi)?;
-        let gateway = self.route(routes, net, None, req.rtr, local_nets, stats)?;
+        let gateway = self.route(routes, peer_ni, net, None, req.rtr, local_nets, stats)?;
         let local_ni = self
             .best_local_ni(local, gateway.net())
             .ok_or(SelectError::NoLocalNi(gateway.net()))?;

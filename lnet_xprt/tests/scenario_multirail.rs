@@ -655,3 +655,95 @@ fn a_peer_restarted_lower_without_its_old_primary_is_pinged_where_it_is() {
     assert_eq!(peer.primary_nid(), nid(C_IB));
     twenty_reach_the_new_nis(&mut sim, "server", C_IB, C_TCP, None);
 }
+
+/// UDSP (Lustre's `lnetctl udsp`): a source net rule sends everything
+/// from that net's NI, a destination net rule to that net's peer NI, and
+/// health still comes first; deleting the rule spreads traffic again.
+#[test]
+fn selection_policies_steer_traffic_by_priority() {
+    use colibri_lnet::udsp::Rule;
+    let mut sim = two_rails(41);
+    put_and_settle(&mut sim, S_TCP);
+    let rule = |src: Option<&str>, dst: Option<&str>| Rule::parse(src, dst, None, Some(0)).unwrap();
+    let nets_of = |sim: &mut Sim| -> (usize, usize) {
+        let start = sim.trace().len();
+        put_n(sim, S_TCP, 20, Duration::from_millis(1));
+        sim.run_for(Duration::from_millis(10)).unwrap();
+        let puts = client_puts(sim, start);
+        assert_eq!(puts.len(), 20);
+        assert!(puts.iter().all(|(f, t)| f.net() == t.net()));
+        let ib = puts.iter().filter(|(f, _)| *f == nid(C_IB)).count();
+        (puts.len() - ib, ib)
+    };
+    // Our o2ib net first.
+    sim.with_node("client", |n, _| n.udsp_add(rule(Some("o2ib"), None), None))
+        .unwrap();
+    assert_eq!(nets_of(&mut sim), (0, 20));
+    // The peer's tcp net, put first at index 0 (the lowest index decides
+    // between two rules; here they are on different roles, and the peer
+    // net is ranked before our net).
+    sim.with_node("client", |n, _| n.udsp_del(None)).unwrap();
+    sim.with_node("client", |n, _| n.udsp_add(rule(None, Some("tcp")), None))
+        .unwrap();
+    assert_eq!(nets_of(&mut sim), (20, 0));
+    // A NID rule on our tcp NI does not move traffic off o2ib by itself:
+    // it ranks NIs within a net.
+    sim.with_node("client", |n, _| n.udsp_del(Some(0))).unwrap();
+    sim.with_node("client", |n, _| n.udsp_add(rule(Some(C_TCP), None), None))
+        .unwrap();
+    let (tcp, ib) = nets_of(&mut sim);
+    assert!(tcp >= 8 && ib >= 8, "tcp {tcp}, o2ib {ib}");
+    // No rules: both rails again.
+    sim.with_node("client", |n, _| n.udsp_del(None)).unwrap();
+    let (tcp, ib) = nets_of(&mut sim);
+    assert!(tcp >= 8 && ib >= 8, "tcp {tcp}, o2ib {ib}");
+    assert_eq!(acks(&sim), 81);
+}
+
+/// A UDSP NID pair rule: the peer NI it names prefers the local NI it
+/// names, so whenever that local NI sends, it sends there.
+#[test]
+fn a_nid_pair_rule_pairs_rails() {
+    use colibri_lnet::udsp::Rule;
+    let (c1, c2, s1, s2) = (
+        "10.0.0.1@tcp",
+        "10.0.0.11@tcp",
+        "10.0.0.2@tcp",
+        "10.0.0.12@tcp",
+    );
+    let mut sim = Sim::new(
+        Topology::new(42)
+            .node("client", &[c1, c2])
+            .node("server", &[s1, s2])
+            .latency("tcp", Duration::from_micros(20)),
+    )
+    .unwrap();
+    post_sink(&mut sim, "server");
+    put_and_settle(&mut sim, s1);
+    let pairs = |sim: &mut Sim| {
+        let start = sim.trace().len();
+        put_n(sim, s1, 24, Duration::from_millis(1));
+        sim.run_for(Duration::from_millis(10)).unwrap();
+        client_puts(sim, start)
+    };
+    let before = pairs(&mut sim);
+    assert!(
+        before.iter().any(|&p| p == (nid(c1), nid(s1))),
+        "without a rule c1 also sends to s1: {before:?}"
+    );
+    sim.with_node("client", |n, _| {
+        n.udsp_add(Rule::parse(Some(c1), Some(s2), None, None).unwrap(), None)
+    })
+    .unwrap();
+    sim.with_node("client", |n, _| {
+        n.udsp_add(Rule::parse(Some(c2), Some(s1), None, None).unwrap(), None)
+    })
+    .unwrap();
+    let after = pairs(&mut sim);
+    assert_eq!(after.len(), 24);
+    for (from, to) in &after {
+        let want = if *from == nid(c1) { nid(s2) } else { nid(s1) };
+        assert_eq!(*to, want, "{after:?}");
+    }
+    assert!(after.iter().any(|(f, _)| *f == nid(c1)) && after.iter().any(|(f, _)| *f == nid(c2)));
+}

@@ -441,3 +441,79 @@ fn dlc_leaves_a_routers_peer_alone() {
     sim.with_node("client", |n, now| n.dlc_del_peer(now, gw, &[]))
         .unwrap();
 }
+
+/// A UDSP router rule (`udsp add --dst o2ib1 --rte 10.0.0.4@tcp`): the
+/// client's messages for the remote net go through that router while it
+/// lives, and through the other when it is taken out of the rule.
+#[test]
+fn a_router_rule_picks_the_gateway() {
+    use colibri_lnet::udsp::Rule;
+    let topo = Topology::parse(
+        "seed 9\n\
+         node client 10.0.0.1@tcp\n\
+         node r1 10.0.0.3@tcp 192.168.1.3@o2ib1 routing\n\
+         node r2 10.0.0.4@tcp 192.168.1.4@o2ib1 routing\n\
+         node server 192.168.1.2@o2ib1\n\
+         route client o2ib1 10.0.0.3@tcp hops 1\n\
+         route client o2ib1 10.0.0.4@tcp hops 1\n\
+         route server tcp 192.168.1.3@o2ib1 hops 1\n\
+         route server tcp 192.168.1.4@o2ib1 hops 1\n\
+         latency tcp 10us\n\
+         latency o2ib1 5us\n",
+    )
+    .unwrap();
+    let mut sim = Sim::new(topo).unwrap();
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    let inbox = sim.register_mem("server", vec![0; 64]);
+    post_any(
+        &mut sim,
+        "server",
+        4,
+        MdSpec::new(
+            inbox,
+            MdOptions::OP_PUT | MdOptions::TRUNCATE | MdOptions::MANAGE_REMOTE,
+        ),
+    );
+    let server = ProcessId::lustre(nid("192.168.1.2@o2ib1"));
+    let routed_by = |sim: &mut Sim| -> (u64, u64) {
+        let before = (
+            sim.node("r1").stats().route_count,
+            sim.node("r2").stats().route_count,
+        );
+        for i in 0..10u64 {
+            let data = sim.register_mem("client", vec![1; 8]);
+            let md = sim
+                .with_node("client", |n, _| {
+                    n.md_bind(MdSpec::new(data, MdOptions::empty()))
+                })
+                .unwrap();
+            sim.with_node("client", |n, now| n.put(now, md, false, server, 4, i, 0, 0))
+                .unwrap();
+            sim.run_for(Duration::from_millis(2)).unwrap();
+        }
+        sim.run_for(Duration::from_millis(50)).unwrap();
+        (
+            sim.node("r1").stats().route_count - before.0,
+            sim.node("r2").stats().route_count - before.1,
+        )
+    };
+    let (r1, r2) = routed_by(&mut sim);
+    assert!(r1 > 0 && r2 > 0, "both routers without a rule: {r1} {r2}");
+    sim.with_node("client", |n, _| {
+        n.udsp_add(
+            Rule::parse(None, Some("o2ib1"), Some("10.0.0.4@tcp"), None).unwrap(),
+            None,
+        )
+    })
+    .unwrap();
+    assert_eq!(routed_by(&mut sim), (0, 10));
+    sim.with_node("client", |n, _| n.udsp_del(Some(0))).unwrap();
+    sim.with_node("client", |n, _| {
+        n.udsp_add(
+            Rule::parse(None, Some("192.168.1.2@o2ib1"), Some("10.0.0.3@tcp"), None).unwrap(),
+            None,
+        )
+    })
+    .unwrap();
+    assert_eq!(routed_by(&mut sim), (10, 0));
+}
