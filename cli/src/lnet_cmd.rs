@@ -69,6 +69,9 @@ enum LnetCmd {
     /// Routes: `route add|del|show`.
     #[command(subcommand)]
     Route(RouteCmd),
+    /// Selection policies (Lustre's UDSP): `udsp add|del|show`.
+    #[command(subcommand)]
+    Udsp(UdspCmd),
     /// Router buffer pools and whether the node routes.
     #[command(subcommand)]
     Routing(ShowOnly),
@@ -419,6 +422,49 @@ enum RouteCmd {
     },
 }
 
+/// `udsp`: user defined selection policies.
+#[derive(Debug, clap::Subcommand)]
+enum UdspCmd {
+    /// Add a rule: `--src EXPR --priority P` ranks our nets or NIs,
+    /// `--dst EXPR --priority P` peer nets or NIs, `--src A --dst B` makes
+    /// peer NIs B prefer our NIs A, `--dst B --rte R` makes them prefer
+    /// gateways R. EXPR is a net (`tcp1`, `o2ib[0-3]`) or NIDs
+    /// (`10.0.0.[1-9]@tcp`, `*.*.*.*@tcp1`); priority 0 is the best.
+    Add {
+        /// Our interfaces.
+        #[arg(long)]
+        src: Option<String>,
+        /// Peer interfaces.
+        #[arg(long)]
+        dst: Option<String>,
+        /// Gateways.
+        #[arg(long)]
+        rte: Option<String>,
+        /// Priority, 0 the best.
+        #[arg(long, allow_negative_numbers = true)]
+        priority: Option<i64>,
+        /// Index to insert the rule at (the lowest index that matches an
+        /// interface decides); the end by default.
+        #[arg(long, allow_negative_numbers = true)]
+        idx: Option<i64>,
+    },
+    /// Delete the rule at `--idx` (the later ones move up), or `--all`.
+    Del {
+        /// The rule's index.
+        #[arg(long, allow_negative_numbers = true)]
+        idx: Option<i64>,
+        /// Every rule.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show the rules (nothing when there is none).
+    Show {
+        /// Only this one.
+        #[arg(long, allow_negative_numbers = true)]
+        idx: Option<i64>,
+    },
+}
+
 #[derive(Debug, clap::Subcommand)]
 enum StatsCmd {
     /// Show the counters.
@@ -730,6 +776,26 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 state: h.state,
             },
             PeerCmd::List => Command::PeerList,
+        },
+        LnetCmd::Udsp(u) => match u {
+            UdspCmd::Add {
+                src,
+                dst,
+                rte,
+                priority,
+                idx,
+            } => Command::UdspAdd {
+                src: src.clone(),
+                dst: dst.clone(),
+                rte: rte.clone(),
+                priority: *priority,
+                idx: *idx,
+            },
+            UdspCmd::Del { idx, all } => Command::UdspDel {
+                idx: *idx,
+                all: *all,
+            },
+            UdspCmd::Show { idx } => Command::UdspShow { idx: *idx },
         },
         LnetCmd::Route(r) => match r {
             RouteCmd::Add {

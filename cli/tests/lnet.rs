@@ -1569,3 +1569,111 @@ fn two_nets_on_one_interface_are_one_peer() {
     );
     assert_fails(&o, "invalid key 'peer'");
 }
+
+/// Selection policies as Lustre's sanity-lnet tests 400 to 404 use them
+/// (`udsp add|del|show`, `udsp info` in `net show -v 4` and `peer show -v
+/// 4`, export and import), and a node started from a file with rules.
+#[test]
+fn selection_policies_as_sanity_lnet_sets_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = "127.0.83.1";
+    let port = common_free_port(&[ip.parse().unwrap()]);
+    let (nid1, nid2) = (format!("{ip}@tcp"), format!("{ip}@tcp2"));
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!(
+            "net:\n{}{}{}",
+            ni("tcp", &nid1),
+            ni("tcp2", &nid2),
+            global(port)
+        ),
+    );
+    // `nid: (net priority, nid priority)` of `net show` or `peer show`.
+    let prios = |what: &str| -> Vec<(String, i64, i64)> {
+        let v = n.json(&[what, "show", "-v", "5"]);
+        let mut out = Vec::new();
+        let mut walk = |ni: &serde_json::Value| {
+            if let (Some(nid), Some(u)) = (ni["nid"].as_str(), ni.get("udsp info")) {
+                out.push((
+                    nid.to_owned(),
+                    u["net priority"].as_i64().unwrap(),
+                    u["nid priority"].as_i64().unwrap(),
+                ));
+            }
+        };
+        for x in v[what].as_array().unwrap() {
+            let list = if what == "net" {
+                "local NI(s)"
+            } else {
+                "peer ni"
+            };
+            x[list].as_array().unwrap().iter().for_each(&mut walk);
+        }
+        out
+    };
+    // Test 400.
+    n.ok(&["udsp", "add", "--src", "tcp", "--priority", "0"]);
+    n.ok(&["udsp", "del", "--idx", "0"]);
+    // Test 403: each role, a net and a NID; shown, deleted, nothing shown.
+    for role in ["--src", "--dst"] {
+        for arg in ["tcp", "1.1.1.1@tcp"] {
+            n.ok(&["udsp", "add", role, arg, "--prio", "1"]);
+            let v = n.json(&["udsp", "show"]);
+            let r = &v["udsp"][0];
+            assert_eq!(r["idx"], 0, "{v}");
+            assert_eq!(r[&role[2..]], arg, "{v}");
+            assert_eq!(r["action"]["priority"], 1, "{v}");
+            n.ok(&["udsp", "del", "--idx", "0"]);
+            assert_eq!(n.ok(&["udsp", "show"]), "", "no rule, no output");
+        }
+    }
+    // Test 401: a peer net rule, seen on the discovered peer's NIs.
+    n.ok(&["udsp", "add", "--dst", "tcp", "--prio", "1"]);
+    n.ok(&["discover", &nid1]);
+    let peer = prios("peer");
+    assert!(peer.contains(&(nid1.clone(), 1, -1)), "{peer:?}");
+    assert!(peer.contains(&(nid2.clone(), -1, -1)), "{peer:?}");
+    n.ok(&["udsp", "del", "--all"]);
+    // Test 404: source rules on a net and on a NID, through an export and
+    // an import.
+    n.ok(&["udsp", "add", "--src", "tcp2", "--prio", "1"]);
+    n.ok(&["udsp", "add", "--src", &nid1, "--prio", "3"]);
+    let local = prios("net");
+    assert!(local.contains(&(nid1.clone(), -1, 3)), "{local:?}");
+    assert!(local.contains(&(nid2.clone(), 1, -1)), "{local:?}");
+    let export = n.ok(&["export", "-b"]);
+    assert!(export.contains("udsp:"), "{export}");
+    n.ok(&["udsp", "del", "--all"]);
+    assert_eq!(prios("net")[0].1, -1);
+    let o = lnet_stdin(Some(&n.ctl), &["import"], &export);
+    assert_eq!(o.code, Some(0), "{}{}", o.stdout, o.stderr);
+    assert_eq!(n.ok(&["export", "-b"]), export);
+    assert_eq!(prios("net"), local);
+    // Refusals, with lnetctl's errnos.
+    n.fails_errno(
+        &["udsp", "add", "--src", "tcp2", "--prio", "1"],
+        114,
+        "there already",
+    );
+    n.fails_errno(&["udsp", "del", "--idx", "9"], 2, "no rule at index 9");
+    n.fails_errno(
+        &[
+            "udsp", "add", "--src", "tcp", "--dst", "tcp2", "--prio", "1",
+        ],
+        22,
+        "no --priority",
+    );
+    n.fails_errno(&["udsp", "add", "--src", "foo"], 22, "invalid");
+    // A node started from that file has the rules from the start.
+    let ip2 = "127.0.83.2";
+    let port2 = common_free_port(&[ip2.parse().unwrap()]);
+    let text = export.replace(ip, ip2).replace(
+        &format!("accept_port: {port}"),
+        &format!("accept_port: {port2}"),
+    );
+    let m = Node::start(dir.path(), "m", &text);
+    let v = m.json(&["udsp", "show"]);
+    assert_eq!(v["udsp"].as_array().map(Vec::len), Some(2), "{v}");
+    assert_eq!(v["udsp"][1]["src"], format!("{ip2}@tcp"), "{v}");
+}

@@ -121,6 +121,9 @@ pub enum NodeError {
     /// Credit configuration error.
     #[error(transparent)]
     Credit(#[from] CreditError),
+    /// Selection policy error (`lnetctl udsp`).
+    #[error(transparent)]
+    Udsp(#[from] UdspError),
     /// The NID is not one of this node's NIs.
     #[error("{0} is not a local NI")]
     NoSuchNi(Nid),
@@ -227,6 +230,9 @@ pub struct NodeConfig {
     /// from a peer's ping data (longer discovery replies and pushes are
     /// refused; a user ping lists this many at most).
     pub max_interfaces: u32,
+    /// Selection policies in force from the start (`udsp:` of a
+    /// configuration file; `lnetctl udsp add` later).
+    pub udsp: Udsp,
 }
 
 /// `lnet_response_tracking`: which user operations wait for their response
@@ -310,6 +316,7 @@ impl NodeConfig {
             max_recovery_ping_interval: Duration::from_secs(900),
             router_check_interval: Duration::from_secs(60),
             max_interfaces: crate::wire::INTERFACES_MAX_DEFAULT,
+            udsp: Udsp::default(),
         }
     }
 }
@@ -1200,7 +1207,7 @@ impl Node {
             stats: NodeStats::default(),
             peer_ni_stats: nid_map(),
             sel_local: Vec::new(),
-            udsp: Udsp::default(),
+            udsp: cfg.udsp.clone(),
             cfg: NodeConfig {
                 nis: Vec::new(),
                 ..cfg.clone()

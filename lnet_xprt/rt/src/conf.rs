@@ -67,6 +67,7 @@ use colibri_lnet::credits::RouterBufferConfig;
 use colibri_lnet::ids::{Net, Nid};
 use colibri_lnet::node::{NiConfig, Node, ResponseTracking};
 use colibri_lnet::socklnd::AcceptPolicy;
+use colibri_lnet::udsp::{Rule, Udsp};
 
 use crate::LnetConfig;
 use crate::yaml::Doc;
@@ -215,6 +216,8 @@ pub struct NodeConf {
     pub accept_port: Option<u16>,
     /// `global: accept:` `secure|all|none` (Lustre's module parameter).
     pub accept: Option<AcceptPolicy>,
+    /// `udsp:` selection policies, in index order.
+    pub udsp: Vec<Rule>,
 }
 
 /// Lustre's default acceptor port.
@@ -334,6 +337,23 @@ fn unknown(at: &str, key: &str) -> ConfError {
     }
 }
 
+/// One selection policy as `lnetctl udsp show` prints it (and `export`
+/// writes it): its index, the expressions it has, and a priority rule's
+/// `action`.
+#[must_use]
+pub fn udsp_doc(idx: usize, r: &Rule) -> Doc {
+    let mut d = Doc::map().with("idx", idx);
+    for (key, e) in [("src", r.src()), ("dst", r.dst()), ("rte", r.rte())] {
+        if let Some(e) = e {
+            d.push(key, e.to_string());
+        }
+    }
+    if let Some(p) = r.priority() {
+        d.push("action", Doc::map().with("priority", p));
+    }
+    d
+}
+
 /// Only `tcp` nets (and the implicit `lo`) have an LND here.
 fn check_net_type(net: Net, at: &str) -> Result<(), ConfError> {
     match net.lnd().name() {
@@ -358,6 +378,7 @@ impl NodeConf {
             global: BTreeMap::new(),
             accept_port: None,
             accept: None,
+            udsp: Vec::new(),
         }
     }
 
@@ -395,7 +416,8 @@ impl NodeConf {
                 "buffers" => c.read_buffers(v)?,
                 "global" => c.read_global(v, &mut warn)?,
                 "statistics" | "ping" | "discover" => {}
-                "numa" | "udsp" | "ip2nets" => {
+                "udsp" => c.read_udsp(v)?,
+                "numa" | "ip2nets" => {
                     warn.push(format!("{k}: not supported here, ignored"));
                 }
                 other => return Err(unknown("", other)),
@@ -500,6 +522,46 @@ impl NodeConf {
                 multi_rail: mr,
                 nids,
             });
+        }
+        Ok(())
+    }
+
+    /// `udsp:` as `lnetctl udsp show` and `export` write it: `idx`, `src`,
+    /// `dst`, `rte`, `action: priority:`; the rules are taken in the order
+    /// written.
+    fn read_udsp(&mut self, v: &Doc) -> Result<(), ConfError> {
+        for (i, r) in seq(v, "udsp")?.into_iter().enumerate() {
+            let at = at_idx("", "udsp", i);
+            let (mut src, mut dst, mut rte, mut prio) = (None, None, None, None);
+            for (k, v) in entries(r, &at)? {
+                let kat = at_key(&at, k);
+                match k.as_str() {
+                    "idx" => {
+                        uint(v, &kat, u64::from(u32::MAX))?;
+                    }
+                    "src" => src = Some(text(v, &kat)?),
+                    "dst" => dst = Some(text(v, &kat)?),
+                    "rte" => rte = Some(text(v, &kat)?),
+                    "action" => {
+                        for (ak, av) in entries(v, &kat)? {
+                            let aat = at_key(&kat, ak);
+                            match ak.as_str() {
+                                "priority" => {
+                                    prio = Some(
+                                        u32::try_from(uint(av, &aat, u64::from(u32::MAX))?)
+                                            .unwrap_or(0),
+                                    );
+                                }
+                                other => return Err(unknown(&kat, other)),
+                            }
+                        }
+                    }
+                    other => return Err(unknown(&at, other)),
+                }
+            }
+            let rule = Rule::parse(src.as_deref(), dst.as_deref(), rte.as_deref(), prio)
+                .map_err(|e| ConfError::invalid(&at, e.to_string()))?;
+            self.udsp.push(rule);
         }
         Ok(())
     }
@@ -654,6 +716,12 @@ impl NodeConf {
         if let Some(r) = self.routing {
             cfg.node.routing = r;
         }
+        let mut udsp = Udsp::default();
+        for r in &self.udsp {
+            // A rule met twice in one file counts once.
+            let _ = udsp.add(r.clone(), None);
+        }
+        cfg.node.udsp = udsp;
         let d = RouterBufferConfig::default();
         cfg.node.router_buffers = RouterBufferConfig {
             tiny: self.buffers[0].unwrap_or(d.tiny),
@@ -787,6 +855,7 @@ impl NodeConf {
             global,
             accept_port: Some(accept_port),
             accept: Some(accept),
+            udsp: node.udsp().rules().to_vec(),
         }
     }
 
@@ -849,6 +918,16 @@ impl NodeConf {
                             .with("hop", r.hop.map_or(-1, i64::from))
                             .with("priority", r.priority)
                     })
+                    .collect::<Vec<_>>(),
+            );
+        }
+        if !self.udsp.is_empty() {
+            doc.push(
+                "udsp",
+                self.udsp
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| udsp_doc(i, r))
                     .collect::<Vec<_>>(),
             );
         }
@@ -1307,9 +1386,36 @@ global:
                             .collect(),
                         accept_port,
                         accept,
+                        // A priority rule on a net of each NI, and a
+                        // pair rule: the export writes them back.
+                        udsp: nis_udsp(&used),
                     }
                 },
             )
+    }
+
+    /// Selection policies for the generated configurations, from the
+    /// peers' NIDs drawn.
+    fn nis_udsp(seen: &std::collections::HashSet<u8>) -> Vec<Rule> {
+        let mut ids: Vec<u8> = seen.iter().copied().collect();
+        ids.sort_unstable();
+        let mut v: Vec<Rule> = ids
+            .iter()
+            .take(2)
+            .map(|i| {
+                Rule::parse(
+                    None,
+                    Some(&format!("10.0.0.{i}@tcp")),
+                    None,
+                    Some(u32::from(*i)),
+                )
+                .unwrap()
+            })
+            .collect();
+        if !seen.is_empty() {
+            v.push(Rule::parse(Some("tcp1"), Some("tcp[2-4]"), None, None).unwrap());
+        }
+        v
     }
 
     proptest::proptest! {

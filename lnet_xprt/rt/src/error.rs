@@ -3,6 +3,7 @@
 use colibri_lnet::ids::Nid;
 use colibri_lnet::matching::{MatchError, MemKey};
 use colibri_lnet::node::{NodeError, PingError};
+use colibri_lnet::udsp::UdspError;
 
 /// An error from the [`crate::Lnet`] API.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +64,7 @@ const EFAULT: i32 = 14;
 const EHOSTUNREACH: i32 = 113;
 const ENOSPC: i32 = 28;
 const ENOTUNIQ: i32 = 76;
+const EALREADY: i32 = 114;
 
 impl LnetError {
     /// The (positive) Linux errno Lustre would return for this error.
@@ -108,6 +110,12 @@ fn node_errno(e: &NodeError) -> i32 {
         | NodeError::NoSuchTransmit(_)
         | NodeError::NoSuchRx(_) => ENOENT,
         NodeError::DuplicateNi(_) => EEXIST,
+        NodeError::Udsp(u) => match u {
+            UdspError::Exists(_) => EALREADY,
+            UdspError::NoSuchIndex(_) => ENOENT,
+            UdspError::TooMany => ENOSPC,
+            _ => EINVAL,
+        },
         NodeError::TooManyNis(_) => ENOSPC,
         _ => EINVAL,
     }

@@ -891,6 +891,33 @@ impl Lnet {
         Ok(s.run(Vec::new(), |c, _| c.node.set_peer_state(nid, bits))?)
     }
 
+    /// `lnetctl udsp add`: a selection policy at index `idx` (`None`: the
+    /// end), in force from the next send on; returns its index.
+    ///
+    /// # Errors
+    /// The same rule is there already (`EALREADY`), too many rules.
+    pub fn udsp_add(
+        &self,
+        rule: colibri_lnet::udsp::Rule,
+        idx: Option<usize>,
+    ) -> Result<usize, LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| {
+            c.node.udsp_add(rule, idx).map_err(NodeError::from)
+        })?)
+    }
+
+    /// `lnetctl udsp del --idx N` (`None`: every rule, `--all`).
+    ///
+    /// # Errors
+    /// No rule at that index (`ENOENT`).
+    pub fn udsp_del(&self, idx: Option<usize>) -> Result<(), LnetError> {
+        let s = self.live()?;
+        Ok(s.run(Vec::new(), |c, _| {
+            c.node.udsp_del(idx).map_err(NodeError::from)
+        })?)
+    }
+
     /// `lnetctl peer del --prim_nid primary --nid nids`.
     ///
     /// # Errors

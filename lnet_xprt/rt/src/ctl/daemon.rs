@@ -16,6 +16,7 @@ use colibri_lnet::matching::{Event, MdHandle};
 use colibri_lnet::nidrange;
 use colibri_lnet::node::{MsgTypeCounts, NiConfig, Node, ResponseTracking};
 use colibri_lnet::socklnd::AcceptPolicy;
+use colibri_lnet::udsp::Rule;
 use colibri_lnet::wire::{NiStatus, PingFeatures, PingInfo};
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
@@ -711,6 +712,81 @@ impl Daemon {
                 }
                 Ok(Doc::map().with(header, m))
             }
+            Command::UdspAdd {
+                src,
+                dst,
+                rte,
+                priority,
+                idx,
+            } => {
+                let fail = |e: String| Failure::new("add", "udsp", errno::EINVAL, e);
+                let priority = priority
+                    .map(|p| u32::try_from(p).map_err(|_| fail(format!("invalid priority {p}"))))
+                    .transpose()?;
+                let idx = idx
+                    .map(|i| usize::try_from(i).map_err(|_| fail(format!("invalid index {i}"))))
+                    .transpose()?;
+                let rule = Rule::parse(src.as_deref(), dst.as_deref(), rte.as_deref(), priority)
+                    .map_err(|e| fail(e.to_string()))?;
+                self.lnet
+                    .udsp_add(rule, idx)
+                    .map_err(|e| lnet_fail("add", "udsp", &e))?;
+                Ok(Doc::Null)
+            }
+            Command::UdspDel { idx, all } => {
+                let idx = match (idx, all) {
+                    (Some(_), true) => {
+                        return Err(Failure::new(
+                            "del",
+                            "udsp",
+                            errno::EINVAL,
+                            "give --idx or --all, not both",
+                        ));
+                    }
+                    (None, false) => {
+                        return Err(Failure::new(
+                            "del",
+                            "udsp",
+                            errno::EINVAL,
+                            "give --idx N or --all",
+                        ));
+                    }
+                    (None, true) | (Some(-1), false) => None,
+                    (Some(i), false) => Some(usize::try_from(i).map_err(|_| {
+                        Failure::new("del", "udsp", errno::EINVAL, format!("invalid index {i}"))
+                    })?),
+                };
+                self.lnet
+                    .udsp_del(idx)
+                    .map_err(|e| lnet_fail("del", "udsp", &e))?;
+                Ok(Doc::Null)
+            }
+            Command::UdspShow { idx } => {
+                let rules = self.lnet.with_node(|n| n.udsp().rules().to_vec());
+                let only = idx.and_then(|i| usize::try_from(i).ok());
+                if let Some(i) = idx
+                    && only.is_none_or(|i| i >= rules.len())
+                {
+                    return Err(Failure::new(
+                        "show",
+                        "udsp",
+                        errno::ENOENT,
+                        format!("no rule at index {i}"),
+                    ));
+                }
+                let items: Vec<Doc> = rules
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| only.is_none_or(|o| o == *i))
+                    .map(|(i, r)| conf::udsp_doc(i, r))
+                    .collect();
+                // No rule: nothing printed, as lnetctl.
+                Ok(if items.is_empty() {
+                    Doc::Null
+                } else {
+                    Doc::map().with("udsp", Doc::Seq(items))
+                })
+            }
             Command::DebugPeer { nid } => {
                 let nid = nid_arg(&nid, "debug", "peer")?;
                 Ok(self.debug_peer(nid))
@@ -913,6 +989,16 @@ impl Daemon {
                         push_by_type(&mut d, &i.sent, &i.received, &i.dropped);
                     }
                     d.push("health stats", health_stats(n, NiSide::Local, ni.nid));
+                    if detail >= 4 {
+                        let u = n.udsp();
+                        d.push(
+                            "udsp info",
+                            udsp_info(
+                                u.local_net_priority(ni.nid.net()),
+                                u.local_ni_priority(ni.nid),
+                            ),
+                        );
+                    }
                     d.push(
                         "tunables",
                         Doc::map()
@@ -1357,6 +1443,17 @@ impl Daemon {
     /// `numa_range` 0; Lustre resets only these). Buffers stay.
     fn import_del(&self, yaml: &str) -> Result<Doc, Failure> {
         let (c, warn) = NodeConf::from_yaml(yaml).map_err(|e| conf_fail("import", "config", &e))?;
+        // Selection policies: the rule with the same criteria and action.
+        for r in &c.udsp {
+            let at = self
+                .lnet
+                .with_node(|n| n.udsp().rules().iter().position(|x| x == r));
+            if let Some(i) = at {
+                self.lnet
+                    .udsp_del(Some(i))
+                    .map_err(|e| lnet_fail("import", "udsp", &e))?;
+            }
+        }
         for r in &c.routes {
             self.lnet
                 .del_route(r.net, r.gateway)
@@ -1449,6 +1546,15 @@ impl Daemon {
                 self.lnet
                     .add_route(r.net, r.gateway, r.hop, r.priority)
                     .map_err(|e| lnet_fail("import", "route", &e))?;
+            }
+        }
+        for r in &c.udsp {
+            match self.lnet.udsp_add(r.clone(), None) {
+                // There already: an import adds what is missing.
+                Err(e) if e.errno() == errno::EALREADY => {}
+                other => {
+                    other.map_err(|e| lnet_fail("import", "udsp", &e))?;
+                }
             }
         }
         if let Some(on) = c.routing {
@@ -1693,6 +1799,22 @@ fn push_by_type(
     d.push("dropped_stats", by(dropped));
 }
 
+/// `udsp info` of `net show -v 4` and `peer show -v 4`: the priorities
+/// the selection policies give the interface's net and the interface
+/// (-1: none), as lnetctl prints them.
+fn udsp_info(net_priority: u32, nid_priority: u32) -> Doc {
+    let show = |p: u32| {
+        if p == colibri_lnet::udsp::DEFAULT_PRIORITY {
+            -1
+        } else {
+            i64::from(p)
+        }
+    };
+    Doc::map()
+        .with("net priority", show(net_priority))
+        .with("nid priority", show(nid_priority))
+}
+
 /// A peer NI's credits as `peer show -v` and `debug peer` print them.
 struct PeerNiCredits {
     max_tx: i64,
@@ -1785,6 +1907,13 @@ fn peer_doc(
                     push_by_type(&mut ni, &s.sent, &s.received, &s.dropped);
                 }
                 ni.push("health stats", health_stats(n, NiSide::Peer, nid));
+                if detail >= 4 {
+                    let u = n.udsp();
+                    ni.push(
+                        "udsp info",
+                        udsp_info(u.peer_net_priority(nid.net()), u.peer_ni_priority(nid)),
+                    );
+                }
             }
             ni
         })

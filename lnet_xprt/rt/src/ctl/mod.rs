@@ -100,6 +100,8 @@ pub mod errno {
     pub const ETIMEDOUT: i32 = 110;
     /// Host unreachable.
     pub const EHOSTUNREACH: i32 = 113;
+    /// Operation already in progress (`udsp add` of a rule that is there).
+    pub const EALREADY: i32 = 114;
 }
 
 /// A request: the protocol version and the command.
@@ -307,6 +309,39 @@ pub enum Command {
     DebugPeer {
         /// The peer NI.
         nid: String,
+    },
+    /// `udsp add --src|--dst|--rte EXPR [--priority N] [--idx N]`.
+    UdspAdd {
+        /// Our interfaces the rule names.
+        #[serde(default)]
+        src: Option<String>,
+        /// The peer interfaces it names.
+        #[serde(default)]
+        dst: Option<String>,
+        /// The gateways it names.
+        #[serde(default)]
+        rte: Option<String>,
+        /// Priority (0 best); none for a NID pair or router rule.
+        #[serde(default)]
+        priority: Option<i64>,
+        /// Where in the list (none: the end).
+        #[serde(default)]
+        idx: Option<i64>,
+    },
+    /// `udsp del --idx N | --all`.
+    UdspDel {
+        /// The rule's index.
+        #[serde(default)]
+        idx: Option<i64>,
+        /// Every rule.
+        #[serde(default)]
+        all: bool,
+    },
+    /// `udsp show [--idx N]`.
+    UdspShow {
+        /// Only this rule.
+        #[serde(default)]
+        idx: Option<i64>,
     },
     /// `stats show`.
     StatsShow,
