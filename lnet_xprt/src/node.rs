@@ -1325,9 +1325,9 @@ impl Node {
             as u64
     }
 
-    /// A received message dropped on local NI `ni` (`ANY` when not known)
-    /// from the hop `from` (`lnet_drop_message`: node, NI and peer NI
-    /// counters).
+    /// A message dropped on local NI `ni` (`ANY` when not known), received
+    /// from or bound for the hop `from` (`lnet_drop_message` and
+    /// `lnet_post_send_locked`: node, NI and peer NI counters).
     fn note_drop(&mut self, ni: Nid, from: Nid, t: MsgType, len: u32) {
         self.stats.drop_count += 1;
         self.stats.drop_length += u64::from(len);
@@ -2761,11 +2761,25 @@ impl Node {
         }
     }
 
-    /// After credits: send-side fault rules, then hand to the LND.
+    /// After credits: the message's deadline, send-side fault rules, then
+    /// hand to the LND.
     fn post_send(&mut self, now: Time, id: u64) {
         let Some(msg) = self.msgs.get(&id) else {
             return;
         };
+        // A message that waited for credits past its deadline is dropped
+        // instead of sent (seed 004; Lustre's lnet_check_message_drop).
+        // Routers forward whatever the time: they do not know the upper
+        // layers' timeouts.
+        if !matches!(msg.role, Role::Forward { .. }) && now > msg.deadline {
+            let (local, hop) = msg.path.unwrap_or((Nid::ANY, Nid::ANY));
+            let (ty, len) = (msg.header.msg_type(), msg.payload.len());
+            tracing::debug!(target: "colibri_lnet::node", dst = %msg.header.dest_nid,
+                "dropping message: exceeded its deadline waiting for credits");
+            self.note_drop(local, hop, ty, len);
+            self.complete(now, id, Err(HealthError::NetworkTimeout));
+            return;
+        }
         if let Role::Request { md } = msg.role
             && self.table.md_is_aborted(md)
         {

@@ -512,3 +512,68 @@ fn a_ping_given_up_on_leaves_nothing_behind() {
     assert!(!sim.with_node("a", |n, now| n.abandon_ping(now, b)));
     assert_eq!(s.rst_alloc, 0);
 }
+
+/// Seed 004: "if the deadline is reached while the message is queued ...
+/// the transmit expires and the message is finalized" (Lustre's
+/// `lnet_check_message_drop`, sanity-lnet test 253). One peer credit; a
+/// delay rule holds the first GET (and its credit) past the transaction
+/// timeout; the second GET, queued for that credit, is dropped when the
+/// credit comes back instead of being sent: its SEND fails `TimedOut`,
+/// and it counts as one dropped GET for the peer NI, the NI and the node.
+/// The delayed GET itself goes out (released delayed messages skip the
+/// check, as Lustre's do); routers forward whatever the time.
+#[test]
+fn a_message_queued_for_credits_past_its_deadline_is_dropped() {
+    use colibri_lnet::fault::{DelayRuleSpec, FaultMatch, MsgMask, Trigger};
+    use colibri_lnet::wire::MsgType;
+    let b_nid = "10.0.0.2@tcp";
+    let topo = Topology::new(11)
+        .node("a", &["10.0.0.1@tcp"])
+        .node("b", &[b_nid])
+        .configure("a", |c| {
+            c.discovery = false;
+            c.retry_count = 0;
+            c.transaction_timeout = Duration::from_secs(10);
+            c.nis[0].peer_credits = 1;
+        })
+        .configure("b", |c| c.discovery = false)
+        .latency("tcp", Duration::from_micros(20));
+    let mut sim = Sim::new(topo).unwrap();
+    let served = sim.register_mem("b", vec![7; 8]);
+    post_any(&mut sim, "b", 5, MdSpec::new(served, MdOptions::OP_GET));
+    sim.with_node("a", |n, now| {
+        n.add_delay_rule(
+            now,
+            DelayRuleSpec {
+                matcher: FaultMatch::ANY.types(MsgMask::of(MsgType::Get)),
+                trigger: Trigger::Rate(1),
+                latency: Duration::from_secs(11),
+            },
+        )
+    })
+    .unwrap();
+    let first = get(&mut sim, "a", b_nid, 5);
+    let second = get(&mut sim, "a", b_nid, 5);
+    sim.run_for(Duration::from_secs(20)).unwrap();
+    let evs = sim.take_events("a");
+    let send_of = |md: MdHandle| {
+        evs.iter()
+            .find(|(_, e)| e.md == md && e.kind() == EventKind::Send)
+            .map(|(_, e)| e.status())
+    };
+    assert_eq!(send_of(second), Some(Err(OpError::TimedOut)), "{evs:#?}");
+    // The first's MD was unlinked by its REPLY's deadline before the delay
+    // rule let it go: its SEND reports that, whatever its status.
+    assert!(send_of(first).is_some(), "{evs:#?}");
+    let p = sim.node("a").peer_ni_stats(nid(b_nid)).unwrap();
+    assert_eq!(p.dropped.get, 1, "{p:?}");
+    assert_eq!(p.sent.get, 1, "only the delayed GET left: {p:?}");
+    let ni = sim.node("a").ni_info(nid("10.0.0.1@tcp")).unwrap();
+    assert_eq!(ni.dropped.get, 1);
+    // Every MD completed once: the second at its SEND, the first at its
+    // REPLY's deadline (the REPLY comes after it).
+    for md in [first, second] {
+        let finals = evs.iter().filter(|(_, e)| e.md == md && e.unlinked).count();
+        assert_eq!(finals, 1, "{md:?}: {evs:#?}");
+    }
+}
