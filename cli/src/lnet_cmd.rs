@@ -72,6 +72,11 @@ enum LnetCmd {
     /// Selection policies (Lustre's UDSP): `udsp add|del|show`.
     #[command(subcommand)]
     Udsp(UdspCmd),
+    /// `lnet unconfigure` (everything configured goes, the node keeps
+    /// running with 0@lo) and `lnet configure [--all]` (`--all`: its
+    /// startup configuration again), as lnetctl's.
+    #[command(subcommand)]
+    Lnet(LnetUpDown),
     /// Router buffer pools and whether the node routes.
     #[command(subcommand)]
     Routing(ShowOnly),
@@ -420,6 +425,21 @@ enum RouteCmd {
         #[arg(long, short)]
         verbose: bool,
     },
+}
+
+/// `lnet configure|unconfigure`.
+#[derive(Debug, clap::Subcommand)]
+enum LnetUpDown {
+    /// Bring LNet up: nothing to do on a running node, or with `--all`
+    /// the configuration it was started with, applied again.
+    Configure {
+        /// The startup configuration (Lustre: the module parameters).
+        #[arg(long)]
+        all: bool,
+    },
+    /// Take LNet down: NIs, routes, peers, selection policies and fault
+    /// rules go; routing, buffers, globals and counters back to defaults.
+    Unconfigure,
 }
 
 /// `udsp`: user defined selection policies.
@@ -777,6 +797,8 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
             },
             PeerCmd::List => Command::PeerList,
         },
+        LnetCmd::Lnet(LnetUpDown::Configure { all }) => Command::LnetConfigure { all: *all },
+        LnetCmd::Lnet(LnetUpDown::Unconfigure) => Command::LnetUnconfigure,
         LnetCmd::Udsp(u) => match u {
             UdspCmd::Add {
                 src,

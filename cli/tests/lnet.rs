@@ -1677,3 +1677,56 @@ fn selection_policies_as_sanity_lnet_sets_them() {
     assert_eq!(v["udsp"].as_array().map(Vec::len), Some(2), "{v}");
     assert_eq!(v["udsp"][1]["src"], format!("{ip2}@tcp"), "{v}");
 }
+
+/// `lnet unconfigure` and `lnet configure [--all]`, as sanity-lnet's
+/// `reinit_dlc` uses them, then its test 0 (export the empty
+/// configuration, import it, compare).
+#[test]
+fn lnet_unconfigure_and_configure_as_reinit_dlc_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let ips = ["127.0.84.1".parse().unwrap(), "127.0.84.2".parse().unwrap()];
+    let port = common_free_port(&ips);
+    let nid1 = "127.0.84.1@tcp";
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{}", ni("tcp", nid1), global(port)),
+    );
+    let startup = n.ok(&["export", "-b"]);
+    n.ok(&["peer", "add", "--prim_nid", "1.1.1.1@tcp", "--lock_prim"]);
+    n.ok(&[
+        "route",
+        "add",
+        "--net",
+        "tcp9",
+        "--gateway",
+        "127.0.84.9@tcp",
+    ]);
+    n.ok(&["udsp", "add", "--src", "tcp", "--prio", "1"]);
+    n.ok(&["net", "add", "--nid", "127.0.84.2@tcp"]);
+    n.ok(&["set", "retry_count", "1"]);
+    n.ok(&["ping", "127.0.84.2@tcp"]);
+    n.ok(&["lnet", "unconfigure"]);
+    let empty = n.ok(&["export", "-b"]);
+    for gone in ["net:", "peer:", "route:", "udsp:"] {
+        assert!(
+            !empty.lines().any(|l| l.trim_end() == gone),
+            "{gone} left: {empty}"
+        );
+    }
+    // Globals stay, as Lustre's module parameters do.
+    assert!(empty.contains("retry_count: 1"), "{empty}");
+    assert_eq!(n.ok(&["peer", "list"]).trim(), "peer list:");
+    let v = n.json(&["net", "show"]);
+    assert_eq!(v["net"].as_array().map(Vec::len), Some(1), "only lo: {v}");
+    // Test 0.
+    n.ok(&["lnet", "configure"]);
+    let o = lnet_stdin(Some(&n.ctl), &["import"], &empty);
+    assert_eq!(o.code, Some(0), "{}{}", o.stdout, o.stderr);
+    assert_eq!(n.ok(&["export", "-b"]), empty);
+    // `--all`: the startup configuration again, and it works.
+    n.ok(&["set", "retry_count", "2"]);
+    n.ok(&["lnet", "configure", "--all"]);
+    assert_eq!(n.ok(&["export", "-b"]), startup);
+    n.ok(&["ping", nid1]);
+}

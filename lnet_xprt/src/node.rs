@@ -2410,6 +2410,15 @@ impl Node {
         v
     }
 
+    /// Forgets the peer NIs known from traffic alone and their counters
+    /// (`lnetctl lnet unconfigure`: Lustre frees every peer). Peers in the
+    /// table keep theirs until they are deleted.
+    pub fn forget_traffic_peers(&mut self) {
+        let table = self.disc.peers();
+        self.peer_ni_stats
+            .retain(|n, _| table.peer_of(*n).is_some());
+    }
+
     /// `lnetctl set recovery_limit N` (`None` = 0 = forever) and
     /// `max_recovery_ping_interval N`: the recovery of unhealthy NIs from
     /// now on (pings already scheduled keep their time; the next ones use

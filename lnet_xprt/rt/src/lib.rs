@@ -1163,6 +1163,12 @@ impl Lnet {
         Ok(s.run(Vec::new(), |c, now| c.node.set_router_buffers(now, kind, n))?)
     }
 
+    /// Forgets the peer NIs the node knows from traffic alone (`lnetctl
+    /// lnet unconfigure`).
+    pub fn forget_traffic_peers(&self) {
+        self.shared().core.lock().node.forget_traffic_peers();
+    }
+
     /// `lnetctl stats reset`: zeroes the node's counters (messages, bytes,
     /// per local NI and per peer NI). [`Lnet::runtime_stats`] is not reset.
     pub fn reset_stats(&self) {

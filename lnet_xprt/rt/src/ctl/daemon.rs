@@ -77,6 +77,9 @@ struct State {
     accept: AcceptPolicy,
     conns_per_peer: u32,
     faults: Vec<FaultEntry>,
+    /// The configuration the node started with (`lnet configure --all`
+    /// applies it again).
+    startup: NodeConf,
 }
 
 /// A node run as a process: its [`Lnet`], the selftest target it serves,
@@ -346,6 +349,7 @@ impl Daemon {
                 accept,
                 conns_per_peer: cpp,
                 faults: Vec::new(),
+                startup: conf.clone(),
             }),
             _target: target,
         }))
@@ -711,6 +715,15 @@ impl Daemon {
                     m.push(&format!("nid-{i}"), nid.to_string());
                 }
                 Ok(Doc::map().with(header, m))
+            }
+            Command::LnetUnconfigure => self.unconfigure(),
+            Command::LnetConfigure { all } => {
+                if all {
+                    let yaml = self.st.lock().startup.to_yaml();
+                    self.import(&yaml)
+                } else {
+                    Ok(Doc::Null)
+                }
             }
             Command::UdspAdd {
                 src,
@@ -1441,6 +1454,42 @@ impl Daemon {
     /// section; the `global` values it names back to their defaults
     /// (discovery on, asymmetric routes accepted, `max_interfaces` 200,
     /// `numa_range` 0; Lustre resets only these). Buffers stay.
+    /// `lnetctl lnet unconfigure`: everything the node was configured
+    /// with goes, as Lustre's `LNetNIFini` takes LNet down: its NIs (and so
+    /// their connections), routes, peers (configured, locked, discovered
+    /// or known from traffic), selection policies and fault rules; routing
+    /// off; counters zeroed. Globals and router buffer sizes stay, as
+    /// Lustre's module parameters do. The node keeps running with `0@lo`
+    /// only, its control socket open: `net add`, `import` or `lnet
+    /// configure --all` (the startup configuration again) bring it back.
+    fn unconfigure(&self) -> Result<Doc, Failure> {
+        let mut conf = self.export();
+        conf.global.clear();
+        conf.buffers = [None; 3];
+        let warn = self.import_del(&conf.to_yaml())?;
+        // What the export does not hold.
+        let peers: Vec<Nid> = self.lnet.with_node(|n| {
+            n.discovery()
+                .peers()
+                .peers()
+                .map(colibri_lnet::peer::Peer::primary_nid)
+                .collect()
+        });
+        for p in peers {
+            let _ = self.lnet.set_peer_primary_locked(p, false);
+            self.lnet
+                .del_peer(p, &[])
+                .map_err(|e| lnet_fail("unconfigure", "peer", &e))?;
+        }
+        let faults = std::mem::take(&mut self.st.lock().faults);
+        for f in &faults {
+            self.lnet.remove_fault_rule(f.id);
+        }
+        self.lnet.forget_traffic_peers();
+        self.lnet.reset_stats();
+        Ok(warn)
+    }
+
     fn import_del(&self, yaml: &str) -> Result<Doc, Failure> {
         let (c, warn) = NodeConf::from_yaml(yaml).map_err(|e| conf_fail("import", "config", &e))?;
         // Selection policies: the rule with the same criteria and action.

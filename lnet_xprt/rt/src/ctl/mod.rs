@@ -310,6 +310,16 @@ pub enum Command {
         /// The peer NI.
         nid: String,
     },
+    /// `lnet configure [--all]`: with `--all`, the node's startup
+    /// configuration applied again (after `lnet unconfigure`).
+    LnetConfigure {
+        /// The startup configuration (Lustre: the module parameters).
+        #[serde(default)]
+        all: bool,
+    },
+    /// `lnet unconfigure`: every NI, route, peer, policy and rule gone,
+    /// settings back to their defaults.
+    LnetUnconfigure,
     /// `udsp add --src|--dst|--rte EXPR [--priority N] [--idx N]`.
     UdspAdd {
         /// Our interfaces the rule names.
