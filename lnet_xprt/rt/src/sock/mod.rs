@@ -524,6 +524,11 @@ impl SockLnd {
         if let Some(a) = self.peer_addrs.read().get(&peer) {
             return Some(*a);
         }
+        // One of our own NIs (a node talking to itself, as Lustre's does
+        // through its LND): where it listens, whatever the port.
+        if let Some(a) = self.ni(peer).and_then(|n| n.listen) {
+            return Some(a);
+        }
         let port = if self.cfg.accept_port == 0 {
             colibri_lnet::socklnd::acceptor::DEFAULT_ACCEPT_PORT
         } else {
