@@ -1526,6 +1526,24 @@ fn routers_locked_primaries_and_debug_as_sanity_lnet_checks_them() {
     n.ok(&["peer", "del", "--prim_nid", nid2, "--force"]);
 }
 
+/// A node with an NI on `tcp` and one on `second` at the same `ip` (two
+/// nets on one interface): the node, both NIDs and its port.
+fn two_net_node(dir: &Path, ip: &str, second: &str) -> (Node, String, String, u16) {
+    let port = common_free_port(&[ip.parse().unwrap()]);
+    let (nid1, nid2) = (format!("{ip}@tcp"), format!("{ip}@{second}"));
+    let n = Node::start(
+        dir,
+        "n",
+        &format!(
+            "net:\n{}{}{}",
+            ni("tcp", &nid1),
+            ni(second, &nid2),
+            global(port)
+        ),
+    );
+    (n, nid1, nid2, port)
+}
+
 /// Lustre's sanity-lnet test 219 ("Consolidate peer entries"): nets `tcp`
 /// and `tcp1` on one interface share its address and port; the node
 /// pings both NIDs, discovers the second, and knows them as one peer;
@@ -1533,19 +1551,7 @@ fn routers_locked_primaries_and_debug_as_sanity_lnet_checks_them() {
 #[test]
 fn two_nets_on_one_interface_are_one_peer() {
     let dir = tempfile::tempdir().unwrap();
-    let ip = "127.0.82.1";
-    let port = common_free_port(&[ip.parse().unwrap()]);
-    let (nid1, nid2) = (format!("{ip}@tcp"), format!("{ip}@tcp1"));
-    let n = Node::start(
-        dir.path(),
-        "n",
-        &format!(
-            "net:\n{}{}{}",
-            ni("tcp", &nid1),
-            ni("tcp1", &nid2),
-            global(port)
-        ),
-    );
+    let (n, nid1, nid2, _) = two_net_node(dir.path(), "127.0.82.1", "tcp1");
     n.ok(&["ping", &nid1]);
     n.ok(&["ping", &nid2]);
     n.ok(&["discover", &nid2]);
@@ -1577,18 +1583,7 @@ fn two_nets_on_one_interface_are_one_peer() {
 fn selection_policies_as_sanity_lnet_sets_them() {
     let dir = tempfile::tempdir().unwrap();
     let ip = "127.0.83.1";
-    let port = common_free_port(&[ip.parse().unwrap()]);
-    let (nid1, nid2) = (format!("{ip}@tcp"), format!("{ip}@tcp2"));
-    let n = Node::start(
-        dir.path(),
-        "n",
-        &format!(
-            "net:\n{}{}{}",
-            ni("tcp", &nid1),
-            ni("tcp2", &nid2),
-            global(port)
-        ),
-    );
+    let (n, nid1, nid2, port) = two_net_node(dir.path(), ip, "tcp2");
     // `nid: (net priority, nid priority)` of `net show` or `peer show`.
     let prios = |what: &str| -> Vec<(String, i64, i64)> {
         let v = n.json(&[what, "show", "-v", "5"]);
