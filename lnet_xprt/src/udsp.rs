@@ -451,6 +451,10 @@ impl Udsp {
         net_rule: bool,
         hit: impl Fn(&Expr) -> bool,
     ) -> u32 {
+        // Every send asks: without rules, at once.
+        if self.rules.is_empty() {
+            return DEFAULT_PRIORITY;
+        }
         self.rules
             .iter()
             .filter(|r| r.priority.is_some() && r.src.is_some() != r.dst.is_some())
@@ -507,6 +511,9 @@ impl Udsp {
     }
 
     fn first_pair(&self, peer_ni: Nid, action: fn(&Rule) -> Option<&Expr>) -> Option<&Expr> {
+        if self.rules.is_empty() {
+            return None;
+        }
         self.rules
             .iter()
             .filter(|r| r.priority.is_none())
