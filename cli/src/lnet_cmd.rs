@@ -611,6 +611,44 @@ fn list(s: &str) -> Vec<String> {
         .collect()
 }
 
+/// A NID list whose items may name hosts (`ping node1@tcp`): lnetctl's
+/// `libcfs_ip_str2addr` falls back on the resolver for a name that is
+/// not an address; so do we, here in the client (the node is not kept
+/// waiting on a resolver), for the nets whose NIDs are IPv4 addresses.
+/// An item that does not resolve stays as written, and the node refuses
+/// it as "not a NID".
+fn resolved_list(s: &str) -> Vec<String> {
+    list(s)
+        .into_iter()
+        .map(|e| resolve_host(&e).unwrap_or(e))
+        .collect()
+}
+
+fn resolve_host(expr: &str) -> Option<String> {
+    use colibri_lnet_rt::colibri_lnet::ids::{LndType, Net};
+    use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+    let (host, net) = expr.rsplit_once('@')?;
+    if host.is_empty()
+        || host.contains(['[', ']', '*'])
+        || host.parse::<Ipv4Addr>().is_ok()
+        || !host.chars().any(|c| c.is_ascii_alphabetic())
+    {
+        return None;
+    }
+    let lnd = net.parse::<Net>().ok()?.lnd();
+    if !matches!(lnd, LndType::Tcp | LndType::O2ib) {
+        return None;
+    }
+    let ip = (host, 0)
+        .to_socket_addrs()
+        .ok()?
+        .find_map(|a| match a.ip() {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(_) => None,
+        })?;
+    Some(format!("{ip}@{net}"))
+}
+
 fn print_doc(out: &mut impl Write, doc: &Doc, json: bool) {
     if matches!(doc, Doc::Null) {
         return;
@@ -860,7 +898,7 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
             timeout,
             source,
         } => Command::Ping {
-            nids: list(nids),
+            nids: resolved_list(nids),
             timeout_ms: timeout.saturating_mul(1000),
             source: source.clone(),
         },
@@ -869,7 +907,7 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
             force,
             timeout,
         } => Command::Discover {
-            nids: list(nids),
+            nids: resolved_list(nids),
             force: *force,
             timeout_ms: timeout.saturating_mul(1000),
         },

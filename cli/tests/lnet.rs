@@ -1725,3 +1725,28 @@ fn lnet_unconfigure_and_configure_as_reinit_dlc_does() {
     assert_eq!(n.ok(&["export", "-b"]), startup);
     n.ok(&["ping", nid1]);
 }
+
+/// Lustre's sanity-lnet test 305 ("Resolve hostname before lnetctl
+/// ping"): `ping HOST@tcp` pings the host's IPv4 address on that net.
+#[test]
+fn ping_resolves_a_host_name() {
+    use std::net::ToSocketAddrs;
+    let resolves = ("localhost", 0)
+        .to_socket_addrs()
+        .is_ok_and(|mut a| a.any(|a| a.ip() == std::net::Ipv4Addr::LOCALHOST));
+    if !resolves {
+        eprintln!("localhost does not resolve to 127.0.0.1 here: nothing to check");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = common_free_port(&["127.0.0.1".parse().unwrap()]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{}", ni("tcp", "127.0.0.1@tcp"), global(port)),
+    );
+    let v = n.json(&["ping", "localhost@tcp"]);
+    assert_eq!(v["ping"][0]["primary nid"], "127.0.0.1@tcp", "{v}");
+    // A range is not a host name: refused as it was.
+    n.fails(&["ping", "local[1-2]host@tcp"], "");
+}
