@@ -184,7 +184,12 @@ struct RunArgs {
 #[derive(Debug, clap::Subcommand)]
 enum ShowOnly {
     /// Show.
-    Show,
+    Show {
+        /// Accepted and ignored, as lnetctl ignores it here (`global show
+        /// -v`): everything is shown.
+        #[arg(long, short, num_args = 0..=1, default_missing_value = "1", value_name = "LEVEL")]
+        verbose: Option<u32>,
+    },
 }
 
 /// `debug`.
@@ -883,12 +888,12 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 verbose: *verbose,
             },
         },
-        LnetCmd::Routing(ShowOnly::Show) => Command::RoutingShow,
+        LnetCmd::Routing(ShowOnly::Show { .. }) => Command::RoutingShow,
         LnetCmd::Set { name, value } => Command::Set {
             name: name.clone(),
             value: value.clone(),
         },
-        LnetCmd::Global(ShowOnly::Show) => Command::GlobalShow,
+        LnetCmd::Global(ShowOnly::Show { .. }) => Command::GlobalShow,
         LnetCmd::Debug(DebugCmd::Recovery { peer, .. }) => Command::DebugRecovery { peer: *peer },
         LnetCmd::Debug(DebugCmd::Peer { nid }) => Command::DebugPeer { nid: nid.clone() },
         LnetCmd::Stats(StatsCmd::Show) => Command::StatsShow,

@@ -1438,6 +1438,9 @@ fn routers_locked_primaries_and_debug_as_sanity_lnet_checks_them() {
         n.ok(&["peer", "del", "--prim_nid", p]);
     }
 
+    // Test 241 reads `global show -v` (lnetctl ignores `-v` there).
+    assert_eq!(n.ok(&["global", "show", "-v"]), n.ok(&["global", "show"]));
+    assert_eq!(n.ok(&["routing", "show", "-v"]), n.ok(&["routing", "show"]));
     // Test 230: a negative conns-per-peer is ignored, 128 refused.
     n.ok(&["net", "set", "--all", "--conns-per-peer", "-1"]);
     n.fails_errno(
