@@ -788,7 +788,10 @@ impl HealthMonitor {
             self.change_peer(now, peer, false, false);
         }
         let local_ok = !reaction.local_failure || self.local.len() > 1;
-        let remote_ok = !reaction.remote_failure || remote_tracked;
+        // A router tracks its single-interface peers' health (it relies on
+        // it for their aliveness) but, as anyone, resends only where the
+        // next hop has another interface (lnet_health_check).
+        let remote_ok = !reaction.remote_failure || c.peer_ni_count > 1 || c.peer_is_gateway;
         verdict.resend = reaction.resend
             && local_ok
             && remote_ok

@@ -73,7 +73,7 @@ use crate::health::{
     Completion, Direction, Health, HealthConfig, HealthMonitor, HealthParamError, HealthStatus,
     LocalStatusChange, NiSide, RecoveryPing, Verdict,
 };
-use crate::ids::{LNET_PID_LUSTRE, Net, Nid, Pid, ProcessId};
+use crate::ids::{LNET_PID_LUSTRE, LNET_PID_USERFLAG, Net, Nid, Pid, ProcessId};
 use crate::matching::{
     DelayedOutcome, Event, EventInfo, EventKind, InsertPos, MatchError, MatchInfo, MatchOutcome,
     MatchTable, Matched, MdHandle, MdOptions, MdSpec, MeHandle, MeSpec, MemKey, MemRef, Op,
@@ -168,6 +168,11 @@ pub struct NiConfig {
     /// tos`, 0 to 255; -1, the default, leaves it to the LND's `tos`).
     /// For the LND, as `conns_per_peer`.
     pub tos: i32,
+    /// The net's `peer_timeout` in seconds (default 180, Lustre's
+    /// `DEFAULT_PEER_TIMEOUT`; 0 turns it off). Above 0, a router drops a
+    /// message it forwards to a peer NI it knows to be down on this net
+    /// (peer aliveness, [`Node::notify`]).
+    pub peer_timeout: u32,
 }
 
 impl NiConfig {
@@ -181,9 +186,14 @@ impl NiConfig {
             peer_buffer_credits: 0,
             conns_per_peer: 0,
             tos: -1,
+            peer_timeout: DEFAULT_PEER_TIMEOUT,
         }
     }
 }
+
+/// Lustre's `DEFAULT_PEER_TIMEOUT` (seconds): an NI's `peer_timeout` when
+/// none is given.
+pub const DEFAULT_PEER_TIMEOUT: u32 = 180;
 
 /// Node configuration (module parameters and `lnetctl set` values). Build it
 /// with [`NodeConfig::new`] and adjust fields.
@@ -226,6 +236,16 @@ pub struct NodeConfig {
     pub max_recovery_ping_interval: Duration,
     /// `alive_router_check_interval` (60 s; zero stops the router checker).
     pub router_check_interval: Duration,
+    /// `router_ping_timeout` (50 s): how long a router ping reply may take.
+    /// A router marks a net's NIs down when no ping reached it for this plus
+    /// `router_check_interval` (Lustre's `lnet_update_ni_status_locked`).
+    pub router_ping_timeout: Duration,
+    /// `avoid_asym_router_failure` (on): a single-hop route is alive only
+    /// while its gateway's NI on the remote net is up too.
+    pub avoid_asym_router_failure: bool,
+    /// `check_routers_before_use` (off): a new route is dead until its
+    /// gateway answered a router ping.
+    pub check_routers_before_use: bool,
     /// `lnet_interfaces_max` (200, at least 16): the most NI entries taken
     /// from a peer's ping data (longer discovery replies and pushes are
     /// refused; a user ping lists this many at most).
@@ -315,6 +335,9 @@ impl NodeConfig {
             recovery_limit: None,
             max_recovery_ping_interval: Duration::from_secs(900),
             router_check_interval: Duration::from_secs(60),
+            router_ping_timeout: Duration::from_secs(50),
+            avoid_asym_router_failure: true,
+            check_routers_before_use: false,
             max_interfaces: crate::wire::INTERFACES_MAX_DEFAULT,
             udsp: Udsp::default(),
         }
@@ -1064,6 +1087,16 @@ pub struct Node {
     /// The local NIs as path selection sees them, rebuilt per send in
     /// place (kept for its capacity).
     sel_local: Vec<SelLocalNi>,
+    /// Per local net, when a ping from another node last arrived on it
+    /// (Lustre's `net_last_alive`; the net's creation before the first).
+    net_alive: Vec<(Net, Time)>,
+    /// When a router next marks a silent net's NIs down (routing on and
+    /// some net with an NI not down), see [`Node::refresh_ni_check`].
+    ni_check: Option<Time>,
+    /// Peer NIs known to be down (Lustre's `lpni_ns_status`): an LND's
+    /// death notice or the peer's own ping data put them here, any message
+    /// from them takes them out.
+    peer_down: BTreeSet<Nid>,
 }
 
 fn event_info(kind: EventKind) -> EventInfo {
@@ -1165,7 +1198,9 @@ impl Node {
         let mut routes = RouteTable::new(
             RouteConfig {
                 check_interval: cfg.router_check_interval,
-                ..RouteConfig::default()
+                router_ping_timeout: cfg.router_ping_timeout,
+                avoid_asym_router_failure: cfg.avoid_asym_router_failure,
+                check_routers_before_use: cfg.check_routers_before_use,
             },
             cfg.seed ^ 0x7047e,
         );
@@ -1207,6 +1242,9 @@ impl Node {
             stats: NodeStats::default(),
             peer_ni_stats: nid_map(),
             sel_local: Vec::new(),
+            net_alive: Vec::new(),
+            ni_check: None,
+            peer_down: BTreeSet::new(),
             udsp: cfg.udsp.clone(),
             cfg: NodeConfig {
                 nis: Vec::new(),
@@ -1214,15 +1252,16 @@ impl Node {
             },
         };
         for ni in &cfg.nis {
-            node.insert_ni(*ni)?;
+            node.insert_ni(Time::ZERO, *ni)?;
         }
+        node.refresh_ni_check();
         node.table.set_lazy(RESERVED_PORTAL, true)?;
         node.post_ping_target()?;
         node.post_push_target()?;
         Ok(node)
     }
 
-    fn insert_ni(&mut self, ni: NiConfig) -> Result<(), NodeError> {
+    fn insert_ni(&mut self, now: Time, ni: NiConfig) -> Result<(), NodeError> {
         if ni.nid.is_any() || ni.nid.is_lo() || ni.nid.is_net_wildcard() {
             return Err(NodeError::Invalid("NI NID"));
         }
@@ -1253,6 +1292,10 @@ impl Node {
             dropped: MsgTypeCounts::default(),
         });
         self.cfg.nis.push(ni);
+        let net = ni.nid.net();
+        if !self.net_alive.iter().any(|&(n, _)| n == net) {
+            self.net_alive.push((net, now));
+        }
         Ok(())
     }
 
@@ -1444,7 +1487,8 @@ impl Node {
     /// # Errors
     /// Duplicate or invalid NID.
     pub fn add_ni(&mut self, now: Time, ni: NiConfig) -> Result<(), NodeError> {
-        self.insert_ni(ni)?;
+        self.insert_ni(now, ni)?;
+        self.refresh_ni_check();
         tracing::info!(target: "colibri_lnet::node", nid = %ni.nid, "local NI added");
         self.local_config_changed(now)
     }
@@ -1462,6 +1506,10 @@ impl Node {
         self.nis.remove(idx);
         self.cfg.nis.retain(|n| n.nid != nid);
         self.health.remove_local_ni(nid);
+        if !self.is_local_net(nid.net()) {
+            self.net_alive.retain(|&(n, _)| n != nid.net());
+        }
+        self.refresh_ni_check();
         self.local_config_changed(now)
     }
 
@@ -1477,6 +1525,7 @@ impl Node {
     pub fn set_routing(&mut self, now: Time, on: bool) -> Result<(), NodeError> {
         self.cfg.routing = on;
         self.routes.set_routing(on);
+        self.refresh_ni_check();
         self.local_config_changed(now)
     }
 
@@ -2417,6 +2466,7 @@ impl Node {
         let table = self.disc.peers();
         self.peer_ni_stats
             .retain(|n, _| table.peer_of(*n).is_some());
+        self.peer_down.clear();
     }
 
     /// `lnetctl set recovery_limit N` (`None` = 0 = forever) and
@@ -2459,7 +2509,31 @@ impl Node {
     pub fn set_router_check_interval(&mut self, now: Time, interval: Duration) {
         self.cfg.router_check_interval = interval;
         self.routes.set_check_interval(now, interval);
+        self.refresh_ni_check();
         self.after_input(now);
+    }
+
+    /// `router_ping_timeout`: how long a router ping reply may take; with
+    /// `alive_router_check_interval`, how long a router's net may go
+    /// without a ping before its NIs are marked down.
+    pub fn set_router_ping_timeout(&mut self, timeout: Duration) {
+        self.cfg.router_ping_timeout = timeout;
+        self.routes.set_router_ping_timeout(timeout);
+        self.refresh_ni_check();
+    }
+
+    /// `avoid_asym_router_failure`: a single-hop route needs its gateway's
+    /// NI on the remote net up too (from the gateway's next answer on).
+    pub fn set_avoid_asym_router_failure(&mut self, on: bool) {
+        self.cfg.avoid_asym_router_failure = on;
+        self.routes.set_avoid_asym_router_failure(on);
+    }
+
+    /// `check_routers_before_use`: routes added from now on start dead
+    /// until their gateway answers a router ping.
+    pub fn set_check_routers_before_use(&mut self, on: bool) {
+        self.cfg.check_routers_before_use = on;
+        self.routes.set_check_routers_before_use(on);
     }
 
     /// `lnetctl set max_interfaces N` (at least 16).
@@ -2518,6 +2592,15 @@ impl Node {
                     }
                 }
                 Action::PeerNiStatus { nid, old, new } => {
+                    match new {
+                        NiStatus::Down => {
+                            self.peer_down.insert(nid);
+                        }
+                        NiStatus::Up => {
+                            self.peer_down.remove(&nid);
+                        }
+                        _ => {}
+                    }
                     // An interface the peer now reports DOWN counts as a
                     // remote failure (lnet.md 3.7).
                     if old == NiStatus::Up && new == NiStatus::Down {
@@ -2789,6 +2872,23 @@ impl Node {
             self.complete(now, id, Err(HealthError::NetworkTimeout));
             return;
         }
+        // Peer aliveness on a router (lnet_check_message_drop): a message
+        // it forwards to a next hop it knows to be down is dropped, where
+        // the net's peer_timeout turns aliveness on.
+        if !self.peer_down.is_empty()
+            && matches!(msg.role, Role::Forward { .. })
+            && msg.header.dest_pid & LNET_PID_USERFLAG == 0
+            && let Some((local, hop)) = msg.path
+            && self.peer_down.contains(&hop)
+            && self.aliveness_enabled(local)
+        {
+            let (ty, len) = (msg.header.msg_type(), msg.payload.len());
+            tracing::debug!(target: "colibri_lnet::node", dst = %msg.header.dest_nid, %hop,
+                "dropping message: peer not alive");
+            self.note_drop(local, hop, ty, len);
+            self.complete(now, id, Err(HealthError::RemoteDropped));
+            return;
+        }
         if let Role::Request { md } = msg.role
             && self.table.md_is_aborted(md)
         {
@@ -2991,12 +3091,143 @@ impl Node {
         }
         ni.status = status;
         tracing::info!(target: "colibri_lnet::node", %nid, ?status, "local NI status changed");
+        self.refresh_ni_check();
         if let Err(e) = self.post_ping_target() {
             tracing::warn!(target: "colibri_lnet::node", error = %e, "cannot rebuild ping buffer");
             return;
         }
         let actions = self.disc.local_ni_config_changed(now, self.ping_seq);
         self.run_actions(now, actions);
+    }
+
+    // ------------------------------------------------------------------
+    // A router's NI status follows the pings it gets (Lustre's
+    // lnet_update_ni_status_locked and lnet_parse)
+
+    /// How long a router's net may go without a ping from another node
+    /// before its NIs are marked down: `router_ping_timeout +
+    /// alive_router_check_interval` (110 s by default).
+    fn ni_silence(&self) -> Duration {
+        self.cfg.router_ping_timeout + self.cfg.router_check_interval
+    }
+
+    /// Recomputes [`Node::ni_check`]: with routing on, the earliest time a
+    /// net with an NI not yet down has been silent too long.
+    fn refresh_ni_check(&mut self) {
+        self.ni_check = if self.cfg.routing {
+            let quiet = self.ni_silence();
+            let nis = &self.nis;
+            self.net_alive
+                .iter()
+                .filter(|&&(net, _)| {
+                    nis.iter()
+                        .any(|n| n.cfg.nid.net() == net && n.status != NiStatus::Down)
+                })
+                .map(|&(_, t)| t + quiet)
+                .min()
+        } else {
+            None
+        };
+    }
+
+    /// A router got a ping (a GET on the reserved portal) from another node
+    /// on local NI `ni`: its net is alive, and the NI up if it was down.
+    fn ping_arrived(&mut self, now: Time, ni: Nid) {
+        let net = ni.net();
+        if let Some(e) = self.net_alive.iter_mut().find(|e| e.0 == net) {
+            e.1 = e.1.max(now);
+        }
+        let Some(n) = self.nis.iter_mut().find(|n| n.cfg.nid == ni) else {
+            return;
+        };
+        if n.status == NiStatus::Up {
+            // The deadline only moves later: a check that comes early
+            // finds nothing silent and looks again.
+            return;
+        }
+        n.status = NiStatus::Up;
+        tracing::info!(target: "colibri_lnet::node", nid = %ni, "pinged: router NI up");
+        self.ni_status_changed(now);
+    }
+
+    /// Marks down the NIs of every net no ping reached for
+    /// [`Node::ni_silence`].
+    fn check_silent_nets(&mut self, now: Time) {
+        let quiet = self.ni_silence();
+        let mut changed = false;
+        for &(net, t) in &self.net_alive {
+            if now < t + quiet {
+                continue;
+            }
+            for n in self
+                .nis
+                .iter_mut()
+                .filter(|n| n.cfg.nid.net() == net && n.status != NiStatus::Down)
+            {
+                tracing::info!(target: "colibri_lnet::node", nid = %n.cfg.nid, silent = ?quiet, "no ping: router NI down");
+                n.status = NiStatus::Down;
+                changed = true;
+            }
+        }
+        if changed {
+            self.ni_status_changed(now);
+        } else {
+            self.refresh_ni_check();
+        }
+    }
+
+    /// A router's NI status changed: the ping buffer is rebuilt and pushed
+    /// to the node's Multi-Rail peers when discovery is on
+    /// (`lnet_push_update_to_peers(1)`).
+    fn ni_status_changed(&mut self, now: Time) {
+        self.refresh_ni_check();
+        if let Err(e) = self.post_ping_target() {
+            tracing::warn!(target: "colibri_lnet::node", error = %e, "cannot rebuild ping buffer");
+            return;
+        }
+        let actions = self.disc.local_ni_config_changed(now, self.ping_seq);
+        self.run_actions(now, actions);
+    }
+
+    /// Whether peer aliveness is on for the net of local NI `ni`: routing
+    /// on and the net's `peer_timeout` above 0
+    /// (`lnet_peer_aliveness_enabled`).
+    fn aliveness_enabled(&self, ni: Nid) -> bool {
+        self.cfg.routing
+            && self
+                .nis
+                .iter()
+                .find(|n| n.cfg.nid == ni)
+                .is_some_and(|n| n.cfg.peer_timeout > 0)
+    }
+
+    /// An LND's word on peer NI `peer` of local NI `ni` (`lnet_notify`):
+    /// `alive` false when it has no connection left to the peer and could
+    /// not make one (`ksocknal_peer_failed`). A router drops what it would
+    /// forward to a peer NI down (where `peer_timeout` is above 0) until a
+    /// message comes from it or its ping data says it is up. Notices about
+    /// another net's NID or the node's own are ignored.
+    pub fn notify(&mut self, now: Time, ni: Nid, peer: Nid, alive: bool) {
+        let _ = now;
+        if ni.net() != peer.net() || self.is_local_nid(peer) || peer.is_any() {
+            tracing::debug!(target: "colibri_lnet::node", %ni, %peer, "notification ignored");
+            return;
+        }
+        let changed = if alive {
+            self.peer_down.remove(&peer)
+        } else {
+            self.peer_down.insert(peer)
+        };
+        if changed {
+            tracing::info!(target: "colibri_lnet::node", %ni, %peer, alive, "peer NI status notified");
+        }
+    }
+
+    /// Whether peer NI `nid` is known to be down (an LND's death notice or
+    /// its ping data, and nothing received from it since).
+    #[must_use]
+    pub fn peer_ni_down(&self, nid: Nid) -> bool {
+        self.peer_down.contains(&nid)
     }
 
     fn finalize_ok(&mut self, now: Time, msg: OutMsg) {
@@ -3102,6 +3333,7 @@ impl Node {
                         self.stats.push_received += 1;
                         self.pushes_received
                             .push_back((ev.info.source, info.clone()));
+                        self.routes.on_gateway_push(now, &info);
                         let actions = self.disc.handle_push(now, ev.info.source, info);
                         self.run_actions(now, actions);
                     }
@@ -3335,6 +3567,20 @@ impl Node {
                 p.received.add(ty);
                 p.recv_length += u64::from(len);
             }
+        }
+        // Whatever comes from a peer NI says it is up (lnet_parse).
+        if !self.peer_down.is_empty() && self.peer_down.remove(&from) {
+            tracing::debug!(target: "colibri_lnet::node", peer = %from, "peer NI up again: a message came from it");
+        }
+        // A router's NIs live on the pings they get (lnet_parse: GETs on
+        // the reserved portal from other nodes, forwarded ones included).
+        if self.cfg.routing
+            && ty == MsgType::Get
+            && ni != Nid::LO_0
+            && header.body.portal() == Some(RESERVED_PORTAL)
+            && !self.is_local_nid(src)
+        {
+            self.ping_arrived(now, ni);
         }
         let for_me =
             header.dest_nid == ni || (ni == Nid::LO_0 && self.is_local_nid(header.dest_nid));
@@ -4001,6 +4247,7 @@ impl Node {
         t = earlier(t, self.delayed_tx.first_key_value().map(|(k, _)| k.0));
         t = earlier(t, self.disc.poll_timeout());
         t = earlier(t, self.health.poll_timeout());
+        t = earlier(t, self.ni_check);
         earlier(t, self.routes.poll_timeout())
     }
 
@@ -4082,6 +4329,10 @@ impl Node {
                     self.routes.on_router_ping_failed(now, p.gateway);
                 }
             }
+        }
+        // A router's silent nets.
+        if self.ni_check.is_some_and(|t| t <= now) {
+            self.check_silent_nets(now);
         }
         // Health: recovery pings with back-off.
         if self.health.poll_timeout().is_some_and(|t| t <= now) {

@@ -272,6 +272,22 @@ impl RouteTable {
         self.refresh_next_timer();
     }
 
+    /// Changes `router_ping_timeout` (pings sent from now on).
+    pub fn set_router_ping_timeout(&mut self, timeout: Duration) {
+        self.config.router_ping_timeout = timeout;
+    }
+
+    /// Changes `avoid_asym_router_failure` (applied at each gateway's next
+    /// answer).
+    pub fn set_avoid_asym_router_failure(&mut self, on: bool) {
+        self.config.avoid_asym_router_failure = on;
+    }
+
+    /// Changes `check_routers_before_use` (routes added from now on).
+    pub fn set_check_routers_before_use(&mut self, on: bool) {
+        self.config.check_routers_before_use = on;
+    }
+
     fn refresh_next_timer(&mut self) {
         self.next_timer = self
             .gateways
@@ -535,8 +551,33 @@ impl RouteTable {
             return;
         };
         g.ping_deadline = None;
-        g.alive = true;
         self.refresh_next_timer();
+        self.judge_routes(gateway, info);
+    }
+
+    /// A node pushed its ping data (a router does when its NIs' status
+    /// changes): if it is a gateway of ours (the data lists the gateway's
+    /// NID), its routes are judged on the data at once, as on a router ping
+    /// reply, without waiting for the next ping.
+    pub fn on_gateway_push(&mut self, now: Time, info: &PingInfo) {
+        let _ = now;
+        let gateways: Vec<Nid> = self
+            .gateways
+            .keys()
+            .filter(|&&g| info.nis.iter().any(|n| n.nid == g))
+            .copied()
+            .collect();
+        for gateway in gateways {
+            tracing::debug!(target: TARGET, %gateway, "gateway pushed its NI status");
+            self.judge_routes(gateway, info);
+        }
+    }
+
+    /// The gateway's routes as its ping data shows them (lnet.md 6.3).
+    fn judge_routes(&mut self, gateway: Nid, info: &PingInfo) {
+        if let Some(g) = self.gateways.get_mut(&gateway) {
+            g.alive = true;
+        }
         let routing = !info.features.contains(PingFeatures::RTE_DISABLED);
         let up_on = |net: Net| {
             info.nis

@@ -517,3 +517,264 @@ fn a_router_rule_picks_the_gateway() {
     .unwrap();
     assert_eq!(routed_by(&mut sim), (10, 0));
 }
+
+/// Sanity-lnet's router topology (tests 222-225) with its module
+/// parameters (`alive_router_check_interval=5 router_ping_timeout=5`): a
+/// client on tcp, a router, a peer on o2ib1, no route yet.
+fn aliveness(seed: u64, avoid_asym: bool, discovery: bool) -> Sim {
+    let mut topo = Topology::new(seed)
+        .node("client", &["10.0.0.1@tcp"])
+        .node("router", &["10.0.0.3@tcp", "192.168.1.3@o2ib1"])
+        .node("rpeer", &["192.168.1.2@o2ib1"]);
+    for name in ["client", "router", "rpeer"] {
+        topo = topo.configure(name, |c| {
+            c.router_check_interval = Duration::from_secs(5);
+            c.router_ping_timeout = Duration::from_secs(5);
+            c.avoid_asym_router_failure = avoid_asym;
+            c.discovery = discovery;
+            c.transaction_timeout = Duration::from_secs(10);
+            c.routing = name == "router";
+        });
+    }
+    Sim::new(topo).unwrap()
+}
+
+fn ni_status(sim: &Sim, node: &str, ni: &str) -> colibri_lnet::wire::NiStatus {
+    sim.node(node).ni_info(nid(ni)).unwrap().status
+}
+
+fn route_alive(sim: &Sim, node: &str, to: &str) -> bool {
+    sim.node(node).routes_to(net(to))[0].is_alive()
+}
+
+/// Whether `from` gets an answer to an LNet ping of `to`.
+fn pings(sim: &mut Sim, from: &str, to: &str) -> bool {
+    sim.with_node(from, |n, now| n.ping(now, nid(to))).unwrap();
+    sim.run_for(Duration::from_secs(11)).unwrap();
+    let r = sim.node_mut(from).poll_ping_result().unwrap();
+    assert_eq!(r.nid, nid(to));
+    r.result.is_ok()
+}
+
+/// Sanity-lnet 222-225 (`do_aarf_enabled_test`, `do_aarf_disabled_test`):
+/// a router's NIs are down until something pings them and go down again
+/// `router_ping_timeout + alive_router_check_interval` after the last
+/// ping; with `avoid_asym_router_failure` a route is alive only while the
+/// router's NIs on both of its nets are up.
+fn router_nis_live_on_pings(avoid_asym: bool, discovery: bool) {
+    let (client_gw, rpeer_gw) = ("10.0.0.3@tcp", "192.168.1.3@o2ib1");
+    let mut sim = aliveness(22, avoid_asym, discovery);
+    let up = colibri_lnet::wire::NiStatus::Up;
+    let down = colibri_lnet::wire::NiStatus::Down;
+    // Nobody pings the router: both NIs go down after 5 + 5 s.
+    sim.run_for(Duration::from_secs(9)).unwrap();
+    assert_eq!(ni_status(&sim, "router", client_gw), up);
+    sim.run_for(Duration::from_secs(2)).unwrap();
+    assert_eq!(
+        (
+            ni_status(&sim, "router", client_gw),
+            ni_status(&sim, "router", rpeer_gw)
+        ),
+        (down, down)
+    );
+    // The client's route: its router pings wake the router's tcp NI.
+    sim.with_node("client", |n, now| {
+        n.add_route(now, net("o2ib1"), nid(client_gw), None, 0)
+    })
+    .unwrap();
+    sim.run_for(Duration::from_secs(6)).unwrap();
+    assert_eq!(
+        (
+            ni_status(&sim, "router", client_gw),
+            ni_status(&sim, "router", rpeer_gw)
+        ),
+        (up, down)
+    );
+    assert_eq!(route_alive(&sim, "client", "o2ib1"), !avoid_asym);
+    if avoid_asym {
+        assert!(!pings(&mut sim, "client", "192.168.1.2@o2ib1"));
+    }
+    // The symmetric route wakes the other NI, and the routes come up.
+    sim.with_node("rpeer", |n, now| {
+        n.add_route(now, net("tcp"), nid(rpeer_gw), None, 0)
+    })
+    .unwrap();
+    sim.run_for(Duration::from_secs(11)).unwrap();
+    assert_eq!(
+        (
+            ni_status(&sim, "router", client_gw),
+            ni_status(&sim, "router", rpeer_gw)
+        ),
+        (up, up)
+    );
+    assert!(route_alive(&sim, "client", "o2ib1"));
+    assert!(route_alive(&sim, "rpeer", "tcp"));
+    assert!(pings(&mut sim, "client", "192.168.1.2@o2ib1"));
+    assert!(pings(&mut sim, "rpeer", "10.0.0.1@tcp"));
+    // The client goes (its route and NI with it): the router's tcp NI goes
+    // down once the silence lasts, and the peer's route with it when
+    // asymmetric failures are avoided.
+    sim.with_node("client", |n, _| n.del_route(net("o2ib1"), nid(client_gw)))
+        .unwrap();
+    sim.with_node("client", |n, now| n.del_ni(now, nid("10.0.0.1@tcp")))
+        .unwrap();
+    sim.run_for(Duration::from_secs(21)).unwrap();
+    assert_eq!(
+        (
+            ni_status(&sim, "router", client_gw),
+            ni_status(&sim, "router", rpeer_gw)
+        ),
+        (down, up)
+    );
+    assert_eq!(route_alive(&sim, "rpeer", "tcp"), !avoid_asym);
+}
+
+#[test]
+fn router_nis_live_on_pings_with_avoid_asym_router_failure() {
+    router_nis_live_on_pings(true, true);
+}
+
+#[test]
+fn router_nis_live_on_pings_with_avoid_asym_router_failure_discovery_off() {
+    router_nis_live_on_pings(true, false);
+}
+
+#[test]
+fn router_nis_live_on_pings_without_avoid_asym_router_failure() {
+    router_nis_live_on_pings(false, true);
+}
+
+#[test]
+fn router_nis_live_on_pings_without_avoid_asym_router_failure_discovery_off() {
+    router_nis_live_on_pings(false, false);
+}
+
+/// Peer aliveness on a router (Lustre's `lnet_check_message_drop`, sanity-lnet
+/// 227): once the router's LND reports the server's NI dead, what the router
+/// would forward to it is dropped and counted for that peer NI, until a
+/// message from the server says it is back; a net whose `peer_timeout` is 0
+/// has no aliveness and forwards anyway.
+#[test]
+fn a_router_drops_what_it_would_forward_to_a_dead_peer() {
+    let server_nid = nid("192.168.1.2@o2ib1");
+    let router_far = nid("192.168.1.3@o2ib1");
+    let mut sim = routed(12);
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    let inbox_mem = sim.register_mem("server", vec![0; 64]);
+    post_any(
+        &mut sim,
+        "server",
+        4,
+        MdSpec::new(inbox_mem, MdOptions::OP_PUT | MdOptions::TRUNCATE),
+    );
+    let server = ProcessId::lustre(server_nid);
+    let mut offset = 0;
+    // One PUT without an ACK from the client; whether it reached the
+    // server's buffer.
+    let mut put = |sim: &mut Sim| -> bool {
+        offset += 1;
+        let data = sim.register_mem("client", vec![7; 1]);
+        let src = sim
+            .with_node("client", |n, _| {
+                n.md_bind(MdSpec::new(data, MdOptions::empty()))
+            })
+            .unwrap();
+        let before = sim
+            .mem("server", inbox_mem.key)
+            .iter()
+            .filter(|&&b| b == 7)
+            .count();
+        sim.with_node("client", |n, now| {
+            n.put(now, src, false, server, 4, 0, offset, 0)
+        })
+        .unwrap();
+        sim.run_for(Duration::from_secs(1)).unwrap();
+        sim.mem("server", inbox_mem.key)
+            .iter()
+            .filter(|&&b| b == 7)
+            .count()
+            > before
+    };
+    assert!(put(&mut sim));
+    let dropped = |sim: &Sim| {
+        sim.node("router")
+            .peer_ni_stats(server_nid)
+            .map_or(0, |s| s.dropped.put)
+    };
+    // The server's interface dies, and the router's LND says so.
+    sim.set_ni_down(server_nid, true);
+    sim.with_node("router", |n, now| {
+        n.notify(now, router_far, server_nid, false)
+    });
+    assert!(sim.node("router").peer_ni_down(server_nid));
+    let sent_before = sim
+        .node("router")
+        .peer_ni_stats(server_nid)
+        .map_or(0, |s| s.sent.put);
+    assert!(!put(&mut sim), "forwarded to a dead peer");
+    assert!(!put(&mut sim), "forwarded to a dead peer");
+    assert_eq!(dropped(&sim), 2);
+    assert_eq!(
+        sim.node("router")
+            .peer_ni_stats(server_nid)
+            .map_or(0, |s| s.sent.put),
+        sent_before,
+        "nothing was sent to the dead peer"
+    );
+    assert!(sim.node("router").peer_ni_down(server_nid));
+    // The server comes back and pings the router: it is up again.
+    sim.set_ni_down(server_nid, false);
+    sim.with_node("server", |n, now| n.ping(now, router_far))
+        .unwrap();
+    sim.run_for(Duration::from_secs(1)).unwrap();
+    assert!(!sim.node("router").peer_ni_down(server_nid));
+    assert!(put(&mut sim));
+    // Notices of another net's NID or of the router's own are ignored.
+    sim.with_node("router", |n, now| {
+        n.notify(now, router_far, nid("10.0.0.1@tcp"), false);
+        n.notify(now, router_far, router_far, false);
+    });
+    assert!(!sim.node("router").peer_ni_down(nid("10.0.0.1@tcp")));
+    // Without peer aliveness on that net, the router forwards anyway.
+    let mut topo_sim = {
+        let topo = Topology::parse(
+            "seed 13\n\
+             node client 10.0.0.1@tcp\n\
+             node router 10.0.0.3@tcp 192.168.1.3@o2ib1 routing\n\
+             node server 192.168.1.2@o2ib1\n\
+             route client o2ib1 10.0.0.3@tcp hops 1\n\
+             route server tcp 192.168.1.3@o2ib1 hops 1\n",
+        )
+        .unwrap()
+        .configure("router", |c| {
+            for ni in &mut c.nis {
+                ni.peer_timeout = 0;
+            }
+        });
+        Sim::new(topo).unwrap()
+    };
+    topo_sim.run_for(Duration::from_secs(1)).unwrap();
+    let inbox = topo_sim.register_mem("server", vec![0; 8]);
+    post_any(
+        &mut topo_sim,
+        "server",
+        4,
+        MdSpec::new(inbox, MdOptions::OP_PUT | MdOptions::TRUNCATE),
+    );
+    topo_sim.with_node("router", |n, now| {
+        n.notify(now, router_far, server_nid, false)
+    });
+    let data = topo_sim.register_mem("client", vec![9; 1]);
+    let src = topo_sim
+        .with_node("client", |n, _| {
+            n.md_bind(MdSpec::new(data, MdOptions::empty()))
+        })
+        .unwrap();
+    topo_sim
+        .with_node("client", |n, now| {
+            n.put(now, src, false, server, 4, 0, 0, 0)
+        })
+        .unwrap();
+    topo_sim.run_for(Duration::from_secs(1)).unwrap();
+    assert_eq!(topo_sim.mem("server", inbox.key)[0], 9);
+}
