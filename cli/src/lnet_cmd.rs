@@ -84,7 +84,9 @@ enum LnetCmd {
     /// and lnetctl's globals (discovery, retry_count, transaction_timeout,
     /// health_sensitivity, drop_asym_route, response_tracking,
     /// recovery_limit, max_recovery_ping_interval, max_interfaces), plus
-    /// alive_router_check_interval.
+    /// the router checker's module parameters alive_router_check_interval,
+    /// router_ping_timeout, avoid_asym_router_failure and
+    /// check_routers_before_use.
     ///
     /// numa_range (no NUMA here), recovery_interval and router_sensitivity
     /// (deprecated in Lustre) are kept and shown but change nothing: a
@@ -315,6 +317,14 @@ enum NetCmd {
         /// socket LND's `tos`).
         #[arg(long, allow_negative_numbers = true)]
         tos: Option<i64>,
+        /// The net's peer timeout in seconds (-1: 180, 0: off): above 0, a
+        /// router drops what it would forward to a peer NI known dead.
+        #[arg(
+            long = "peer-timeout",
+            alias = "peer_timeout",
+            allow_negative_numbers = true
+        )]
+        peer_timeout: Option<i64>,
     },
     /// Delete a local NI, or every NI of a net.
     Del {
@@ -780,12 +790,14 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 peer_buffer_credits,
                 conns_per_peer,
                 tos,
+                peer_timeout,
             } => Command::NetAdd {
                 nid: nid.clone(),
                 credits: *credits,
                 peer_credits: *peer_credits,
                 peer_buffer_credits: *peer_buffer_credits,
                 tos: *tos,
+                peer_timeout: *peer_timeout,
                 conns_per_peer: *conns_per_peer,
             },
             NetCmd::Del { nid, net } => Command::NetDel {

@@ -1753,3 +1753,164 @@ fn ping_resolves_a_host_name() {
     // A range is not a host name: refused as it was.
     n.fails(&["ping", "local[1-2]host@tcp"], "");
 }
+
+/// Lustre's sanity-lnet test 222 (`do_aarf_enabled_test`), with its module
+/// parameters scaled down (`alive_router_check_interval` and
+/// `router_ping_timeout` 1 s): a router's NIs are down while nobody pings
+/// them, each comes up with the pings of the node whose route names it,
+/// and a route is up only while the router's NIs on both of its nets are;
+/// when the client goes (`lnet unconfigure`), the router's NI on its net
+/// goes down and the far peer's route with it. Then the far peer stops
+/// avoiding asymmetric failures (`set avoid_asym_router_failure 0`) and its
+/// route is up again (test 224's last step).
+#[test]
+fn router_nis_and_routes_live_on_pings_as_sanity_lnet_checks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let ips = ["127.0.85.1", "127.0.85.2", "127.0.86.2", "127.0.86.3"].map(|s| s.parse().unwrap());
+    let port = common_free_port(&ips);
+    let g = format!(
+        "{}    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
+        global(port)
+    );
+    let (client_gw, rpeer_gw) = ("127.0.85.2@tcp", "127.0.86.2@tcp1");
+    let router = Node::start(
+        dir.path(),
+        "router",
+        &format!(
+            "net:\n{}{}routing:\n    enable: 1\n{g}",
+            ni("tcp", client_gw),
+            ni("tcp1", rpeer_gw)
+        ),
+    );
+    let client = Node::start(
+        dir.path(),
+        "client",
+        &format!("net:\n{}{g}", ni("tcp", "127.0.85.1@tcp")),
+    );
+    let rpeer = Node::start(
+        dir.path(),
+        "rpeer",
+        &format!("net:\n{}{g}", ni("tcp1", "127.0.86.3@tcp1")),
+    );
+    let limit = Duration::from_secs(20);
+    let statuses = || {
+        ["tcp", "tcp1"].map(|net| {
+            let v = router.json(&["net", "show", "--net", net]);
+            v["net"][0]["local NI(s)"][0]["status"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+    };
+    let router_nis = |want: [&str; 2]| {
+        wait_for(limit, &format!("router NIs {want:?}"), || {
+            let s = statuses();
+            if s == want { Ok(()) } else { Err(s) }
+        });
+    };
+    let route_state = |node: &Node| -> String {
+        let v = node.json(&["route", "show", "-v"]);
+        v["route"][0]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let route = |node: &Node, want: &str| {
+        wait_for(limit, &format!("{} route {want}", node.name), || {
+            let s = route_state(node);
+            if s == want { Ok(()) } else { Err(s) }
+        });
+    };
+    let pings = |node: &Node, nid: &str| {
+        lnet(Some(&node.ctl), &["ping", nid, "--timeout", "2"]).code == Some(0)
+    };
+    router_nis(["down", "down"]);
+    assert!(!pings(&client, "127.0.86.3@tcp1"));
+    // The client's route wakes the router's NI on its net only.
+    client.ok(&["route", "add", "--net", "tcp1", "--gateway", client_gw]);
+    router_nis(["up", "down"]);
+    route(&client, "down");
+    assert!(!pings(&client, "127.0.86.3@tcp1"));
+    // The symmetric route: both NIs up, both routes up, pings pass.
+    rpeer.ok(&["route", "add", "--net", "tcp", "--gateway", rpeer_gw]);
+    router_nis(["up", "up"]);
+    route(&client, "up");
+    route(&rpeer, "up");
+    assert!(pings(&client, "127.0.86.3@tcp1"));
+    assert!(pings(&rpeer, "127.0.85.1@tcp"));
+    // Stop LNet on the client.
+    client.ok(&["lnet", "unconfigure"]);
+    router_nis(["down", "up"]);
+    route(&rpeer, "down");
+    assert!(!pings(&rpeer, "127.0.85.1@tcp"));
+    rpeer.ok(&["set", "avoid_asym_router_failure", "0"]);
+    route(&rpeer, "up");
+}
+
+/// Lustre's sanity-lnet test 227 ("Check router peer health w/DD
+/// disabled"): discovery off, health sensitivity 0; the far peer stops
+/// LNet, and the router, told by its socket LND that the peer's NI is gone,
+/// drops the client's pings instead of forwarding them (`peer show -v 2`
+/// counts them in `dropped_stats`), as long as the net's `peer_timeout` is
+/// above 0; the peer's NI shows `state: down` there.
+#[test]
+fn a_router_drops_pings_for_a_dead_peer_as_sanity_lnet_checks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ips = ["127.0.87.1", "127.0.87.2", "127.0.88.2", "127.0.88.3"].map(|s| s.parse().unwrap());
+    let port = common_free_port(&ips);
+    let g = format!(
+        "{}    discovery: 0\n    health_sensitivity: 0\n",
+        global(port)
+    );
+    let (client_gw, rpeer_gw, rpeer_nid) = ("127.0.87.2@tcp", "127.0.88.2@tcp1", "127.0.88.3@tcp1");
+    let router = Node::start(
+        dir.path(),
+        "router",
+        &format!(
+            "net:\n{}{}routing:\n    enable: 1\n{g}",
+            ni("tcp", client_gw),
+            ni("tcp1", rpeer_gw)
+        ),
+    );
+    let client = Node::start(
+        dir.path(),
+        "client",
+        &format!(
+            "net:\n{}route:\n    - net: tcp1\n      gateway: {client_gw}\n{g}",
+            ni("tcp", "127.0.87.1@tcp")
+        ),
+    );
+    let rpeer = Node::start(
+        dir.path(),
+        "rpeer",
+        &format!(
+            "net:\n{}route:\n    - net: tcp\n      gateway: {rpeer_gw}\n{g}",
+            ni("tcp1", rpeer_nid)
+        ),
+    );
+    let pings = |node: &Node, nid: &str| {
+        lnet(Some(&node.ctl), &["ping", nid, "--timeout", "2"]).code == Some(0)
+    };
+    assert!(pings(&client, rpeer_nid));
+    assert!(pings(&rpeer, "127.0.87.1@tcp"));
+    let export = router.ok(&["export", "-b"]);
+    assert!(export.contains("peer_timeout: 180"), "{export}");
+    rpeer.ok(&["lnet", "unconfigure"]);
+    let dropped_gets = || {
+        let v = router.json(&["peer", "show", "-v", "2", "--nid", rpeer_nid]);
+        let ni = peer_ni(&v, rpeer_nid).clone();
+        (num(&ni, &["dropped_stats", "get"]), ni["state"].clone())
+    };
+    wait_for(
+        Duration::from_secs(10),
+        "the router to hear the peer is gone",
+        || {
+            let (_, state) = dropped_gets();
+            if state == "down" { Ok(()) } else { Err(state) }
+        },
+    );
+    assert!(!pings(&client, rpeer_nid));
+    assert!(!pings(&client, rpeer_nid));
+    let (dropped, _) = dropped_gets();
+    assert!(dropped > 0, "dropped GETs {dropped}");
+}

@@ -65,7 +65,7 @@ use std::time::Duration;
 
 use colibri_lnet::credits::RouterBufferConfig;
 use colibri_lnet::ids::{Net, Nid};
-use colibri_lnet::node::{NiConfig, Node, ResponseTracking};
+use colibri_lnet::node::{DEFAULT_PEER_TIMEOUT, NiConfig, Node, ResponseTracking};
 use colibri_lnet::socklnd::AcceptPolicy;
 use colibri_lnet::udsp::{Rule, Udsp};
 
@@ -129,6 +129,24 @@ pub struct NiConf {
     /// `lnd tunables: tos`, 0 to 255 (`None`, or -1 in a file: the socket
     /// LND's `tos`).
     pub tos: Option<i32>,
+    /// `tunables: peer_timeout` in seconds (-1 in a file: 180, Lustre's
+    /// default; 0: no peer aliveness on a router).
+    pub peer_timeout: u32,
+}
+
+impl NiConf {
+    /// The node's configuration of this NI.
+    #[must_use]
+    pub fn to_ni_config(&self) -> NiConfig {
+        let mut c = NiConfig::new(self.nid);
+        c.credits = self.credits;
+        c.peer_credits = self.peer_credits;
+        c.peer_buffer_credits = self.peer_buffer_credits;
+        c.conns_per_peer = self.conns_per_peer.unwrap_or(0);
+        c.tos = self.tos.unwrap_or(-1);
+        c.peer_timeout = self.peer_timeout;
+        c
+    }
 }
 
 /// A DLC-configured peer.
@@ -156,8 +174,10 @@ pub struct RouteConf {
 }
 
 /// `global:` names in `lnetctl global show` order, with Lustre's defaults,
-/// then `alive_router_check_interval` (Lustre's module parameter of that
-/// name, settable here). Those marked `false` are recorded and shown but
+/// then the router checker's module parameters (`alive_router_check_interval`,
+/// `router_ping_timeout`, `avoid_asym_router_failure`,
+/// `check_routers_before_use`: Lustre's module parameters of those names,
+/// settable here). Those marked `false` are recorded and shown but
 /// change nothing here, as [`no_effect_reason`] says: `numa_range` (no NUMA
 /// distances: every NI is as near as any other), `recovery_interval` and
 /// `router_sensitivity` (deprecated in Lustre, which ignores them too);
@@ -177,6 +197,9 @@ pub const GLOBALS: &[(&str, i64, bool)] = &[
     ("recovery_limit", 0, true),
     ("max_recovery_ping_interval", 900, true),
     ("alive_router_check_interval", 60, true),
+    ("router_ping_timeout", 50, true),
+    ("avoid_asym_router_failure", 1, true),
+    ("check_routers_before_use", 0, true),
 ];
 
 /// Why a global marked without effect in [`GLOBALS`] changes nothing
@@ -696,19 +719,7 @@ impl NodeConf {
     pub fn to_lnet_config(&self) -> LnetConfig {
         let nids: Vec<Nid> = self.nis.iter().map(|n| n.nid).collect();
         let mut cfg = LnetConfig::new(&nids);
-        cfg.node.nis = self
-            .nis
-            .iter()
-            .map(|n| {
-                let mut c = NiConfig::new(n.nid);
-                c.credits = n.credits;
-                c.peer_credits = n.peer_credits;
-                c.peer_buffer_credits = n.peer_buffer_credits;
-                c.conns_per_peer = n.conns_per_peer.unwrap_or(0);
-                c.tos = n.tos.unwrap_or(-1);
-                c
-            })
-            .collect();
+        cfg.node.nis = self.nis.iter().map(NiConf::to_ni_config).collect();
         cfg.accept_port = self.accept_port.unwrap_or(DEFAULT_ACCEPT_PORT);
         if let Some(a) = self.accept {
             cfg.accept = a;
@@ -739,6 +750,11 @@ impl NodeConf {
         }
         if let Some(v) = self.global.get("health_sensitivity") {
             cfg.node.health_sensitivity = u32::try_from(*v).unwrap_or(0);
+            // Health off means no resends: Lustre's `sensitivity_set`
+            // sets the retry count to 0 with it.
+            if cfg.node.health_sensitivity == 0 {
+                cfg.node.retry_count = 0;
+            }
         }
         let secs = |v: &i64| Duration::from_secs(u64::try_from(*v).unwrap_or(0));
         if let Some(v) = self.global.get("drop_asym_route") {
@@ -758,6 +774,15 @@ impl NodeConf {
         }
         if let Some(v) = self.global.get("alive_router_check_interval") {
             cfg.node.router_check_interval = secs(v);
+        }
+        if let Some(v) = self.global.get("router_ping_timeout") {
+            cfg.node.router_ping_timeout = secs(v);
+        }
+        if let Some(v) = self.global.get("avoid_asym_router_failure") {
+            cfg.node.avoid_asym_router_failure = *v != 0;
+        }
+        if let Some(v) = self.global.get("check_routers_before_use") {
+            cfg.node.check_routers_before_use = *v != 0;
         }
         if let Some(v) = self.global.get("max_interfaces") {
             cfg.node.max_interfaces = u32::try_from(*v).unwrap_or(u32::MAX);
@@ -792,6 +817,7 @@ impl NodeConf {
                     n.conns_per_peer
                 }),
                 tos: (n.tos >= 0).then_some(n.tos),
+                peer_timeout: n.peer_timeout,
             })
             .collect();
         let peers = node
@@ -842,6 +868,15 @@ impl NodeConf {
             "alive_router_check_interval".into(),
             secs(cfg.router_check_interval),
         );
+        global.insert("router_ping_timeout".into(), secs(cfg.router_ping_timeout));
+        global.insert(
+            "avoid_asym_router_failure".into(),
+            i64::from(cfg.avoid_asym_router_failure),
+        );
+        global.insert(
+            "check_routers_before_use".into(),
+            i64::from(cfg.check_routers_before_use),
+        );
         global.insert("max_interfaces".into(), i64::from(cfg.max_interfaces));
         for (name, default, _) in GLOBALS {
             global.entry((*name).to_owned()).or_insert(*default);
@@ -868,7 +903,7 @@ impl NodeConf {
             let mut ni = Doc::map().with("nid", n.nid.to_string()).with(
                 "tunables",
                 Doc::map()
-                    .with("peer_timeout", 0_i64)
+                    .with("peer_timeout", n.peer_timeout)
                     .with("peer_credits", n.peer_credits)
                     .with("peer_buffer_credits", n.peer_buffer_credits)
                     .with("credits", n.credits),
@@ -997,8 +1032,13 @@ fn peer_doc(p: &PeerConf) -> Doc {
 /// Out-of-range values.
 pub fn check_global(name: &str, val: i64, at: &str) -> Result<(), ConfError> {
     let ok = match name {
-        "discovery" | "drop_asym_route" => (0..=1).contains(&val),
-        "transaction_timeout" | "recovery_interval" => (1..=i64::from(u32::MAX)).contains(&val),
+        "discovery"
+        | "drop_asym_route"
+        | "avoid_asym_router_failure"
+        | "check_routers_before_use" => (0..=1).contains(&val),
+        "transaction_timeout" | "recovery_interval" | "router_ping_timeout" => {
+            (1..=i64::from(u32::MAX)).contains(&val)
+        }
         "response_tracking" => (0..=3).contains(&val),
         "router_sensitivity" => (0..=100).contains(&val),
         "health_sensitivity" => (0..=1000).contains(&val),
@@ -1027,6 +1067,7 @@ fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<
         peer_buffer_credits: 0,
         conns_per_peer: None,
         tos: None,
+        peer_timeout: DEFAULT_PEER_TIMEOUT,
     };
     let mut have_nid = false;
     let mut interfaces = None;
@@ -1064,12 +1105,17 @@ fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<
                                 u32::try_from(uint(tv, &tat, 1 << 20)?).unwrap_or(0);
                         }
                         "peer_timeout" => {
-                            if int(tv, &tat)? != 0 {
-                                warn.push(format!(
-                                    "{tat} = {}: not implemented here (no peer aliveness), ignored",
-                                    show(tv)
-                                ));
-                            }
+                            // -1: the LND's default, as Lustre's
+                            // `lct_peer_timeout`.
+                            n.peer_timeout = match int(tv, &tat)? {
+                                -1 => DEFAULT_PEER_TIMEOUT,
+                                t => u32::try_from(t).map_err(|_| {
+                                    ConfError::invalid(
+                                        &tat,
+                                        format!("{t} is not a peer timeout (-1, 0 or seconds)"),
+                                    )
+                                })?,
+                            };
                         }
                         other => return Err(unknown(&kat, other)),
                     }
@@ -1230,6 +1276,9 @@ global:
             "drop_asym_route: 2",
             "max_recovery_ping_interval: 0",
             "alive_router_check_interval: -1",
+            "router_ping_timeout: 0",
+            "avoid_asym_router_failure: 2",
+            "check_routers_before_use: -1",
             "router_sensitivity: 101",
             "health_sensitivity: 1001",
         ] {
@@ -1237,7 +1286,7 @@ global:
             assert_eq!(e.errno(), 22, "{bad}: {e}");
         }
         let (c, warn) = NodeConf::from_yaml(&format!(
-            "{ni}global:\n    numa_range: 3\n    router_sensitivity: 50\n    drop_asym_route: 1\n    response_tracking: 1\n    recovery_limit: 20\n    max_recovery_ping_interval: 30\n    max_interfaces: 64\n    alive_router_check_interval: 5\n"
+            "{ni}global:\n    numa_range: 3\n    router_sensitivity: 50\n    drop_asym_route: 1\n    response_tracking: 1\n    recovery_limit: 20\n    max_recovery_ping_interval: 30\n    max_interfaces: 64\n    alive_router_check_interval: 5\n    router_ping_timeout: 7\n    avoid_asym_router_failure: 0\n    check_routers_before_use: 1\n"
         ))
         .unwrap();
         assert_eq!(warn.len(), 2, "{warn:?}");
@@ -1250,6 +1299,9 @@ global:
         assert_eq!(n.max_recovery_ping_interval, Duration::from_secs(30));
         assert_eq!(n.max_interfaces, 64);
         assert_eq!(n.router_check_interval, Duration::from_secs(5));
+        assert_eq!(n.router_ping_timeout, Duration::from_secs(7));
+        assert!(!n.avoid_asym_router_failure);
+        assert!(n.check_routers_before_use);
     }
 
     #[test]
@@ -1262,7 +1314,38 @@ global:
         assert_eq!(c.routing, Some(false));
         assert!(warn.iter().any(|w| w.contains("eth0")), "{warn:?}");
         assert!(warn.iter().any(|w| w.contains("CPT")), "{warn:?}");
-        assert!(warn.iter().any(|w| w.contains("peer_timeout")), "{warn:?}");
+        assert_eq!(c.nis[0].peer_timeout, 180);
+    }
+
+    /// Sanity-lnet 231's values: -1 is the default (180), the others are
+    /// kept through an export; a negative one other than -1 is refused.
+    #[test]
+    fn peer_timeout_survives_export() {
+        let ni = |pto: &str| {
+            format!(
+                "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 10.0.0.1@tcp\n          tunables:\n              peer_timeout: {pto}\n"
+            )
+        };
+        for (given, kept) in [("-1", 180), ("0", 0), ("60", 60), ("180", 180)] {
+            let (c, warn) = NodeConf::from_yaml(&ni(given)).unwrap();
+            assert!(warn.is_empty(), "{warn:?}");
+            assert_eq!(c.nis[0].peer_timeout, kept);
+            assert_eq!(c.to_lnet_config().node.nis[0].peer_timeout, kept);
+            let text = c.to_yaml();
+            assert!(text.contains(&format!("peer_timeout: {kept}\n")), "{text}");
+            assert_eq!(NodeConf::from_yaml(&text).unwrap().0, c);
+        }
+        let e = NodeConf::from_yaml(&ni("-2")).unwrap_err();
+        assert_eq!(e.errno(), 22);
+    }
+
+    /// Health off turns resends off, as Lustre's `sensitivity_set` does.
+    #[test]
+    fn health_sensitivity_zero_means_no_retries() {
+        let text = "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 10.0.0.1@tcp\nglobal:\n    retry_count: 2\n    health_sensitivity: 0\n";
+        let (c, _) = NodeConf::from_yaml(text).unwrap();
+        let n = c.to_lnet_config().node;
+        assert_eq!((n.health_sensitivity, n.retry_count), (0, 0));
     }
 
     #[test]
@@ -1343,6 +1426,7 @@ global:
                                     conns_per_peer,
                                     tos: (credits % 5 == 0)
                                         .then(|| i32::try_from(credits % 256).unwrap_or(0)),
+                                    peer_timeout: credits % 200,
                                 },
                             )
                             .collect(),
@@ -1373,7 +1457,10 @@ global:
                             .map(|(i, v)| {
                                 let name = GLOBALS[i].0;
                                 let v = match name {
-                                    "discovery" | "drop_asym_route" => v % 2,
+                                    "discovery"
+                                    | "drop_asym_route"
+                                    | "avoid_asym_router_failure"
+                                    | "check_routers_before_use" => v % 2,
                                     "response_tracking" => v % 4,
                                     "max_interfaces" => v + 16,
                                     "transaction_timeout" | "max_recovery_ping_interval" => {

@@ -96,6 +96,15 @@ pub(crate) enum Input {
     Payload(RxId, PayloadOutcome),
     /// `handle_tx_withdrawn`: the LND gave the transmit back unsent.
     Withdrawn(TxId),
+    /// `notify`: the LND's word on a peer NI (`lnet_notify`).
+    Notify {
+        /// The local NI.
+        ni: Nid,
+        /// The peer NI.
+        peer: Nid,
+        /// Alive or down.
+        alive: bool,
+    },
 }
 
 /// The node and what lives with it under the node lock.
@@ -661,6 +670,10 @@ fn apply(node: &mut Node, now: Time, inputs: impl Iterator<Item = Input>) {
             Input::TxDone(id, res) => node.handle_tx_done(now, id, res),
             Input::Payload(rx, outcome) => node.handle_payload(now, rx, outcome),
             Input::Withdrawn(id) => node.handle_tx_withdrawn(now, id),
+            Input::Notify { ni, peer, alive } => {
+                node.notify(now, ni, peer, alive);
+                Ok(())
+            }
         };
         if let Err(e) = r {
             tracing::warn!(target: TARGET, error = %e, "node refused a completion");

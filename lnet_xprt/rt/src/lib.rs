@@ -1114,6 +1114,40 @@ impl Lnet {
         Ok(())
     }
 
+    /// `router_ping_timeout` (seconds): a router ping's reply time, and
+    /// with `alive_router_check_interval` how long a router's net stays up
+    /// without a ping.
+    ///
+    /// # Errors
+    /// A node shut down.
+    pub fn set_router_ping_timeout(&self, timeout: Duration) -> Result<(), LnetError> {
+        let s = self.live()?;
+        s.run(Vec::new(), |c, _| c.node.set_router_ping_timeout(timeout));
+        Ok(())
+    }
+
+    /// `avoid_asym_router_failure`: a single-hop route needs its gateway's
+    /// NIs on both nets up.
+    ///
+    /// # Errors
+    /// A node shut down.
+    pub fn set_avoid_asym_router_failure(&self, on: bool) -> Result<(), LnetError> {
+        let s = self.live()?;
+        s.run(Vec::new(), |c, _| c.node.set_avoid_asym_router_failure(on));
+        Ok(())
+    }
+
+    /// `check_routers_before_use`: new routes are dead until their gateway
+    /// answers a router ping.
+    ///
+    /// # Errors
+    /// A node shut down.
+    pub fn set_check_routers_before_use(&self, on: bool) -> Result<(), LnetError> {
+        let s = self.live()?;
+        s.run(Vec::new(), |c, _| c.node.set_check_routers_before_use(on));
+        Ok(())
+    }
+
     /// `lnetctl set max_interfaces N` (at least 16).
     ///
     /// # Errors

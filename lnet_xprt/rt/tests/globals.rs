@@ -86,6 +86,9 @@ fn every_global_is_set_shown_exported_and_given_to_the_node() {
         ("recovery_limit", 30),
         ("max_recovery_ping_interval", 64),
         ("alive_router_check_interval", 5),
+        ("router_ping_timeout", 7),
+        ("avoid_asym_router_failure", 0),
+        ("check_routers_before_use", 1),
         ("max_interfaces", 32),
     ] {
         let r = set(&d, name, &v.to_string()).unwrap();
@@ -103,6 +106,12 @@ fn every_global_is_set_shown_exported_and_given_to_the_node() {
     assert_eq!(c.recovery_limit, Some(Duration::from_secs(30)));
     assert_eq!(c.max_recovery_ping_interval, Duration::from_secs(64));
     assert_eq!(c.router_check_interval, Duration::from_secs(5));
+    assert_eq!(c.router_ping_timeout, Duration::from_secs(7));
+    assert!(!c.avoid_asym_router_failure);
+    assert!(c.check_routers_before_use);
+    let rc = d.lnet().with_node(|n| *n.routes().config());
+    assert_eq!(rc.router_ping_timeout, Duration::from_secs(7));
+    assert!(!rc.avoid_asym_router_failure && rc.check_routers_before_use);
     assert_eq!(c.max_interfaces, 32);
     let h = d.lnet().with_node(|n| *n.health().config());
     assert_eq!(h.max_recovery_ping_interval, Duration::from_secs(64));
@@ -132,6 +141,9 @@ fn every_global_is_set_shown_exported_and_given_to_the_node() {
         ("max_recovery_ping_interval", "0"),
         ("max_interfaces", "15"),
         ("alive_router_check_interval", "-1"),
+        ("router_ping_timeout", "0"),
+        ("avoid_asym_router_failure", "2"),
+        ("check_routers_before_use", "-1"),
         ("lnd_timeout", "3"),
     ] {
         let e = set(&d, name, v).unwrap_err();
@@ -373,6 +385,7 @@ fn net_add_with_tunables_makes_them_effective() {
             peer_buffer_credits: None,
             conns_per_peer: Some(2),
             tos: None,
+            peer_timeout: None,
         },
     )
     .unwrap();
@@ -385,6 +398,7 @@ fn net_add_with_tunables_makes_them_effective() {
             peer_buffer_credits: Some(3),
             conns_per_peer: Some(2),
             tos: None,
+            peer_timeout: Some(60),
         },
     )
     .unwrap();
@@ -397,6 +411,7 @@ fn net_add_with_tunables_makes_them_effective() {
             peer_buffer_credits: None,
             conns_per_peer: Some(0),
             tos: None,
+            peer_timeout: None,
         },
     )
     .unwrap_err();
@@ -416,6 +431,7 @@ fn net_add_with_tunables_makes_them_effective() {
         "peer_credits: 4",
         "peer_buffer_credits: 3",
         "credits: 64",
+        "peer_timeout: 60",
         "conns_per_peer: 2",
         "sent_stats:",
         // The NI's credit queue has its 64 credits.
@@ -435,7 +451,9 @@ fn net_add_with_tunables_makes_them_effective() {
     .unwrap()
     .to_yaml();
     assert!(
-        y0.contains("conns_per_peer: 1") && y0.contains("credits: 256"),
+        y0.contains("conns_per_peer: 1")
+            && y0.contains("credits: 256")
+            && y0.contains("peer_timeout: 180"),
         "{y0}"
     );
 

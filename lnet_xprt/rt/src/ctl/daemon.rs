@@ -14,7 +14,7 @@ use colibri_lnet::health::{HealthStatus, NiSide};
 use colibri_lnet::ids::{Net, Nid};
 use colibri_lnet::matching::{Event, MdHandle};
 use colibri_lnet::nidrange;
-use colibri_lnet::node::{MsgTypeCounts, NiConfig, Node, ResponseTracking};
+use colibri_lnet::node::{DEFAULT_PEER_TIMEOUT, MsgTypeCounts, NiConfig, Node, ResponseTracking};
 use colibri_lnet::socklnd::AcceptPolicy;
 use colibri_lnet::udsp::Rule;
 use colibri_lnet::wire::{NiStatus, PingFeatures, PingInfo};
@@ -426,9 +426,24 @@ impl Daemon {
                 peer_buffer_credits,
                 conns_per_peer,
                 tos,
+                peer_timeout,
             } => {
                 let nid = nid_arg(&nid, "add", "net")?;
                 let mut ni = NiConfig::new(nid);
+                if let Some(t) = peer_timeout {
+                    // -1: the default, as lnetctl's.
+                    ni.peer_timeout = match t {
+                        -1 => DEFAULT_PEER_TIMEOUT,
+                        t => u32::try_from(t).map_err(|_| {
+                            Failure::new(
+                                "add",
+                                "net",
+                                errno::EINVAL,
+                                format!("invalid peer timeout {t}: -1, 0 or seconds"),
+                            )
+                        })?,
+                    };
+                }
                 if let Some(t) = tos {
                     ni.tos = i32::try_from(t)
                         .ok()
@@ -1015,7 +1030,7 @@ impl Daemon {
                     d.push(
                         "tunables",
                         Doc::map()
-                            .with("peer_timeout", 0_i64)
+                            .with("peer_timeout", ni.peer_timeout)
                             .with("peer_credits", ni.peer_credits)
                             .with("peer_buffer_credits", ni.peer_buffer_credits)
                             .with("credits", ni.credits),
@@ -1273,7 +1288,14 @@ impl Daemon {
                         }
                         tt = Duration::from_secs(u64::from(u32v()?));
                     }
-                    _ => sens = u32v()?,
+                    _ => {
+                        sens = u32v()?;
+                        // Turning health off turns resends off
+                        // (Lustre's `sensitivity_set`).
+                        if sens == 0 {
+                            retry = 0;
+                        }
+                    }
                 }
                 self.lnet.set_health(sens, retry, tt).map_err(lf)?;
             }
@@ -1302,6 +1324,24 @@ impl Daemon {
             "alive_router_check_interval" => {
                 let secs = Duration::from_secs(u64::from(u32v()?));
                 self.lnet.set_router_check_interval(secs).map_err(lf)?;
+            }
+            "router_ping_timeout" => {
+                let secs = u32v()?;
+                if secs == 0 {
+                    return Err(bad("must be at least 1"));
+                }
+                let secs = Duration::from_secs(u64::from(secs));
+                self.lnet.set_router_ping_timeout(secs).map_err(lf)?;
+            }
+            "avoid_asym_router_failure" => {
+                self.lnet
+                    .set_avoid_asym_router_failure(flag()?)
+                    .map_err(lf)?;
+            }
+            "check_routers_before_use" => {
+                self.lnet
+                    .set_check_routers_before_use(flag()?)
+                    .map_err(lf)?;
             }
             "max_interfaces" | "max_intf" => {
                 let n = u32v()?;
@@ -1543,26 +1583,28 @@ impl Daemon {
         for ni in &c.nis {
             if let Some(h) = have.iter().find(|h| h.nid == ni.nid) {
                 let cpp = self.lnet.conns_per_peer(h.nid).unwrap_or(0);
-                if (h.credits, h.peer_credits, h.peer_buffer_credits)
-                    != (ni.credits, ni.peer_credits, ni.peer_buffer_credits)
-                    || ni.conns_per_peer.is_some_and(|c| c != cpp)
+                if (
+                    h.credits,
+                    h.peer_credits,
+                    h.peer_buffer_credits,
+                    h.peer_timeout,
+                ) != (
+                    ni.credits,
+                    ni.peer_credits,
+                    ni.peer_buffer_credits,
+                    ni.peer_timeout,
+                ) || ni.conns_per_peer.is_some_and(|c| c != cpp)
                     || ni.tos.unwrap_or(-1) != h.tos
                 {
                     warn.push(format!(
-                        "net: {} exists; its tunables are those it was added with (credits {}, peer_credits {}, peer_buffer_credits {}, conns_per_peer {cpp}, tos {}), unchanged: delete and add it to change them",
-                        ni.nid, h.credits, h.peer_credits, h.peer_buffer_credits, h.tos
+                        "net: {} exists; its tunables are those it was added with (credits {}, peer_credits {}, peer_buffer_credits {}, peer_timeout {}, conns_per_peer {cpp}, tos {}), unchanged: delete and add it to change them",
+                        ni.nid, h.credits, h.peer_credits, h.peer_buffer_credits, h.peer_timeout, h.tos
                     ));
                 }
                 continue;
             }
-            let mut cfg = NiConfig::new(ni.nid);
-            cfg.credits = ni.credits;
-            cfg.peer_credits = ni.peer_credits;
-            cfg.peer_buffer_credits = ni.peer_buffer_credits;
-            cfg.conns_per_peer = ni.conns_per_peer.unwrap_or(0);
-            cfg.tos = ni.tos.unwrap_or(-1);
             self.lnet
-                .add_ni(cfg)
+                .add_ni(ni.to_ni_config())
                 .map_err(|e| lnet_fail("import", "net", &e))?;
         }
         if c.accept_port
@@ -1930,10 +1972,14 @@ fn peer_doc(
     let nis = nids
         .iter()
         .map(|&nid| {
-            let mut ni = Doc::map().with("nid", nid.to_string()).with(
-                "state",
-                table.ni(nid).map_or("NA", |x| status_name(x.status())),
-            );
+            // Down when the LND said so (and nothing came from it since),
+            // as Lustre's `lpni_ns_status`; else what its ping data says.
+            let state = if n.peer_ni_down(nid) {
+                "down"
+            } else {
+                table.ni(nid).map_or("NA", |x| status_name(x.status()))
+            };
+            let mut ni = Doc::map().with("nid", nid.to_string()).with("state", state);
             if verbose {
                 let c = PeerNiCredits::of(n, nid);
                 ni.push("max_ni_tx_credits", c.max_tx);

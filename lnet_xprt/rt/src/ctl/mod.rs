@@ -170,6 +170,9 @@ pub enum Command {
         /// LND's `tos`).
         #[serde(default)]
         tos: Option<i64>,
+        /// The net's `peer_timeout` (-1: 180; 0: no peer aliveness).
+        #[serde(default)]
+        peer_timeout: Option<i64>,
     },
     /// `net del --nid NID | --net NET`.
     NetDel {

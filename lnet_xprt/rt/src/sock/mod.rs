@@ -893,18 +893,22 @@ impl SockLnd {
     }
 
     /// A connection is gone: it leaves its peer. Returns what was still
-    /// queued on it.
-    pub(crate) fn forget_conn(&self, c: &Conn) -> VecDeque<TxItem> {
+    /// queued on it, and whether the peer is now without a connection and
+    /// none is being made (`ksocknal_peer_failed`: LNet is told the peer
+    /// NI is down).
+    pub(crate) fn forget_conn(&self, c: &Conn) -> (VecDeque<TxItem>, bool) {
+        let mut lost = false;
         if let Some(ni) = self.ni(c.ni) {
             let mut peers = ni.peers.lock();
             if let Some(p) = peers.get_mut(&c.peer) {
                 p.conns.remove(c.id);
                 p.refs.remove(&c.id);
+                lost = p.refs.is_empty() && !p.connecting;
             }
         }
         let q = std::mem::take(&mut *c.txq.lock());
         c.queued_bytes.store(0, Ordering::Relaxed);
-        q
+        (q, lost)
     }
 
     /// The end of an active connection job (success or failure).
@@ -931,7 +935,13 @@ impl SockLnd {
                     p.reconnect.on_failure(now);
                 }
                 if p.refs.is_empty() && !lost_race {
-                    // Nothing can carry the waiting messages.
+                    // Nothing can carry the waiting messages, and LNet
+                    // hears that the peer NI is down (ksocknal_peer_failed).
+                    inputs.push(Input::Notify {
+                        ni: ni.nid,
+                        peer: peer_nid,
+                        alive: false,
+                    });
                     let status = TxFailure::Queued(err).health_status();
                     for item in p.pending.drain(..) {
                         if let Some(id) = item.id {

@@ -1115,7 +1115,14 @@ impl Scheduler {
             self.inputs
                 .push(Input::TxDone(id, health_error(f.health_status())));
         }
-        let queued = self.lnd.forget_conn(conn);
+        let (queued, lost) = self.lnd.forget_conn(conn);
+        if lost {
+            self.inputs.push(Input::Notify {
+                ni: conn.ni,
+                peer: conn.peer,
+                alive: false,
+            });
+        }
         let status = TxFailure::Queued(why.err).health_status();
         for item in queued {
             if let Some(id) = item.id {
