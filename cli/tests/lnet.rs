@@ -232,10 +232,26 @@ fn three_nodes_routed_and_configured_at_run_time() {
     assert!(server.ok(&["fault", "drop", "show"]).trim_end() == "fault:");
     client.ok(&["ping", "127.0.14.4@tcp1", "--timeout", "5"]);
 
-    // Routing switched off at run time: nothing goes through any more.
+    // Routing switched off at run time, gracefully (Lustre's
+    // LNET_ROUTING_STOPPING: advertised at once, forwarding for
+    // alive_router_check_interval + router_ping_timeout, here 1 + 1 s);
+    // then nothing goes through any more.
+    for n in [&client, &server, &router] {
+        n.ok(&["set", "alive_router_check_interval", "1"]);
+        n.ok(&["set", "router_ping_timeout", "1"]);
+    }
     router.ok(&["set", "routing", "0"]);
     let routing = router.ok(&["routing", "show"]);
-    assert!(routing.contains("    - enable: 0"), "{routing}");
+    assert!(routing.contains("    - enable: 2"), "stopping: {routing}");
+    router.fails_errno(&["set", "routing", "1"], 16, "being stopped");
+    let routing = wait_for(Duration::from_secs(10), "routing stopped", || {
+        let r = router.ok(&["routing", "show"]);
+        if r.contains("    - enable: 0") {
+            Ok(r)
+        } else {
+            Err(r)
+        }
+    });
     assert!(
         routing.contains("    - cpt[0]:") && routing.contains("nbuffers:"),
         "{routing}"
@@ -777,7 +793,21 @@ fn the_routed_example_works() {
             .ok(&["routing", "show"])
             .contains("    - enable: 1\n")
     );
+    // Off and on again, gracefully (1 + 1 s each way here): pings stop
+    // going through, then come back.
+    for n in [&router, &server, &client] {
+        n.ok(&["set", "alive_router_check_interval", "1"]);
+        n.ok(&["set", "router_ping_timeout", "1"]);
+    }
     router.ok(&["set", "routing", "0"]);
+    wait_for(Duration::from_secs(10), "routing stopped", || {
+        let r = router.ok(&["routing", "show"]);
+        if r.contains("    - enable: 0") {
+            Ok(())
+        } else {
+            Err(r)
+        }
+    });
     client.fails(
         &["ping", "127.0.4.4@tcp1", "--timeout", "2"],
         "127.0.4.4@tcp1",

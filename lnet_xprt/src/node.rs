@@ -146,6 +146,45 @@ pub enum NodeError {
     /// Unknown or finished receive id in `handle_payload`.
     #[error("unknown receive id {0:?}")]
     NoSuchRx(RxId),
+    /// `set routing 1` while routing is stopping (Lustre's `-EBUSY`).
+    #[error("cannot enable routing while it is being stopped")]
+    RoutingStopping,
+}
+
+/// Whether the node forwards for others, as Lustre's `ln_routing`
+/// (`routing show`'s `enable`, [`RoutingState::code`]). A router changed
+/// at run time changes gracefully: it stops advertising before it stops
+/// forwarding, and forwards before it advertises, each for
+/// `alive_router_check_interval + router_ping_timeout`, so that the nodes
+/// routing through it learn of the change (their router pings) before
+/// anything is dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RoutingState {
+    /// Not forwarding, and the ping buffer says so (`RTE_DISABLED`).
+    Disabled,
+    /// Forwarding and advertised.
+    Enabled,
+    /// `set routing 0`: advertised as disabled at once, still forwarding
+    /// until the interval has passed and the router buffers are free, or
+    /// three intervals have.
+    Stopping,
+    /// `set routing 1`: forwarding at once, advertised once the interval
+    /// has passed.
+    Starting,
+}
+
+impl RoutingState {
+    /// Lustre's number for it (`LNET_ROUTING_*`: 0 disabled, 1 enabled,
+    /// 2 stopping, 3 starting).
+    #[must_use]
+    pub const fn code(self) -> u8 {
+        match self {
+            Self::Disabled => 0,
+            Self::Enabled => 1,
+            Self::Stopping => 2,
+            Self::Starting => 3,
+        }
+    }
 }
 
 /// Configuration of one local NI.
@@ -1093,6 +1132,13 @@ pub struct Node {
     /// When a router next marks a silent net's NIs down (routing on and
     /// some net with an NI not down), see [`Node::refresh_ni_check`].
     ni_check: Option<Time>,
+    /// Forwarding state; `cfg.routing` is "not disabled" (Lustre's
+    /// `lnet_routing_enabled`).
+    routing: RoutingState,
+    /// When a routing change in progress is next looked at, and when a
+    /// stop ends whatever the buffers.
+    routing_at: Option<Time>,
+    routing_until: Option<Time>,
     /// Peer NIs known to be down (Lustre's `lpni_ns_status`): an LND's
     /// death notice or the peer's own ping data put them here, any message
     /// from them takes them out.
@@ -1245,6 +1291,13 @@ impl Node {
             net_alive: Vec::new(),
             ni_check: None,
             peer_down: BTreeSet::new(),
+            routing: if cfg.routing {
+                RoutingState::Enabled
+            } else {
+                RoutingState::Disabled
+            },
+            routing_at: None,
+            routing_until: None,
             udsp: cfg.udsp.clone(),
             cfg: NodeConfig {
                 nis: Vec::new(),
@@ -1401,7 +1454,7 @@ impl Node {
         if self.cfg.discovery {
             features = features.with(PingFeatures::DISCOVERY);
         }
-        if !self.cfg.routing {
+        if self.routing != RoutingState::Enabled {
             features = features.with(PingFeatures::RTE_DISABLED);
         }
         PingInfo {
@@ -1521,12 +1574,93 @@ impl Node {
         Ok(())
     }
 
-    /// Turns routing (forwarding) on or off.
+    /// Turns routing (forwarding) on or off (`lnetctl set routing 1|0`),
+    /// gracefully ([`RoutingState`]): on starts forwarding at once and
+    /// advertises it after `alive_router_check_interval +
+    /// router_ping_timeout`; off advertises it at once and stops
+    /// forwarding after that interval once no router buffer is in use (at
+    /// most three intervals). A node configured to route from the start
+    /// routes at once.
+    ///
+    /// # Errors
+    /// [`NodeError::RoutingStopping`]: on while a stop is under way.
     pub fn set_routing(&mut self, now: Time, on: bool) -> Result<(), NodeError> {
-        self.cfg.routing = on;
-        self.routes.set_routing(on);
+        let interval = self.ni_silence();
+        let next = match (self.routing, on) {
+            (RoutingState::Stopping, true) => return Err(NodeError::RoutingStopping),
+            (RoutingState::Disabled, true) => {
+                self.routing_at = Some(now + interval);
+                self.routing_until = None;
+                RoutingState::Starting
+            }
+            (RoutingState::Enabled | RoutingState::Starting, false) => {
+                self.routing_at = Some(now + interval);
+                self.routing_until = Some(now + interval * 3);
+                RoutingState::Stopping
+            }
+            _ => return Ok(()),
+        };
+        tracing::info!(target: "colibri_lnet::node", state = ?next, after = ?interval, "routing changing");
+        self.set_routing_state(now, next)
+    }
+
+    /// Stops forwarding at once, whatever is under way (LNet shutting
+    /// down: `lnetctl lnet unconfigure`).
+    pub fn disable_routing_now(&mut self, now: Time) {
+        if self.routing != RoutingState::Disabled
+            && let Err(e) = self.set_routing_state(now, RoutingState::Disabled)
+        {
+            tracing::warn!(target: "colibri_lnet::node", error = %e, "cannot rebuild ping buffer");
+        }
+    }
+
+    /// The forwarding state ([`RoutingState`]).
+    #[must_use]
+    pub const fn routing_state(&self) -> RoutingState {
+        self.routing
+    }
+
+    fn set_routing_state(&mut self, now: Time, state: RoutingState) -> Result<(), NodeError> {
+        self.routing = state;
+        let forwarding = state != RoutingState::Disabled;
+        self.cfg.routing = forwarding;
+        self.routes.set_routing(forwarding);
+        if matches!(state, RoutingState::Disabled | RoutingState::Enabled) {
+            self.routing_at = None;
+            self.routing_until = None;
+        }
         self.refresh_ni_check();
         self.local_config_changed(now)
+    }
+
+    /// A routing change's time came (Lustre's `lnet_check_routers`): a
+    /// start is advertised; a stop ends once no router buffer is in use,
+    /// or at its last time, else it is looked at again a second later.
+    fn routing_step(&mut self, now: Time) {
+        let next = match self.routing {
+            RoutingState::Starting => RoutingState::Enabled,
+            RoutingState::Stopping => {
+                let idle = [PoolKind::Tiny, PoolKind::Small, PoolKind::Large]
+                    .into_iter()
+                    .all(|k| {
+                        let p = self.rtr_credits.pool(k);
+                        p.in_flight() == 0 && p.queued() == 0
+                    });
+                if !idle && self.routing_until.is_some_and(|t| now < t) {
+                    self.routing_at = Some(now + Duration::from_secs(1));
+                    return;
+                }
+                RoutingState::Disabled
+            }
+            RoutingState::Disabled | RoutingState::Enabled => {
+                self.routing_at = None;
+                return;
+            }
+        };
+        tracing::info!(target: "colibri_lnet::node", state = ?next, "routing changed");
+        if let Err(e) = self.set_routing_state(now, next) {
+            tracing::warn!(target: "colibri_lnet::node", error = %e, "cannot rebuild ping buffer");
+        }
     }
 
     /// Adds a route (`lnetctl route add --net net --gateway gw [--hop] [--priority]`);
@@ -4248,6 +4382,7 @@ impl Node {
         t = earlier(t, self.disc.poll_timeout());
         t = earlier(t, self.health.poll_timeout());
         t = earlier(t, self.ni_check);
+        t = earlier(t, self.routing_at);
         earlier(t, self.routes.poll_timeout())
     }
 
@@ -4329,6 +4464,10 @@ impl Node {
                     self.routes.on_router_ping_failed(now, p.gateway);
                 }
             }
+        }
+        // A routing change in progress.
+        if self.routing_at.is_some_and(|t| t <= now) {
+            self.routing_step(now);
         }
         // A router's silent nets.
         if self.ni_check.is_some_and(|t| t <= now) {
@@ -4743,14 +4882,60 @@ mod tests {
         assert!(info.features.contains(PingFeatures::RTE_DISABLED));
         assert!(info.features.contains(PingFeatures::MULTI_RAIL));
         let seq = n.ping_seq();
-        n.set_routing(Time::ZERO, true).unwrap();
-        assert!(!n.ping_info().features.contains(PingFeatures::RTE_DISABLED));
         n.set_discovery(Time::ZERO, false).unwrap();
         assert!(!n.ping_info().features.contains(PingFeatures::DISCOVERY));
-        assert_eq!(n.ping_seq(), seq + 2);
+        assert_eq!(n.ping_seq(), seq + 1);
         n.del_ni(Time::ZERO, nid("10.0.0.1@tcp")).unwrap();
         assert_eq!(n.primary_nid(), nid("192.168.0.1@o2ib"));
-        assert_eq!(n.ping_seq(), seq + 3);
+        assert_eq!(n.ping_seq(), seq + 2);
+    }
+
+    /// Lustre's graceful routing changes (`LNET_ROUTING_STARTING` and
+    /// `_STOPPING`, sanity-lnet 257): forwarding starts before it is
+    /// advertised and stops after it no longer is; a start while stopping
+    /// is refused.
+    #[test]
+    fn routing_starts_and_stops_gracefully() {
+        let mut n = node(&["10.0.0.1@tcp", "192.168.0.1@o2ib"], true);
+        let interval = Duration::from_secs(110);
+        let rte_disabled = |n: &Node| n.ping_info().features.contains(PingFeatures::RTE_DISABLED);
+        let t0 = Time::from_secs(5);
+        n.set_routing(t0, true).unwrap();
+        assert_eq!(n.routing_state(), RoutingState::Starting);
+        assert!(n.config().routing, "forwards while starting");
+        assert!(rte_disabled(&n), "not advertised yet");
+        n.handle_timeout(t0 + Duration::from_secs(109));
+        assert_eq!(n.routing_state(), RoutingState::Starting);
+        n.handle_timeout(t0 + interval);
+        assert_eq!(n.routing_state(), RoutingState::Enabled);
+        assert!(!rte_disabled(&n));
+        assert_eq!(n.routing_state().code(), 1);
+        // Stop: advertised at once, forwarding for the interval.
+        let t1 = t0 + interval + Duration::from_secs(1);
+        n.set_routing(t1, false).unwrap();
+        assert_eq!(n.routing_state(), RoutingState::Stopping);
+        assert!(rte_disabled(&n) && n.config().routing);
+        assert!(matches!(
+            n.set_routing(t1, true),
+            Err(NodeError::RoutingStopping)
+        ));
+        n.handle_timeout(t1 + Duration::from_secs(109));
+        assert_eq!(n.routing_state(), RoutingState::Stopping);
+        n.handle_timeout(t1 + interval);
+        assert_eq!(n.routing_state(), RoutingState::Disabled);
+        assert!(!n.config().routing && rte_disabled(&n));
+        assert_eq!(n.poll_timeout(), None);
+        // Off when off, on when on: nothing changes.
+        n.set_routing(t1 + interval, false).unwrap();
+        assert_eq!(n.routing_state(), RoutingState::Disabled);
+        // Configured to route from the start: enabled at once.
+        let r = Node::new(NodeConfig {
+            routing: true,
+            ..NodeConfig::new(vec![NiConfig::new(nid("10.0.0.2@tcp"))])
+        })
+        .unwrap();
+        assert_eq!(r.routing_state(), RoutingState::Enabled);
+        assert!(!rte_disabled(&r));
     }
 
     #[test]

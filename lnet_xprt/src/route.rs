@@ -619,15 +619,20 @@ impl RouteTable {
 
     /// A message forwarded by `gateway` arrived from a node on `src_net`: a
     /// gateway considered dead is alive again, and so is its route to that
-    /// net.
+    /// net; a live gateway's routes are left as they are.
     pub fn on_message_from_gateway(&mut self, now: Time, gateway: Nid, src_net: Net) {
         let _ = now;
         let Some(g) = self.gateways.get_mut(&gateway) else {
             return;
         };
-        if !g.alive {
-            tracing::info!(target: TARGET, %gateway, "gateway revived by forwarded traffic");
+        // Only a gateway considered dead is revived (lnet_parse): a live
+        // one's routes keep what its ping data said (a route it reported
+        // down, or its routing stopping, stays down while it forwards what
+        // is still on its way).
+        if g.alive {
+            return;
         }
+        tracing::info!(target: TARGET, %gateway, "gateway revived by forwarded traffic");
         g.alive = true;
         for r in self.routes.values_mut().flatten() {
             if r.gateway == gateway && r.net == src_net {

@@ -778,3 +778,98 @@ fn a_router_drops_what_it_would_forward_to_a_dead_peer() {
     topo_sim.run_for(Duration::from_secs(1)).unwrap();
     assert_eq!(topo_sim.mem("server", inbox.key)[0], 9);
 }
+
+/// Sanity-lnet 257 ("Test graceful router shutdown/startup"): while a
+/// client streams PUTs to a server through two routers, one router's
+/// routing is switched off and later on again; it advertises the stop at
+/// once and forwards what still comes for the interval, and forwards before
+/// it advertises a start, so no message is dropped and every PUT is
+/// acknowledged (a router that stopped at once dropped the PUTs that came
+/// before the client's next router ping).
+#[test]
+fn a_router_stops_and_starts_routing_without_dropping() {
+    let mut topo = Topology::new(257)
+        .node("client", &["10.0.0.1@tcp"])
+        .node("r0", &["10.0.0.3@tcp", "192.168.1.3@o2ib1"])
+        .node("r1", &["10.0.0.4@tcp", "192.168.1.4@o2ib1"])
+        .node("server", &["192.168.1.2@o2ib1"])
+        .route("client", "o2ib1", "10.0.0.3@tcp", None, 0)
+        .route("client", "o2ib1", "10.0.0.4@tcp", None, 0)
+        .route("server", "tcp", "192.168.1.3@o2ib1", None, 0)
+        .route("server", "tcp", "192.168.1.4@o2ib1", None, 0);
+    for name in ["client", "r0", "r1", "server"] {
+        topo = topo.configure(name, |c| {
+            c.router_check_interval = Duration::from_secs(1);
+            c.router_ping_timeout = Duration::from_secs(1);
+            c.routing = name.starts_with('r');
+            // No pushes: the client learns of the change from its router
+            // pings only, as with discovery off in Lustre.
+            c.discovery = false;
+        });
+    }
+    let mut sim = Sim::new(topo.default_latency(Duration::from_millis(50))).unwrap();
+    sim.run_for(Duration::from_secs(3)).unwrap();
+    let inbox = sim.register_mem("server", vec![0; 8]);
+    post_any(
+        &mut sim,
+        "server",
+        4,
+        MdSpec::new(inbox, MdOptions::OP_PUT | MdOptions::TRUNCATE),
+    );
+    let server = ProcessId::lustre(nid("192.168.1.2@o2ib1"));
+    // A PUT every 20 ms for `secs` seconds; the count of ACKs that came.
+    let stream = |sim: &mut Sim, secs: u64| {
+        let data = sim.register_mem("client", vec![1; 8]);
+        let mut acks = 0;
+        for _ in 0..secs * 50 {
+            let md = sim
+                .with_node("client", |n, _| {
+                    n.md_bind(MdSpec::new(data, MdOptions::empty()).threshold(Threshold::Count(2)))
+                })
+                .unwrap();
+            sim.with_node("client", |n, now| n.put(now, md, true, server, 4, 0, 0, 0))
+                .unwrap();
+            sim.run_for(Duration::from_millis(20)).unwrap();
+        }
+        sim.run_for(Duration::from_secs(1)).unwrap();
+        for (_, e) in sim.take_events("client") {
+            if e.kind() == EventKind::Ack {
+                assert_eq!(e.status(), Ok(()), "{e:?}");
+                acks += 1;
+            }
+        }
+        acks
+    };
+    assert_eq!(stream(&mut sim, 1), 50);
+    let through = |sim: &Sim| sim.node("r0").stats().route_count;
+    assert!(through(&sim) > 0, "both routers carry the stream");
+    sim.with_node("r0", |n, now| n.set_routing(now, false))
+        .unwrap();
+    assert_eq!(
+        sim.node("r0").routing_state(),
+        colibri_lnet::node::RoutingState::Stopping
+    );
+    assert_eq!(stream(&mut sim, 5), 250);
+    assert_eq!(
+        sim.node("r0").routing_state(),
+        colibri_lnet::node::RoutingState::Disabled
+    );
+    let after_stop = through(&sim);
+    assert_eq!(stream(&mut sim, 1), 50);
+    assert_eq!(
+        through(&sim),
+        after_stop,
+        "nothing through a stopped router"
+    );
+    sim.with_node("r0", |n, now| n.set_routing(now, true))
+        .unwrap();
+    assert_eq!(stream(&mut sim, 5), 250);
+    assert_eq!(
+        sim.node("r0").routing_state(),
+        colibri_lnet::node::RoutingState::Enabled
+    );
+    assert!(through(&sim) > after_stop, "r0 routes again");
+    for r in ["r0", "r1"] {
+        assert_eq!(sim.node(r).stats().drop_count, 0, "{r} dropped");
+    }
+}

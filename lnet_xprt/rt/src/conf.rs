@@ -65,7 +65,7 @@ use std::time::Duration;
 
 use colibri_lnet::credits::RouterBufferConfig;
 use colibri_lnet::ids::{Net, Nid};
-use colibri_lnet::node::{DEFAULT_PEER_TIMEOUT, NiConfig, Node, ResponseTracking};
+use colibri_lnet::node::{DEFAULT_PEER_TIMEOUT, NiConfig, Node, ResponseTracking, RoutingState};
 use colibri_lnet::socklnd::AcceptPolicy;
 use colibri_lnet::udsp::{Rule, Udsp};
 
@@ -885,7 +885,12 @@ impl NodeConf {
             nis,
             peers,
             routes,
-            routing: Some(cfg.routing),
+            // What the node is becoming: a stop under way exports as off,
+            // a start as on.
+            routing: Some(matches!(
+                node.routing_state(),
+                RoutingState::Enabled | RoutingState::Starting
+            )),
             buffers: [Some(rb.tiny), Some(rb.small), Some(rb.large)],
             global,
             accept_port: Some(accept_port),

@@ -110,6 +110,7 @@ fn node_errno(e: &NodeError) -> i32 {
         | NodeError::NoSuchTransmit(_)
         | NodeError::NoSuchRx(_) => ENOENT,
         NodeError::DuplicateNi(_) => EEXIST,
+        NodeError::RoutingStopping => EBUSY,
         NodeError::Udsp(u) => match u {
             UdspError::Exists(_) => EALREADY,
             UdspError::NoSuchIndex(_) => ENOENT,

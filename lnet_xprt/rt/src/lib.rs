@@ -953,10 +953,23 @@ impl Lnet {
         Ok(s.run(Vec::new(), |c, _| c.node.del_route(net, gateway))?)
     }
 
-    /// `lnetctl set routing 0|1`.
+    /// Stops forwarding at once, without the graceful interval of
+    /// [`Lnet::set_routing`] (`lnetctl lnet unconfigure`).
     ///
     /// # Errors
-    /// Ping buffer rebuild failure.
+    /// A node shut down.
+    pub fn disable_routing_now(&self) -> Result<(), LnetError> {
+        let s = self.live()?;
+        s.run(Vec::new(), |c, now| c.node.disable_routing_now(now));
+        Ok(())
+    }
+
+    /// `lnetctl set routing 0|1`, gracefully: see
+    /// [`colibri_lnet::node::Node::set_routing`].
+    ///
+    /// # Errors
+    /// On while a stop is under way (`EBUSY`); ping buffer rebuild
+    /// failure.
     pub fn set_routing(&self, on: bool) -> Result<(), LnetError> {
         let s = self.live()?;
         Ok(s.run(Vec::new(), |c, now| c.node.set_routing(now, on))?)

@@ -248,9 +248,11 @@ fn commands_against_a_node() {
         r.get("buffers").and_then(|b| b.get("small")),
         Some(&Doc::Int(100))
     );
+    // Starting (Lustre's LNET_ROUTING_STARTING, 3): forwarding, advertised
+    // after alive_router_check_interval + router_ping_timeout.
     assert_eq!(
         r.get("routing").unwrap().items()[1].get("enable"),
-        Some(&Doc::Int(1))
+        Some(&Doc::Int(3))
     );
 
     // Fault rules: add, show, delete.
