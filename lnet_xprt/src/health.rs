@@ -464,6 +464,12 @@ pub struct HealthStats {
     pub by_status: [u64; 11],
     /// Resends granted.
     pub resends: u64,
+    /// Failures that would have been resent but had used up
+    /// `retry_count` (Lustre's `failed_resends`; none when it is 0).
+    pub failed_resends: u64,
+    /// Messages that succeeded after at least one resend (Lustre's
+    /// `successful_resends`).
+    pub successful_resends: u64,
     /// Response (ACK/REPLY) timeouts.
     pub response_timeouts: u64,
     /// Recovery pings emitted.
@@ -751,6 +757,9 @@ impl HealthMonitor {
         }
         let mut verdict = Verdict::default();
         if c.status == HealthStatus::Ok {
+            if c.retries_done > 0 {
+                self.stats.successful_resends += 1;
+            }
             verdict.local_status = self.change_local(now, c.local_ni, true);
             // Any success on the local NI, sent or received, resets its
             // recovery back-off (`lnet_health_check`: `ni_ping_count = 0`
@@ -792,11 +801,11 @@ impl HealthMonitor {
         // it for their aliveness) but, as anyone, resends only where the
         // next hop has another interface (lnet_health_check).
         let remote_ok = !reaction.remote_failure || c.peer_ni_count > 1 || c.peer_is_gateway;
-        verdict.resend = reaction.resend
-            && local_ok
-            && remote_ok
-            && !c.no_resend
-            && c.retries_done < self.config.retry_count;
+        let wanted = reaction.resend && local_ok && remote_ok && !c.no_resend;
+        verdict.resend = wanted && c.retries_done < self.config.retry_count;
+        if wanted && !verdict.resend && self.config.retry_count > 0 {
+            self.stats.failed_resends += 1;
+        }
         if verdict.resend {
             self.stats.resends += 1;
         }

@@ -190,6 +190,9 @@ fn peer_interface_unreachable_resends_to_other_peer_ni() {
     assert_eq!(peer_health(&sim, S_TCP), MAX_HEALTH);
     assert_eq!(local_health(&sim, C_IB), MAX_HEALTH, "not our NI's fault");
     assert_eq!(sim.node("client").stats().resend_count, 1);
+    // Lustre's stats show counters: the resent PUT went through.
+    let h = *sim.node("client").health().stats();
+    assert_eq!((h.successful_resends, h.failed_resends), (1, 0));
 }
 
 #[test]
@@ -233,6 +236,8 @@ fn all_interfaces_of_a_peer_unreachable_fails_after_retries() {
     sim.run_for(Duration::from_millis(10)).unwrap();
     // 1 try + retry_count (2) resends, alternating rails, then failure.
     assert_eq!(sim.node("client").stats().resend_count, 2);
+    let h = *sim.node("client").health().stats();
+    assert_eq!((h.successful_resends, h.failed_resends), (0, 1));
     let (_, status) = client_event(&sim, EventKind::Send).unwrap();
     assert_eq!(status, Err(OpError::NetworkError));
     assert_eq!(server_puts(&sim), 0);

@@ -1196,7 +1196,8 @@ impl Daemon {
                                 .with("small", pool(PoolKind::Small, 1))
                                 .with("large", pool(PoolKind::Large, 256)),
                         ),
-                        Doc::map().with("enable", i64::from(cfg.routing)),
+                        // Lustre's ln_routing: 2 stopping, 3 starting.
+                        Doc::map().with("enable", i64::from(n.routing_state().code())),
                     ],
                 )
                 .with(
@@ -1246,6 +1247,8 @@ impl Daemon {
                 d.push(k, hs.by_status.get(i).copied().unwrap_or(0));
             }
         }
+        d.push("failed_resends", hs.failed_resends);
+        d.push("successful_resends", hs.successful_resends);
         d.push("recv_count", s.recv_count);
         d.push("route_count", s.route_count);
         d.push("drop_count", s.drop_count);
@@ -1507,6 +1510,10 @@ impl Daemon {
         conf.global.clear();
         conf.buffers = [None; 3];
         let warn = self.import_del(&conf.to_yaml())?;
+        // LNet going down stops forwarding at once, not gracefully.
+        self.lnet
+            .disable_routing_now()
+            .map_err(|e| lnet_fail("unconfigure", "routing", &e))?;
         // What the export does not hold.
         let peers: Vec<Nid> = self.lnet.with_node(|n| {
             n.discovery()
