@@ -1784,6 +1784,45 @@ fn ping_resolves_a_host_name() {
     n.fails(&["ping", "local[1-2]host@tcp"], "");
 }
 
+/// Sanity-lnet's router test fabric as processes (`setup_router_test`):
+/// a client on `tcp`, a router on `tcp` and `tcp1` (routing on), a far
+/// peer on `tcp1`; `nids` are the client's, the router's two and the
+/// peer's; `globals` lines join every node's `global:`; with `routes`, the
+/// client and the peer route through the router (`config_routes`).
+/// Returns the client, the router and the peer.
+fn sanity_router_fabric(dir: &Path, nids: [&str; 4], globals: &str, routes: bool) -> [Node; 3] {
+    let ips = nids.map(|n| n.split('@').next().unwrap().parse().unwrap());
+    let g = format!("{}{globals}", global(common_free_port(&ips)));
+    let [client, client_gw, rpeer_gw, rpeer] = nids;
+    let route = |net: &str, gw: &str| {
+        if routes {
+            format!("route:\n    - net: {net}\n      gateway: {gw}\n")
+        } else {
+            String::new()
+        }
+    };
+    let router = Node::start(
+        dir,
+        "router",
+        &format!(
+            "net:\n{}{}routing:\n    enable: 1\n{g}",
+            ni("tcp", client_gw),
+            ni("tcp1", rpeer_gw)
+        ),
+    );
+    let client = Node::start(
+        dir,
+        "client",
+        &format!("net:\n{}{}{g}", ni("tcp", client), route("tcp1", client_gw)),
+    );
+    let rpeer = Node::start(
+        dir,
+        "rpeer",
+        &format!("net:\n{}{}{g}", ni("tcp1", rpeer), route("tcp", rpeer_gw)),
+    );
+    [client, router, rpeer]
+}
+
 /// Lustre's sanity-lnet test 222 (`do_aarf_enabled_test`), with its module
 /// parameters scaled down (`alive_router_check_interval` and
 /// `router_ping_timeout` 1 s): a router's NIs are down while nobody pings
@@ -1796,31 +1835,12 @@ fn ping_resolves_a_host_name() {
 #[test]
 fn router_nis_and_routes_live_on_pings_as_sanity_lnet_checks_them() {
     let dir = tempfile::tempdir().unwrap();
-    let ips = ["127.0.85.1", "127.0.85.2", "127.0.86.2", "127.0.86.3"].map(|s| s.parse().unwrap());
-    let port = common_free_port(&ips);
-    let g = format!(
-        "{}    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
-        global(port)
-    );
     let (client_gw, rpeer_gw) = ("127.0.85.2@tcp", "127.0.86.2@tcp1");
-    let router = Node::start(
+    let [client, router, rpeer] = sanity_router_fabric(
         dir.path(),
-        "router",
-        &format!(
-            "net:\n{}{}routing:\n    enable: 1\n{g}",
-            ni("tcp", client_gw),
-            ni("tcp1", rpeer_gw)
-        ),
-    );
-    let client = Node::start(
-        dir.path(),
-        "client",
-        &format!("net:\n{}{g}", ni("tcp", "127.0.85.1@tcp")),
-    );
-    let rpeer = Node::start(
-        dir.path(),
-        "rpeer",
-        &format!("net:\n{}{g}", ni("tcp1", "127.0.86.3@tcp1")),
+        ["127.0.85.1@tcp", client_gw, rpeer_gw, "127.0.86.3@tcp1"],
+        "    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
+        false,
     );
     let limit = Duration::from_secs(20);
     let statuses = || {
@@ -1886,37 +1906,12 @@ fn router_nis_and_routes_live_on_pings_as_sanity_lnet_checks_them() {
 #[test]
 fn a_router_drops_pings_for_a_dead_peer_as_sanity_lnet_checks_it() {
     let dir = tempfile::tempdir().unwrap();
-    let ips = ["127.0.87.1", "127.0.87.2", "127.0.88.2", "127.0.88.3"].map(|s| s.parse().unwrap());
-    let port = common_free_port(&ips);
-    let g = format!(
-        "{}    discovery: 0\n    health_sensitivity: 0\n",
-        global(port)
-    );
     let (client_gw, rpeer_gw, rpeer_nid) = ("127.0.87.2@tcp", "127.0.88.2@tcp1", "127.0.88.3@tcp1");
-    let router = Node::start(
+    let [client, router, rpeer] = sanity_router_fabric(
         dir.path(),
-        "router",
-        &format!(
-            "net:\n{}{}routing:\n    enable: 1\n{g}",
-            ni("tcp", client_gw),
-            ni("tcp1", rpeer_gw)
-        ),
-    );
-    let client = Node::start(
-        dir.path(),
-        "client",
-        &format!(
-            "net:\n{}route:\n    - net: tcp1\n      gateway: {client_gw}\n{g}",
-            ni("tcp", "127.0.87.1@tcp")
-        ),
-    );
-    let rpeer = Node::start(
-        dir.path(),
-        "rpeer",
-        &format!(
-            "net:\n{}route:\n    - net: tcp\n      gateway: {rpeer_gw}\n{g}",
-            ni("tcp1", rpeer_nid)
-        ),
+        ["127.0.87.1@tcp", client_gw, rpeer_gw, rpeer_nid],
+        "    discovery: 0\n    health_sensitivity: 0\n",
+        true,
     );
     let pings = |node: &Node, nid: &str| {
         lnet(Some(&node.ctl), &["ping", nid, "--timeout", "2"]).code == Some(0)

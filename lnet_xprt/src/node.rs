@@ -3225,13 +3225,7 @@ impl Node {
         }
         ni.status = status;
         tracing::info!(target: "colibri_lnet::node", %nid, ?status, "local NI status changed");
-        self.refresh_ni_check();
-        if let Err(e) = self.post_ping_target() {
-            tracing::warn!(target: "colibri_lnet::node", error = %e, "cannot rebuild ping buffer");
-            return;
-        }
-        let actions = self.disc.local_ni_config_changed(now, self.ping_seq);
-        self.run_actions(now, actions);
+        self.ni_status_changed(now);
     }
 
     // ------------------------------------------------------------------
@@ -3310,9 +3304,9 @@ impl Node {
         }
     }
 
-    /// A router's NI status changed: the ping buffer is rebuilt and pushed
-    /// to the node's Multi-Rail peers when discovery is on
-    /// (`lnet_push_update_to_peers(1)`).
+    /// A local NI's status changed (health, or a router's pings): the ping
+    /// buffer is rebuilt and pushed to the node's Multi-Rail peers when
+    /// discovery is on (`lnet_push_update_to_peers(1)`).
     fn ni_status_changed(&mut self, now: Time) {
         self.refresh_ni_check();
         if let Err(e) = self.post_ping_target() {
