@@ -1278,7 +1278,6 @@ impl<M> Discovery<M> {
         nids: &[Nid],
         multi_rail: bool,
     ) -> Result<PeerId, PeerError> {
-        let _ = now;
         let state = self.state_of(primary);
         match state {
             PeerState::Discovery | PeerState::WaitPingResponse | PeerState::PushSent => {
@@ -1286,6 +1285,42 @@ impl<M> Discovery<M> {
             }
             PeerState::Init | PeerState::Verify | PeerState::Active => {}
         }
+        // `primary` is another peer's NID, not its primary (Lustre's
+        // `lnet_peer_add`): a configured peer keeps it (`-EEXIST`), so does
+        // one whose primary is locked (`-EALREADY`); a peer only
+        // discovered is deleted and made again around `primary`.
+        if let Some(owner) = self.table.peer_of(primary)
+            && owner.primary_nid() != primary
+        {
+            let other = owner.primary_nid();
+            if owner.is_configured() {
+                return Err(PeerError::NidInUse {
+                    nid: primary,
+                    owner: other,
+                });
+            }
+            if owner.is_primary_locked() {
+                return Err(PeerError::OwnerPrimaryLocked {
+                    nid: primary,
+                    owner: other,
+                });
+            }
+            // Checked before anything goes: the new peer's NIDs must be
+            // free once the old peer is gone.
+            for &nid in nids {
+                if let Some(o) = self.table.peer_of(nid)
+                    && o.primary_nid() != other
+                {
+                    return Err(PeerError::NidInUse {
+                        nid,
+                        owner: o.primary_nid(),
+                    });
+                }
+            }
+            tracing::info!(target: TARGET, %primary, old = %other, "DLC peer add: a discovered peer made again around another primary NID");
+            self.dlc_del_peer_nis(now, other, &[])?;
+        }
+        let state = self.state_of(primary);
         let id = self.table.dlc_add(primary, nids, multi_rail)?;
         if state == PeerState::Init {
             self.disc
@@ -1912,6 +1947,45 @@ mod tests {
         assert!(matches!(err, PeerError::NidInUse { .. }));
         assert!(d.peers().ni(nid("10.0.0.8@tcp")).is_none(), "rolled back");
         assert_eq!(d.state_of(nid(A)), PeerState::Verify);
+        ok(&d);
+    }
+
+    /// `peer add --prim_nid` naming another peer's secondary NID, as
+    /// Lustre's `lnet_peer_add`: a discovered peer is made again around
+    /// it; a configured one keeps it (`EEXIST`), and so does one whose
+    /// primary is locked (`EALREADY`).
+    #[test]
+    fn dlc_add_with_another_peers_secondary_as_primary() {
+        let mut d = dd();
+        in_active(&mut d);
+        assert_eq!(d.peers().peer_of(nid(A_IB)).unwrap().primary_nid(), nid(A));
+        d.dlc_add_peer_nis(t(5), nid(A_IB), &[nid(A3)], true)
+            .unwrap();
+        let p = d.peers().peer_of(nid(A_IB)).unwrap();
+        assert_eq!(p.primary_nid(), nid(A_IB));
+        assert!(p.is_configured());
+        assert_eq!(p.nids().collect::<Vec<_>>().len(), 2, "A_IB and A3");
+        assert!(d.peers().peer_of(nid(A)).is_none(), "the old peer is gone");
+        ok(&d);
+
+        let mut d = dd();
+        in_verify(&mut d);
+        let err = d.dlc_add_peer_nis(t(2), nid(A_IB), &[], true).unwrap_err();
+        assert!(
+            matches!(err, PeerError::NidInUse { nid: n, owner } if n == nid(A_IB) && owner == nid(A)),
+            "{err:?}"
+        );
+        assert_eq!(d.peers().peer_of(nid(A_IB)).unwrap().primary_nid(), nid(A));
+
+        let mut d = dd();
+        in_active(&mut d);
+        d.set_primary_locked(nid(A), true).unwrap();
+        let err = d.dlc_add_peer_nis(t(5), nid(A_IB), &[], true).unwrap_err();
+        assert!(
+            matches!(err, PeerError::OwnerPrimaryLocked { .. }),
+            "{err:?}"
+        );
+        assert_eq!(d.peers().peer_of(nid(A_IB)).unwrap().primary_nid(), nid(A));
         ok(&d);
     }
 

@@ -749,12 +749,17 @@ pub struct LocalNiInfo {
     pub received: MsgTypeCounts,
     /// Dropped on it, by type.
     pub dropped: MsgTypeCounts,
+    /// Its LND reported its link down ([`Node::set_ni_link`]; Lustre's
+    /// `ni_fatal_error_on`, `fatal_error` in `net show -v`).
+    pub fatal: bool,
 }
 
 #[derive(Clone, Debug)]
 struct LocalNi {
     cfg: NiConfig,
     status: NiStatus,
+    /// The LND reported the link down (`ni_fatal_error_on`).
+    fatal: bool,
     send_count: u64,
     recv_count: u64,
     drop_count: u64,
@@ -1337,6 +1342,7 @@ impl Node {
         self.nis.push(LocalNi {
             cfg: ni,
             status: NiStatus::Up,
+            fatal: false,
             send_count: 0,
             recv_count: 0,
             drop_count: 0,
@@ -1403,6 +1409,7 @@ impl Node {
                 sent: n.sent,
                 received: n.received,
                 dropped: n.dropped,
+                fatal: n.fatal,
             })
     }
 
@@ -2908,6 +2915,7 @@ impl Node {
             health: health.local_health(n.cfg.nid),
             tx_credits: clamp(credits.ni_credits(n.cfg.nid)),
             priority: udsp.local_ni_priority(n.cfg.nid),
+            fatal: n.fatal,
             ..SelLocalNi::new(n.cfg.nid)
         }));
         let stats = NodePathStats {
@@ -3220,7 +3228,8 @@ impl Node {
         let Some(ni) = self.nis.iter_mut().find(|n| n.cfg.nid == nid) else {
             return;
         };
-        if ni.status == status {
+        // A link down keeps the NI down whatever its health does.
+        if ni.status == status || (ni.fatal && status == NiStatus::Up) {
             return;
         }
         ni.status = status;
@@ -3268,9 +3277,10 @@ impl Node {
         let Some(n) = self.nis.iter_mut().find(|n| n.cfg.nid == ni) else {
             return;
         };
-        if n.status == NiStatus::Up {
+        if n.status == NiStatus::Up || n.fatal {
             // The deadline only moves later: a check that comes early
-            // finds nothing silent and looks again.
+            // finds nothing silent and looks again. A link down keeps
+            // the NI down.
             return;
         }
         n.status = NiStatus::Up;
@@ -3333,10 +3343,14 @@ impl Node {
     /// `alive` false when it has no connection left to the peer and could
     /// not make one (`ksocknal_peer_failed`). A router drops what it would
     /// forward to a peer NI down (where `peer_timeout` is above 0) until a
-    /// message comes from it or its ping data says it is up. Notices about
+    /// message comes from it or its ping data says it is up. Where `peer`
+    /// is a gateway of ours and discovery is off (here, or on the
+    /// gateway: not Multi-Rail or advertising no discovery), the routes
+    /// through that NID go down or up at once, as Lustre's do, unless the
+    /// death was our NI's and a healthier NI of ours on the net can still
+    /// reach the gateway (`lnet_local_ni_superseded`). Notices about
     /// another net's NID or the node's own are ignored.
     pub fn notify(&mut self, now: Time, ni: Nid, peer: Nid, alive: bool) {
-        let _ = now;
         if ni.net() != peer.net() || self.is_local_nid(peer) || peer.is_any() {
             tracing::debug!(target: "colibri_lnet::node", %ni, %peer, "notification ignored");
             return;
@@ -3349,6 +3363,75 @@ impl Node {
         if changed {
             tracing::info!(target: "colibri_lnet::node", %ni, %peer, alive, "peer NI status notified");
         }
+        if self.routes.is_gateway(peer)
+            && self.gateway_discovery_disabled(peer)
+            && (alive || !self.local_ni_superseded(ni))
+        {
+            self.routes.on_gateway_notified(now, peer, alive);
+        }
+    }
+
+    /// Whether discovery is off for gateway NID `gw`: here, or on its side
+    /// (neither its peer entry nor its last ping data shows it Multi-Rail
+    /// with discovery on), as Lustre's `lnet_is_discovery_disabled`.
+    fn gateway_discovery_disabled(&self, gw: Nid) -> bool {
+        let discovered = self
+            .disc
+            .peers()
+            .peer_of(gw)
+            .is_some_and(|p| p.is_multi_rail() && !p.no_discovery())
+            || self.routes.gateway_does_discovery(gw);
+        !self.disc.config().enabled || !discovered
+    }
+
+    /// Whether another local NI on `ni`'s net is better off than `ni` (its
+    /// link up where `ni`'s is down, or as much link and more health), so
+    /// that a failure `ni` saw says nothing about the peer
+    /// (`lnet_local_ni_superseded`).
+    fn local_ni_superseded(&self, ni: Nid) -> bool {
+        let Some(me) = self.nis.iter().find(|n| n.cfg.nid == ni) else {
+            return false;
+        };
+        let health = self.health.local_health(ni);
+        self.nis.iter().any(|n| {
+            n.cfg.nid != ni
+                && n.cfg.nid.net() == ni.net()
+                && ((me.fatal && !n.fatal)
+                    || (me.fatal == n.fatal && self.health.local_health(n.cfg.nid) > health))
+        })
+    }
+
+    /// The LND's word on local NI `ni`'s link (`lnet_set_link_fatal_state`,
+    /// from socklnd's link and address watch): down (`up` false) marks the
+    /// NI fatal, so selection takes it last and its status is down in the
+    /// ping data, which is pushed to the Multi-Rail peers; up again clears
+    /// it, and the status comes back up at once when the NI's health is
+    /// full (else recovery brings it up). Returns whether anything changed.
+    ///
+    /// # Errors
+    /// [`NodeError::NoSuchNi`] for a NID that is not a local NI.
+    pub fn set_ni_link(&mut self, now: Time, ni: Nid, up: bool) -> Result<bool, NodeError> {
+        let full = self.health.local_health(ni) == Health::MAX;
+        let n = self
+            .nis
+            .iter_mut()
+            .find(|n| n.cfg.nid == ni)
+            .ok_or(NodeError::NoSuchNi(ni))?;
+        if n.fatal != up {
+            return Ok(false);
+        }
+        n.fatal = !up;
+        tracing::warn!(target: "colibri_lnet::node", %ni, up, "local NI link state changed");
+        let status = if up {
+            if full { NiStatus::Up } else { n.status }
+        } else {
+            NiStatus::Down
+        };
+        if n.status != status {
+            n.status = status;
+            self.ni_status_changed(now);
+        }
+        Ok(true)
     }
 
     /// Whether peer NI `nid` is known to be down (an LND's death notice or

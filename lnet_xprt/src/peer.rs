@@ -123,6 +123,16 @@ pub enum PeerError {
         /// Its NID that a route uses as gateway.
         gateway: Nid,
     },
+    /// DLC named as a primary NID a NID of another peer whose primary NID
+    /// is locked (Lustre's `lnet_peer_add`: `-EALREADY`, the peer keeps
+    /// the primary NID it was first given).
+    #[error("NID {nid} belongs to the peer with locked primary NID {owner}")]
+    OwnerPrimaryLocked {
+        /// The NID asked for as a primary.
+        nid: Nid,
+        /// The locked primary NID of the peer that owns it.
+        owner: Nid,
+    },
     /// A state that cannot hold (`peer set --state`): a peer that is not
     /// Multi-Rail keeps at most one NID per net.
     #[error("peer {primary} has several NIDs on net {net}: it must stay Multi-Rail")]

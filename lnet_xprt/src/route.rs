@@ -205,6 +205,10 @@ pub struct RouterPing {
 #[derive(Clone, Debug)]
 struct Gateway {
     alive: bool,
+    /// Whether its last ping data (a router ping's reply or a push) said
+    /// Multi-Rail with discovery on (`lnet_is_discovery_disabled` of a
+    /// discovered gateway).
+    discovery: bool,
     routes: usize,
     next_ping: Option<Time>,
     ping_deadline: Option<Time>,
@@ -326,6 +330,13 @@ impl RouteTable {
         self.gateways.get(&nid).map(|g| g.alive)
     }
 
+    /// Whether gateway `nid`'s last ping data said it is Multi-Rail with
+    /// discovery on (false before any, or for a NID that is no gateway).
+    #[must_use]
+    pub fn gateway_does_discovery(&self, nid: Nid) -> bool {
+        self.gateways.get(&nid).is_some_and(|g| g.discovery)
+    }
+
     /// Whether some live route leads to `net`.
     #[must_use]
     pub fn reachable(&self, net: Net) -> bool {
@@ -389,6 +400,7 @@ impl RouteTable {
         let checker = !self.config.check_interval.is_zero();
         let gw = self.gateways.entry(gateway).or_insert(Gateway {
             alive,
+            discovery: false,
             routes: 0,
             next_ping: None,
             ping_deadline: None,
@@ -577,6 +589,8 @@ impl RouteTable {
     fn judge_routes(&mut self, gateway: Nid, info: &PingInfo) {
         if let Some(g) = self.gateways.get_mut(&gateway) {
             g.alive = true;
+            g.discovery = info.features.contains(PingFeatures::MULTI_RAIL)
+                && info.features.contains(PingFeatures::DISCOVERY);
         }
         let routing = !info.features.contains(PingFeatures::RTE_DISABLED);
         let up_on = |net: Net| {
@@ -599,6 +613,28 @@ impl RouteTable {
             r.alive =
                 routing && up_on(gateway.net()) && (!single_hop || !avoid_asym || up_on(r.net));
         }
+    }
+
+    /// An LND's word on gateway NID `gateway` (`lnet_notify` where
+    /// discovery is off, here or on the gateway): every route whose
+    /// gateway is that NID is alive or dead as it says, at once. The
+    /// gateway itself is not judged (the LND's notices carry no reset), so
+    /// traffic from it does not revive the routes; its next router ping
+    /// does. Returns how many routes changed.
+    pub fn on_gateway_notified(&mut self, now: Time, gateway: Nid, alive: bool) -> usize {
+        let _ = now;
+        let mut changed = 0;
+        for r in self.routes.values_mut().flatten() {
+            if r.gateway == gateway && r.alive != alive {
+                r.alive = alive;
+                changed += 1;
+            }
+        }
+        if changed > 0 {
+            tracing::info!(target: TARGET, %gateway, alive, routes = changed,
+                "routes follow the LND's notice on their gateway");
+        }
+        changed
     }
 
     /// The router ping to `gateway` failed or timed out: the gateway is dead

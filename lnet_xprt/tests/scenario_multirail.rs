@@ -747,3 +747,76 @@ fn a_nid_pair_rule_pairs_rails() {
     }
     assert!(after.iter().any(|(f, _)| *f == nid(c1)) && after.iter().any(|(f, _)| *f == nid(c2)));
 }
+
+/// Sanity-lnet 303 ("Check peer NI health after link down"), with the
+/// socket LND's link watch as `Node::set_ni_link`: the client's o2ib NI
+/// loses its link; it is marked fatal and down at once (not after failed
+/// sends), the change is pushed and the server lowers that peer NI's
+/// health; the client sends over tcp only. When the link is back, the NI
+/// is up again and takes traffic.
+#[test]
+fn a_local_ni_whose_link_goes_down_is_advertised_down_and_avoided() {
+    use colibri_lnet::wire::NiStatus;
+
+    let mut sim = acquainted(7);
+    let seq = sim.node("client").ping_seq();
+    // The wire goes (nothing reaches the NI any more), and the LND says so.
+    sim.set_ni_down(nid(C_IB), true);
+    let changed = sim
+        .with_node("client", |n, now| n.set_ni_link(now, nid(C_IB), false))
+        .unwrap();
+    assert!(changed);
+    let info = sim.node("client").ni_info(nid(C_IB)).unwrap();
+    assert!(info.fatal);
+    assert_eq!(info.status, NiStatus::Down);
+    assert!(sim.node("client").ping_seq() > seq);
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    // The server heard it from the push.
+    let server = sim.node("server");
+    let peer_ni = server.discovery().peers().ni(nid(C_IB)).unwrap();
+    assert_eq!(peer_ni.status(), NiStatus::Down);
+    assert!(server.health().peer_health(nid(C_IB)).value() < MAX_HEALTH);
+    // Every PUT leaves from tcp.
+    let from = sim.trace().len();
+    put_n(&mut sim, S_TCP, 6, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    let puts = client_puts(&sim, from);
+    assert_eq!(puts.len(), 6);
+    assert!(puts.iter().all(|(c, _)| *c == nid(C_TCP)), "{puts:?}");
+    // Saying it again changes nothing; an unknown NI is refused.
+    assert!(
+        !sim.with_node("client", |n, now| n.set_ni_link(now, nid(C_IB), false))
+            .unwrap()
+    );
+    assert!(
+        sim.with_node("client", |n, now| n.set_ni_link(
+            now,
+            nid("10.9.9.9@tcp"),
+            false
+        ))
+        .is_err()
+    );
+    // The link comes back: up, pushed, used again.
+    sim.set_ni_down(nid(C_IB), false);
+    sim.with_node("client", |n, now| n.set_ni_link(now, nid(C_IB), true))
+        .unwrap();
+    let info = sim.node("client").ni_info(nid(C_IB)).unwrap();
+    assert!(!info.fatal);
+    assert_eq!(info.status, NiStatus::Up);
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    assert_eq!(
+        sim.node("server")
+            .discovery()
+            .peers()
+            .ni(nid(C_IB))
+            .unwrap()
+            .status(),
+        NiStatus::Up
+    );
+    let from = sim.trace().len();
+    put_n(&mut sim, S_TCP, 6, Duration::from_millis(1));
+    sim.run_for(Duration::from_millis(10)).unwrap();
+    let puts = client_puts(&sim, from);
+    assert!(puts.iter().any(|(c, _)| *c == nid(C_IB)), "{puts:?}");
+    assert_eq!(acks(&sim), 13);
+}

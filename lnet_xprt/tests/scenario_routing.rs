@@ -873,3 +873,92 @@ fn a_router_stops_and_starts_routing_without_dropping() {
         assert_eq!(sim.node(r).stats().drop_count, 0, "{r} dropped");
     }
 }
+
+/// Lustre's `lnet_notify` for a gateway: where discovery is off (here or
+/// on the gateway), an LND's death notice on the gateway's NID takes the
+/// routes through that NID down at once, so the next message goes by the
+/// other router instead of waiting for the router checker; the gateway's
+/// next router ping brings them back. With discovery on both sides the
+/// notice leaves the routes to the router checker; and a notice that a
+/// sick NI of ours saw, while a healthier one on the net can still reach
+/// the gateway, changes nothing (`lnet_local_ni_superseded`).
+#[test]
+fn a_gateway_death_notice_takes_its_routes_down_with_discovery_off() {
+    let fabric = |discovery: bool| {
+        let mut topo = Topology::new(31)
+            .node("client", &["10.0.0.1@tcp", "10.0.0.2@tcp"])
+            .node("r0", &["10.0.0.3@tcp", "192.168.1.3@o2ib1"])
+            .node("r1", &["10.0.0.4@tcp", "192.168.1.4@o2ib1"])
+            .node("server", &["192.168.1.2@o2ib1"])
+            .route("client", "o2ib1", "10.0.0.3@tcp", None, 0)
+            .route("client", "o2ib1", "10.0.0.4@tcp", None, 0)
+            .route("server", "tcp", "192.168.1.3@o2ib1", None, 0)
+            .route("server", "tcp", "192.168.1.4@o2ib1", None, 0);
+        for name in ["client", "r0", "r1", "server"] {
+            topo = topo.configure(name, |c| {
+                c.router_check_interval = Duration::from_secs(60);
+                c.routing = name.starts_with('r');
+                c.discovery = discovery;
+            });
+        }
+        let mut sim = Sim::new(topo).unwrap();
+        // Routers pinged, peers discovered.
+        sim.run_for(Duration::from_secs(2)).unwrap();
+        assert!(pings(&mut sim, "client", "192.168.1.2@o2ib1"));
+        sim
+    };
+    let alive = |sim: &Sim, gw: &str| {
+        sim.node("client")
+            .routes_to(net("o2ib1"))
+            .iter()
+            .find(|r| r.gateway() == nid(gw))
+            .unwrap()
+            .is_alive()
+    };
+    let (ni, r0) = (nid("10.0.0.1@tcp"), "10.0.0.3@tcp");
+
+    let mut sim = fabric(false);
+    assert!(alive(&sim, r0));
+    // A notice that the sick NI saw, with a healthier NI beside it.
+    sim.with_node("client", |n, now| {
+        n.set_ni_health(now, colibri_lnet::health::NiSide::Local, Some(ni), 500)
+    })
+    .unwrap();
+    sim.with_node("client", |n, now| n.notify(now, ni, nid(r0), false));
+    assert!(
+        alive(&sim, r0),
+        "superseded NI's notice took the route down"
+    );
+    // The healthiest NI's notice counts.
+    sim.with_node("client", |n, now| {
+        n.set_ni_health(now, colibri_lnet::health::NiSide::Local, Some(ni), 1000)
+    })
+    .unwrap();
+    sim.with_node("client", |n, now| n.notify(now, ni, nid(r0), false));
+    assert!(!alive(&sim, r0), "the death notice left the route up");
+    assert!(alive(&sim, "10.0.0.4@tcp"));
+    // GETs the client sent to a gateway (its pings of the server; no
+    // router ping comes before the next check, a minute away).
+    let gets = |sim: &Sim, gw: &str| {
+        sim.node("client")
+            .peer_ni_stats(nid(gw))
+            .map_or(0, |s| s.sent.get)
+    };
+    let (via_r0, via_r1) = (gets(&sim, r0), gets(&sim, "10.0.0.4@tcp"));
+    for _ in 0..3 {
+        assert!(pings(&mut sim, "client", "192.168.1.2@o2ib1"));
+    }
+    assert_eq!(gets(&sim, r0), via_r0, "r0 still used");
+    assert_eq!(gets(&sim, "10.0.0.4@tcp"), via_r1 + 3);
+    // The router checker's next ping of r0 brings its route back.
+    sim.run_for(Duration::from_secs(30)).unwrap();
+    assert!(alive(&sim, r0), "the router ping did not revive the route");
+
+    // Discovery on both sides: the router checker alone judges routes.
+    let mut sim = fabric(true);
+    sim.with_node("client", |n, now| n.notify(now, ni, nid(r0), false));
+    assert!(
+        alive(&sim, r0),
+        "a notice took a discovered gateway's route down"
+    );
+}
