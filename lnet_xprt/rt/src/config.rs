@@ -1,7 +1,8 @@
 //! Runtime configuration.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::collections::{HashMap, HashSet};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use colibri_lnet::ids::Nid;
@@ -88,6 +89,12 @@ pub struct LnetConfig {
     /// spill from their pipes to memory half-way.
     #[doc(hidden)]
     pub splice_pipe_bytes: usize,
+    /// IPs the socket LND's link watch takes as having no link, whatever
+    /// the interface table says, shared so that a test can cut and
+    /// restore a link at run time (an interface cannot be taken down
+    /// without privileges).
+    #[doc(hidden)]
+    pub link_down_ips: Arc<parking_lot::Mutex<HashSet<Ipv4Addr>>>,
 }
 
 impl LnetConfig {
@@ -110,6 +117,7 @@ impl LnetConfig {
             spin: Duration::from_micros(50),
             splice_pipes: 0,
             splice_pipe_bytes: crate::PIPE_BYTES,
+            link_down_ips: Arc::default(),
         }
     }
 

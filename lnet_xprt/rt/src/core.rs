@@ -105,6 +105,13 @@ pub(crate) enum Input {
         /// Alive or down.
         alive: bool,
     },
+    /// `set_ni_link`: the link watch's word on a local NI.
+    Link {
+        /// The local NI.
+        ni: Nid,
+        /// Its link is up.
+        up: bool,
+    },
 }
 
 /// The node and what lives with it under the node lock.
@@ -674,6 +681,7 @@ fn apply(node: &mut Node, now: Time, inputs: impl Iterator<Item = Input>) {
                 node.notify(now, ni, peer, alive);
                 Ok(())
             }
+            Input::Link { ni, up } => node.set_ni_link(now, ni, up).map(|_| ()),
         };
         if let Err(e) = r {
             tracing::warn!(target: TARGET, error = %e, "node refused a completion");

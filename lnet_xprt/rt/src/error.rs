@@ -102,6 +102,7 @@ fn node_errno(e: &NodeError) -> i32 {
                 PeerError::NidInUse { .. } | PeerError::PrimaryLocked { .. } => EEXIST,
                 PeerError::NotUnique { .. } => ENOTUNIQ,
                 PeerError::MultiRailConflict { .. } => EPERM,
+                PeerError::OwnerPrimaryLocked { .. } => EALREADY,
                 _ => EINVAL,
             }
         }

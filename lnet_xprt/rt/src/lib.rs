@@ -118,8 +118,9 @@
 //! assert_eq!(sink.to_vec(), b"served from b's memory");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-// `unsafe` is confined to the `splice` module (system calls the standard
-// library does not wrap: splice, tee, pipe sizes).
+// `unsafe` is confined to the `splice` module and the socket LND's `link`
+// module (system calls the standard library does not wrap: splice, tee,
+// pipe sizes; getifaddrs).
 #![deny(unsafe_code)]
 
 pub mod conf;
@@ -379,6 +380,7 @@ impl Lnet {
             keepalive: cfg.tcp.keepalive_after(),
             conns_per_peer: cfg.tcp.conns_per_peer_for_speed(None),
             spin: cfg.spin,
+            link_down_ips: cfg.link_down_ips.clone(),
         };
         let lnd = SockLnd::start(&shared, sock_cfg, cfg.peers.clone(), nscheds, nconnds)?;
         let _ = shared.lnd.set(lnd.clone());

@@ -528,3 +528,81 @@ fn stats_show_counts_messages_alive_and_drops() {
     assert!(max >= 1, "a ping is at least one message: {max}");
     d.shutdown();
 }
+
+/// Sanity-lnet 303 ("Check peer NI health after link down"), with the
+/// link cut by `LnetConfig::link_down_ips` where the test cannot take an
+/// interface down: within a tick of the socket LND's link watch the NI is
+/// fatal and down (`net show -v`: `fatal_error: 1`, `status: down`), the
+/// peer hears it by a push; the node's traffic to the peer leaves from its
+/// other NI; the link back brings it up again.
+#[test]
+fn an_ni_whose_link_goes_down_is_fatal_and_pushed_down() {
+    use colibri_lnet_rt::colibri_lnet::wire::NiStatus;
+
+    init_tracing();
+    let cut: Arc<parking_lot::Mutex<std::collections::HashSet<std::net::Ipv4Addr>>> =
+        Arc::default();
+    let y = "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 127.0.94.1@tcp\n        - nid: 127.0.94.2@tcp\nglobal:\n    accept_port: 0\n    accept: all\n    transaction_timeout: 10\n";
+    let (c, _) = NodeConf::from_yaml(y).unwrap();
+    let c2 = cut.clone();
+    let a = Daemon::start_with(&c, move |l| l.link_down_ips = c2).unwrap();
+    let b = daemon(&["127.0.94.3@tcp"], "");
+    introduce(&[&a, &b]);
+    let (a1, a2, b1) = (
+        nid("127.0.94.1@tcp"),
+        nid("127.0.94.2@tcp"),
+        nid("127.0.94.3@tcp"),
+    );
+    // Each discovers the other (a pushes to the peers it knows).
+    b.lnet().discover(a1, false).unwrap();
+    a.lnet().discover(b1, false).unwrap();
+    let seen_by_b = || {
+        b.lnet()
+            .with_node(|n| n.discovery().peers().ni(a2).map(|p| p.status()))
+    };
+    wait_for("b to know a's second NI", || {
+        seen_by_b() == Some(NiStatus::Up)
+    });
+    let fatal = || {
+        let y = run(
+            &a,
+            Command::NetShow {
+                net: Some("tcp".into()),
+                verbose: true,
+                detail: 0,
+            },
+        )
+        .unwrap()
+        .to_yaml();
+        let after = y
+            .split("nid: 127.0.94.2@tcp")
+            .nth(1)
+            .unwrap_or("")
+            .to_owned();
+        let status = after.contains("status: down");
+        let fatal = after
+            .split("nid:")
+            .next()
+            .unwrap_or("")
+            .contains("fatal_error: 1");
+        (fatal, status)
+    };
+    assert_eq!(fatal(), (false, false));
+    cut.lock().insert("127.0.94.2".parse().unwrap());
+    wait_for("the link watch to see the cut", || fatal() == (true, true));
+    wait_for("b to hear a2 is down", || {
+        seen_by_b() == Some(NiStatus::Down)
+    });
+    // (b lowered a2's health too, but its recovery pings reach a2 here,
+    // where only the link watch was told of a cut: the health part of
+    // test 303 is `scenario_multirail.rs`'s, where the wire goes too.)
+    let sent_from_a2 = || a.lnet().with_node(|n| n.ni_info(a2).unwrap().send_count);
+    let before = sent_from_a2();
+    for _ in 0..5 {
+        a.lnet().ping(b1, Duration::from_secs(3)).unwrap();
+    }
+    assert_eq!(sent_from_a2(), before, "a sent from its cut NI");
+    cut.lock().clear();
+    wait_for("the link back", || fatal() == (false, false));
+    wait_for("b to hear a2 is up", || seen_by_b() == Some(NiStatus::Up));
+}

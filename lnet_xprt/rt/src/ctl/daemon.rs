@@ -80,6 +80,9 @@ struct State {
     /// The configuration the node started with (`lnet configure --all`
     /// applies it again).
     startup: NodeConf,
+    /// LNet taken down by `lnet unconfigure` (Lustre's `ln_refcount` 0):
+    /// every command but `lnet configure|unconfigure` fails `ENETDOWN`.
+    down: bool,
 }
 
 /// A node run as a process: its [`Lnet`], the selftest target it serves,
@@ -104,8 +107,8 @@ fn conf_fail(op: &str, object: &str, e: &conf::ConfError) -> Failure {
 /// `peer show -v` (peer) shape: its health value, the failed completions
 /// counted on it by status, the recovery pings sent since it was last
 /// heard from and when the next is due (seconds on the node's clock, 0
-/// when not in recovery). `fatal_error` is always 0 (no LND here reports
-/// an interface's link down).
+/// when not in recovery); a local NI's `fatal_error` is 1 while the socket
+/// LND's link watch finds its interface down or its IP gone.
 fn health_stats(n: &Node, side: NiSide, nid: Nid) -> Doc {
     let h = n.health();
     let counts = h.failure_counts(side, nid);
@@ -124,7 +127,10 @@ fn health_stats(n: &Node, side: NiSide, nid: Nid) -> Doc {
     });
     match side {
         NiSide::Local => Doc::map()
-            .with("fatal_error", 0_i64)
+            .with(
+                "fatal_error",
+                i64::from(n.ni_info(nid).is_some_and(|i| i.fatal)),
+            )
             .with("health value", h.local_health(nid).value())
             .with("interrupts", count(HealthStatus::LocalInterrupt))
             .with("dropped", count(HealthStatus::LocalDropped))
@@ -350,6 +356,7 @@ impl Daemon {
                 conns_per_peer: cpp,
                 faults: Vec::new(),
                 startup: conf.clone(),
+                down: false,
             }),
             _target: target,
         }))
@@ -418,6 +425,17 @@ impl Daemon {
         cmd: Command,
         partial: &mut dyn FnMut(Doc) -> bool,
     ) -> Result<Doc, Failure> {
+        if self.st.lock().down
+            && !matches!(
+                cmd,
+                Command::LnetConfigure { .. } | Command::LnetUnconfigure
+            )
+        {
+            // As Lustre's: with LNet down, `LNetNIInit(LNET_PID_ANY)` and
+            // the netlink handlers refuse everything but (un)configuring.
+            let (op, object) = cmd.names();
+            return Err(Failure::new(op, object, errno::ENETDOWN, "LNet stack down"));
+        }
         match cmd {
             Command::NetAdd {
                 nid,
@@ -731,8 +749,19 @@ impl Daemon {
                 }
                 Ok(Doc::map().with(header, m))
             }
-            Command::LnetUnconfigure => self.unconfigure(),
+            Command::LnetUnconfigure => {
+                if self.st.lock().down {
+                    // Already down: nothing to take away (Lustre returns 0).
+                    return Ok(Doc::Null);
+                }
+                let out = self.unconfigure();
+                // Down even if something could not be taken away: the
+                // error says what, and `lnet configure` starts again.
+                self.st.lock().down = true;
+                out
+            }
             Command::LnetConfigure { all } => {
+                self.st.lock().down = false;
                 if all {
                     let yaml = self.st.lock().startup.to_yaml();
                     self.import(&yaml)
@@ -1503,8 +1532,9 @@ impl Daemon {
     /// or known from traffic), selection policies and fault rules; routing
     /// off; counters zeroed. Globals and router buffer sizes stay, as
     /// Lustre's module parameters do. The node keeps running with `0@lo`
-    /// only, its control socket open: `net add`, `import` or `lnet
-    /// configure --all` (the startup configuration again) bring it back.
+    /// only, its control socket open, and refuses every command but `lnet
+    /// configure` (which brings it up with `0@lo`, and with `--all` the
+    /// startup configuration again) and `lnet unconfigure`.
     fn unconfigure(&self) -> Result<Doc, Failure> {
         let mut conf = self.export();
         conf.global.clear();

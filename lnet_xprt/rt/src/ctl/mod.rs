@@ -98,6 +98,8 @@ pub mod errno {
     pub const ECONNREFUSED: i32 = 111;
     /// Connection timed out.
     pub const ETIMEDOUT: i32 = 110;
+    /// Network is down (LNet unconfigured: "LNet stack down").
+    pub const ENETDOWN: i32 = 100;
     /// Host unreachable.
     pub const EHOSTUNREACH: i32 = 113;
     /// Operation already in progress (`udsp add` of a rule that is there).
@@ -313,15 +315,18 @@ pub enum Command {
         /// The peer NI.
         nid: String,
     },
-    /// `lnet configure [--all]`: with `--all`, the node's startup
-    /// configuration applied again (after `lnet unconfigure`).
+    /// `lnet configure [--all]`: LNet up again after `lnet unconfigure`
+    /// (with `0@lo` only); with `--all`, the node's startup configuration
+    /// applied again.
     LnetConfigure {
         /// The startup configuration (Lustre: the module parameters).
         #[serde(default)]
         all: bool,
     },
-    /// `lnet unconfigure`: every NI, route, peer, policy and rule gone,
-    /// settings back to their defaults.
+    /// `lnet unconfigure`: every NI, route, peer, policy and rule gone
+    /// (globals stay, as Lustre's module parameters); until `lnet
+    /// configure`, every other command fails with `ENETDOWN` ("LNet stack
+    /// down"), as Lustre's do.
     LnetUnconfigure,
     /// `udsp add --src|--dst|--rte EXPR [--priority N] [--idx N]`.
     UdspAdd {
@@ -422,6 +427,46 @@ pub enum Command {
 }
 
 impl Command {
+    /// The operation and object an `lnetctl` error block names for this
+    /// command (`show` and `net` for `net show`).
+    #[must_use]
+    pub const fn names(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::NetAdd { .. } => ("add", "net"),
+            Self::NetDel { .. } => ("del", "net"),
+            Self::NetSet { .. } => ("set", "net"),
+            Self::NetShow { .. } => ("show", "net"),
+            Self::PeerAdd { .. } => ("add", "peer"),
+            Self::PeerDel { .. } => ("del", "peer"),
+            Self::PeerShow { .. } | Self::DebugPeer { .. } => ("show", "peer"),
+            Self::PeerSet { .. } => ("set", "peer"),
+            Self::PeerList => ("list", "peer"),
+            Self::RouteAdd { .. } => ("add", "route"),
+            Self::RouteDel { .. } => ("del", "route"),
+            Self::RouteShow { .. } => ("show", "route"),
+            Self::RoutingShow => ("show", "routing"),
+            Self::Set { .. } => ("set", "global"),
+            Self::GlobalShow => ("show", "global"),
+            Self::DebugRecovery { .. } => ("show", "recovery"),
+            Self::LnetConfigure { .. } => ("configure", "lnet"),
+            Self::LnetUnconfigure => ("unconfigure", "lnet"),
+            Self::UdspAdd { .. } => ("add", "udsp"),
+            Self::UdspDel { .. } => ("del", "udsp"),
+            Self::UdspShow { .. } => ("show", "udsp"),
+            Self::StatsShow => ("show", "statistics"),
+            Self::StatsReset => ("reset", "statistics"),
+            Self::Ping { .. } => ("manage", "ping"),
+            Self::Discover { .. } => ("manage", "discover"),
+            Self::Export => ("export", "config"),
+            Self::Import { .. } => ("import", "config"),
+            Self::FaultAdd { .. } => ("add", "fault"),
+            Self::FaultDel { .. } => ("del", "fault"),
+            Self::FaultReset { .. } => ("reset", "fault"),
+            Self::FaultShow { .. } => ("show", "fault"),
+            Self::Selftest(_) => ("run", "selftest"),
+        }
+    }
+
     /// How long a client waits for the whole answer.
     #[must_use]
     pub fn deadline(&self, base: Duration) -> Duration {

@@ -11,6 +11,8 @@
 //! leaf lock (also taken under the node lock).
 
 mod handshake;
+#[allow(unsafe_code)]
+pub(crate) mod link;
 mod sched;
 
 use std::collections::{HashMap, VecDeque};
@@ -64,6 +66,8 @@ pub(crate) struct SockCfg {
     /// How long a scheduler looks for events before it blocks
     /// (`LnetConfig::spin`).
     pub(crate) spin: Duration,
+    /// `LnetConfig::link_down_ips`.
+    pub(crate) link_down_ips: Arc<Mutex<std::collections::HashSet<Ipv4Addr>>>,
 }
 
 /// One message waiting for, or on, a connection.
@@ -199,6 +203,11 @@ pub(crate) struct SockNi {
     pub(crate) conns_per_peer: AtomicU32,
     /// The IP type of service of its connections (-1: the LND's `tos`).
     tos: i32,
+    /// The IP whose interface carries it (its listen address's, else its
+    /// NID's), which the link watch looks for.
+    link_ip: Ipv4Addr,
+    /// What the link watch last told LNet (up until it says otherwise).
+    link_up: AtomicBool,
 }
 
 impl SockNi {
@@ -435,6 +444,11 @@ impl SockLnd {
                 conns_per_peer
             }),
             tos,
+            link_ip: match addr {
+                SocketAddr::V4(a) if !a.ip().is_unspecified() => *a.ip(),
+                _ => ip,
+            },
+            link_up: AtomicBool::new(true),
         });
         self.nis.write().insert(nid, ni);
         drop(listeners);
@@ -991,6 +1005,28 @@ impl SockLnd {
         self.nis.read().values().cloned().collect()
     }
 
+    /// The link watch (socklnd's netdev and inetaddr notifiers, read from
+    /// the interface table on each tick; see [`link`]): an NI whose link
+    /// went down or came back is reported to LNet
+    /// (`lnet_set_link_fatal_state`).
+    fn watch_links(&self, inputs: &mut Vec<Input>) {
+        let ifaces = match link::read_ifaddrs() {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::debug!(target: "colibri_lnet_rt::sock", error = %e, "cannot read the interface table");
+                return;
+            }
+        };
+        let forced = self.cfg.link_down_ips.lock().clone();
+        for ni in self.all_nis() {
+            let up = link::link_up(ni.link_ip, &ifaces) && !forced.contains(&ni.link_ip);
+            if ni.link_up.swap(up, Ordering::AcqRel) != up {
+                tracing::warn!(target: "colibri_lnet_rt::sock", nid = %ni.nid, ip = %ni.link_ip, up, "NI link state changed");
+                inputs.push(Input::Link { ni: ni.nid, up });
+            }
+        }
+    }
+
     pub(crate) fn send_noop(&self, ni: Nid, peer: Nid, h: KsockMsgHeader, now: Time) {
         let Some(ni) = self.ni(ni) else { return };
         let peers = ni.peers.lock();
@@ -1162,6 +1198,7 @@ impl Lnd for SockLnd {
                 self.close_conn(&c, &format!("timed out {what} (sock_timeout {timeout:?})"));
             }
         }
+        self.watch_links(&mut inputs);
         if !inputs.is_empty() {
             s.run(inputs, |_, _| ());
         }
