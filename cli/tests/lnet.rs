@@ -1706,7 +1706,8 @@ fn selection_policies_as_sanity_lnet_sets_them() {
     assert_eq!(v["udsp"][1]["src"], format!("{ip2}@tcp"), "{v}");
 }
 
-/// `lnet unconfigure` and `lnet configure [--all]`, as sanity-lnet's
+/// `lnet unconfigure` (LNet down: other commands refused until `lnet
+/// configure`) and `lnet configure [--all]`, as sanity-lnet's
 /// `reinit_dlc` uses them, then its test 0 (export the empty
 /// configuration, import it, compare).
 #[test]
@@ -1735,6 +1736,21 @@ fn lnet_unconfigure_and_configure_as_reinit_dlc_does() {
     n.ok(&["set", "retry_count", "1"]);
     n.ok(&["ping", "127.0.84.2@tcp"]);
     n.ok(&["lnet", "unconfigure"]);
+    // LNet is down: everything but (un)configuring is refused, as
+    // Lustre's `LNetNIInit(LNET_PID_ANY)` and netlink handlers refuse it.
+    for args in [
+        &["net", "show"][..],
+        &["export", "-b"],
+        &["peer", "list"],
+        &["net", "add", "--nid", "127.0.84.2@tcp"],
+        &["set", "retry_count", "2"],
+        &["ping", nid1],
+        &["global", "show"],
+    ] {
+        n.fails_errno(args, 100, "LNet stack down");
+    }
+    n.ok(&["lnet", "unconfigure"]);
+    n.ok(&["lnet", "configure"]);
     let empty = n.ok(&["export", "-b"]);
     for gone in ["net:", "peer:", "route:", "udsp:"] {
         assert!(
@@ -1748,7 +1764,6 @@ fn lnet_unconfigure_and_configure_as_reinit_dlc_does() {
     let v = n.json(&["net", "show"]);
     assert_eq!(v["net"].as_array().map(Vec::len), Some(1), "only lo: {v}");
     // Test 0.
-    n.ok(&["lnet", "configure"]);
     let o = lnet_stdin(Some(&n.ctl), &["import"], &empty);
     assert_eq!(o.code, Some(0), "{}{}", o.stdout, o.stderr);
     assert_eq!(n.ok(&["export", "-b"]), empty);
@@ -1938,4 +1953,94 @@ fn a_router_drops_pings_for_a_dead_peer_as_sanity_lnet_checks_it() {
     assert!(!pings(&client, rpeer_nid));
     let (dropped, _) = dropped_gets();
     assert!(dropped > 0, "dropped GETs {dropped}");
+}
+
+/// Lustre's `lnet_notify` on a gateway with discovery off: when a router
+/// process dies, the client's socket LND loses its last connection to it
+/// and says so, and the client's route through it goes down at once (not
+/// at the router checker's next ping, a minute away); pings go by the
+/// other router.
+#[test]
+fn a_dead_routers_route_goes_down_at_its_lnds_notice_with_discovery_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let nids = [
+        "127.0.89.1@tcp",
+        "127.0.89.2@tcp",
+        "127.0.90.2@tcp1",
+        "127.0.89.3@tcp",
+        "127.0.90.3@tcp1",
+        "127.0.90.1@tcp1",
+    ];
+    let ips: Vec<std::net::Ipv4Addr> = nids
+        .iter()
+        .map(|n| n.split('@').next().unwrap().parse().unwrap())
+        .collect();
+    let g = format!("{}    discovery: 0\n", global(common_free_port(&ips)));
+    let route = |net: &str, gws: [&str; 2]| {
+        let mut s = String::from("route:\n");
+        for gw in gws {
+            s.push_str(&format!("    - net: {net}\n      gateway: {gw}\n"));
+        }
+        s
+    };
+    let router = |name: &str, a: &str, b: &str| {
+        Node::start(
+            dir.path(),
+            name,
+            &format!(
+                "net:\n{}{}routing:\n    enable: 1\n{g}",
+                ni("tcp", a),
+                ni("tcp1", b)
+            ),
+        )
+    };
+    let mut r0 = router("r0", nids[1], nids[2]);
+    let _r1 = router("r1", nids[3], nids[4]);
+    let client = Node::start(
+        dir.path(),
+        "client",
+        &format!(
+            "net:\n{}{}{g}",
+            ni("tcp", nids[0]),
+            route("tcp1", [nids[1], nids[3]])
+        ),
+    );
+    let _rpeer = Node::start(
+        dir.path(),
+        "rpeer",
+        &format!(
+            "net:\n{}{}{g}",
+            ni("tcp1", nids[5]),
+            route("tcp", [nids[2], nids[4]])
+        ),
+    );
+    let state = |gw: &str| -> String {
+        let v = client.json(&["route", "show", "-v"]);
+        v["route"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["gateway"] == gw)
+            .map(|r| r["state"].as_str().unwrap_or_default().to_owned())
+            .unwrap_or_default()
+    };
+    let limit = Duration::from_secs(20);
+    for gw in [nids[1], nids[3]] {
+        wait_for(limit, &format!("route via {gw} up"), || {
+            let s = state(gw);
+            if s == "up" { Ok(()) } else { Err(s) }
+        });
+    }
+    client.ok(&["ping", nids[5]]);
+    r0.kill9();
+    // The router checker would notice in a minute; the LND's notice is
+    // here in a few seconds.
+    wait_for(Duration::from_secs(10), "route via r0 down", || {
+        let s = state(nids[1]);
+        if s == "down" { Ok(()) } else { Err(s) }
+    });
+    assert_eq!(state(nids[3]), "up");
+    for _ in 0..3 {
+        client.ok(&["ping", nids[5], "--timeout", "5"]);
+    }
 }
