@@ -69,7 +69,7 @@ pub(super) fn acceptor(
             match l.accept() {
                 Ok((s, from)) => {
                     let s: TcpStream = s.into();
-                    if lnd.connd_tx.try_send(ConndJob::Accept(s, from)).is_err() {
+                    if lnd.accept_tx.try_send(ConndJob::Accept(s, from)).is_err() {
                         lnd.log_close(format!(
                             "refused connection from {from} on {at}: connection daemons busy"
                         ));
@@ -87,9 +87,28 @@ pub(super) fn acceptor(
     tracing::debug!(target: TARGET, %at, "acceptor stopped");
 }
 
-/// A connection daemon: runs handshakes until told to stop.
-pub(super) fn connd(s: &Arc<Shared>, lnd: &Arc<SockLnd>, rx: &Receiver<ConndJob>) {
-    while let Ok(job) = rx.recv() {
+/// A connection daemon: runs handshakes until told to stop, the passive
+/// ones (`accepts`) first.
+pub(super) fn connd(
+    s: &Arc<Shared>,
+    lnd: &Arc<SockLnd>,
+    rx: &Receiver<ConndJob>,
+    accepts: &Receiver<ConndJob>,
+) {
+    loop {
+        let job = match accepts.try_recv() {
+            Ok(job) => job,
+            Err(_) => crossbeam_channel::select! {
+                recv(accepts) -> job => match job {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+                recv(rx) -> job => match job {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+            },
+        };
         if matches!(job, ConndJob::Stop) {
             break;
         }
@@ -107,6 +126,23 @@ pub(super) fn connd(s: &Arc<Shared>, lnd: &Arc<SockLnd>, rx: &Receiver<ConndJob>
             ConndJob::Stop => break,
             ConndJob::Accept(stream, from) => passive(s, lnd, stream, from),
             ConndJob::Connect(ni, peer) => active(s, lnd, &ni, peer),
+        }
+    }
+}
+
+/// The connection daemon for passive handshakes only: however many active
+/// handshakes block the others, a socket accepted is answered (within
+/// `accept_timeout`).
+pub(super) fn passive_connd(s: &Arc<Shared>, lnd: &Arc<SockLnd>, accepts: &Receiver<ConndJob>) {
+    while !lnd.stopping.load(Ordering::Acquire) {
+        match accepts.recv_timeout(Duration::from_millis(200)) {
+            Ok(ConndJob::Accept(stream, from)) => {
+                if !lnd.stopping.load(Ordering::Acquire) {
+                    passive(s, lnd, stream, from);
+                }
+            }
+            Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
         }
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! Threads: one acceptor per NI (mio, accepts and hands sockets to the
 //! connds), `nconnds` connection daemons (blocking handshakes with
-//! timeouts, both directions), `nscheds` schedulers (mio, edge-triggered,
-//! all frame I/O). The protocol decisions are `colibri_lnet::socklnd`'s.
+//! timeouts, both directions, passive ones first) and one more for passive
+//! handshakes only, `nscheds` schedulers (mio, edge-triggered, all frame
+//! I/O). The protocol decisions are `colibri_lnet::socklnd`'s.
 //!
 //! Locks: an NI's peer table (`SockNi::peers`) is taken without the node
 //! lock and never while doing socket I/O; under it a connection's transmit
@@ -274,6 +275,13 @@ pub(crate) struct SockLnd {
     next_sched: AtomicUsize,
     next_conn: AtomicU64,
     connd_tx: Sender<ConndJob>,
+    /// Accepted sockets waiting for their passive handshake: a queue of
+    /// their own, served first by every connd and always by one, so that
+    /// connds blocked in active handshakes (waiting for a peer's answer,
+    /// which may be this node's own passive side, or a node that connects
+    /// back at the same moment) cannot starve them. Lustre starts more
+    /// connds when all are busy (`ksnd_nconnds_max`) for the same reason.
+    accept_tx: Sender<ConndJob>,
     /// Parked messages: which connection holds each.
     pub(crate) parked: Mutex<KeyedMap<RxId, (usize, ConnId)>>,
     close_log: Mutex<VecDeque<String>>,
@@ -333,6 +341,7 @@ impl SockLnd {
             sched_parts.push((poll, rx));
         }
         let (connd_tx, connd_rx) = crossbeam_channel::bounded(1024);
+        let (accept_tx, accept_rx) = crossbeam_channel::bounded(1024);
         let lnd = Arc::new(Self {
             shared: Arc::downgrade(shared),
             nis: RwLock::new(NidMap::default()),
@@ -341,6 +350,7 @@ impl SockLnd {
             next_sched: AtomicUsize::new(0),
             next_conn: AtomicU64::new(1),
             connd_tx,
+            accept_tx,
             parked: Mutex::new(KeyedMap::default()),
             close_log: Mutex::new(VecDeque::new()),
             threads: Mutex::new(Vec::new()),
@@ -364,10 +374,16 @@ impl SockLnd {
             let s = shared.clone();
             let l = lnd.clone();
             let rx: Receiver<ConndJob> = connd_rx.clone();
+            let accepts: Receiver<ConndJob> = accept_rx.clone();
             threads.push(spawn(&format!("socknal_cd{i:02}"), move || {
-                handshake::connd(&s, &l, &rx);
+                handshake::connd(&s, &l, &rx, &accepts);
             })?);
         }
+        let s = shared.clone();
+        let l = lnd.clone();
+        threads.push(spawn(&format!("socknal_cd{nconnds:02}"), move || {
+            handshake::passive_connd(&s, &l, &accept_rx);
+        })?);
         lnd.threads.lock().extend(threads);
         Ok(lnd)
     }
