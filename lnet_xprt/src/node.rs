@@ -42,8 +42,9 @@
 //! (encoded header, payload description). Completion
 //! ([`Node::handle_tx_done`]) finalizes the message (SEND event, GET event for
 //! a served REPLY) or, on failure, applies the health rules and resends or
-//! fails it. Messages to one of our own NIDs go through the loopback LND: a
-//! [`Transmit`] from and to `0@lo` that the driver feeds back to this node.
+//! fails it. Messages to `0@lo` go through the loopback LND: a
+//! [`Transmit`] from and to `0@lo` that the driver feeds back to this node;
+//! messages to our other NIDs take the network LND, as Lustre's do.
 //!
 //! # Receive path
 //!
@@ -705,6 +706,82 @@ impl MsgTypeCounts {
     }
 }
 
+/// One operation's latency samples, accumulated (Lustre's
+/// `lnet_latency_stats`): how many, their sum, the least and the most, in
+/// nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct LatencyStats {
+    /// Samples recorded.
+    pub samples: u64,
+    /// Their sum.
+    pub sum_ns: u64,
+    /// The least (0 without samples).
+    pub min_ns: u64,
+    /// The most (0 without samples).
+    pub max_ns: u64,
+}
+
+impl LatencyStats {
+    /// Adds a sample; zero is ignored, as Lustre ignores a sample that is
+    /// not positive.
+    pub fn record(&mut self, ns: u64) {
+        if ns == 0 {
+            return;
+        }
+        self.sum_ns = self.sum_ns.saturating_add(ns);
+        self.samples += 1;
+        if self.samples == 1 {
+            self.min_ns = ns;
+            self.max_ns = ns;
+        } else {
+            self.min_ns = self.min_ns.min(ns);
+            self.max_ns = self.max_ns.max(ns);
+        }
+    }
+
+    /// The mean (0 without samples).
+    #[must_use]
+    pub fn avg_ns(&self) -> u64 {
+        self.sum_ns.checked_div(self.samples).unwrap_or(0)
+    }
+}
+
+/// Per-operation latency of an interface (Lustre's `ni_latency` and
+/// `lpni_latency`, shown in `net show -v` and `peer show -v` under
+/// `statistics`): a PUT's egress (handed to LNet until its send
+/// completed, first attempts only), a GET's round trip to its REPLY and an
+/// acknowledged PUT's to its ACK (tracked responses only, counted on the
+/// peer NI the response came from and the NI it arrived on).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct OpLatency {
+    /// `put_egress`.
+    pub put_egress: LatencyStats,
+    /// `get_rtt`.
+    pub get_rtt: LatencyStats,
+    /// `put_ack`.
+    pub put_ack: LatencyStats,
+}
+
+/// Which latency an operation adds to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LatencyOp {
+    PutEgress,
+    GetRtt,
+    PutAck,
+}
+
+impl OpLatency {
+    fn of(&mut self, op: LatencyOp) -> &mut LatencyStats {
+        match op {
+            LatencyOp::PutEgress => &mut self.put_egress,
+            LatencyOp::GetRtt => &mut self.get_rtt,
+            LatencyOp::PutAck => &mut self.put_ack,
+        }
+    }
+}
+
 /// Traffic with one peer NI (`lnetctl peer show -v` `statistics`): the
 /// messages for which it was the next (or previous) hop and, for routed
 /// messages, those it was the destination (or source) of.
@@ -728,6 +805,8 @@ pub struct PeerNiStats {
     pub received: MsgTypeCounts,
     /// Dropped from it, by type.
     pub dropped: MsgTypeCounts,
+    /// Operation latencies through it.
+    pub latency: OpLatency,
 }
 
 /// Information about one local NI.
@@ -752,6 +831,8 @@ pub struct LocalNiInfo {
     /// Its LND reported its link down ([`Node::set_ni_link`]; Lustre's
     /// `ni_fatal_error_on`, `fatal_error` in `net show -v`).
     pub fatal: bool,
+    /// Operation latencies through it.
+    pub latency: OpLatency,
 }
 
 #[derive(Clone, Debug)]
@@ -760,6 +841,7 @@ struct LocalNi {
     status: NiStatus,
     /// The LND reported the link down (`ni_fatal_error_on`).
     fatal: bool,
+    latency: OpLatency,
     send_count: u64,
     recv_count: u64,
     drop_count: u64,
@@ -804,6 +886,8 @@ pub struct OutMsg {
     retries: u32,
     /// Past this the message is not resent.
     deadline: Time,
+    /// When it was handed to LNet (`msg_t_start`: a PUT's egress latency).
+    t_start: Time,
     /// Path chosen for the current attempt: (local NI, next hop).
     path: Option<(Nid, Nid)>,
     /// Send through the LND even to a local NID (local recovery pings).
@@ -969,6 +1053,8 @@ enum InternalMd {
 struct Tracker {
     md: MdHandle,
     kind: EventKind,
+    /// When the request was handed to LNet (the round trip's start).
+    start: Time,
     deadline: Time,
     info: EventInfo,
     /// Next hop the request went to (health blame on timeout).
@@ -1343,6 +1429,7 @@ impl Node {
             cfg: ni,
             status: NiStatus::Up,
             fatal: false,
+            latency: OpLatency::default(),
             send_count: 0,
             recv_count: 0,
             drop_count: 0,
@@ -1410,6 +1497,7 @@ impl Node {
                 received: n.received,
                 dropped: n.dropped,
                 fatal: n.fatal,
+                latency: n.latency,
             })
     }
 
@@ -1438,7 +1526,7 @@ impl Node {
             n.drop_count += 1;
             n.dropped.add(t);
         }
-        if from != Nid::LO_0 && !from.is_any() && !self.is_local_nid(from) {
+        if from != Nid::LO_0 && !from.is_any() {
             let p = self.peer_ni_stats.entry(from).or_default();
             p.drop_count += 1;
             p.dropped.add(t);
@@ -1826,6 +1914,27 @@ impl Node {
             ni.sent = MsgTypeCounts::default();
             ni.received = MsgTypeCounts::default();
             ni.dropped = MsgTypeCounts::default();
+            ni.latency = OpLatency::default();
+        }
+    }
+
+    /// Adds a latency sample of `op` to local NI `ni` and peer NI `peer`
+    /// (`lnet_record_op_latency`); the loopback NI keeps none.
+    fn record_latency(&mut self, ni: Nid, peer: Nid, op: LatencyOp, ns: u128) {
+        if ni == Nid::LO_0 {
+            return;
+        }
+        let ns = u64::try_from(ns).unwrap_or(u64::MAX);
+        if let Some(n) = self.nis.iter_mut().find(|n| n.cfg.nid == ni) {
+            n.latency.of(op).record(ns);
+        }
+        if peer != Nid::LO_0 && !peer.is_any() {
+            self.peer_ni_stats
+                .entry(peer)
+                .or_default()
+                .latency
+                .of(op)
+                .record(ns);
         }
     }
 
@@ -2593,7 +2702,7 @@ impl Node {
             .routes()
             .map(|r| r.gateway())
             .chain(self.peer_ni_stats.keys().copied())
-            .filter(|&n| table.peer_of(n).is_none() && !self.is_local_nid(n))
+            .filter(|&n| table.peer_of(n).is_none() && n != Nid::LO_0)
             .collect();
         v.sort_unstable();
         v.dedup();
@@ -2802,6 +2911,7 @@ impl Node {
             Tracker {
                 md,
                 kind,
+                start: now,
                 deadline: now + self.cfg.transaction_timeout,
                 info,
                 next_hop: None,
@@ -2831,6 +2941,7 @@ impl Node {
             rtr_nid: None,
             retries: 0,
             deadline: now + self.cfg.transaction_timeout,
+            t_start: now,
             path: None,
             via_lnd: false,
             no_resend: false,
@@ -2947,12 +3058,13 @@ impl Node {
     /// (which may park it until the peer is discovered).
     fn launch(&mut self, now: Time, mut msg: OutMsg) {
         let dst = msg.header.dest_nid;
-        if self.is_local_nid(dst) && !msg.via_lnd {
+        if dst == Nid::LO_0 {
             // Loopback LND: no discovery, selection, credits or fault rules;
             // the driver hands the transmit back to us (from and to 0@lo).
-            let src = if dst == Nid::LO_0 { Nid::LO_0 } else { dst };
+            // Our other NIDs take the real path, as Lustre's do
+            // (`lnet_select_pathway` shortcuts `0@lo` only).
             if !matches!(msg.role, Role::Forward { .. }) {
-                msg.header.src_nid = src;
+                msg.header.src_nid = Nid::LO_0;
             }
             msg.path = Some((Nid::LO_0, Nid::LO_0));
             let id = self.new_msg_id();
@@ -3172,9 +3284,7 @@ impl Node {
         };
         self.return_credits(now, &msg);
         msg.holds_credits = false;
-        let loopback = msg.path.is_some_and(|(l, _)| self.is_local_nid(l))
-            && !msg.via_lnd
-            && self.is_local_nid(msg.header.dest_nid);
+        let loopback = msg.path.is_some_and(|(l, _)| l == Nid::LO_0);
         if let (Some((local, next_hop)), false) = (msg.path, loopback) {
             let status = result.map_or_else(HealthStatus::from, |()| HealthStatus::Ok);
             let aborted = matches!(msg.role, Role::Request { md } if self.table.md_is_aborted(md));
@@ -3442,6 +3552,16 @@ impl Node {
     }
 
     fn finalize_ok(&mut self, now: Time, msg: OutMsg) {
+        // A PUT's egress, first attempts only (a resend's wait would
+        // inflate it), as `lnet_msg_decommit_tx`.
+        if matches!(msg.role, Role::Request { .. })
+            && msg.header.msg_type() == MsgType::Put
+            && msg.retries == 0
+            && let Some((local, next_hop)) = msg.path
+        {
+            let ns = now.saturating_duration_since(msg.t_start).as_nanos();
+            self.record_latency(local, next_hop, LatencyOp::PutEgress, ns);
+        }
         match msg.role {
             Role::Request { md } => {
                 let mut info = event_info(EventKind::Send);
@@ -3772,7 +3892,7 @@ impl Node {
             .into_iter()
             .flatten()
         {
-            if nid != Nid::LO_0 && !nid.is_any() && !self.is_local_nid(nid) {
+            if nid != Nid::LO_0 && !nid.is_any() {
                 let p = self.peer_ni_stats.entry(nid).or_default();
                 p.recv_count += 1;
                 p.received.add(ty);
@@ -4015,9 +4135,10 @@ impl Node {
         let h = rx.header;
         let len = h.payload_length;
         let (rx_ni, rx_from) = (rx.ni, rx.from);
-        if rx.ni != Nid::LO_0 && !self.is_local_nid(rx.from) {
+        if rx.ni != Nid::LO_0 {
             // Receiving never starts discovery, but it records the sender and
-            // counts as a success for the NI and the peer NI (lnet.md 7.2).
+            // counts as a success for the NI and the peer NI (lnet.md 7.2);
+            // our own NIDs too, which are a peer of ours as in Lustre.
             self.disc.note_receive(rx.from);
             let c = Completion {
                 peer_is_gateway: rx.from != h.src_nid,
@@ -4087,6 +4208,10 @@ impl Node {
                 match self.table.match_response(dst_wmd, MsgType::Ack, mlength) {
                     ResponseMatch::Matched(m) => {
                         let tracker = self.untrack(m.md);
+                        if let Some(t) = &tracker {
+                            let ns = now.saturating_duration_since(t.start).as_nanos();
+                            self.record_latency(rx_ni, rx_from, LatencyOp::PutAck, ns);
+                        }
                         let mut info =
                             tracker.map_or_else(|| event_info(EventKind::Ack), |t| t.info);
                         info.kind = EventKind::Ack;
@@ -4110,6 +4235,10 @@ impl Node {
                         // The response is here: its tracker is satisfied even if
                         // the payload takes a while.
                         let tracker = self.untrack(m.md);
+                        if let Some(t) = &tracker {
+                            let ns = now.saturating_duration_since(t.start).as_nanos();
+                            self.record_latency(rx_ni, rx_from, LatencyOp::GetRtt, ns);
+                        }
                         let mut info =
                             tracker.map_or_else(|| event_info(EventKind::Reply), |t| t.info);
                         info.kind = EventKind::Reply;
@@ -4278,6 +4407,7 @@ impl Node {
                 rtr_nid: Some(rx.from),
                 retries: 0,
                 deadline: now + self.cfg.transaction_timeout,
+                t_start: now,
                 path: None,
                 via_lnd: false,
                 no_resend: false,
@@ -4335,6 +4465,7 @@ impl Node {
             rtr_nid: Some(rx.from),
             retries: 0,
             deadline: now + self.cfg.transaction_timeout,
+            t_start: now,
             path: None,
             via_lnd: false,
             no_resend: false,
@@ -4429,6 +4560,7 @@ impl Node {
             retries: 0,
             // Routers do not drop messages past their deadline (LU-17854).
             deadline: Time::MAX,
+            t_start: now,
             path: None,
             via_lnd: false,
             no_resend: false,
@@ -4517,7 +4649,7 @@ impl Node {
             }
             // The next-hop peer NI is blamed (lnet_handle_remote_failure_locked).
             if let Some(hop) = t.next_hop
-                && !self.is_local_nid(hop)
+                && hop != Nid::LO_0
             {
                 self.health.on_response_timeout(now, hop);
             }
@@ -5033,7 +5165,7 @@ mod tests {
         n.md_attach(Time::ZERO, me, MdSpec::new(sink_mem, MdOptions::OP_PUT))
             .unwrap();
         let src = put_md(&mut n, &mut arena, b"self");
-        let target = ProcessId::lustre(nid("10.0.0.1@tcp"));
+        let target = ProcessId::lustre(Nid::LO_0);
         n.put(Time::ZERO, src, true, target, 3, 7, 0, 0).unwrap();
         // Only the loopback LND carries it (PUT, then the ACK): no network
         // LND, no credits taken.
@@ -5045,11 +5177,11 @@ mod tests {
         assert!(kinds.contains(&EventKind::Send));
         assert!(kinds.contains(&EventKind::Ack));
         let put = evs.iter().find(|e| e.kind() == EventKind::Put).unwrap();
-        assert_eq!(put.info.target.nid, nid("10.0.0.1@tcp"));
+        assert_eq!(put.info.target.nid, Nid::LO_0);
         assert_eq!(arena[&sink_mem.key], b"self");
         assert_eq!(n.stats().payload_bytes_copied, 0);
         // A ping of ourselves: LNet's own bytes, inline both ways.
-        n.ping(Time::ZERO, nid("10.0.0.1@tcp")).unwrap();
+        n.ping(Time::ZERO, Nid::LO_0).unwrap();
         assert!(run_loopback(&mut n, &mut arena).is_empty());
         let r = n.poll_ping_result().unwrap();
         assert_eq!(r.result.unwrap().primary_nid(), Some(nid("10.0.0.1@tcp")));

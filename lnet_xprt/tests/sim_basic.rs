@@ -730,3 +730,63 @@ fn restart_breaks_what_was_on_its_way_and_refuses_another_nodes_nid() {
         Err(SimError::DuplicateNid(_))
     ));
 }
+
+/// Per-operation latency (Lustre's `ni_latency`/`lpni_latency`, sanity-lnet
+/// test 475): a PUT's egress, an acknowledged PUT's round trip to its ACK
+/// and a GET's to its REPLY, each counted once on the sending NI and on
+/// the peer NI, with the wire's latency in them; a PUT without ACK adds an
+/// egress sample only; `reset_stats` zeroes them.
+#[test]
+fn operation_latencies_are_counted_on_the_ni_and_the_peer_ni() {
+    let mut sim = pair(475);
+    let (a, b) = (nid("10.0.0.1@tcp"), nid("10.0.0.2@tcp"));
+    let inbox = sim.register_mem("b", vec![0; 16]);
+    post(
+        &mut sim,
+        "b",
+        4,
+        0,
+        MdSpec::new(inbox, MdOptions::OP_PUT | MdOptions::OP_GET),
+    );
+    let target = ProcessId::lustre(b);
+    let src = sim.register_mem("a", vec![1; 16]);
+    let md = bind(&mut sim, "a", src, 2);
+    sim.with_node("a", |n, now| n.put(now, md, true, target, 4, 0, 0, 0))
+        .unwrap();
+    sim.run_until_idle().unwrap();
+    let sink = sim.register_mem("a", vec![0; 16]);
+    let md = bind(&mut sim, "a", sink, 2);
+    sim.with_node("a", |n, now| n.get(now, md, target, 4, 0, 0))
+        .unwrap();
+    sim.run_until_idle().unwrap();
+    let src = sim.register_mem("a", vec![2; 16]);
+    let md = bind(&mut sim, "a", src, 1);
+    sim.with_node("a", |n, now| n.put(now, md, false, target, 4, 0, 0, 0))
+        .unwrap();
+    sim.run_until_idle().unwrap();
+    let ni = sim.node("a").ni_info(a).unwrap().latency;
+    let peer = sim.node("a").peer_ni_stats(b).unwrap().latency;
+    for l in [ni, peer] {
+        assert_eq!(l.put_egress.samples, 2, "{l:?}");
+        assert_eq!(l.put_ack.samples, 1, "{l:?}");
+        assert_eq!(l.get_rtt.samples, 1, "{l:?}");
+        // A round trip crosses the wire twice (50 µs each way).
+        assert!(l.put_ack.min_ns >= 100_000, "{l:?}");
+        assert!(l.get_rtt.max_ns >= 100_000, "{l:?}");
+        assert_eq!(l.get_rtt.avg_ns(), l.get_rtt.min_ns);
+        assert!(l.put_egress.max_ns >= l.put_egress.min_ns);
+    }
+    // b only answered: no latency of its own.
+    assert_eq!(sim.node("b").ni_info(b).unwrap().latency.get_rtt.samples, 0);
+    sim.with_node("a", |n, _| n.reset_stats());
+    assert_eq!(sim.node("a").ni_info(a).unwrap().latency.put_ack.samples, 0);
+    assert_eq!(
+        sim.node("a")
+            .peer_ni_stats(b)
+            .unwrap()
+            .latency
+            .get_rtt
+            .samples,
+        0
+    );
+}

@@ -258,7 +258,7 @@ fn router_copies_nothing_beyond_its_socket_reads_and_writes() {
 fn loopback_is_one_memory_copy_by_the_lo_driver() {
     let mut sim = pair(4);
     let inbox = post(&mut sim, "a", 4, vec![0; 64], MdOptions::OP_PUT);
-    let md = put(&mut sim, "a", A, 4, b"to myself".to_vec(), true);
+    let md = put(&mut sim, "a", "0@lo", 4, b"to myself".to_vec(), true);
     sim.run_until_idle().unwrap();
     assert_eq!(&sim.mem("a", inbox.key)[..9], b"to myself");
     let mut k: Vec<EventKind> = events_of(&sim, "a", md).iter().map(|e| e.0).collect();
@@ -270,6 +270,33 @@ fn loopback_is_one_memory_copy_by_the_lo_driver() {
     assert_eq!(sim.node("a").stats().payload_bytes_copied, 0);
     // Through 0@lo: no network LND and no credits.
     assert!(sim.trace().iter().all(|t| t.from == Nid::LO_0));
+}
+
+/// A PUT to one of the node's own NIDs other than `0@lo` takes the network
+/// LND, as Lustre's does (`lnet_select_pathway` shortcuts `0@lo` only):
+/// it crosses the wire from the NI to itself, both ways, and the NI's and
+/// the peer NI's counters move.
+#[test]
+fn a_put_to_our_own_nid_takes_the_network_lnd() {
+    let mut sim = pair(5);
+    let inbox = post(&mut sim, "a", 4, vec![0; 64], MdOptions::OP_PUT);
+    let md = put(&mut sim, "a", A, 4, b"to myself".to_vec(), true);
+    sim.run_until_idle().unwrap();
+    assert_eq!(&sim.mem("a", inbox.key)[..9], b"to myself");
+    let mut k: Vec<EventKind> = events_of(&sim, "a", md).iter().map(|e| e.0).collect();
+    k.sort_by_key(|k| *k as u8);
+    assert_eq!(k, vec![EventKind::Ack, EventKind::Send]);
+    let on_wire: Vec<_> = sim
+        .trace()
+        .iter()
+        .filter(|t| t.from == nid(A) && t.to == nid(A))
+        .collect();
+    assert_eq!(on_wire.len(), 2, "the PUT and its ACK: {:?}", sim.trace());
+    assert_eq!(sim.copies("a").loopback_copy_bytes, 0);
+    let ni = sim.node("a").ni_info(nid(A)).unwrap();
+    assert_eq!((ni.send_count, ni.recv_count), (2, 2));
+    let p = sim.node("a").peer_ni_stats(nid(A)).unwrap();
+    assert_eq!((p.send_count, p.recv_count), (2, 2));
 }
 
 #[test]

@@ -301,9 +301,9 @@ fn response_tracking_on_a_running_node() {
     cfg.node.transaction_timeout = Duration::from_secs(2);
     cfg.node.retry_count = 0;
     let lnet = Lnet::start(cfg).unwrap();
-    // To our other NID (the loopback LND); nobody serves portal 30: PUTs
-    // are dropped, the ACK never comes.
-    let other = ProcessId::lustre(nid("127.0.45.2@tcp"));
+    // To 0@lo (the loopback LND: no health, no recovery pings); nobody
+    // serves portal 30: PUTs are dropped, the ACK never comes.
+    let other = ProcessId::lustre(nid("0@lo"));
     let put = |lnet: &Lnet| {
         let region = MemRegion::from_vec(vec![7; 100]);
         let md = bind(lnet, &region);
