@@ -1049,8 +1049,15 @@ fn health_values_set_by_hand() {
         num(peer_ni(&v, "127.0.19.3@tcp"), &["health stats", "dropped"]),
         0
     );
+    // (The node's own NIDs are listed too once it talked to itself, as
+    // Lustre lists them.)
     let list = a.json(&["peer", "list"]);
-    assert_eq!(list["peer list"][0]["nid"], "127.0.19.3@tcp", "{list}");
+    assert!(
+        list["peer list"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|p| p["nid"] == "127.0.19.3@tcp")),
+        "{list}"
+    );
 }
 
 /// A Multi-Rail client killed and started again with one of its NIs at
@@ -2043,4 +2050,111 @@ fn a_dead_routers_route_goes_down_at_its_lnds_notice_with_discovery_off() {
     for _ in 0..3 {
         client.ok(&["ping", nids[5], "--timeout", "5"]);
     }
+}
+
+/// Lustre's sanity-lnet test 475 ("per-operation latency stats populate and
+/// reset"): pings of the node's own NID (a GET round trip through its own
+/// NI, as Lustre's) give `get_rtt` samples on the local NI (`net show -v
+/// 4`) and on the peer NI of the node itself (`peer show -v 4`); `stats
+/// reset` zeroes them.
+#[test]
+fn latency_stats_populate_and_reset_as_sanity_lnet_checks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let nid = "127.0.89.21@tcp";
+    let port = common_free_port(&["127.0.89.21".parse().unwrap()]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{}", ni("tcp", nid), global(port)),
+    );
+    n.ok(&["stats", "reset"]);
+    for _ in 0..10 {
+        n.ok(&["ping", nid]);
+    }
+    let peer_stat = |key: &str| {
+        let v = n.json(&["peer", "show", "-v", "4", "--nid", nid]);
+        num(peer_ni(&v, nid), &["statistics", key])
+    };
+    let ni_stat = |key: &str| {
+        let v = n.json(&["net", "show", "-v", "4", "--net", "tcp"]);
+        num(&v["net"][0]["local NI(s)"][0], &["statistics", key])
+    };
+    assert!(peer_stat("get_rtt_samples") > 0);
+    assert!(peer_stat("get_rtt_max_nsec") > 0);
+    assert!(peer_stat("get_rtt_min_nsec") <= peer_stat("get_rtt_max_nsec"));
+    assert!(ni_stat("get_rtt_samples") > 0);
+    n.ok(&["stats", "reset"]);
+    assert_eq!(peer_stat("get_rtt_samples"), 0);
+    assert_eq!(ni_stat("get_rtt_samples"), 0);
+    assert_eq!(ni_stat("get_rtt_max_nsec"), 0);
+}
+
+/// Lustre's sanity-lnet test 215 ("Test lnetctl ping --source option"): a
+/// node with `tcp1` and `tcp2` on one interface, configured as a peer of
+/// itself (`peer add --prim NID1 --nid NID2`). Pings of its own NIDs take
+/// its NIs, as Lustre's do: without a source they spread over both (each
+/// NI's send and receive counts move), with `--source` equal to the
+/// destination only that NI's move; a ping from one net's NID to the
+/// other's fails (no route between them).
+#[test]
+fn pings_of_our_own_nids_use_our_nis_as_sanity_lnet_checks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nid1, nid2) = ("127.0.89.31@tcp1", "127.0.89.31@tcp2");
+    let port = common_free_port(&["127.0.89.31".parse().unwrap()]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!(
+            "net:\n{}{}{}",
+            ni("tcp1", nid1),
+            ni("tcp2", nid2),
+            global(port)
+        ),
+    );
+    n.ok(&["peer", "add", "--prim", nid1, "--nid", nid2]);
+    let counts = || {
+        let v = n.json(&["net", "show", "-v"]);
+        [nid1, nid2].map(|want| {
+            let nis = v["net"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|net| net["local NI(s)"].as_array().into_iter().flatten());
+            let ni = nis
+                .clone()
+                .find(|ni| ni["nid"] == want)
+                .unwrap_or_else(|| panic!("{want} in {v}"));
+            (
+                num(ni, &["statistics", "send_count"]),
+                num(ni, &["statistics", "recv_count"]),
+            )
+        })
+    };
+    for dst in [nid1, nid2] {
+        let before = counts();
+        for _ in 0..25 {
+            n.ok(&["ping", dst]);
+        }
+        let after = counts();
+        for i in 0..2 {
+            assert!(
+                after[i].0 > before[i].0,
+                "{dst}: send_count of NI {i}: {before:?} {after:?}"
+            );
+            assert!(
+                after[i].1 > before[i].1,
+                "{dst}: recv_count of NI {i}: {before:?} {after:?}"
+            );
+        }
+        let before = counts();
+        for _ in 0..25 {
+            n.ok(&["ping", "--source", dst, dst]);
+        }
+        let after = counts();
+        let me = usize::from(dst == nid2);
+        assert!(after[me].0 > before[me].0, "{dst}: {before:?} {after:?}");
+        assert_eq!(after[1 - me], before[1 - me], "{dst}: the other NI moved");
+    }
+    n.fails(&["ping", "--source", nid1, nid2, "--timeout", "2"], "");
+    n.fails(&["ping", "--source", nid2, nid1, "--timeout", "2"], "");
 }

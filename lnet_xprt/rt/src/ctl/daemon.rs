@@ -151,6 +151,24 @@ fn health_stats(n: &Node, side: NiSide, nid: Nid) -> Doc {
     }
 }
 
+/// An interface's `statistics` with its per-operation latencies, as
+/// Lustre's netlink dump gives them (`lnet_nl_put_latency`): for
+/// `put_egress`, `get_rtt` and `put_ack`, the samples and the least, most
+/// and mean nanoseconds (zeros without samples).
+fn with_latency(mut d: Doc, l: &colibri_lnet::node::OpLatency) -> Doc {
+    for (name, x) in [
+        ("put_egress", l.put_egress),
+        ("get_rtt", l.get_rtt),
+        ("put_ack", l.put_ack),
+    ] {
+        d.push(&format!("{name}_samples"), x.samples);
+        d.push(&format!("{name}_min_nsec"), x.min_ns);
+        d.push(&format!("{name}_max_nsec"), x.max_ns);
+        d.push(&format!("{name}_avg_nsec"), x.avg_ns());
+    }
+    d
+}
+
 fn nid_arg(s: &str, op: &str, object: &str) -> Result<Nid, Failure> {
     conf::parse_nid(s, "nid").map_err(|e| conf_fail(op, object, &e))
 }
@@ -1035,10 +1053,13 @@ impl Daemon {
                 if verbose {
                     d.push(
                         "statistics",
-                        Doc::map()
-                            .with("send_count", info.map_or(0, |i| i.send_count))
-                            .with("recv_count", info.map_or(0, |i| i.recv_count))
-                            .with("drop_count", info.map_or(0, |i| i.drop_count)),
+                        with_latency(
+                            Doc::map()
+                                .with("send_count", info.map_or(0, |i| i.send_count))
+                                .with("recv_count", info.map_or(0, |i| i.recv_count))
+                                .with("drop_count", info.map_or(0, |i| i.drop_count)),
+                            &info.map(|i| i.latency).unwrap_or_default(),
+                        ),
                     );
                     if detail >= 2
                         && let Some(i) = info
@@ -2028,12 +2049,15 @@ fn peer_doc(
                 let s = n.peer_ni_stats(nid).unwrap_or_default();
                 ni.push(
                     "statistics",
-                    Doc::map()
-                        .with("send_count", s.send_count)
-                        .with("recv_count", s.recv_count)
-                        .with("drop_count", s.drop_count)
-                        .with("send_length", s.send_length)
-                        .with("recv_length", s.recv_length),
+                    with_latency(
+                        Doc::map()
+                            .with("send_count", s.send_count)
+                            .with("recv_count", s.recv_count)
+                            .with("drop_count", s.drop_count)
+                            .with("send_length", s.send_length)
+                            .with("recv_length", s.recv_length),
+                        &s.latency,
+                    ),
                 );
                 if detail >= 2 {
                     push_by_type(&mut ni, &s.sent, &s.received, &s.dropped);
