@@ -9,6 +9,7 @@ use colibri_lnet::ids::{Net, ProcessId};
 use colibri_lnet::matching::{
     EventKind, InsertPos, MdHandle, MdOptions, MdSpec, MeSpec, Threshold, Unlink,
 };
+use colibri_lnet::node::NodeConfig;
 use colibri_lnet::sim::{Sim, Topology};
 
 fn net(s: &str) -> Net {
@@ -779,17 +780,12 @@ fn a_router_drops_what_it_would_forward_to_a_dead_peer() {
     assert_eq!(topo_sim.mem("server", inbox.key)[0], 9);
 }
 
-/// Sanity-lnet 257 ("Test graceful router shutdown/startup"): while a
-/// client streams PUTs to a server through two routers, one router's
-/// routing is switched off and later on again; it advertises the stop at
-/// once and forwards what still comes for the interval, and forwards before
-/// it advertises a start, so no message is dropped and every PUT is
-/// acknowledged (a router that stopped at once dropped the PUTs that came
-/// before the client's next router ping).
-#[test]
-fn a_router_stops_and_starts_routing_without_dropping() {
-    let mut topo = Topology::new(257)
-        .node("client", &["10.0.0.1@tcp"])
+/// A client (NIs `client`) on tcp and a server on o2ib1, routed both ways
+/// through two routers, r0 and r1 (routing on); `tune` applies to every
+/// node's configuration.
+fn two_routers(seed: u64, client: &[&str], tune: impl Fn(&mut NodeConfig)) -> Topology {
+    let mut topo = Topology::new(seed)
+        .node("client", client)
         .node("r0", &["10.0.0.3@tcp", "192.168.1.3@o2ib1"])
         .node("r1", &["10.0.0.4@tcp", "192.168.1.4@o2ib1"])
         .node("server", &["192.168.1.2@o2ib1"])
@@ -799,14 +795,29 @@ fn a_router_stops_and_starts_routing_without_dropping() {
         .route("server", "tcp", "192.168.1.4@o2ib1", None, 0);
     for name in ["client", "r0", "r1", "server"] {
         topo = topo.configure(name, |c| {
-            c.router_check_interval = Duration::from_secs(1);
-            c.router_ping_timeout = Duration::from_secs(1);
             c.routing = name.starts_with('r');
-            // No pushes: the client learns of the change from its router
-            // pings only, as with discovery off in Lustre.
-            c.discovery = false;
+            tune(c);
         });
     }
+    topo
+}
+
+/// Sanity-lnet 257 ("Test graceful router shutdown/startup"): while a
+/// client streams PUTs to a server through two routers, one router's
+/// routing is switched off and later on again; it advertises the stop at
+/// once and forwards what still comes for the interval, and forwards before
+/// it advertises a start, so no message is dropped and every PUT is
+/// acknowledged (a router that stopped at once dropped the PUTs that came
+/// before the client's next router ping).
+#[test]
+fn a_router_stops_and_starts_routing_without_dropping() {
+    let topo = two_routers(257, &["10.0.0.1@tcp"], |c| {
+        c.router_check_interval = Duration::from_secs(1);
+        c.router_ping_timeout = Duration::from_secs(1);
+        // No pushes: the client learns of the change from its router
+        // pings only, as with discovery off in Lustre.
+        c.discovery = false;
+    });
     let mut sim = Sim::new(topo.default_latency(Duration::from_millis(50))).unwrap();
     sim.run_for(Duration::from_secs(3)).unwrap();
     let inbox = sim.register_mem("server", vec![0; 8]);
@@ -885,22 +896,10 @@ fn a_router_stops_and_starts_routing_without_dropping() {
 #[test]
 fn a_gateway_death_notice_takes_its_routes_down_with_discovery_off() {
     let fabric = |discovery: bool| {
-        let mut topo = Topology::new(31)
-            .node("client", &["10.0.0.1@tcp", "10.0.0.2@tcp"])
-            .node("r0", &["10.0.0.3@tcp", "192.168.1.3@o2ib1"])
-            .node("r1", &["10.0.0.4@tcp", "192.168.1.4@o2ib1"])
-            .node("server", &["192.168.1.2@o2ib1"])
-            .route("client", "o2ib1", "10.0.0.3@tcp", None, 0)
-            .route("client", "o2ib1", "10.0.0.4@tcp", None, 0)
-            .route("server", "tcp", "192.168.1.3@o2ib1", None, 0)
-            .route("server", "tcp", "192.168.1.4@o2ib1", None, 0);
-        for name in ["client", "r0", "r1", "server"] {
-            topo = topo.configure(name, |c| {
-                c.router_check_interval = Duration::from_secs(60);
-                c.routing = name.starts_with('r');
-                c.discovery = discovery;
-            });
-        }
+        let topo = two_routers(31, &["10.0.0.1@tcp", "10.0.0.2@tcp"], |c| {
+            c.router_check_interval = Duration::from_secs(60);
+            c.discovery = discovery;
+        });
         let mut sim = Sim::new(topo).unwrap();
         // Routers pinged, peers discovered.
         sim.run_for(Duration::from_secs(2)).unwrap();
