@@ -954,6 +954,33 @@ fn shutdown_ends_every_operation_with_one_final_event() {
     b.shutdown();
 }
 
+/// The same with the node as its own peer (a PUT to its own NID crosses
+/// the socket LND to its own listener, as Lustre's): its receiving side
+/// parks the PUT, and a shutdown ends the sending side's operation with
+/// one final event, the parked receive with it.
+#[test]
+fn shutdown_ends_a_put_to_our_own_nid_with_one_final_event() {
+    let me = nid("127.0.2.80@tcp");
+    let a = start("127.0.2.80@tcp", AcceptPolicy::All);
+    a.set_lazy_portal(9, true).unwrap();
+    let md = bind(&a, &MemRegion::from_vec(vec![1; 100]));
+    a.put(md, true, ProcessId::lustre(me), 9, 0, 0, 0).unwrap();
+    let evs = events_until(&a, |e| e.iter().any(|e| e.md == md));
+    assert_eq!(
+        evs.iter().find(|e| e.md == md).unwrap().kind(),
+        EventKind::Send
+    );
+    a.shutdown();
+    let mut rest = Vec::new();
+    while let Ok(e) = a.next_event(Duration::from_millis(100)) {
+        rest.push(e);
+    }
+    let mine: Vec<_> = rest.iter().filter(|e| e.md == md).collect();
+    assert_eq!(mine.len(), 1, "{rest:#?}");
+    assert_eq!(mine[0].kind(), EventKind::Ack);
+    assert!(mine[0].status().is_err() && mine[0].unlinked, "{mine:#?}");
+}
+
 /// A node at `nid_s` without discovery (raw peers then need not answer a
 /// ping), its NID and listening address.
 fn raw_target(nid_s: &str) -> (Lnet, Nid, SocketAddr) {
