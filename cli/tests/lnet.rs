@@ -1813,7 +1813,7 @@ fn ping_resolves_a_host_name() {
 /// client and the peer route through the router (`config_routes`).
 /// Returns the client, the router and the peer.
 fn sanity_router_fabric(dir: &Path, nids: [&str; 4], globals: &str, routes: bool) -> [Node; 3] {
-    let ips = nids.map(|n| n.split('@').next().unwrap().parse().unwrap());
+    let ips = nids.map(ip_of);
     let g = format!("{}{globals}", global(common_free_port(&ips)));
     let [client, client_gw, rpeer_gw, rpeer] = nids;
     let route = |net: &str, gw: &str| {
@@ -1978,10 +1978,7 @@ fn a_dead_routers_route_goes_down_at_its_lnds_notice_with_discovery_off() {
         "127.0.90.3@tcp1",
         "127.0.90.1@tcp1",
     ];
-    let ips: Vec<std::net::Ipv4Addr> = nids
-        .iter()
-        .map(|n| n.split('@').next().unwrap().parse().unwrap())
-        .collect();
+    let ips = nids.map(ip_of);
     let g = format!("{}    discovery: 0\n", global(common_free_port(&ips)));
     let route = |net: &str, gws: [&str; 2]| {
         let mut s = String::from("route:\n");

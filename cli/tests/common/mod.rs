@@ -335,6 +335,14 @@ pub(crate) fn common_free_port(ips: &[Ipv4Addr]) -> u16 {
     panic!("no common free port");
 }
 
+/// The IPv4 address of a `tcp` NID (`127.0.85.1@tcp1` → 127.0.85.1).
+pub(crate) fn ip_of(nid: &str) -> Ipv4Addr {
+    nid.split('@')
+        .next()
+        .and_then(|ip| ip.parse().ok())
+        .unwrap_or_else(|| panic!("{nid} is not an IPv4 NID"))
+}
+
 pub(crate) fn global(port: u16) -> String {
     format!("global:\n    accept_port: {port}\n    accept: all\n    transaction_timeout: 10\n")
 }
