@@ -296,11 +296,21 @@ struct PeerSet {
 
 #[derive(Debug, clap::Subcommand)]
 enum NetCmd {
-    /// Add a local NI (it listens on its IP and the node's accept_port).
+    /// Add a local NI (it listens on its IP and the node's accept_port):
+    /// `--nid IP@tcpN`, or `--net tcpN --if IFACE[,IFACE...]` (an NI on
+    /// each interface, its NID the interface's IPv4 address on the net;
+    /// `--net` alone takes the first interface that is up and not a
+    /// loopback).
     Add {
         /// The NI's NID (ip@tcpN).
+        #[arg(long, conflicts_with_all = ["net", "interfaces"])]
+        nid: Option<String>,
+        /// The net of NIs made from interfaces.
         #[arg(long)]
-        nid: String,
+        net: Option<String>,
+        /// Interface names, comma separated (with --net).
+        #[arg(long = "if", requires = "net")]
+        interfaces: Option<String>,
         /// NI credits.
         #[arg(long)]
         credits: Option<u32>,
@@ -326,7 +336,8 @@ enum NetCmd {
         )]
         peer_timeout: Option<i64>,
     },
-    /// Delete a local NI, or every NI of a net.
+    /// Delete a local NI, or every NI of a net (with --if: those on the
+    /// interfaces named).
     Del {
         /// One NI.
         #[arg(long)]
@@ -334,6 +345,9 @@ enum NetCmd {
         /// Every NI of this net.
         #[arg(long)]
         net: Option<String>,
+        /// Interface names, comma separated (with --net).
+        #[arg(long = "if", requires = "net")]
+        interfaces: Option<String>,
     },
     /// Set a local NI's health value by hand (`--all`: every NI), as
     /// `lnetctl net set --health`: below 1000 the NI enters recovery, at 0
@@ -785,6 +799,8 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
         LnetCmd::Net(n) => match n {
             NetCmd::Add {
                 nid,
+                net,
+                interfaces,
                 credits,
                 peer_credits,
                 peer_buffer_credits,
@@ -793,6 +809,8 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 peer_timeout,
             } => Command::NetAdd {
                 nid: nid.clone(),
+                net: net.clone(),
+                interfaces: interfaces.clone(),
                 credits: *credits,
                 peer_credits: *peer_credits,
                 peer_buffer_credits: *peer_buffer_credits,
@@ -800,9 +818,14 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 peer_timeout: *peer_timeout,
                 conns_per_peer: *conns_per_peer,
             },
-            NetCmd::Del { nid, net } => Command::NetDel {
+            NetCmd::Del {
+                nid,
+                net,
+                interfaces,
+            } => Command::NetDel {
                 nid: nid.clone(),
                 net: net.clone(),
+                interfaces: interfaces.clone(),
             },
             NetCmd::Set(h) => Command::NetSet {
                 nid: h.nid.clone(),

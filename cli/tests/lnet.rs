@@ -2155,3 +2155,112 @@ fn pings_of_our_own_nids_use_our_nis_as_sanity_lnet_checks_them() {
     n.fails(&["ping", "--source", nid1, nid2, "--timeout", "2"], "");
     n.fails(&["ping", "--source", nid2, nid1, "--timeout", "2"], "");
 }
+
+/// sanity-lnet 214 and 500 with a real interface: an NI added by its
+/// interface's name (`net add --net tcp --if IFACE`, the NID the
+/// interface's address), pinged from, taken down with its link (at once:
+/// the kernel's link events, not the next tick) while delay and drop
+/// rules hold every PUT, and back up with it, the node answering all
+/// along (500 checks for a deadlock on the ping target update the link
+/// change pushes).
+#[test]
+fn an_ni_on_an_interface_follows_its_link_as_sanity_lnet_checks_it() {
+    let (nid1, nid2) = ("127.0.97.20@tcp", "127.0.97.21@tcp");
+    let Some(veth) = Veth::new(ip_of(nid2)) else {
+        eprintln!("skipped: this machine cannot make a veth pair (`ip link add ... type veth`)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = common_free_port(&[ip_of(nid1), ip_of(nid2)]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{}", ni("tcp", nid1), global(port)),
+    );
+    n.ok(&["net", "add", "--net", "tcp", "--if", &veth.a]);
+    // (status, first interface) of each NI `net show` lists.
+    let shown = |nid: &str| {
+        let v = n.json(&["net", "show"]);
+        let ni = v["net"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|net| net["local NI(s)"].as_array().into_iter().flatten())
+            .find(|ni| ni["nid"] == nid)
+            .unwrap_or_else(|| panic!("{nid} in {v}"))
+            .clone();
+        (
+            ni["status"].as_str().unwrap_or_default().to_owned(),
+            ni["interfaces"]["0"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )
+    };
+    assert_eq!(shown(nid2), ("up".to_owned(), veth.a.clone()));
+    assert_eq!(shown(nid1).0, "up");
+    assert_eq!(shown("0@lo").0, "up");
+    assert!(n.ok(&["export"]).contains(&format!("0: {}", veth.a)));
+    n.ok(&["ping", "--source", nid2, nid1]);
+
+    // Test 500's rules: every PUT delayed a second, and failed on send.
+    n.ok(&["discover", nid1]);
+    let rule = |kind: &str, extra: &[&str]| {
+        let mut a = vec!["fault", kind, "add", "-s", "*@tcp", "-r", "1", "-m", "put"];
+        a.extend_from_slice(extra);
+        n.ok(&a);
+    };
+    rule("delay", &["-d", "*@tcp", "-l", "1"]);
+    rule("drop", &["-d", nid1, "-e", "local_timeout"]);
+    rule("drop", &["-d", nid2, "-e", "local_timeout"]);
+    let within = |what: &str, f: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !f() {
+            assert!(start.elapsed() < Duration::from_secs(3), "{what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let v = n.json(&["fault", "delay", "show"]);
+    assert_eq!(v["fault"][0]["source"], "255.255.255.255@tcp", "{v}");
+    veth.set(&veth.a, false);
+    within("the NI down with its interface", &|| {
+        shown(nid2).0 == "down"
+    });
+    assert_eq!(shown(nid1).0, "up");
+    assert_eq!(shown("0@lo").0, "up");
+    veth.set(&veth.a, true);
+    within("the NI up with its interface", &|| shown(nid2).0 == "up");
+    n.ok(&["fault", "drop", "del", "--all"]);
+    n.ok(&["fault", "delay", "del", "--all"]);
+    n.ok(&["ping", "--source", nid2, nid1]);
+
+    // Bad names: a clear error each, nothing added.
+    n.fails_errno(
+        &["net", "add", "--net", "tcp", "--if", "nosuch0"],
+        19,
+        "no interface nosuch0",
+    );
+    n.fails_errno(
+        &[
+            "net",
+            "add",
+            "--net",
+            "tcp",
+            "--if",
+            &format!("{},{}", veth.a, veth.a),
+        ],
+        17,
+        "named twice",
+    );
+    let o = lnet(Some(&n.ctl), &["net", "add", "--if", &veth.a]);
+    assert_ne!(o.code, Some(0), "--if without --net: {}", o.stdout);
+    n.fails_errno(
+        &["net", "del", "--net", "tcp", "--if", "nosuch0"],
+        2,
+        "no local NI of net tcp on nosuch0",
+    );
+    n.ok(&["net", "del", "--net", "tcp", "--if", &veth.a]);
+    let v = n.json(&["net", "show"]);
+    assert!(!v.to_string().contains(nid2), "{v}");
+    assert!(v.to_string().contains(nid1), "{v}");
+}

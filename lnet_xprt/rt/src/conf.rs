@@ -51,7 +51,9 @@
 //! ";
 //! let (conf, warnings) = NodeConf::from_yaml(text)?;
 //! assert_eq!(conf.nis[0].nid.to_string(), "127.0.0.1@tcp");
-//! // Interface names mean nothing here: the NI listens on its NID's IP.
+//! // An interface that does not hold the NID's IP is ignored, with a
+//! // warning (the NI listens on its NID's IP). Without `nid`, the NI's
+//! // NID is the first named interface's IPv4 address on the net.
 //! assert!(warnings[0].contains("eth0"));
 //! assert!(conf.to_yaml().starts_with("net:\n    - net type: tcp\n"));
 //! // An unknown key is an error that says where.
@@ -132,6 +134,9 @@ pub struct NiConf {
     /// `tunables: peer_timeout` in seconds (-1 in a file: 180, Lustre's
     /// default; 0: no peer aliveness on a router).
     pub peer_timeout: u32,
+    /// The interface the NI is on (`interfaces: 0:`), when it was named
+    /// and holds the NID's IP: `net show` and `export` print it.
+    pub interface: Option<String>,
 }
 
 impl NiConf {
@@ -818,6 +823,7 @@ impl NodeConf {
                 }),
                 tos: (n.tos >= 0).then_some(n.tos),
                 peer_timeout: n.peer_timeout,
+                interface: None,
             })
             .collect();
         let peers = node
@@ -905,7 +911,11 @@ impl NodeConf {
         let mut doc = Doc::map();
         let mut nets: Vec<(Net, Vec<Doc>)> = Vec::new();
         for n in &self.nis {
-            let mut ni = Doc::map().with("nid", n.nid.to_string()).with(
+            let mut ni = Doc::map().with("nid", n.nid.to_string());
+            if let Some(i) = &n.interface {
+                ni.push("interfaces", Doc::map().with("0", i.as_str()));
+            }
+            ni.push(
                 "tunables",
                 Doc::map()
                     .with("peer_timeout", n.peer_timeout)
@@ -1073,9 +1083,10 @@ fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<
         conns_per_peer: None,
         tos: None,
         peer_timeout: DEFAULT_PEER_TIMEOUT,
+        interface: None,
     };
     let mut have_nid = false;
-    let mut interfaces = None;
+    let mut interfaces: Option<Vec<String>> = None;
     for (k, v) in entries(ni, at)? {
         let kat = at_key(at, k);
         match k.as_str() {
@@ -1088,7 +1099,7 @@ fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<
                     Doc::Map(m) => m.iter().filter_map(|(_, v)| v.as_text()).collect(),
                     other => other.as_text().into_iter().collect(),
                 };
-                interfaces = Some(names.join(","));
+                interfaces = Some(names);
             }
             "CPT" | "dev cpt" | "cpt" => {
                 warn.push(format!(
@@ -1159,25 +1170,53 @@ fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<
             other => return Err(unknown(at, other)),
         }
     }
+    let names = interfaces.unwrap_or_default();
     if !have_nid {
-        return Err(ConfError::invalid(
-            at,
-            format!(
-                "missing 'nid' (interface names{} cannot be mapped to addresses here: give the NID, e.g. 192.168.1.2@{net_type})",
-                interfaces.map(|i| format!(" {i}")).unwrap_or_default()
-            ),
-        ));
+        // The NID is the first named interface's IP on this net, as
+        // socklnd makes it.
+        let Some(name) = names.first() else {
+            return Err(ConfError::invalid(
+                at,
+                format!("missing 'nid' or 'interfaces' (e.g. nid: 192.168.1.2@{net_type})"),
+            ));
+        };
+        let ifaces = crate::sock::link::read_ifaddrs().map_err(|e| {
+            ConfError::invalid(at, format!("cannot read this machine's interfaces: {e}"))
+        })?;
+        let ip = crate::sock::link::interface_ip(name, &ifaces)
+            .map_err(|m| ConfError::invalid(&at_key(at, "interfaces"), m))?;
+        n.nid = net_type.nid_ipv4(ip);
+        n.interface = Some(name.clone());
+        if names.len() > 1 {
+            warn.push(format!(
+                "{at}.interfaces: only {name} is used (an NI is on one interface: give one NI for each)"
+            ));
+        }
+    } else if let Some(name) = names.first() {
+        if n.nid.net() != net_type {
+            return Err(ConfError::invalid(
+                &at_key(at, "nid"),
+                format!("{} is not on net {net_type}", n.nid),
+            ));
+        }
+        let ip = std::net::Ipv4Addr::from(n.nid.addr());
+        let holds = crate::sock::link::read_ifaddrs().is_ok_and(|ifaces| {
+            crate::sock::link::interface_of(ip, &ifaces) == Some(name.as_str())
+        });
+        if holds && names.len() == 1 {
+            n.interface = Some(name.clone());
+        } else {
+            warn.push(format!(
+                "{at}.interfaces: {} ignored: {} listens on the address of its NID",
+                names.join(","),
+                n.nid
+            ));
+        }
     }
     if n.nid.net() != net_type {
         return Err(ConfError::invalid(
             &at_key(at, "nid"),
             format!("{} is not on net {net_type}", n.nid),
-        ));
-    }
-    if let Some(i) = interfaces {
-        warn.push(format!(
-            "{at}.interfaces: {i} ignored: {} listens on the address of its NID",
-            n.nid
         ));
     }
     if n.credits == 0 || n.peer_credits == 0 {
@@ -1432,6 +1471,7 @@ global:
                                     tos: (credits % 5 == 0)
                                         .then(|| i32::try_from(credits % 256).unwrap_or(0)),
                                     peer_timeout: credits % 200,
+                                    interface: None,
                                 },
                             )
                             .collect(),
@@ -1562,6 +1602,42 @@ global:
     }
 
     #[test]
+    fn an_ni_named_by_its_interface_takes_the_interfaces_address() {
+        // lo holds 127.0.0.1 on every Linux machine.
+        let (c, warn) = NodeConf::from_yaml(
+            "net:\n    - net type: tcp3\n      local NI(s):\n        - interfaces:\n              0: lo\n",
+        )
+        .unwrap();
+        assert!(warn.is_empty(), "{warn:?}");
+        assert_eq!(c.nis[0].nid.to_string(), "127.0.0.1@tcp3");
+        assert_eq!(c.nis[0].interface.as_deref(), Some("lo"));
+        let y = c.to_yaml();
+        assert!(y.contains("interfaces:\n              0: lo\n"), "{y}");
+        assert_eq!(NodeConf::from_yaml(&y).unwrap().0, c);
+        // Given with the NID it holds: kept, no warning.
+        let (c, warn) = NodeConf::from_yaml(
+            "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 127.0.0.1@tcp\n          interfaces:\n              0: lo\n",
+        )
+        .unwrap();
+        assert!(warn.is_empty(), "{warn:?}");
+        assert_eq!(c.nis[0].interface.as_deref(), Some("lo"));
+        // lo does not hold 127.0.5.5 (its prefix does): ignored, warned.
+        let (c, warn) = NodeConf::from_yaml(
+            "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 127.0.5.5@tcp\n          interfaces:\n              0: lo\n",
+        )
+        .unwrap();
+        assert_eq!(c.nis[0].interface, None);
+        assert!(warn[0].contains("lo ignored"), "{warn:?}");
+        // Two interfaces for one NI: the first, and a warning.
+        let (c, warn) = NodeConf::from_yaml(
+            "net:\n    - net type: tcp\n      local NI(s):\n        - interfaces:\n              0: lo\n              1: lo\n",
+        )
+        .unwrap();
+        assert_eq!(c.nis[0].nid.to_string(), "127.0.0.1@tcp");
+        assert!(warn[0].contains("only lo is used"), "{warn:?}");
+    }
+
+    #[test]
     fn bad_inputs() {
         let cases = [
             ("net: [\n", "malformed"),
@@ -1587,8 +1663,8 @@ global:
                 "only tcp",
             ),
             (
-                "net:\n    - net type: tcp\n      local NI(s):\n        - interfaces:\n              0: eth0\n",
-                "eth0 cannot be mapped",
+                "net:\n    - net type: tcp\n      local NI(s):\n        - interfaces:\n              0: nosuch0\n",
+                "no interface nosuch0 with an IPv4 address",
             ),
             (
                 "global:\n    retry_count: many\n",

@@ -83,6 +83,9 @@ struct State {
     /// LNet taken down by `lnet unconfigure` (Lustre's `ln_refcount` 0):
     /// every command but `lnet configure|unconfigure` fails `ENETDOWN`.
     down: bool,
+    /// The interface each NI is on, where one was named or holds its IP
+    /// (`net show` and `export` print it; the node keeps NIDs only).
+    interfaces: BTreeMap<Nid, String>,
 }
 
 /// A node run as a process: its [`Lnet`], the selftest target it serves,
@@ -218,10 +221,91 @@ fn net_arg(s: &str, op: &str, object: &str) -> Result<Net, Failure> {
     conf::parse_net(s, "net").map_err(|e| conf_fail(op, object, &e))
 }
 
-/// `*` (or nothing) is any NID.
+/// The NIs `net add` makes, each with the interface it is on when one
+/// was named: `--nid` alone (its interface is the one holding its IP, if
+/// any), or `--net` with `--if` (an NI on each interface, its NID the
+/// interface's first IPv4 address, as socklnd makes it), or `--net`
+/// alone (the first interface up and not a loopback, as socklnd picks).
+/// Every interface is looked up before anything is added.
+fn ni_targets(
+    nid: Option<&str>,
+    net: Option<&str>,
+    interfaces: Option<&str>,
+) -> Result<Vec<(Nid, Option<String>)>, Failure> {
+    let fail = |errno, descr: String| Failure::new("add", "net", errno, descr);
+    let table = || {
+        crate::sock::link::read_ifaddrs().map_err(|e| {
+            fail(
+                errno::EIO,
+                format!("cannot read this machine's interfaces: {e}"),
+            )
+        })
+    };
+    let names: Vec<&str> = interfaces
+        .map(|i| {
+            i.split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    match (nid, net) {
+        (Some(n), None) if names.is_empty() => {
+            let nid = nid_arg(n, "add", "net")?;
+            let ip = std::net::Ipv4Addr::from(nid.addr());
+            let name = table()
+                .ok()
+                .and_then(|t| crate::sock::link::interface_of(ip, &t).map(str::to_owned));
+            Ok(vec![(nid, name)])
+        }
+        (Some(_), _) => Err(fail(
+            errno::EINVAL,
+            "give --nid, or --net with --if, not both".into(),
+        )),
+        (None, Some(net)) => {
+            let net = net_arg(net, "add", "net")?;
+            if net.is_lo() {
+                return Err(fail(errno::EINVAL, "the lo net is always there".into()));
+            }
+            let t = table()?;
+            if names.is_empty() {
+                let i = crate::sock::link::default_interface(&t).ok_or_else(|| {
+                    fail(
+                        errno::ENODEV,
+                        "no interface is up (besides loopbacks): name one with --if".into(),
+                    )
+                })?;
+                return Ok(vec![(net.nid_ipv4(i.addr), Some(i.name.clone()))]);
+            }
+            let mut out: Vec<(Nid, Option<String>)> = Vec::new();
+            for name in names {
+                let ip = crate::sock::link::interface_ip(name, &t)
+                    .map_err(|m| fail(errno::ENODEV, m))?;
+                let nid = net.nid_ipv4(ip);
+                if out.iter().any(|(n, _)| *n == nid) {
+                    return Err(fail(
+                        errno::EEXIST,
+                        format!("{name} is named twice ({nid})"),
+                    ));
+                }
+                out.push((nid, Some(name.to_owned())));
+            }
+            Ok(out)
+        }
+        (None, None) if names.is_empty() => Err(fail(
+            errno::EINVAL,
+            "give --nid, or --net (with --if)".into(),
+        )),
+        (None, None) => Err(fail(errno::EINVAL, "--if needs --net".into())),
+    }
+}
+
+/// `*` (or nothing) is any NID; `*@NET` every NID of a net, as `lctl`'s
+/// fault rules read it (the `255.255.255.255@NET` wildcard).
 fn any_nid(s: Option<&str>, op: &str, object: &str) -> Result<Nid, Failure> {
     match s {
         None | Some("*") => Ok(Nid::ANY),
+        Some(s) if s.starts_with("*@") => Ok(net_arg(&s[2..], op, object)?.wildcard_nid()),
         Some(s) => s.parse().map_err(|e| {
             Failure::new(
                 op,
@@ -375,6 +459,11 @@ impl Daemon {
                 faults: Vec::new(),
                 startup: conf.clone(),
                 down: false,
+                interfaces: conf
+                    .nis
+                    .iter()
+                    .filter_map(|n| Some((n.nid, n.interface.clone()?)))
+                    .collect(),
             }),
             _target: target,
         }))
@@ -389,6 +478,20 @@ impl Daemon {
     /// Stops the node (connections closed, threads joined).
     pub fn shutdown(&self) {
         self.lnet.shutdown();
+    }
+
+    /// Notes the interface an NI was added on (`None`: none known).
+    fn note_interface(&self, nid: Nid, interface: Option<String>) {
+        let mut st = self.st.lock();
+        match interface {
+            Some(name) => st.interfaces.insert(nid, name),
+            None => st.interfaces.remove(&nid),
+        };
+    }
+
+    /// The interface of each NI that has one known.
+    fn interfaces(&self) -> BTreeMap<Nid, String> {
+        self.st.lock().interfaces.clone()
     }
 
     /// The running configuration (`export`).
@@ -406,10 +509,12 @@ impl Daemon {
             .lnet
             .with_node(|n| NodeConf::of_node(n, cpp, port, acc, &extra));
         // The socket LND's, which `net set --conns-per-peer` changes.
+        let interfaces = self.interfaces();
         for ni in &mut conf.nis {
             if let Some(c) = self.lnet.conns_per_peer(ni.nid) {
                 ni.conns_per_peer = Some(c);
             }
+            ni.interface = interfaces.get(&ni.nid).cloned();
         }
         conf
     }
@@ -457,6 +562,8 @@ impl Daemon {
         match cmd {
             Command::NetAdd {
                 nid,
+                net,
+                interfaces,
                 credits,
                 peer_credits,
                 peer_buffer_credits,
@@ -464,8 +571,8 @@ impl Daemon {
                 tos,
                 peer_timeout,
             } => {
-                let nid = nid_arg(&nid, "add", "net")?;
-                let mut ni = NiConfig::new(nid);
+                let nis = ni_targets(nid.as_deref(), net.as_deref(), interfaces.as_deref())?;
+                let mut ni = NiConfig::new(nis[0].0);
                 if let Some(t) = peer_timeout {
                     // -1: the default, as lnetctl's.
                     ni.peer_timeout = match t {
@@ -513,12 +620,26 @@ impl Daemon {
                     }
                     ni.conns_per_peer = c;
                 }
-                self.lnet
-                    .add_ni(ni)
-                    .map_err(|e| lnet_fail("add", "net", &e))?;
+                // All the interfaces' NIs, or none: one that fails takes
+                // back those added before it.
+                for (i, (nid, _)) in nis.iter().enumerate() {
+                    if let Err(e) = self.lnet.add_ni(NiConfig { nid: *nid, ..ni }) {
+                        for (added, _) in &nis[..i] {
+                            let _ = self.lnet.del_ni(*added);
+                        }
+                        return Err(lnet_fail("add", "net", &e));
+                    }
+                }
+                for (nid, interface) in nis {
+                    self.note_interface(nid, interface);
+                }
                 Ok(Doc::Null)
             }
-            Command::NetDel { nid, net } => self.net_del(nid.as_deref(), net.as_deref()),
+            Command::NetDel {
+                nid,
+                net,
+                interfaces,
+            } => self.net_del(nid.as_deref(), net.as_deref(), interfaces.as_deref()),
             Command::NetSet {
                 nid,
                 all,
@@ -997,23 +1118,40 @@ impl Daemon {
         Ok(Doc::Null)
     }
 
-    fn net_del(&self, nid: Option<&str>, net: Option<&str>) -> Result<Doc, Failure> {
+    fn net_del(
+        &self,
+        nid: Option<&str>,
+        net: Option<&str>,
+        interfaces: Option<&str>,
+    ) -> Result<Doc, Failure> {
         let nids: Vec<Nid> = match (nid, net) {
             (Some(n), _) => vec![nid_arg(n, "del", "net")?],
             (None, Some(net)) => {
                 let net = net_arg(net, "del", "net")?;
+                // `--if`: the net's NIs on those interfaces only.
+                let names: Option<Vec<&str>> =
+                    interfaces.map(|i| i.split(',').map(str::trim).collect());
+                let on = self.interfaces();
                 let v: Vec<Nid> = self
                     .lnet
                     .nids()
                     .into_iter()
                     .filter(|n| n.net() == net)
+                    .filter(|n| {
+                        names.as_ref().is_none_or(|names| {
+                            on.get(n).is_some_and(|i| names.contains(&i.as_str()))
+                        })
+                    })
                     .collect();
                 if v.is_empty() {
                     return Err(Failure::new(
                         "del",
                         "net",
                         errno::ENOENT,
-                        format!("no local NI on net {net}"),
+                        match interfaces {
+                            Some(i) => format!("no local NI of net {net} on {i}"),
+                            None => format!("no local NI on net {net}"),
+                        },
                     ));
                 }
                 v
@@ -1037,6 +1175,7 @@ impl Daemon {
 
     fn net_show(&self, only: Option<Net>, verbose: bool, detail: u32) -> Result<Doc, Failure> {
         let cpp = self.st.lock().conns_per_peer;
+        let interfaces = self.interfaces();
         let doc = self.lnet.with_node(|n| {
             let mut nets: Vec<(Net, Vec<Doc>)> = Vec::new();
             let lo = Nid::LO_0;
@@ -1049,7 +1188,13 @@ impl Daemon {
                 let mut d = Doc::map()
                     .with("nid", ni.nid.to_string())
                     .with("status", info.map_or("down", |i| status_name(i.status)))
-                    .with("interfaces", Doc::map().with("0", ip.to_string()));
+                    .with(
+                        "interfaces",
+                        Doc::map().with(
+                            "0",
+                            interfaces.get(&ni.nid).cloned().unwrap_or(ip.to_string()),
+                        ),
+                    );
                 if verbose {
                     d.push(
                         "statistics",
@@ -1664,6 +1809,7 @@ impl Daemon {
             self.lnet
                 .add_ni(ni.to_ni_config())
                 .map_err(|e| lnet_fail("import", "net", &e))?;
+            self.note_interface(ni.nid, ni.interface.clone());
         }
         if c.accept_port
             .is_some_and(|p| p != self.st.lock().accept_port)

@@ -86,6 +86,8 @@ pub mod errno {
     pub const EBUSY: i32 = 16;
     /// File exists.
     pub const EEXIST: i32 = 17;
+    /// No such device (an interface `net add --if` names).
+    pub const ENODEV: i32 = 19;
     /// Argument list too long.
     pub const E2BIG: i32 = 7;
     /// Invalid argument.
@@ -156,8 +158,17 @@ pub struct FaultArgs {
 pub enum Command {
     /// `net add --nid NID [--credits N] [--peer-credits N]`.
     NetAdd {
-        /// The NI's NID.
-        nid: String,
+        /// The NI's NID (or `net` with `interfaces`).
+        #[serde(default)]
+        nid: Option<String>,
+        /// The net of NIs made from interfaces (`--net tcp --if eth0`).
+        #[serde(default)]
+        net: Option<String>,
+        /// Interface names, comma separated: an NI on each, its NID the
+        /// interface's IPv4 address on `net` (none: the first interface
+        /// that is up and not a loopback, as socklnd picks).
+        #[serde(default)]
+        interfaces: Option<String>,
         /// NI credits.
         credits: Option<u32>,
         /// Per-peer credits.
@@ -182,6 +193,9 @@ pub enum Command {
         nid: Option<String>,
         /// Every NI of a net.
         net: Option<String>,
+        /// With `net`: only its NIs on these interfaces (comma separated).
+        #[serde(default)]
+        interfaces: Option<String>,
     },
     /// `net set --nid NID | --all [--health V] [--conns-per-peer N]`: a
     /// local NI's health value set by hand (above 1000: 1000), its socket

@@ -2,16 +2,24 @@
 //! is up, as socklnd's netdev and inetaddr notifiers tell LNet
 //! (`ksocknal_handle_link_state_change`, `lnet_set_link_fatal_state`).
 //!
-//! A user-space LND has no notifier: the reaper reads the interface table
-//! (`getifaddrs`) on each of its ticks and reports an NI whose state
-//! changed. An NI's link is up when an interface that is up and running
+//! A user-space LND has no notifier, but the kernel tells the same news
+//! to a routing netlink socket that joins the link and IPv4 address
+//! groups ([`LinkEvents`]): a thread of the LND waits on it and, at each
+//! message, reads the interface table (`getifaddrs`) and reports every NI
+//! whose state changed, as the notifiers do, before `ip link set ... down`
+//! has returned to its shell. The reaper reads the table on each of its
+//! ticks as well, which is all there is where the socket cannot be opened
+//! (and catches a change whose message the socket's full buffer lost).
+//! An NI's link is up when an interface that is up and running
 //! holds its IP; an IP no interface holds has no link (Lustre's "no
 //! matching IP"). The one exception is the loopback interface, which
 //! answers for its whole prefix (the kernel delivers all of 127.0.0.0/8
 //! on `lo` though only 127.0.0.1 is assigned): an IP held by no interface
 //! but inside a loopback interface's prefix follows that interface.
 
+use std::io::Read;
 use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// One IPv4 address of an interface.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +48,35 @@ pub(crate) fn link_up(ip: Ipv4Addr, ifaces: &[IfAddr]) -> bool {
         .iter()
         .filter(|i| i.loopback && prefix(i))
         .any(|i| i.running)
+}
+
+/// The IPv4 address an NI on interface `name` takes, as socklnd takes
+/// an interface's (its first IPv4 address), or why there is none.
+///
+/// # Errors
+/// A message naming the interface: no such interface, or none of its
+/// addresses is IPv4.
+pub(crate) fn interface_ip(name: &str, ifaces: &[IfAddr]) -> Result<Ipv4Addr, String> {
+    ifaces
+        .iter()
+        .find(|i| i.name == name)
+        .map(|i| i.addr)
+        .ok_or_else(|| format!("no interface {name} with an IPv4 address"))
+}
+
+/// The interface that holds `ip` (an exact address), if any.
+pub(crate) fn interface_of(ip: Ipv4Addr, ifaces: &[IfAddr]) -> Option<&str> {
+    ifaces
+        .iter()
+        .find(|i| i.addr == ip)
+        .map(|i| i.name.as_str())
+}
+
+/// The interface an NI takes when `net add` names none, as socklnd's
+/// start-up picks one: the first interface that is up and running and
+/// not a loopback.
+pub(crate) fn default_interface(ifaces: &[IfAddr]) -> Option<&IfAddr> {
+    ifaces.iter().find(|i| i.running && !i.loopback)
 }
 
 /// The system's IPv4 interface addresses.
@@ -102,6 +139,87 @@ pub(crate) fn read_ifaddrs() -> std::io::Result<Vec<IfAddr>> {
     Ok(out)
 }
 
+/// A routing netlink socket (`NETLINK_ROUTE`) joined to the groups of
+/// link changes (`RTMGRP_LINK`: an interface up, down, carrier on or
+/// off) and IPv4 address changes (`RTMGRP_IPV4_IFADDR`), non-blocking.
+/// What a message says is not parsed: any message means "read the
+/// interface table again".
+pub(crate) struct LinkEvents {
+    fd: std::fs::File,
+}
+
+impl LinkEvents {
+    /// Opens and binds the socket.
+    ///
+    /// # Errors
+    /// `socket` or `bind` failed (a kernel without netlink, a sandbox that
+    /// forbids it): the tick's reading of the table is then all there is.
+    pub(crate) fn open() -> std::io::Result<Self> {
+        // SAFETY: plain system call with constant arguments; the result
+        // is checked before use.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            )
+        };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a descriptor socket() just returned, owned by
+        // nothing else: `OwnedFd` closes it once, on every path below.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: an all-zero `sockaddr_nl` is valid (a plain C struct);
+        // the fields that matter are set below.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        // nl_pid 0: the kernel assigns the port.
+        sa.nl_groups = (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR) as u32;
+        // SAFETY: `sa` is a valid sockaddr_nl for the length given, and
+        // `fd` an open socket.
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&raw const sa).cast::<libc::sockaddr>(),
+                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self {
+            fd: std::fs::File::from(fd),
+        })
+    }
+
+    /// The descriptor, for a poll to wait on.
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Reads every message waiting; returns whether there was any (or
+    /// the socket overflowed, `ENOBUFS`: messages were lost, so the
+    /// table must be read too).
+    pub(crate) fn drain(&mut self) -> bool {
+        let mut buf = [0u8; 8192];
+        let mut any = false;
+        loop {
+            match self.fd.read(&mut buf) {
+                Ok(0) => return any,
+                Ok(_) => any = true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return any,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => any = true,
+                Err(e) => {
+                    tracing::debug!(target: "colibri_lnet_rt::sock", error = %e, "reading link events");
+                    return true;
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +252,47 @@ mod tests {
         let down = [ifa("lo", "127.0.0.1", "255.0.0.0", false, true), eth];
         assert!(!link_up(ip("127.0.85.1"), &down));
         assert!(!link_up(ip("192.0.2.7"), &[lo]));
+    }
+
+    #[test]
+    fn interfaces_are_found_by_name_and_address() {
+        let set = [
+            ifa("lo", "127.0.0.1", "255.0.0.0", true, true),
+            ifa("eth0", "10.1.0.5", "255.255.0.0", false, false),
+            ifa("eth1", "10.2.0.5", "255.255.0.0", true, false),
+            ifa("eth1", "10.3.0.5", "255.255.0.0", true, false),
+        ];
+        assert_eq!(interface_ip("eth1", &set), Ok("10.2.0.5".parse().unwrap()));
+        assert_eq!(interface_ip("lo", &set), Ok(Ipv4Addr::LOCALHOST));
+        assert_eq!(
+            interface_ip("eth9", &set),
+            Err("no interface eth9 with an IPv4 address".into())
+        );
+        assert_eq!(
+            interface_of("10.3.0.5".parse().unwrap(), &set),
+            Some("eth1")
+        );
+        assert_eq!(interface_of("127.0.5.5".parse().unwrap(), &set), None);
+        // eth0 is down, lo a loopback: eth1.
+        assert_eq!(
+            default_interface(&set).map(|i| i.name.as_str()),
+            Some("eth1")
+        );
+        assert_eq!(default_interface(&set[..2]), None);
+    }
+
+    #[test]
+    fn link_events_open_and_start_empty() {
+        // Opening needs no privilege. Draining a socket with nothing
+        // waiting returns at once (non-blocking) instead of waiting for
+        // an interface to change; whether anything was there depends on
+        // what other processes do meanwhile, so only the return counts.
+        let mut ev = LinkEvents::open().expect("a routing netlink socket");
+        assert!(ev.raw_fd() >= 0);
+        let t = std::time::Instant::now();
+        let _ = ev.drain();
+        let _ = ev.drain();
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
     }
 
     #[test]

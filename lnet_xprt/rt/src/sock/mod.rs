@@ -286,7 +286,13 @@ pub(crate) struct SockLnd {
     pub(crate) parked: Mutex<KeyedMap<RxId, (usize, ConnId)>>,
     close_log: Mutex<VecDeque<String>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    acceptor_wakers: Mutex<Vec<Arc<mio::Waker>>>,
+    /// Wakers of the threads that wait in a poll of their own (acceptors,
+    /// the link watch), woken at shutdown.
+    poll_wakers: Mutex<Vec<Arc<mio::Waker>>>,
+    /// Held while the link watch reads the interface table and tells
+    /// LNet what changed, so that the tick's reading and an event's
+    /// cannot report two changes in the wrong order.
+    link_watch: Mutex<()>,
     /// Listeners by the address they were asked to bind (a fixed port).
     listeners: Mutex<HashMap<SocketAddr, Arc<Listener>>>,
     pub(crate) stopping: AtomicBool,
@@ -354,7 +360,8 @@ impl SockLnd {
             parked: Mutex::new(KeyedMap::default()),
             close_log: Mutex::new(VecDeque::new()),
             threads: Mutex::new(Vec::new()),
-            acceptor_wakers: Mutex::new(Vec::new()),
+            poll_wakers: Mutex::new(Vec::new()),
+            link_watch: Mutex::new(()),
             listeners: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             nconnds,
@@ -384,8 +391,63 @@ impl SockLnd {
         threads.push(spawn(&format!("socknal_cd{nconnds:02}"), move || {
             handshake::passive_connd(&s, &l, &accept_rx);
         })?);
+        match link::LinkEvents::open() {
+            Ok(ev) => threads.push(lnd.start_link_events(ev)?),
+            Err(e) => tracing::info!(target: TARGET, error = %e,
+                "no link events (routing netlink): links are checked each tick only"),
+        }
         lnd.threads.lock().extend(threads);
         Ok(lnd)
+    }
+
+    /// Starts the thread that waits for the kernel's link and address
+    /// events and checks the NIs' links at each ([`link`]).
+    fn start_link_events(
+        self: &Arc<Self>,
+        mut ev: link::LinkEvents,
+    ) -> Result<JoinHandle<()>, LnetError> {
+        const EVENTS: mio::Token = mio::Token(0);
+        const WAKER: mio::Token = mio::Token(1);
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |source| LnetError::Io { what, source }
+        };
+        let mut poll = mio::Poll::new().map_err(io("creating the link watch's poll"))?;
+        poll.registry()
+            .register(
+                &mut mio::unix::SourceFd(&ev.raw_fd()),
+                EVENTS,
+                mio::Interest::READABLE,
+            )
+            .map_err(io("registering the link events socket"))?;
+        let waker = Arc::new(
+            mio::Waker::new(poll.registry(), WAKER)
+                .map_err(io("creating the link watch's waker"))?,
+        );
+        self.poll_wakers.lock().push(waker);
+        let me = self.clone();
+        spawn("socknal_link", move || {
+            let mut events = mio::Events::with_capacity(4);
+            while !me.stopping.load(Ordering::Acquire) {
+                if let Err(e) = poll.poll(&mut events, None) {
+                    if e.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    tracing::warn!(target: TARGET, error = %e,
+                        "the link watch's poll failed: links are checked each tick only");
+                    return;
+                }
+                if me.stopping.load(Ordering::Acquire) {
+                    return;
+                }
+                // Edge-triggered: everything waiting is read each time.
+                if ev.drain()
+                    && let Some(s) = me.shared.upgrade()
+                {
+                    me.check_links(&s);
+                }
+            }
+        })
     }
 
     /// Adds a `tcp` NI: binds its listener (unless `accept=none`), or
@@ -469,7 +531,7 @@ impl SockLnd {
         self.nis.write().insert(nid, ni);
         drop(listeners);
         if let Some((poll, l, shared)) = new_acceptor {
-            self.acceptor_wakers.lock().push(shared.waker.clone());
+            self.poll_wakers.lock().push(shared.waker.clone());
             let me = self.clone();
             let t = spawn(&format!("acceptor_{ip}"), move || {
                 // It owns the socket: closed when it returns.
@@ -1021,10 +1083,19 @@ impl SockLnd {
         self.nis.read().values().cloned().collect()
     }
 
-    /// The link watch (socklnd's netdev and inetaddr notifiers, read from
-    /// the interface table on each tick; see [`link`]): an NI whose link
-    /// went down or came back is reported to LNet
-    /// (`lnet_set_link_fatal_state`).
+    /// The link watch (socklnd's netdev and inetaddr notifiers, from the
+    /// kernel's link events and the interface table read on each tick;
+    /// see [`link`]): an NI whose link went down or came back is reported
+    /// to LNet (`lnet_set_link_fatal_state`).
+    fn check_links(&self, s: &Shared) {
+        let _order = self.link_watch.lock();
+        let mut inputs = Vec::new();
+        self.watch_links(&mut inputs);
+        if !inputs.is_empty() {
+            s.run(inputs, |_, _| ());
+        }
+    }
+
     fn watch_links(&self, inputs: &mut Vec<Input>) {
         let ifaces = match link::read_ifaddrs() {
             Ok(i) => i,
@@ -1214,17 +1285,17 @@ impl Lnd for SockLnd {
                 self.close_conn(&c, &format!("timed out {what} (sock_timeout {timeout:?})"));
             }
         }
-        self.watch_links(&mut inputs);
         if !inputs.is_empty() {
             s.run(inputs, |_, _| ());
         }
+        self.check_links(s);
     }
 
     fn shutdown(&self, s: &Shared) {
         if self.stopping.swap(true, Ordering::AcqRel) {
             return;
         }
-        for w in self.acceptor_wakers.lock().iter() {
+        for w in self.poll_wakers.lock().iter() {
             let _ = w.wake();
         }
         for _ in 0..self.nconnds {
