@@ -311,6 +311,10 @@ enum NetCmd {
         /// Interface names, comma separated (with --net).
         #[arg(long = "if", requires = "net")]
         interfaces: Option<String>,
+        /// CPT binding (`"[0,1]"`): accepted and ignored, with a warning
+        /// (one partition here).
+        #[arg(long)]
+        cpt: Option<String>,
         /// NI credits.
         #[arg(long)]
         credits: Option<u32>,
@@ -713,6 +717,9 @@ pub(crate) fn lnet_main(a: &LnetArgs) -> ExitCode {
         Ok(c) => c,
         Err(f) => return fail(&f, a.json),
     };
+    if let LnetCmd::Net(NetCmd::Add { cpt: Some(c), .. }) = &a.cmd {
+        eprintln!("warning: --cpt {c}: CPTs have no meaning here (one partition), ignored");
+    }
     if let (LnetCmd::Selftest(s), Command::Selftest(_)) = (&a.cmd, &cmd) {
         let common = match s {
             SelftestCmd::Ping(c) | SelftestCmd::Brw { common: c, .. } => c,
@@ -801,6 +808,7 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 nid,
                 net,
                 interfaces,
+                cpt: _,
                 credits,
                 peer_credits,
                 peer_buffer_credits,

@@ -2177,7 +2177,15 @@ fn an_ni_on_an_interface_follows_its_link_as_sanity_lnet_checks_it() {
         "n",
         &format!("net:\n{}{}", ni("tcp", nid1), global(port)),
     );
-    n.ok(&["net", "add", "--net", "tcp", "--if", &veth.a]);
+    // lnetctl's CPT binding is taken and ignored, with a warning.
+    let o = lnet(
+        Some(&n.ctl),
+        &[
+            "net", "add", "--net", "tcp", "--if", &veth.a, "--cpt", "[0]",
+        ],
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(o.stderr.contains("--cpt [0]"), "{}", o.stderr);
     // (status, first interface) of each NI `net show` lists.
     let shown = |nid: &str| {
         let v = n.json(&["net", "show"]);
