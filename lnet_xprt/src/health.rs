@@ -727,9 +727,9 @@ impl HealthMonitor {
     ///
     /// - Past its deadline and failed: no health change, no resend.
     /// - `Ok`: local NI `+sensitivity`; a receive resets the ping counts of
-    ///   both ends and marks the peer NI alive; the peer NI gets
-    ///   `+sensitivity` (back to 1000 at once for gateways, or when this node
-    ///   routes).
+    ///   both ends, marks the peer NI alive and gives it `+sensitivity`
+    ///   (back to 1000 at once for gateways, or when this node routes); a
+    ///   send changes no peer NI.
     /// - Failures follow [`HealthStatus::reaction`]. With one local NI there
     ///   are no local resends; a single-NI peer's health is not tracked and
     ///   it gets no remote resends, unless it is a gateway or this node
@@ -768,12 +768,17 @@ impl HealthMonitor {
             if let Some(l) = self.local.get_mut(&c.local_ni) {
                 l.ping_count = 0;
             }
-            if let Some(peer) = c.peer_ni {
-                if c.direction == Direction::Receive {
-                    let p = self.peer.entry(peer).or_default();
-                    p.ping_count = 0;
-                    p.last_alive = Some(now);
-                }
+            // Only a message received from the peer NI says its interface
+            // is up (`lnet_health_check`: `msg_rx_committed`); a send the
+            // LND completed says nothing about the far end, so it raises
+            // no peer NI (else a recovery ping written to a dead interface
+            // would heal it).
+            if let Some(peer) = c.peer_ni
+                && c.direction == Direction::Receive
+            {
+                let p = self.peer.entry(peer).or_default();
+                p.ping_count = 0;
+                p.last_alive = Some(now);
                 let to_max = c.peer_is_gateway || c.i_am_router;
                 self.change_peer(now, peer, true, to_max);
             }
@@ -1193,13 +1198,18 @@ mod tests {
             );
         }
         assert_eq!(h.peer_health(nid(P1)).value(), 700);
+        // A send the LND completed raises the local NI only: it says
+        // nothing of the far interface (Lustre: `msg_rx_committed`).
         h.on_completion(
             t(2),
             &Completion::send(HealthStatus::Ok, nid(L1), Some(nid(P1)), 2),
         );
-        assert_eq!(h.peer_health(nid(P1)).value(), 800);
+        assert_eq!(h.peer_health(nid(P1)).value(), 700);
         assert_eq!(h.local_health(nid(L1)).value(), 800);
-        let mut c = Completion::send(HealthStatus::Ok, nid(L1), Some(nid(P1)), 2);
+        // A message received from it does.
+        h.on_completion(t(2), &Completion::receive(nid(L1), nid(P1), 2));
+        assert_eq!(h.peer_health(nid(P1)).value(), 800);
+        let mut c = Completion::receive(nid(L1), nid(P1), 2);
         c.peer_is_gateway = true;
         h.on_completion(t(2), &c);
         assert_eq!(h.peer_health(nid(P1)), Health::MAX);
