@@ -2272,3 +2272,59 @@ fn an_ni_on_an_interface_follows_its_link_as_sanity_lnet_checks_it() {
     assert!(!v.to_string().contains(nid2), "{v}");
     assert!(v.to_string().contains(nid1), "{v}");
 }
+
+/// sanity-lnet 303: an NI added on an interface is pushed to a peer that
+/// discovered the node, with the node's first NID its primary; when the
+/// interface goes down the node marks the NI down and pushes that too,
+/// and the peer lowers the NI's health.
+#[test]
+fn a_peer_lowers_the_health_of_an_ni_whose_link_went_down_as_sanity_lnet_checks_it() {
+    let (prim, fake, remote) = ("127.0.97.30@tcp", "127.0.97.31@tcp", "127.0.97.32@tcp");
+    let Some(veth) = Veth::new(ip_of(fake)) else {
+        eprintln!("skipped: this machine cannot make a veth pair (`ip link add ... type veth`)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = common_free_port(&[ip_of(prim), ip_of(fake), ip_of(remote)]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{}", ni("tcp", prim), global(port)),
+    );
+    let r = Node::start(
+        dir.path(),
+        "r",
+        &format!("net:\n{}{}", ni("tcp", remote), global(port)),
+    );
+    r.ok(&["discover", prim]);
+    n.ok(&["net", "add", "--net", "tcp", "--if", &veth.a]);
+    // "Our updated config should be pushed to RNODE".
+    let found = wait_for(Duration::from_secs(5), "the new NI pushed", || {
+        let v = r.json(&["peer", "show", "--nid", fake]);
+        (v["peer"][0]["primary nid"] == prim)
+            .then_some(v.clone())
+            .ok_or(v)
+    });
+    assert!(found.to_string().contains(fake), "{found}");
+    let health = || {
+        let v = r.json(&["peer", "show", "--nid", fake, "-v", "2"]);
+        num(peer_ni(&v, fake), &["health stats", "health value"])
+    };
+    assert_eq!(health(), 1000);
+    // A down interface's address is unreachable; here the kernel still
+    // delivers it through lo (127/8), so n drops what comes for it, or
+    // r's recovery pings would be answered and heal it.
+    n.ok(&["fault", "drop", "add", "-s", "*@tcp", "-d", fake, "-r", "1"]);
+    veth.set(&veth.a, false);
+    wait_for(Duration::from_secs(3), "the NI down here", || {
+        let v = n.json(&["net", "show"]);
+        let down = v
+            .to_string()
+            .contains(&format!("\"nid\":\"{fake}\",\"status\":\"down\""));
+        down.then_some(()).ok_or(v)
+    });
+    wait_for(Duration::from_secs(3), "its health lowered there", || {
+        let h = health();
+        (h < 1000).then_some(()).ok_or(h)
+    });
+}
