@@ -2328,3 +2328,65 @@ fn a_peer_lowers_the_health_of_an_ni_whose_link_went_down_as_sanity_lnet_checks_
         (h < 1000).then_some(()).ok_or(h)
     });
 }
+
+/// sanity-lnet 150, 151, 155 and 157 on a veth pair: `import` of
+/// `ip2nets:` rules adds an NI on each interface a rule chooses (the
+/// first rule of a net wins, later ones are skipped), `net show` and
+/// `export` name the interface, and a file whose rules match nothing, or
+/// a rule without its net, fails with nothing added.
+#[test]
+fn ip2nets_rules_add_nis_on_the_interfaces_they_match() {
+    let (nid0, on_veth) = ("127.0.97.50@tcp", "127.0.97.51");
+    let Some(veth) = Veth::new(on_veth.parse().unwrap()) else {
+        eprintln!("skipped: this machine cannot make a veth pair (`ip link add ... type veth`)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = common_free_port(&[ip_of(nid0), on_veth.parse().unwrap()]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{}", ni("tcp", nid0), global(port)),
+    );
+    let file = |name: &str, y: &str| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, y).unwrap();
+        f.to_str().unwrap().to_owned()
+    };
+    let rules = format!(
+        "ip2nets:\n  - net-spec: tcp1\n    interfaces:\n        0: {a}\n    ip-range:\n        0: 127.0.97.[50-59/1]\n  - net-spec: tcp1\n    interfaces:\n        0: {a}\n",
+        a = veth.a
+    );
+    let o = lnet(Some(&n.ctl), &["import", &file("rules.yaml", &rules)]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("configured by an earlier rule"),
+        "{}",
+        o.stderr
+    );
+    let v = n.json(&["net", "show", "--net", "tcp1"]);
+    let ni = &v["net"][0]["local NI(s)"][0];
+    assert_eq!(ni["nid"], format!("{on_veth}@tcp1"), "{v}");
+    assert_eq!(ni["interfaces"]["0"], veth.a.as_str(), "{v}");
+    assert!(n.ok(&["export"]).contains(&format!("0: {}", veth.a)));
+    n.ok(&[
+        "ping",
+        "--source",
+        &format!("{on_veth}@tcp1"),
+        &format!("{on_veth}@tcp1"),
+    ]);
+    let before = n.json(&["net", "show"]).to_string();
+    let none = format!(
+        "ip2nets:\n  - net-spec: tcp2\n    interfaces:\n        0: {}\n    ip-range:\n        0: 10.20.30.40\n",
+        veth.a
+    );
+    n.fails(&["import", &file("none.yaml", &none)], "no rule matches");
+    n.fails(
+        &[
+            "import",
+            &file("bad.yaml", "ip2nets:\n  - interfaces:\n        0: lo\n"),
+        ],
+        "missing 'net-spec'",
+    );
+    assert_eq!(n.json(&["net", "show"]).to_string(), before);
+}

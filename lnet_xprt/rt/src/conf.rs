@@ -140,6 +140,21 @@ pub struct NiConf {
 }
 
 impl NiConf {
+    /// An NI with Lustre's default tunables and no interface named.
+    #[must_use]
+    pub const fn new(nid: Nid) -> Self {
+        Self {
+            nid,
+            credits: 256,
+            peer_credits: 8,
+            peer_buffer_credits: 0,
+            conns_per_peer: None,
+            tos: None,
+            peer_timeout: DEFAULT_PEER_TIMEOUT,
+            interface: None,
+        }
+    }
+
     /// The node's configuration of this NI.
     #[must_use]
     pub fn to_ni_config(&self) -> NiConfig {
@@ -445,7 +460,8 @@ impl NodeConf {
                 "global" => c.read_global(v, &mut warn)?,
                 "statistics" | "ping" | "discover" => {}
                 "udsp" => c.read_udsp(v)?,
-                "numa" | "ip2nets" => {
+                "ip2nets" => c.read_ip2nets(v, &mut warn)?,
+                "numa" => {
                     warn.push(format!("{k}: not supported here, ignored"));
                 }
                 other => return Err(unknown("", other)),
@@ -461,6 +477,63 @@ impl NodeConf {
             }
         }
         Ok((c, warn))
+    }
+
+    /// `ip2nets:`, lnetctl's rules matched against this machine's
+    /// interfaces ([`ip2nets_rule`]): each rule that matches adds an NI on
+    /// its net for every interface it chose (NID: the interface's address
+    /// on the net), unless an earlier rule of the file already configured
+    /// that net; a rule that matches nothing is skipped with a warning;
+    /// none matching at all is an error, as lnetctl's import fails.
+    fn read_ip2nets(&mut self, v: &Doc, warn: &mut Vec<String>) -> Result<(), ConfError> {
+        let ifaces = crate::sock::link::read_ifaddrs().map_err(|e| {
+            ConfError::invalid(
+                "ip2nets",
+                format!("cannot read this machine's interfaces: {e}"),
+            )
+        })?;
+        let rules = seq(v, "ip2nets")?;
+        let mut done: Vec<Net> = Vec::new();
+        let mut last_miss = None;
+        for (i, rule) in rules.iter().enumerate() {
+            let at = at_idx("", "ip2nets", i);
+            let (net, chosen) = ip2nets_rule(rule, &at, &ifaces, warn)?;
+            if done.contains(&net) {
+                warn.push(format!(
+                    "{at}: {net} was configured by an earlier rule; this one is skipped"
+                ));
+                continue;
+            }
+            let chosen = match chosen {
+                Ok(c) => c,
+                Err(why) => {
+                    warn.push(format!("{at}: no match: {why}"));
+                    last_miss = Some(why);
+                    continue;
+                }
+            };
+            done.push(net);
+            for (name, ip) in chosen {
+                let nid = net.nid_ipv4(ip);
+                if self.nis.iter().any(|x| x.nid == nid) {
+                    warn.push(format!("{at}: {nid} is configured already"));
+                    continue;
+                }
+                let mut n = NiConf::new(nid);
+                n.interface = Some(name);
+                self.nis.push(n);
+            }
+        }
+        if done.is_empty() && !rules.is_empty() {
+            return Err(ConfError::invalid(
+                "ip2nets",
+                format!(
+                    "no rule matches an interface of this machine ({})",
+                    last_miss.unwrap_or_default()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn read_nets(&mut self, v: &Doc, warn: &mut Vec<String>) -> Result<(), ConfError> {
@@ -1074,17 +1147,120 @@ pub fn check_global(name: &str, val: i64, at: &str) -> Result<(), ConfError> {
     }
 }
 
-fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<NiConf, ConfError> {
-    let mut n = NiConf {
-        nid: Nid::ANY,
-        credits: 256,
-        peer_credits: 8,
-        peer_buffer_credits: 0,
-        conns_per_peer: None,
-        tos: None,
-        peer_timeout: DEFAULT_PEER_TIMEOUT,
-        interface: None,
+/// The texts of a list written as a map of indexes (`0: eth0`, lnetctl's
+/// form), a sequence, or one scalar.
+fn texts(v: &Doc) -> Vec<String> {
+    match v {
+        Doc::Map(m) => m.iter().filter_map(|(_, v)| v.as_text()).collect(),
+        Doc::Seq(s) => s.iter().filter_map(Doc::as_text).collect(),
+        other => other.as_text().into_iter().collect(),
+    }
+}
+
+/// The interfaces an `ip2nets` rule chose, `(name, IPv4 address)` in
+/// order, or why it matches none.
+type Chosen = Result<Vec<(String, std::net::Ipv4Addr)>, String>;
+
+/// One `ip2nets` rule: its net, and the interfaces it chooses on this
+/// machine (`(name, IPv4 address)` in order) or why it matches none, as
+/// liblnetconfig's `lustre_lnet_match_ip_to_intf` decides:
+///
+/// * neither `interfaces` nor `ip-range`: the first interface that is up
+///   and not `lo`;
+/// * `ip-range` only: every interface that is up with an address in one
+///   of the ranges;
+/// * `interfaces`: each of them, which must exist, be up and (with
+///   `ip-range`) have an address in a range: one that does not makes the
+///   whole rule match nothing.
+///
+/// A range is an IPv4 address whose parts may be `*`, a number or
+/// bracketed lists of `n`, `n-m` and `n-m/step` (`192.168.*.[1-9/2,20]`).
+///
+/// # Errors
+/// The rule itself is malformed: no `net-spec`, an unknown key, a net
+/// that is not tcp, a range that does not parse.
+fn ip2nets_rule(
+    rule: &Doc,
+    at: &str,
+    ifaces: &[crate::sock::link::IfAddr],
+    warn: &mut Vec<String>,
+) -> Result<(Net, Chosen), ConfError> {
+    let mut net = None;
+    let mut names: Vec<String> = Vec::new();
+    let mut ranges: Vec<String> = Vec::new();
+    for (k, v) in entries(rule, at)? {
+        let kat = at_key(at, k);
+        match k.as_str() {
+            "net-spec" => net = Some(parse_net(&text(v, &kat)?, &kat)?),
+            "interfaces" => names = texts(v),
+            "ip-range" => ranges = texts(v),
+            "seq_no" => {}
+            "CPT" | "cpt" => warn.push(format!(
+                "{kat}: CPTs have no meaning here (one partition), ignored"
+            )),
+            other => return Err(unknown(at, other)),
+        }
+    }
+    let net = net.ok_or_else(|| ConfError::invalid(at, "missing 'net-spec'"))?;
+    check_net_type(net, at)?;
+    let exprs = ranges
+        .iter()
+        .map(|r| {
+            colibri_lnet::udsp::Expr::parse(&format!("{r}@{net}"))
+                .ok()
+                .filter(|e| !e.is_net())
+                .ok_or_else(|| {
+                    ConfError::invalid(
+                        &at_key(at, "ip-range"),
+                        format!("'{r}' is not an IPv4 range"),
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let in_range = |ip: std::net::Ipv4Addr| {
+        exprs.is_empty() || exprs.iter().any(|e| e.matches(net.nid_ipv4(ip)))
     };
+    let chosen = if names.is_empty() && exprs.is_empty() {
+        ifaces
+            .iter()
+            .find(|i| i.up && i.name != "lo")
+            .map(|i| vec![(i.name.clone(), i.addr)])
+            .ok_or_else(|| "no interface is up".to_owned())
+    } else if names.is_empty() {
+        let mut out: Vec<(String, std::net::Ipv4Addr)> = Vec::new();
+        for i in ifaces.iter().filter(|i| i.up && in_range(i.addr)) {
+            if !out.iter().any(|(n, _)| *n == i.name) {
+                out.push((i.name.clone(), i.addr));
+            }
+        }
+        if out.is_empty() {
+            Err("the IP ranges match no interface that is up".to_owned())
+        } else {
+            Ok(out)
+        }
+    } else {
+        names
+            .iter()
+            .map(|name| {
+                let mine: Vec<_> = ifaces.iter().filter(|i| i.name == *name).collect();
+                if mine.is_empty() {
+                    return Err(format!("no interface {name} with an IPv4 address"));
+                }
+                if !mine.iter().any(|i| i.up) {
+                    return Err(format!("interface {name} is not up"));
+                }
+                mine.iter()
+                    .find(|i| i.up && in_range(i.addr))
+                    .map(|i| (name.clone(), i.addr))
+                    .ok_or_else(|| format!("interface {name} has no address in the IP ranges"))
+            })
+            .collect()
+    };
+    Ok((net, chosen))
+}
+
+fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<NiConf, ConfError> {
+    let mut n = NiConf::new(Nid::ANY);
     let mut have_nid = false;
     let mut interfaces: Option<Vec<String>> = None;
     for (k, v) in entries(ni, at)? {
@@ -1094,13 +1270,7 @@ fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<
                 n.nid = parse_nid(&text(v, &kat)?, &kat)?;
                 have_nid = true;
             }
-            "interfaces" => {
-                let names: Vec<String> = match v {
-                    Doc::Map(m) => m.iter().filter_map(|(_, v)| v.as_text()).collect(),
-                    other => other.as_text().into_iter().collect(),
-                };
-                interfaces = Some(names);
-            }
+            "interfaces" => interfaces = Some(texts(v)),
             "CPT" | "dev cpt" | "cpt" => {
                 warn.push(format!(
                     "{kat}: CPTs have no meaning here (one partition), ignored"
@@ -1599,6 +1769,119 @@ global:
         let (c, _) = NodeConf::from_yaml(&ni("-1")).unwrap();
         assert_eq!(c.nis[0].tos, None);
         assert!(!c.to_yaml().contains("tos"));
+    }
+
+    #[test]
+    fn ip2nets_rules_choose_interfaces_as_lnetctl_does() {
+        use crate::sock::link::tests::ifa;
+        let set = [
+            ifa("lo", "127.0.0.1", "255.0.0.0", true, true),
+            ifa("eth0", "10.1.0.5", "255.255.0.0", false, false),
+            ifa("eth1", "10.2.0.5", "255.255.0.0", true, false),
+            ifa("eth2", "10.2.0.7", "255.255.0.0", true, false),
+        ];
+        let rule = |y: &str| {
+            let d = Doc::from_yaml(y).unwrap();
+            ip2nets_rule(&d, "ip2nets[0]", &set, &mut Vec::new())
+        };
+        let chosen = |y: &str| rule(y).unwrap().1;
+        let got = |pairs: &[(&str, &str)]| {
+            Ok(pairs
+                .iter()
+                .map(|(n, a)| ((*n).to_owned(), a.parse().unwrap()))
+                .collect::<Vec<_>>())
+        };
+        // Nothing named: the first interface up that is not lo.
+        assert_eq!(chosen("net-spec: tcp\n"), got(&[("eth1", "10.2.0.5")]));
+        // Ranges only: every interface up with an address in one.
+        let both = got(&[("eth1", "10.2.0.5"), ("eth2", "10.2.0.7")]);
+        assert_eq!(
+            chosen("net-spec: tcp\nip-range:\n    0: 10.2.0.[1-9/2]\n"),
+            both
+        );
+        assert_eq!(
+            chosen("net-spec: tcp\nip-range:\n    0: \"10.*.*.*\"\n"),
+            both
+        );
+        assert_eq!(
+            chosen("net-spec: tcp\nip-range:\n    0: 10.2.0.[7,100]\n    1: 9.9.9.9\n"),
+            got(&[("eth2", "10.2.0.7")])
+        );
+        assert!(
+            chosen("net-spec: tcp\nip-range:\n    0: 10.1.0.5\n").is_err(),
+            "eth0 is down"
+        );
+        // Interfaces named: each must be there, up and in a range.
+        assert_eq!(
+            chosen("net-spec: tcp1\ninterfaces:\n    0: eth2\n    1: lo\n"),
+            got(&[("eth2", "10.2.0.7"), ("lo", "127.0.0.1")])
+        );
+        let e = chosen(
+            "net-spec: tcp\ninterfaces:\n    0: eth1\n    1: eth2\nip-range:\n    0: 10.2.0.5\n",
+        );
+        assert!(e.unwrap_err().contains("eth2 has no address"));
+        assert!(
+            chosen("net-spec: tcp\ninterfaces:\n    0: eth0\n")
+                .unwrap_err()
+                .contains("not up")
+        );
+        assert!(
+            chosen("net-spec: tcp\ninterfaces:\n    0: eth9\n")
+                .unwrap_err()
+                .contains("no interface eth9")
+        );
+        // Malformed rules are errors, not misses.
+        for (y, want) in [
+            ("interfaces:\n    0: eth1\n", "missing 'net-spec'"),
+            (
+                "net-spec: tcp\nip-range:\n    0: 10.2.0\n",
+                "not an IPv4 range",
+            ),
+            (
+                "net-spec: tcp\nip-range:\n    0: tcp\n",
+                "not an IPv4 range",
+            ),
+            ("net-spec: o2ib\n", "o2ib"),
+            ("net-spec: tcp\ncolour: red\n", "colour"),
+        ] {
+            let e = rule(y).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains(want), "{y}: {e}");
+        }
+    }
+
+    #[test]
+    fn ip2nets_in_a_file_adds_an_ni_per_chosen_interface() {
+        // lo holds 127.0.0.1 on every Linux machine.
+        let (c, warn) = NodeConf::from_yaml(
+            "ip2nets:\n  - net-spec: tcp\n    interfaces:\n        0: lo\n    ip-range:\n        0: 127.0.0.[0-4]\n  - net-spec: tcp\n    interfaces:\n        0: lo\n  - net-spec: tcp2\n    ip-range:\n        0: \"127.*.*.*\"\n",
+        )
+        .unwrap();
+        let nis: Vec<(String, Option<&str>)> = c
+            .nis
+            .iter()
+            .map(|n| (n.nid.to_string(), n.interface.as_deref()))
+            .collect();
+        assert_eq!(
+            nis,
+            [
+                ("127.0.0.1@tcp".to_owned(), Some("lo")),
+                ("127.0.0.1@tcp2".to_owned(), Some("lo"))
+            ]
+        );
+        assert!(
+            warn.iter()
+                .any(|w| w.contains("configured by an earlier rule")),
+            "{warn:?}"
+        );
+        assert!(c.to_yaml().contains("interfaces:\n              0: lo\n"));
+        // No rule matching: an error, as lnetctl's import fails.
+        let e = NodeConf::from_yaml(
+            "ip2nets:\n  - net-spec: tcp\n    interfaces:\n        0: lo\n    ip-range:\n        0: 10.20.30.40\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("no rule matches"), "{e}");
+        assert!(NodeConf::from_yaml("ip2nets:\n  - interfaces:\n        0: lo\n").is_err());
     }
 
     #[test]

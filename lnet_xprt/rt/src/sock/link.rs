@@ -30,6 +30,8 @@ pub(crate) struct IfAddr {
     pub(crate) addr: Ipv4Addr,
     /// Its netmask.
     pub(crate) mask: Ipv4Addr,
+    /// `IFF_UP` (administratively up).
+    pub(crate) up: bool,
     /// `IFF_UP` and `IFF_RUNNING` (administratively up, carrier on).
     pub(crate) running: bool,
     /// `IFF_LOOPBACK`.
@@ -129,6 +131,7 @@ pub(crate) fn read_ifaddrs() -> std::io::Result<Vec<IfAddr>> {
             name,
             addr,
             mask,
+            up: flags & libc::IFF_UP as u32 != 0,
             running: flags & want == want,
             loopback: flags & libc::IFF_LOOPBACK as u32 != 0,
         });
@@ -221,14 +224,15 @@ impl LinkEvents {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn ifa(name: &str, addr: &str, mask: &str, running: bool, loopback: bool) -> IfAddr {
+    pub(crate) fn ifa(name: &str, addr: &str, mask: &str, running: bool, loopback: bool) -> IfAddr {
         IfAddr {
             name: name.into(),
             addr: addr.parse().unwrap(),
             mask: mask.parse().unwrap(),
+            up: running,
             running,
             loopback,
         }
