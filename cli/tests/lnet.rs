@@ -2390,3 +2390,89 @@ fn ip2nets_rules_add_nis_on_the_interfaces_they_match() {
     );
     assert_eq!(n.json(&["net", "show"]).to_string(), before);
 }
+
+/// sanity-lnet 109 and 112 on a veth pair: an address alias (`ip addr
+/// add ... label IF:0`) is an interface of its own for `net add --if` and
+/// `net del --if`, whichever is added first, and NIs added by interface
+/// and by NID each show their LND tunables.
+#[test]
+fn interface_aliases_are_interfaces_of_their_own_as_sanity_lnet_checks_them() {
+    let (nid0, main_ip, alias_ip) = ("127.0.97.60@tcp", "127.0.97.61", "127.0.97.62");
+    let Some(veth) = Veth::new(main_ip.parse().unwrap()) else {
+        eprintln!("skipped: this machine cannot make a veth pair (`ip link add ... type veth`)");
+        return;
+    };
+    let alias = format!("{}:0", veth.a);
+    let o = Command::new("ip")
+        .args([
+            "addr",
+            "add",
+            &format!("{alias_ip}/32"),
+            "dev",
+            &veth.a,
+            "label",
+            &alias,
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let port = common_free_port(&[
+        ip_of(nid0),
+        main_ip.parse().unwrap(),
+        alias_ip.parse().unwrap(),
+    ]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{}", ni("tcp", nid0), global(port)),
+    );
+    let tcp_nis = || {
+        let v = n.json(&["net", "show", "--net", "tcp"]);
+        let mut nis: Vec<(String, String)> = v["net"][0]["local NI(s)"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|ni| {
+                (
+                    ni["nid"].as_str().unwrap_or_default().to_owned(),
+                    ni["interfaces"]["0"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                )
+            })
+            .collect();
+        nis.sort();
+        nis
+    };
+    let want = |names: &[(&str, &str)]| {
+        let mut v: Vec<(String, String)> = names
+            .iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect();
+        v.push((nid0.to_owned(), ip_of(nid0).to_string()));
+        v.sort();
+        v
+    };
+    let (on_alias, on_main) = (format!("{alias_ip}@tcp"), format!("{main_ip}@tcp"));
+    for order in [
+        [alias.as_str(), veth.a.as_str()],
+        [veth.a.as_str(), alias.as_str()],
+    ] {
+        for name in order {
+            n.ok(&["net", "add", "--net", "tcp", "--if", name]);
+        }
+        assert_eq!(tcp_nis(), want(&[(&on_alias, &alias), (&on_main, &veth.a)]));
+        n.ok(&["net", "del", "--net", "tcp", "--if", &veth.a]);
+        assert_eq!(tcp_nis(), want(&[(&on_alias, &alias)]));
+        n.ok(&["net", "del", "--net", "tcp", "--if", &alias]);
+        assert_eq!(tcp_nis(), want(&[]));
+    }
+    // 112: one NI by interface, one by NID, each with its LND tunables.
+    n.ok(&["net", "add", "--net", "tcp1", "--if", &veth.a]);
+    n.ok(&["net", "add", "--nid", &format!("{alias_ip}@tcp2")]);
+    let shown = n.ok(&["net", "show", "-v", "3"]);
+    let count = shown.matches("lnd tunables:").count();
+    assert_eq!(count, 3, "tcp, tcp1 and tcp2 each have one: {shown}");
+}
