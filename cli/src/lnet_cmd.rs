@@ -311,6 +311,11 @@ enum NetCmd {
         /// Interface names, comma separated (with --net).
         #[arg(long = "if", requires = "net")]
         interfaces: Option<String>,
+        /// Rules in the form of LNet's `ip2nets` module parameter: `NET[(IF,...)]
+        /// RANGE...` separated by `;` (`"tcp(eth0) 192.168.0.*"`): an NI on
+        /// each interface they choose.
+        #[arg(long, conflicts_with_all = ["nid", "net", "interfaces"])]
+        ip2net: Option<String>,
         /// CPT binding (`"[0,1]"`): accepted and ignored, with a warning
         /// (one partition here).
         #[arg(long)]
@@ -808,6 +813,7 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 nid,
                 net,
                 interfaces,
+                ip2net,
                 cpt: _,
                 credits,
                 peer_credits,
@@ -819,6 +825,7 @@ fn command(c: &LnetCmd) -> Result<Command, Failure> {
                 nid: nid.clone(),
                 net: net.clone(),
                 interfaces: interfaces.clone(),
+                ip2net: ip2net.clone(),
                 credits: *credits,
                 peer_credits: *peer_credits,
                 peer_buffer_credits: *peer_buffer_credits,

@@ -2389,6 +2389,22 @@ fn ip2nets_rules_add_nis_on_the_interfaces_they_match() {
         "missing 'net-spec'",
     );
     assert_eq!(n.json(&["net", "show"]).to_string(), before);
+
+    // `net add --ip2net`, the module parameter's form (sanity-lnet 199:
+    // the same NI again fails).
+    let rule = format!("tcp3({}) 127.0.97.*", veth.a);
+    n.ok(&["net", "add", "--ip2net", &rule]);
+    let v = n.json(&["net", "show", "--net", "tcp3"]);
+    assert_eq!(
+        v["net"][0]["local NI(s)"][0]["nid"],
+        format!("{on_veth}@tcp3"),
+        "{v}"
+    );
+    n.fails_errno(&["net", "add", "--ip2net", &rule], 17, "configured already");
+    n.fails(
+        &["net", "add", "--ip2net", "tcp4 10.20.30.40"],
+        "no rule matches",
+    );
 }
 
 /// sanity-lnet 109 and 112 on a veth pair: an address alias (`ip addr

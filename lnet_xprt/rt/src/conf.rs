@@ -480,59 +480,16 @@ impl NodeConf {
     }
 
     /// `ip2nets:`, lnetctl's rules matched against this machine's
-    /// interfaces ([`ip2nets_rule`]): each rule that matches adds an NI on
-    /// its net for every interface it chose (NID: the interface's address
-    /// on the net), unless an earlier rule of the file already configured
-    /// that net; a rule that matches nothing is skipped with a warning;
-    /// none matching at all is an error, as lnetctl's import fails.
+    /// interfaces ([`resolve_ip2nets`]).
     fn read_ip2nets(&mut self, v: &Doc, warn: &mut Vec<String>) -> Result<(), ConfError> {
-        let ifaces = crate::sock::link::read_ifaddrs().map_err(|e| {
-            ConfError::invalid(
-                "ip2nets",
-                format!("cannot read this machine's interfaces: {e}"),
-            )
-        })?;
-        let rules = seq(v, "ip2nets")?;
-        let mut done: Vec<Net> = Vec::new();
-        let mut last_miss = None;
-        for (i, rule) in rules.iter().enumerate() {
-            let at = at_idx("", "ip2nets", i);
-            let (net, chosen) = ip2nets_rule(rule, &at, &ifaces, warn)?;
-            if done.contains(&net) {
-                warn.push(format!(
-                    "{at}: {net} was configured by an earlier rule; this one is skipped"
-                ));
-                continue;
-            }
-            let chosen = match chosen {
-                Ok(c) => c,
-                Err(why) => {
-                    warn.push(format!("{at}: no match: {why}"));
-                    last_miss = Some(why);
-                    continue;
-                }
-            };
-            done.push(net);
-            for (name, ip) in chosen {
-                let nid = net.nid_ipv4(ip);
-                if self.nis.iter().any(|x| x.nid == nid) {
-                    warn.push(format!("{at}: {nid} is configured already"));
-                    continue;
-                }
-                let mut n = NiConf::new(nid);
-                n.interface = Some(name);
-                self.nis.push(n);
-            }
-        }
-        if done.is_empty() && !rules.is_empty() {
-            return Err(ConfError::invalid(
-                "ip2nets",
-                format!(
-                    "no rule matches an interface of this machine ({})",
-                    last_miss.unwrap_or_default()
-                ),
-            ));
-        }
+        let rules = seq(v, "ip2nets")?
+            .into_iter()
+            .enumerate()
+            .map(|(i, rule)| Ip2netsRule::from_doc(rule, &at_idx("", "ip2nets", i), warn))
+            .collect::<Result<Vec<_>, _>>()?;
+        let have: Vec<Nid> = self.nis.iter().map(|n| n.nid).collect();
+        let nis = resolve_ip2nets(&rules, &have, warn)?;
+        self.nis.extend(nis);
         Ok(())
     }
 
@@ -1161,85 +1118,160 @@ fn texts(v: &Doc) -> Vec<String> {
 /// order, or why it matches none.
 type Chosen = Result<Vec<(String, std::net::Ipv4Addr)>, String>;
 
-/// One `ip2nets` rule: its net, and the interfaces it chooses on this
-/// machine (`(name, IPv4 address)` in order) or why it matches none, as
-/// liblnetconfig's `lustre_lnet_match_ip_to_intf` decides:
-///
-/// * neither `interfaces` nor `ip-range`: the first interface that is up
-///   and not `lo`;
-/// * `ip-range` only: every interface that is up with an address in one
-///   of the ranges;
-/// * `interfaces`: each of them, which must exist, be up and (with
-///   `ip-range`) have an address in a range: one that does not makes the
-///   whole rule match nothing.
-///
-/// A range is an IPv4 address whose parts may be `*`, a number or
-/// bracketed lists of `n`, `n-m` and `n-m/step` (`192.168.*.[1-9/2,20]`).
-///
-/// # Errors
-/// The rule itself is malformed: no `net-spec`, an unknown key, a net
-/// that is not tcp, a range that does not parse.
-fn ip2nets_rule(
-    rule: &Doc,
-    at: &str,
-    ifaces: &[crate::sock::link::IfAddr],
-    warn: &mut Vec<String>,
-) -> Result<(Net, Chosen), ConfError> {
-    let mut net = None;
-    let mut names: Vec<String> = Vec::new();
-    let mut ranges: Vec<String> = Vec::new();
-    for (k, v) in entries(rule, at)? {
-        let kat = at_key(at, k);
-        match k.as_str() {
-            "net-spec" => net = Some(parse_net(&text(v, &kat)?, &kat)?),
-            "interfaces" => names = texts(v),
-            "ip-range" => ranges = texts(v),
-            "seq_no" => {}
-            "CPT" | "cpt" => warn.push(format!(
-                "{kat}: CPTs have no meaning here (one partition), ignored"
-            )),
-            other => return Err(unknown(at, other)),
-        }
-    }
-    let net = net.ok_or_else(|| ConfError::invalid(at, "missing 'net-spec'"))?;
-    check_net_type(net, at)?;
-    let exprs = ranges
-        .iter()
-        .map(|r| {
-            colibri_lnet::udsp::Expr::parse(&format!("{r}@{net}"))
-                .ok()
-                .filter(|e| !e.is_net())
-                .ok_or_else(|| {
-                    ConfError::invalid(
-                        &at_key(at, "ip-range"),
-                        format!("'{r}' is not an IPv4 range"),
-                    )
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let in_range = |ip: std::net::Ipv4Addr| {
-        exprs.is_empty() || exprs.iter().any(|e| e.matches(net.nid_ipv4(ip)))
-    };
-    let chosen = if names.is_empty() && exprs.is_empty() {
-        ifaces
+/// One `ip2nets` rule: a net, the interfaces it names and the IPv4
+/// ranges their addresses must be in, from a file's `ip2nets:` section
+/// ([`Ip2netsRule::from_doc`]) or from the module parameter's string
+/// form that `net add --ip2net` takes ([`Ip2netsRule::parse_list`]). A
+/// range is an IPv4 address whose parts may be `*`, a number or bracketed
+/// lists of `n`, `n-m` and `n-m/step` (`192.168.*.[1-9/2,20]`).
+#[derive(Clone, Debug)]
+pub(crate) struct Ip2netsRule {
+    /// Where it was read, for messages.
+    at: String,
+    net: Net,
+    names: Vec<String>,
+    ranges: Vec<colibri_lnet::udsp::Expr>,
+}
+
+impl Ip2netsRule {
+    fn new(at: &str, net: Net, names: Vec<String>, ranges: &[String]) -> Result<Self, ConfError> {
+        check_net_type(net, at)?;
+        let ranges = ranges
             .iter()
-            .find(|i| i.up && i.name != "lo")
-            .map(|i| vec![(i.name.clone(), i.addr)])
-            .ok_or_else(|| "no interface is up".to_owned())
-    } else if names.is_empty() {
-        let mut out: Vec<(String, std::net::Ipv4Addr)> = Vec::new();
-        for i in ifaces.iter().filter(|i| i.up && in_range(i.addr)) {
-            if !out.iter().any(|(n, _)| *n == i.name) {
-                out.push((i.name.clone(), i.addr));
+            .map(|r| {
+                colibri_lnet::udsp::Expr::parse(&format!("{r}@{net}"))
+                    .ok()
+                    .filter(|e| !e.is_net())
+                    .ok_or_else(|| {
+                        ConfError::invalid(
+                            &at_key(at, "ip-range"),
+                            format!("'{r}' is not an IPv4 range"),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            at: at.to_owned(),
+            net,
+            names,
+            ranges,
+        })
+    }
+
+    /// A rule of a file's `ip2nets:` section: `net-spec` (required),
+    /// `interfaces` and `ip-range` (maps of indexes, as lnetctl writes
+    /// them, or sequences).
+    ///
+    /// # Errors
+    /// No `net-spec`, an unknown key, a net that is not tcp, a range that
+    /// does not parse.
+    fn from_doc(rule: &Doc, at: &str, warn: &mut Vec<String>) -> Result<Self, ConfError> {
+        let mut net = None;
+        let mut names: Vec<String> = Vec::new();
+        let mut ranges: Vec<String> = Vec::new();
+        for (k, v) in entries(rule, at)? {
+            let kat = at_key(at, k);
+            match k.as_str() {
+                "net-spec" => net = Some(parse_net(&text(v, &kat)?, &kat)?),
+                "interfaces" => names = texts(v),
+                "ip-range" => ranges = texts(v),
+                "seq_no" => {}
+                "CPT" | "cpt" => warn.push(format!(
+                    "{kat}: CPTs have no meaning here (one partition), ignored"
+                )),
+                other => return Err(unknown(at, other)),
             }
         }
-        if out.is_empty() {
-            Err("the IP ranges match no interface that is up".to_owned())
-        } else {
-            Ok(out)
+        let net = net.ok_or_else(|| ConfError::invalid(at, "missing 'net-spec'"))?;
+        Self::new(at, net, names, &ranges)
+    }
+
+    /// Rules in the string form of LNet's `ip2nets` module parameter,
+    /// which `lnetctl net add --ip2net` takes: rules separated by `;`,
+    /// each a net with its interfaces in parentheses, if any, then
+    /// ranges separated by blanks (`tcp(eth0,eth1) 10.0.0.* 10.1.*.*;
+    /// tcp1 192.168.1.[1-9]`).
+    ///
+    /// # Errors
+    /// A rule without a net, unbalanced parentheses, a net that is not
+    /// tcp, a range that does not parse.
+    pub(crate) fn parse_list(s: &str) -> Result<Vec<Self>, ConfError> {
+        let mut out = Vec::new();
+        for (i, rule) in s
+            .split(';')
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .enumerate()
+        {
+            let at = format!("ip2net rule {} ('{rule}')", i + 1);
+            let opens = rule.matches('(').count();
+            if opens > 1 || opens != rule.matches(')').count() {
+                return Err(ConfError::invalid(&at, "unbalanced parentheses"));
+            }
+            let (spec, rest) = match rule.find(')') {
+                Some(close) if rule.contains('(') => rule.split_at(close + 1),
+                _ => rule.split_at(rule.find(char::is_whitespace).unwrap_or(rule.len())),
+            };
+            let (net, names) = match spec.split_once('(') {
+                Some((net, list)) => {
+                    let list = list
+                        .strip_suffix(')')
+                        .ok_or_else(|| ConfError::invalid(&at, "unbalanced parentheses"))?;
+                    let names = list
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|n| !n.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                    (net, names)
+                }
+                None => (spec, Vec::new()),
+            };
+            let net = parse_net(net.trim(), &at)?;
+            let ranges: Vec<String> = rest.split_whitespace().map(str::to_owned).collect();
+            out.push(Self::new(&at, net, names, &ranges)?);
         }
-    } else {
-        names
+        if out.is_empty() {
+            return Err(ConfError::invalid("ip2net", "no rule"));
+        }
+        Ok(out)
+    }
+
+    /// The interfaces this rule chooses among `ifaces`, as liblnetconfig's
+    /// `lustre_lnet_match_ip_to_intf` decides:
+    ///
+    /// * neither interfaces nor ranges: the first interface that is up
+    ///   and not `lo`;
+    /// * ranges only: every interface that is up with an address in one
+    ///   of them;
+    /// * interfaces: each of them, which must exist, be up and (with
+    ///   ranges) have an address in one: one that does not makes the
+    ///   whole rule match nothing.
+    fn choose(&self, ifaces: &[crate::sock::link::IfAddr]) -> Chosen {
+        let in_range = |ip: std::net::Ipv4Addr| {
+            self.ranges.is_empty() || self.ranges.iter().any(|e| e.matches(self.net.nid_ipv4(ip)))
+        };
+        if self.names.is_empty() && self.ranges.is_empty() {
+            return ifaces
+                .iter()
+                .find(|i| i.up && i.name != "lo")
+                .map(|i| vec![(i.name.clone(), i.addr)])
+                .ok_or_else(|| "no interface is up".to_owned());
+        }
+        if self.names.is_empty() {
+            let mut out: Vec<(String, std::net::Ipv4Addr)> = Vec::new();
+            for i in ifaces.iter().filter(|i| i.up && in_range(i.addr)) {
+                if !out.iter().any(|(n, _)| *n == i.name) {
+                    out.push((i.name.clone(), i.addr));
+                }
+            }
+            return if out.is_empty() {
+                Err("the IP ranges match no interface that is up".to_owned())
+            } else {
+                Ok(out)
+            };
+        }
+        self.names
             .iter()
             .map(|name| {
                 let mine: Vec<_> = ifaces.iter().filter(|i| i.name == *name).collect();
@@ -1255,8 +1287,80 @@ fn ip2nets_rule(
                     .ok_or_else(|| format!("interface {name} has no address in the IP ranges"))
             })
             .collect()
-    };
-    Ok((net, chosen))
+    }
+}
+
+/// The NIs `rules` make on this machine, none of them in `have`: each
+/// rule that matches gives an NI on its net for every interface it
+/// chose (NID: the interface's address on the net), unless an earlier
+/// rule already configured that net (sanity-lnet 151, 152); a rule that
+/// matches nothing is skipped with a warning; none matching at all is an
+/// error, as lnetctl's import fails (155).
+///
+/// # Errors
+/// The interface table cannot be read, or no rule matches.
+pub(crate) fn resolve_ip2nets(
+    rules: &[Ip2netsRule],
+    have: &[Nid],
+    warn: &mut Vec<String>,
+) -> Result<Vec<NiConf>, ConfError> {
+    let ifaces = crate::sock::link::read_ifaddrs().map_err(|e| {
+        ConfError::invalid(
+            "ip2nets",
+            format!("cannot read this machine's interfaces: {e}"),
+        )
+    })?;
+    resolve_ip2nets_in(rules, &ifaces, have, warn)
+}
+
+fn resolve_ip2nets_in(
+    rules: &[Ip2netsRule],
+    ifaces: &[crate::sock::link::IfAddr],
+    have: &[Nid],
+    warn: &mut Vec<String>,
+) -> Result<Vec<NiConf>, ConfError> {
+    let mut done: Vec<Net> = Vec::new();
+    let mut last_miss = None;
+    let mut out: Vec<NiConf> = Vec::new();
+    for rule in rules {
+        let at = &rule.at;
+        if done.contains(&rule.net) {
+            warn.push(format!(
+                "{at}: {} was configured by an earlier rule; this one is skipped",
+                rule.net
+            ));
+            continue;
+        }
+        let chosen = match rule.choose(ifaces) {
+            Ok(c) => c,
+            Err(why) => {
+                warn.push(format!("{at}: no match: {why}"));
+                last_miss = Some(why);
+                continue;
+            }
+        };
+        done.push(rule.net);
+        for (name, ip) in chosen {
+            let nid = rule.net.nid_ipv4(ip);
+            if have.contains(&nid) || out.iter().any(|x| x.nid == nid) {
+                warn.push(format!("{at}: {nid} is configured already"));
+                continue;
+            }
+            let mut n = NiConf::new(nid);
+            n.interface = Some(name);
+            out.push(n);
+        }
+    }
+    if done.is_empty() && !rules.is_empty() {
+        return Err(ConfError::invalid(
+            "ip2nets",
+            format!(
+                "no rule matches an interface of this machine ({})",
+                last_miss.unwrap_or_default()
+            ),
+        ));
+    }
+    Ok(out)
 }
 
 fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<NiConf, ConfError> {
@@ -1782,9 +1886,9 @@ global:
         ];
         let rule = |y: &str| {
             let d = Doc::from_yaml(y).unwrap();
-            ip2nets_rule(&d, "ip2nets[0]", &set, &mut Vec::new())
+            Ip2netsRule::from_doc(&d, "ip2nets[0]", &mut Vec::new())
         };
-        let chosen = |y: &str| rule(y).unwrap().1;
+        let chosen = |y: &str| rule(y).unwrap().choose(&set);
         let got = |pairs: &[(&str, &str)]| {
             Ok(pairs
                 .iter()
@@ -1846,6 +1950,53 @@ global:
         ] {
             let e = rule(y).map(|_| ()).unwrap_err().to_string();
             assert!(e.contains(want), "{y}: {e}");
+        }
+    }
+
+    #[test]
+    fn ip2net_strings_are_rules_as_the_module_parameter_writes_them() {
+        use crate::sock::link::tests::ifa;
+        let set = [
+            ifa("lo", "127.0.0.1", "255.0.0.0", true, true),
+            ifa("eth1", "10.2.0.5", "255.255.0.0", true, false),
+            ifa("eth2", "10.3.0.7", "255.255.0.0", true, false),
+        ];
+        let nis = |spec: &str, have: &[Nid]| {
+            let rules = Ip2netsRule::parse_list(spec)?;
+            resolve_ip2nets_in(&rules, &set, have, &mut Vec::new()).map(|v| {
+                v.into_iter()
+                    .map(|n| format!("{} {}", n.nid, n.interface.unwrap_or_default()))
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(nis("tcp 10.2.*.*", &[]).unwrap(), ["10.2.0.5@tcp eth1"]);
+        assert_eq!(
+            nis(" tcp(eth2, lo) ; tcp1 10.*.*.[1-9/2]  10.9.9.9 ;", &[]).unwrap(),
+            [
+                "10.3.0.7@tcp eth2",
+                "127.0.0.1@tcp lo",
+                "10.2.0.5@tcp1 eth1",
+                "10.3.0.7@tcp1 eth2"
+            ]
+        );
+        // The first rule of a net wins; a rule matching nothing is passed.
+        assert_eq!(
+            nis("tcp 10.9.*.*; tcp(eth1); tcp 10.3.0.7", &[]).unwrap(),
+            ["10.2.0.5@tcp eth1"]
+        );
+        // What is there already is not made again.
+        let have: [Nid; 1] = ["10.2.0.5@tcp".parse().unwrap()];
+        assert_eq!(nis("tcp(eth1)", &have).unwrap(), Vec::<String>::new());
+        for (spec, want) in [
+            ("tcp 10.9.9.9", "no rule matches"),
+            ("tcp(eth1 10.2.0.5", "unbalanced"),
+            ("tcp eth1) 10.2.0.5", "unbalanced"),
+            ("tcp 10.2.0", "not an IPv4 range"),
+            ("o2ib 10.2.0.5", "o2ib"),
+            (" ; ", "no rule"),
+        ] {
+            let e = nis(spec, &[]).unwrap_err().to_string();
+            assert!(e.contains(want), "{spec}: {e}");
         }
     }
 

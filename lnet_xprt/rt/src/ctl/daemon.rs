@@ -300,6 +300,29 @@ fn ni_targets(
     }
 }
 
+/// The NIs `net add --ip2net RULES` makes: the rules resolved against
+/// this machine's interfaces as an `ip2nets:` section is
+/// ([`conf::resolve_ip2nets`]); EEXIST when every NI they choose is
+/// there already (sanity-lnet 199).
+fn ip2net_targets(spec: &str, have: &[Nid]) -> Result<Vec<(Nid, Option<String>)>, Failure> {
+    let rules = conf::Ip2netsRule::parse_list(spec).map_err(|e| conf_fail("add", "net", &e))?;
+    let mut warn = Vec::new();
+    let nis = conf::resolve_ip2nets(&rules, have, &mut warn)
+        .map_err(|e| Failure::new("add", "net", errno::ENODEV, e.to_string()))?;
+    if nis.is_empty() {
+        return Err(Failure::new(
+            "add",
+            "net",
+            errno::EEXIST,
+            format!(
+                "every NI the rules choose is configured already: {}",
+                warn.join("; ")
+            ),
+        ));
+    }
+    Ok(nis.into_iter().map(|n| (n.nid, n.interface)).collect())
+}
+
 /// `*` (or nothing) is any NID; `*@NET` every NID of a net, as `lctl`'s
 /// fault rules read it (the `255.255.255.255@NET` wildcard).
 fn any_nid(s: Option<&str>, op: &str, object: &str) -> Result<Nid, Failure> {
@@ -564,6 +587,7 @@ impl Daemon {
                 nid,
                 net,
                 interfaces,
+                ip2net,
                 credits,
                 peer_credits,
                 peer_buffer_credits,
@@ -571,7 +595,20 @@ impl Daemon {
                 tos,
                 peer_timeout,
             } => {
-                let nis = ni_targets(nid.as_deref(), net.as_deref(), interfaces.as_deref())?;
+                let nis = match ip2net {
+                    Some(spec) if nid.is_none() && net.is_none() && interfaces.is_none() => {
+                        ip2net_targets(&spec, &self.lnet.nids())?
+                    }
+                    Some(_) => {
+                        return Err(Failure::new(
+                            "add",
+                            "net",
+                            errno::EINVAL,
+                            "--ip2net goes alone (no --nid, --net or --if)",
+                        ));
+                    }
+                    None => ni_targets(nid.as_deref(), net.as_deref(), interfaces.as_deref())?,
+                };
                 let mut ni = NiConfig::new(nis[0].0);
                 if let Some(t) = peer_timeout {
                     // -1: the default, as lnetctl's.

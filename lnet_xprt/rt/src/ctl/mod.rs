@@ -169,6 +169,11 @@ pub enum Command {
         /// that is up and not a loopback, as socklnd picks).
         #[serde(default)]
         interfaces: Option<String>,
+        /// Rules in the `ip2nets` module parameter's form (`tcp(eth0)
+        /// 10.0.0.*; tcp1 192.168.*.*`): an NI on each interface they
+        /// choose.
+        #[serde(default)]
+        ip2net: Option<String>,
         /// NI credits.
         credits: Option<u32>,
         /// Per-peer credits.
