@@ -958,11 +958,15 @@ enum Plan {
         inline: bool,
         info: EventInfo,
     },
-    /// REPLY data into the GET's MD; `info` is its REPLY event.
+    /// REPLY data into the GET's MD; `info` is its REPLY event; `sent`,
+    /// when its GET was tracked, when the GET was sent (its `get_rtt`
+    /// sample is taken when the data is in, as Lustre's at the REPLY's
+    /// completion).
     Reply {
         m: Matched,
         inline: bool,
         info: EventInfo,
+        sent: Option<Time>,
     },
     /// A router buffer: send it on.
     Forward { from: Nid, pool: PoolKind },
@@ -4091,7 +4095,13 @@ impl Node {
     fn rx_complete(&mut self, now: Time, msg: RxMsg, plan: Plan) {
         match plan {
             Plan::Put { m, info, .. } => self.finish_put(now, &msg, m, info),
-            Plan::Reply { m, mut info, .. } => {
+            Plan::Reply {
+                m, mut info, sent, ..
+            } => {
+                if let Some(t) = sent {
+                    let ns = now.saturating_duration_since(t).as_nanos();
+                    self.record_latency(msg.ni, msg.from, LatencyOp::GetRtt, ns);
+                }
                 info.status = Ok(());
                 self.finish_md(now, m.md, info);
             }
@@ -4235,10 +4245,7 @@ impl Node {
                         // The response is here: its tracker is satisfied even if
                         // the payload takes a while.
                         let tracker = self.untrack(m.md);
-                        if let Some(t) = &tracker {
-                            let ns = now.saturating_duration_since(t.start).as_nanos();
-                            self.record_latency(rx_ni, rx_from, LatencyOp::GetRtt, ns);
-                        }
+                        let sent = tracker.as_ref().map(|t| t.start);
                         let mut info =
                             tracker.map_or_else(|| event_info(EventKind::Reply), |t| t.info);
                         info.kind = EventKind::Reply;
@@ -4250,7 +4257,16 @@ impl Node {
                         // Any internal MD (normally a ping sink) takes its
                         // bytes inline: its placeholder memory is never named.
                         let inline = self.internal.contains_key(&m.md);
-                        Disp::Act(self.start_rx(now, rx, Plan::Reply { m, inline, info }))
+                        Disp::Act(self.start_rx(
+                            now,
+                            rx,
+                            Plan::Reply {
+                                m,
+                                inline,
+                                info,
+                                sent,
+                            },
+                        ))
                     }
                     ResponseMatch::Drop => {
                         self.note_drop(rx_ni, rx_from, MsgType::Reply, len);
