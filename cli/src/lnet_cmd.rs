@@ -169,8 +169,20 @@ enum LnetCmd {
 #[derive(Debug, clap::Args)]
 struct RunArgs {
     /// The configuration (YAML, `lnetctl export` shape).
-    #[arg(long, value_name = "FILE")]
-    config: PathBuf,
+    #[arg(long, value_name = "FILE", required_unless_present_any = ["networks", "ip2nets"])]
+    config: Option<PathBuf>,
+    /// LNet's `networks` module parameter, added to the configuration:
+    /// nets with their interfaces, `tcp0(eth0,eth1),tcp1(eth2)`.
+    #[arg(long, value_name = "NETS")]
+    networks: Option<String>,
+    /// LNet's `ip2nets` module parameter (not with --networks): rules
+    /// `NET[(IF,...)] RANGE...` separated by `;`.
+    #[arg(long, value_name = "RULES", conflicts_with = "networks")]
+    ip2nets: Option<String>,
+    /// LNet's `routes` module parameter: `NET [HOPS] GATEWAY[:PRIORITY]
+    /// ...` separated by `;`, gateways as NIDs or NID ranges.
+    #[arg(long, value_name = "ROUTES")]
+    routes: Option<String>,
     /// Also stop when standard input closes (for supervisors and tests).
     #[arg(long)]
     exit_on_eof: bool,
@@ -1089,17 +1101,33 @@ fn stop_flag() -> Result<Arc<AtomicBool>, Failure> {
 }
 
 fn run(a: &LnetArgs, r: &RunArgs) -> Result<(), Failure> {
-    let text = read_file(&r.config, "configure")?;
-    let (conf, warnings) = NodeConf::from_yaml(&text).map_err(|e| {
-        Failure::new(
-            "configure",
-            "config",
-            e.errno(),
-            format!("{}: {e}", r.config.display()),
+    let (mut conf, source) = match &r.config {
+        Some(path) => {
+            let text = read_file(path, "configure")?;
+            let (conf, warnings) = NodeConf::from_yaml(&text).map_err(|e| {
+                Failure::new(
+                    "configure",
+                    "config",
+                    e.errno(),
+                    format!("{}: {e}", path.display()),
+                )
+            })?;
+            for w in &warnings {
+                tracing::warn!(target: "colibri::lnet", "{}: {w}", path.display());
+            }
+            (conf, path.display().to_string())
+        }
+        None => (NodeConf::empty(), "module parameters".to_owned()),
+    };
+    let warnings = conf
+        .add_module_params(
+            r.networks.as_deref(),
+            r.ip2nets.as_deref(),
+            r.routes.as_deref(),
         )
-    })?;
+        .map_err(|e| Failure::new("configure", "config", e.errno(), e.to_string()))?;
     for w in &warnings {
-        tracing::warn!(target: "colibri::lnet", "{}: {w}", r.config.display());
+        tracing::warn!(target: "colibri::lnet", "{source}: {w}");
     }
     let stop = stop_flag()?;
     let pipes = r.splice_pipes;

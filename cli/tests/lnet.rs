@@ -2492,3 +2492,88 @@ fn interface_aliases_are_interfaces_of_their_own_as_sanity_lnet_checks_them() {
     let count = shown.matches("lnd tunables:").count();
     assert_eq!(count, 3, "tcp, tcp1 and tcp2 each have one: {shown}");
 }
+
+/// LNet's module parameters as `colibri lnet run` options (sanity-lnet
+/// 201 loads LNet with `networks=`): `--networks` puts an NI on the named
+/// interface, `--routes` adds routes from its string form, `lnet
+/// configure --all` brings both back, and a parameter naming a missing
+/// interface or giving networks and ip2nets at once stops the start with
+/// a clear error.
+#[test]
+fn module_parameters_configure_a_node() {
+    let on_veth = "127.0.97.71";
+    let Some(veth) = Veth::new(on_veth.parse().unwrap()) else {
+        eprintln!("skipped: this machine cannot make a veth pair (`ip link add ... type veth`)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = common_free_port(&[on_veth.parse().unwrap()]);
+    let networks = format!("tcp5({})", veth.a);
+    let routes = "tcp9 2 127.0.97.[78-79]@tcp5:3";
+    let n = Node::start_args(
+        dir.path(),
+        "n",
+        &global(port),
+        &["--networks", &networks, "--routes", routes],
+    );
+    let shown = || {
+        let v = n.json(&["net", "show", "--net", "tcp5"]);
+        let ni = v["net"][0]["local NI(s)"][0].clone();
+        (
+            ni["nid"].as_str().unwrap_or_default().to_owned(),
+            ni["interfaces"]["0"].clone(),
+        )
+    };
+    assert_eq!(
+        shown(),
+        (format!("{on_veth}@tcp5"), serde_json::json!(veth.a))
+    );
+    let routes_shown = || {
+        let v = n.json(&["route", "show", "-v"]);
+        let mut r: Vec<String> = v["route"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                format!(
+                    "{} {} {} {}",
+                    r["net"], r["gateway"], r["hop"], r["priority"]
+                )
+            })
+            .collect();
+        r.sort();
+        r
+    };
+    let want = [
+        "\"tcp9\" \"127.0.97.78@tcp5\" 2 3".to_owned(),
+        "\"tcp9\" \"127.0.97.79@tcp5\" 2 3".to_owned(),
+    ];
+    assert_eq!(routes_shown(), want);
+    n.ok(&["lnet", "unconfigure"]);
+    n.ok(&["lnet", "configure", "--all"]);
+    assert_eq!(shown().0, format!("{on_veth}@tcp5"));
+    assert_eq!(routes_shown(), want);
+    drop(n);
+
+    let cfg = dir.path().join("g.yaml");
+    std::fs::write(&cfg, global(port)).unwrap();
+    let start = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_colibri"));
+        cmd.args(["lnet", "run", "--config"])
+            .arg(&cfg)
+            .arg("--ctl")
+            .arg(dir.path().join("bad.sock"))
+            .args(args);
+        run_bounded(&mut cmd)
+    };
+    assert_fails(
+        &start(&["--networks", "tcp(nosuch0)"]),
+        "no interface nosuch0",
+    );
+    assert_fails(
+        &start(&["--networks", &networks, "--routes", "tcp5 127.0.97.9@tcp5"]),
+        "is a local net",
+    );
+    let both = start(&["--networks", &networks, "--ip2nets", "tcp 127.*.*.*"]);
+    assert_ne!(both.code, Some(0), "{}", both.stderr);
+}

@@ -479,6 +479,83 @@ impl NodeConf {
         Ok((c, warn))
     }
 
+    /// Adds what LNet's module parameters say, in their string forms, as
+    /// a node started by `modprobe lnet networks=... routes=...` is
+    /// configured (`colibri lnet run --networks ...`):
+    ///
+    /// * `networks`: nets separated by commas or blanks, each with its
+    ///   interfaces in parentheses (`tcp0(eth0,eth1),tcp1(eth2)`): an NI
+    ///   on each interface; a net without any takes the first interface
+    ///   that is up and not `lo`;
+    /// * `ip2nets`: rules as `net add --ip2net` takes them
+    ///   ([`Ip2netsRule::parse_list`]); not with `networks`, as LNet
+    ///   refuses both at once;
+    /// * `routes`: routes separated by `;`, each a remote net, a hop count
+    ///   if any, then gateways, each a NID or a NID range with its
+    ///   priority after a colon (`tcp2 2 10.0.0.[1-2]@tcp:1`).
+    ///
+    /// Returns warnings.
+    ///
+    /// # Errors
+    /// A malformed parameter, an interface that is missing or down, a
+    /// NID given twice, a route to a local net.
+    pub fn add_module_params(
+        &mut self,
+        networks: Option<&str>,
+        ip2nets: Option<&str>,
+        routes: Option<&str>,
+    ) -> Result<Vec<String>, ConfError> {
+        let mut warn = Vec::new();
+        if networks.is_some() && ip2nets.is_some() {
+            return Err(ConfError::invalid(
+                "networks",
+                "give networks or ip2nets, not both (LNet refuses both at once)",
+            ));
+        }
+        let ifaces = || {
+            crate::sock::link::read_ifaddrs().map_err(|e| {
+                ConfError::invalid(
+                    "networks",
+                    format!("cannot read this machine's interfaces: {e}"),
+                )
+            })
+        };
+        if let Some(n) = networks {
+            let t = ifaces()?;
+            for rule in parse_networks(n)? {
+                let chosen = rule
+                    .choose(&t)
+                    .map_err(|why| ConfError::invalid(&rule.at, why))?;
+                for (name, ip) in chosen {
+                    let nid = rule.net.nid_ipv4(ip);
+                    if self.nis.iter().any(|x| x.nid == nid) {
+                        return Err(ConfError::invalid(&rule.at, format!("{nid} given twice")));
+                    }
+                    let mut ni = NiConf::new(nid);
+                    ni.interface = Some(name);
+                    self.nis.push(ni);
+                }
+            }
+        }
+        if let Some(s) = ip2nets {
+            let rules = Ip2netsRule::parse_list(s)?;
+            let have: Vec<Nid> = self.nis.iter().map(|n| n.nid).collect();
+            let nis = resolve_ip2nets(&rules, &have, &mut warn)?;
+            self.nis.extend(nis);
+        }
+        if let Some(r) = routes {
+            self.routes.extend(parse_routes(r)?);
+        }
+        let local: Vec<Net> = self.nis.iter().map(|n| n.nid.net()).collect();
+        if let Some(r) = self.routes.iter().find(|r| local.contains(&r.net)) {
+            return Err(ConfError::invalid(
+                "routes",
+                format!("route to {}: {} is a local net", r.net, r.net),
+            ));
+        }
+        Ok(warn)
+    }
+
     /// `ip2nets:`, lnetctl's rules matched against this machine's
     /// interfaces ([`resolve_ip2nets`]).
     fn read_ip2nets(&mut self, v: &Doc, warn: &mut Vec<String>) -> Result<(), ConfError> {
@@ -1290,6 +1367,121 @@ impl Ip2netsRule {
     }
 }
 
+/// The `networks` module parameter: each net with its interfaces, as
+/// rules without ranges (every interface named must be up; none named,
+/// the first up that is not `lo`).
+fn parse_networks(s: &str) -> Result<Vec<Ip2netsRule>, ConfError> {
+    // Items end at commas or blanks outside parentheses.
+    let mut items: Vec<String> = Vec::new();
+    let (mut cur, mut depth) = (String::new(), 0_i32);
+    for c in s.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            _ => {}
+        }
+        if !(0..=1).contains(&depth) {
+            return Err(ConfError::invalid(
+                "networks",
+                format!("unbalanced parentheses in '{s}'"),
+            ));
+        }
+        if depth == 0 && (c == ',' || c.is_whitespace()) {
+            if !cur.trim().is_empty() {
+                items.push(std::mem::take(&mut cur));
+            }
+            cur.clear();
+        } else {
+            cur.push(c);
+        }
+    }
+    if depth != 0 {
+        return Err(ConfError::invalid(
+            "networks",
+            format!("unbalanced parentheses in '{s}'"),
+        ));
+    }
+    if !cur.trim().is_empty() {
+        items.push(cur);
+    }
+    if items.is_empty() {
+        return Err(ConfError::invalid("networks", "no net"));
+    }
+    items
+        .iter()
+        .map(|item| {
+            let at = format!("networks item '{item}'");
+            let (net, names) = match item.split_once('(') {
+                Some((net, list)) => (
+                    net,
+                    list.trim_end_matches(')')
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|n| !n.is_empty())
+                        .map(str::to_owned)
+                        .collect(),
+                ),
+                None => (item.as_str(), Vec::new()),
+            };
+            Ip2netsRule::new(&at, parse_net(net.trim(), &at)?, names, &[])
+        })
+        .collect()
+}
+
+/// The `routes` module parameter: `NET [HOPS] GATEWAY[:PRIORITY] ...`,
+/// routes separated by `;`, a gateway a NID or a NID range
+/// (`10.0.0.[1-3]@tcp`).
+fn parse_routes(s: &str) -> Result<Vec<RouteConf>, ConfError> {
+    let mut out = Vec::new();
+    for entry in s.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let at = format!("routes entry '{entry}'");
+        let mut words = entry.split_whitespace();
+        let net = parse_net(words.next().unwrap_or_default(), &at)?;
+        let mut words = words.peekable();
+        let hop = match words.peek() {
+            Some(w) if w.bytes().all(|b| b.is_ascii_digit()) => {
+                let h: u32 = w
+                    .parse()
+                    .ok()
+                    .filter(|h| (1..=255).contains(h))
+                    .ok_or_else(|| {
+                        ConfError::invalid(&at, format!("hop count {w} is not 1 to 255"))
+                    })?;
+                words.next();
+                Some(h)
+            }
+            _ => None,
+        };
+        let mut any = false;
+        for gw in words {
+            let (list, priority) = match gw.rsplit_once(':') {
+                Some((l, p)) => (
+                    l,
+                    p.parse::<u32>().map_err(|_| {
+                        ConfError::invalid(&at, format!("priority '{p}' is not a number"))
+                    })?,
+                ),
+                None => (gw, 0),
+            };
+            let gateways = colibri_lnet::nidrange::expand_nid_list(list)
+                .map_err(|e| ConfError::invalid(&at, e.to_string()))?;
+            for gateway in gateways {
+                any = true;
+                out.push(RouteConf {
+                    net,
+                    gateway,
+                    hop,
+                    priority,
+                });
+            }
+        }
+        if !any {
+            return Err(ConfError::invalid(&at, "no gateway"));
+        }
+    }
+    Ok(out)
+}
+
 /// The NIs `rules` make on this machine, none of them in `have`: each
 /// rule that matches gives an NI on its net for every interface it
 /// chose (NID: the interface's address on the net), unless an earlier
@@ -1997,6 +2189,74 @@ global:
         ] {
             let e = nis(spec, &[]).unwrap_err().to_string();
             assert!(e.contains(want), "{spec}: {e}");
+        }
+    }
+
+    #[test]
+    fn module_parameters_add_nis_and_routes() {
+        let mut c = NodeConf::empty();
+        let warn = c
+            .add_module_params(
+                Some("tcp3(lo)"),
+                None,
+                Some("tcp9 2 127.0.0.[5-6]@tcp3:4; tcp8 127.0.0.7@tcp3 ;"),
+            )
+            .unwrap();
+        assert!(warn.is_empty(), "{warn:?}");
+        assert_eq!(c.nis.len(), 1);
+        assert_eq!(c.nis[0].nid.to_string(), "127.0.0.1@tcp3");
+        assert_eq!(c.nis[0].interface.as_deref(), Some("lo"));
+        let routes: Vec<String> = c
+            .routes
+            .iter()
+            .map(|r| format!("{} {} {:?} {}", r.net, r.gateway, r.hop, r.priority))
+            .collect();
+        assert_eq!(
+            routes,
+            [
+                "tcp9 127.0.0.5@tcp3 Some(2) 4",
+                "tcp9 127.0.0.6@tcp3 Some(2) 4",
+                "tcp8 127.0.0.7@tcp3 None 0"
+            ]
+        );
+        let mut c = NodeConf::empty();
+        c.add_module_params(None, Some("tcp4(lo) 127.*.*.*"), None)
+            .unwrap();
+        assert_eq!(c.nis[0].nid.to_string(), "127.0.0.1@tcp4");
+        for (n, i, r, want) in [
+            (Some("tcp(lo)"), Some("tcp 127.0.0.1"), None, "not both"),
+            (Some("tcp(lo"), None, None, "unbalanced"),
+            (Some("tcp(lo))"), None, None, "unbalanced"),
+            (Some(" , "), None, None, "no net"),
+            (Some("tcp(nosuch0)"), None, None, "no interface nosuch0"),
+            (Some("tcp(lo),tcp(lo)"), None, None, "given twice"),
+            (
+                Some("tcp(lo)"),
+                None,
+                Some("tcp 127.0.0.9@tcp"),
+                "is a local net",
+            ),
+            (
+                Some("tcp(lo)"),
+                None,
+                Some("tcp9 0 127.0.0.9@tcp"),
+                "hop count 0",
+            ),
+            (Some("tcp(lo)"), None, Some("tcp9 3"), "no gateway"),
+            (
+                Some("tcp(lo)"),
+                None,
+                Some("tcp9 127.0.0.9@tcp:high"),
+                "priority 'high'",
+            ),
+            (Some("tcp(lo)"), None, Some("tcp9 127.0.0.9"), "127.0.0.9"),
+        ] {
+            let e = NodeConf::empty()
+                .add_module_params(n, i, r)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{n:?} {i:?} {r:?}: {e}");
         }
     }
 
