@@ -2577,3 +2577,58 @@ fn module_parameters_configure_a_node() {
     let both = start(&["--networks", &networks, "--ip2nets", "tcp 127.*.*.*"]);
     assert_ne!(both.code, Some(0), "{}", both.stderr);
 }
+
+/// sanity-lnet 216: a failed send to a peer NI that is one of the node's
+/// own NIs (two nets on one address, the node a peer of itself) puts the
+/// local NI in recovery, never the "peer" NI.
+#[test]
+fn a_failed_send_to_our_own_nid_is_local_recovery_as_sanity_lnet_checks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let nids = ["127.0.89.41@tcp", "127.0.89.41@tcp1"];
+    let port = common_free_port(&[ip_of(nids[0])]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!(
+            "net:\n{}{}{}",
+            ni("tcp", nids[0]),
+            ni("tcp1", nids[1]),
+            global(port)
+        ),
+    );
+    n.ok(&["discover", nids[0]]);
+    for nid in nids {
+        n.ok(&["ping", "--source", nid, nid]);
+    }
+    for src in nids {
+        for dst in nids {
+            n.ok(&[
+                "fault",
+                "drop",
+                "add",
+                "-r",
+                "1",
+                "-s",
+                src,
+                "-d",
+                dst,
+                "-e",
+                "network_timeout",
+            ]);
+        }
+    }
+    let o = lnet(Some(&n.ctl), &["ping", nids[0], "--timeout", "2"]);
+    assert_ne!(o.code, Some(0), "the ping should fail: {}", o.stdout);
+    n.ok(&["fault", "drop", "del", "--all"]);
+    let recovery = |side: &str| lnet(Some(&n.ctl), &["--json", "debug", "recovery", side]).stdout;
+    assert!(
+        !recovery("--peer").contains(nids[0]),
+        "{}",
+        recovery("--peer")
+    );
+    assert!(
+        recovery("--local").contains(nids[0]),
+        "{}",
+        recovery("--local")
+    );
+}

@@ -369,6 +369,11 @@ pub struct Completion {
     pub past_deadline: bool,
     /// Never resend (recovery pings, send errors from the API, aborted MDs).
     pub no_resend: bool,
+    /// The peer NI is one of this node's own NIs (a message to itself
+    /// through the network LND): a failure is the local NI's business and
+    /// puts no peer NI in recovery (`lnet_health_check`: "Do not put my
+    /// interfaces into peer NI recovery").
+    pub peer_is_local: bool,
 }
 
 impl Completion {
@@ -391,6 +396,7 @@ impl Completion {
             retries_done: 0,
             past_deadline: false,
             no_resend: false,
+            peer_is_local: false,
         }
     }
 
@@ -408,6 +414,7 @@ impl Completion {
             retries_done: 0,
             past_deadline: false,
             no_resend: false,
+            peer_is_local: false,
         }
     }
 }
@@ -790,7 +797,8 @@ impl HealthMonitor {
             return verdict;
         }
         let reaction = c.status.reaction();
-        let remote_tracked = c.peer_ni_count > 1 || c.peer_is_gateway || c.i_am_router;
+        let remote_tracked =
+            !c.peer_is_local && (c.peer_ni_count > 1 || c.peer_is_gateway || c.i_am_router);
         if reaction.local_failure && self.config.sensitivity > 0 {
             verdict.local_status = self.change_local(now, c.local_ni, false);
         }
@@ -1186,6 +1194,25 @@ mod tests {
         assert_eq!(h.local_health(nid(L1)), Health::MAX);
         assert_eq!(h.peer_health(nid(P1)), Health::MAX);
         assert_eq!(h.stats().past_deadline, 1);
+    }
+
+    #[test]
+    fn our_own_interfaces_never_enter_peer_recovery() {
+        let mut h = two_rail();
+        let mut c = Completion::send(HealthStatus::NetworkTimeout, nid(L1), Some(nid(L2)), 2);
+        c.peer_is_local = true;
+        h.on_completion(t(1), &c);
+        // The local NI pays; the "peer" NI, ours, does not.
+        assert_eq!(h.local_health(nid(L1)).value(), 900);
+        assert_eq!(h.peer_health(nid(L2)), Health::MAX);
+        // Its failure is still counted against it, as Lustre's hstats.
+        assert_eq!(
+            h.failure_counts(NiSide::Peer, nid(L2)).iter().sum::<u64>(),
+            1
+        );
+        c.peer_is_local = false;
+        h.on_completion(t(2), &c);
+        assert_eq!(h.peer_health(nid(L2)).value(), 900);
     }
 
     #[test]

@@ -3303,6 +3303,7 @@ impl Node {
                 retries_done: msg.retries,
                 past_deadline: now > msg.deadline,
                 no_resend: msg.no_resend || aborted,
+                peer_is_local: self.is_local_nid(next_hop),
             };
             let v = self.health.on_completion(now, &c);
             self.apply_verdict(now, v);
