@@ -2632,3 +2632,56 @@ fn a_failed_send_to_our_own_nid_is_local_recovery_as_sanity_lnet_checks_it() {
         recovery("--local")
     );
 }
+
+/// sanity-lnet 450: one `local NI(s)` entry naming two interfaces makes
+/// an NI on each, and `import --del` of the same file takes both away.
+#[test]
+fn one_entry_with_two_interfaces_is_two_nis_as_sanity_lnet_checks_it() {
+    let (nid0, ip_a, ip_b) = ("127.0.97.90@tcp", "127.0.97.91", "127.0.97.92");
+    let Some(veth) = Veth::new(ip_a.parse().unwrap()) else {
+        eprintln!("skipped: this machine cannot make a veth pair (`ip link add ... type veth`)");
+        return;
+    };
+    let o = Command::new("ip")
+        .args(["addr", "add", &format!("{ip_b}/32"), "dev", &veth.b])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let port = common_free_port(&[ip_of(nid0), ip_a.parse().unwrap(), ip_b.parse().unwrap()]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{}", ni("tcp", nid0), global(port)),
+    );
+    let f = dir.path().join("two.yaml");
+    std::fs::write(
+        &f,
+        format!(
+            "net:\n    - net type: tcp1\n      local NI(s):\n        - interfaces:\n              0: {}\n              1: {}\n",
+            veth.a, veth.b
+        ),
+    )
+    .unwrap();
+    let f = f.to_str().unwrap();
+    n.ok(&["import", f]);
+    let tcp1 = || {
+        let v = n.json(&["net", "show", "--net", "tcp1"]);
+        v["net"][0]["local NI(s)"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|ni| format!("{} {}", ni["nid"], ni["interfaces"]["0"]))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        tcp1(),
+        [
+            format!("\"{ip_a}@tcp1\" \"{}\"", veth.a),
+            format!("\"{ip_b}@tcp1\" \"{}\"", veth.b)
+        ]
+    );
+    n.ok(&["import", "--del", f]);
+    n.fails(&["net", "show", "--net", "tcp1"], "no local NI on net tcp1");
+    assert!(n.ok(&["net", "show"]).contains(nid0));
+}

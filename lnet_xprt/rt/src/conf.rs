@@ -595,11 +595,12 @@ impl NodeConf {
                 .enumerate()
             {
                 let at = at_idx(&at, "local NI(s)", j);
-                let n = read_ni(ni, &at, net_type, warn)?;
-                if self.nis.iter().any(|x| x.nid == n.nid) {
-                    return Err(ConfError::invalid(&at, format!("{} given twice", n.nid)));
+                for n in read_ni(ni, &at, net_type, warn)? {
+                    if self.nis.iter().any(|x| x.nid == n.nid) {
+                        return Err(ConfError::invalid(&at, format!("{} given twice", n.nid)));
+                    }
+                    self.nis.push(n);
                 }
-                self.nis.push(n);
             }
         }
         Ok(())
@@ -1555,7 +1556,15 @@ fn resolve_ip2nets_in(
     Ok(out)
 }
 
-fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<NiConf, ConfError> {
+/// One entry of `local NI(s)`: one NI, or, given by `interfaces` alone,
+/// one NI on each interface named (sanity-lnet 450), the tunables the
+/// same for all.
+fn read_ni(
+    ni: &Doc,
+    at: &str,
+    net_type: Net,
+    warn: &mut Vec<String>,
+) -> Result<Vec<NiConf>, ConfError> {
     let mut n = NiConf::new(Nid::ANY);
     let mut have_nid = false;
     let mut interfaces: Option<Vec<String>> = None;
@@ -1636,28 +1645,36 @@ fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<
             other => return Err(unknown(at, other)),
         }
     }
+    if n.credits == 0 || n.peer_credits == 0 {
+        return Err(ConfError::invalid(
+            &at_key(at, "tunables"),
+            "credits and peer_credits must be at least 1",
+        ));
+    }
     let names = interfaces.unwrap_or_default();
     if !have_nid {
-        // The NID is the first named interface's IP on this net, as
-        // socklnd makes it.
-        let Some(name) = names.first() else {
+        // The NID of each is its interface's IP on this net, as socklnd
+        // makes it.
+        if names.is_empty() {
             return Err(ConfError::invalid(
                 at,
                 format!("missing 'nid' or 'interfaces' (e.g. nid: 192.168.1.2@{net_type})"),
             ));
-        };
+        }
         let ifaces = crate::sock::link::read_ifaddrs().map_err(|e| {
             ConfError::invalid(at, format!("cannot read this machine's interfaces: {e}"))
         })?;
-        let ip = crate::sock::link::interface_ip(name, &ifaces)
-            .map_err(|m| ConfError::invalid(&at_key(at, "interfaces"), m))?;
-        n.nid = net_type.nid_ipv4(ip);
-        n.interface = Some(name.clone());
-        if names.len() > 1 {
-            warn.push(format!(
-                "{at}.interfaces: only {name} is used (an NI is on one interface: give one NI for each)"
-            ));
-        }
+        return names
+            .iter()
+            .map(|name| {
+                let ip = crate::sock::link::interface_ip(name, &ifaces)
+                    .map_err(|m| ConfError::invalid(&at_key(at, "interfaces"), m))?;
+                let mut one = n.clone();
+                one.nid = net_type.nid_ipv4(ip);
+                one.interface = Some(name.clone());
+                Ok(one)
+            })
+            .collect();
     } else if let Some(name) = names.first() {
         if n.nid.net() != net_type {
             return Err(ConfError::invalid(
@@ -1685,13 +1702,7 @@ fn read_ni(ni: &Doc, at: &str, net_type: Net, warn: &mut Vec<String>) -> Result<
             format!("{} is not on net {net_type}", n.nid),
         ));
     }
-    if n.credits == 0 || n.peer_credits == 0 {
-        return Err(ConfError::invalid(
-            &at_key(at, "tunables"),
-            "credits and peer_credits must be at least 1",
-        ));
-    }
-    Ok(n)
+    Ok(vec![n])
 }
 
 #[cfg(test)]
@@ -2322,13 +2333,14 @@ global:
         .unwrap();
         assert_eq!(c.nis[0].interface, None);
         assert!(warn[0].contains("lo ignored"), "{warn:?}");
-        // Two interfaces for one NI: the first, and a warning.
-        let (c, warn) = NodeConf::from_yaml(
+        // Two interfaces in one entry: an NI on each (sanity-lnet 450);
+        // lo twice is one NID twice.
+        let e = NodeConf::from_yaml(
             "net:\n    - net type: tcp\n      local NI(s):\n        - interfaces:\n              0: lo\n              1: lo\n",
         )
-        .unwrap();
-        assert_eq!(c.nis[0].nid.to_string(), "127.0.0.1@tcp");
-        assert!(warn[0].contains("only lo is used"), "{warn:?}");
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("127.0.0.1@tcp given twice"), "{e}");
     }
 
     #[test]
