@@ -495,7 +495,7 @@ pub(crate) fn lnet_serve(config: &Path, listen: &str) -> Guard {
 /// end `a` holding `ip`/32 (a loopback address: the kernel still delivers
 /// it locally, through lo's 127/8, whatever the pair's state); deleted
 /// when dropped, on every path. `None` where the machine cannot make one
-/// (no `ip`, no privilege, no veth driver): the caller says it skipped.
+/// (no `ip`, no privilege, no veth driver), having said the test skips.
 pub(crate) struct Veth {
     pub(crate) a: String,
     pub(crate) b: String,
@@ -520,6 +520,9 @@ impl Veth {
             .output()
             .is_ok_and(|o| o.status.success());
         if !made {
+            eprintln!(
+                "skipped: this machine cannot make a veth pair (`ip link add ... type veth`)"
+            );
             return None;
         }
         // From here `v` deletes the pair however the set-up ends.

@@ -140,17 +140,19 @@ pub struct NiConf {
 }
 
 impl NiConf {
-    /// An NI with Lustre's default tunables and no interface named.
+    /// An NI with Lustre's default tunables (the node's, [`NiConfig::new`])
+    /// and no interface named.
     #[must_use]
     pub const fn new(nid: Nid) -> Self {
+        let d = NiConfig::new(nid);
         Self {
             nid,
-            credits: 256,
-            peer_credits: 8,
-            peer_buffer_credits: 0,
+            credits: d.credits,
+            peer_credits: d.peer_credits,
+            peer_buffer_credits: d.peer_buffer_credits,
             conns_per_peer: None,
             tos: None,
-            peer_timeout: DEFAULT_PEER_TIMEOUT,
+            peer_timeout: d.peer_timeout,
             interface: None,
         }
     }

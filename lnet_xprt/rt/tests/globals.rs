@@ -626,8 +626,8 @@ fn link_shown(d: &Daemon, nid: &str) -> (bool, bool) {
 
 /// A veth pair made for one test (`ip link add ... type veth`), its first
 /// end holding `ip`/32; deleted when dropped, on every path. `None` where
-/// the machine cannot make one (no `ip`, no privilege, no veth driver):
-/// the caller then says it skipped.
+/// the machine cannot make one (no `ip`, no privilege, no veth driver),
+/// having said the test skips.
 struct Veth {
     a: String,
     b: String,
@@ -653,6 +653,9 @@ impl Veth {
             .map(|o| o.status.success())
             .unwrap_or(false);
         if !made {
+            eprintln!(
+                "skipped: this machine cannot make a veth pair (`ip link add ... type veth`)"
+            );
             return None;
         }
         // From here, `v` deletes the pair however the set-up ends.
@@ -696,7 +699,6 @@ fn an_ni_on_an_interface_that_goes_down_is_down_at_once() {
     // a minute, so that only an event can explain a change in time).
     init_tracing();
     let Some(veth) = Veth::new("127.0.97.1") else {
-        eprintln!("skipped: this machine cannot make a veth pair (`ip link add ... type veth`)");
         return;
     };
     let y = "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 127.0.97.1@tcp\n        - nid: 127.0.97.2@tcp\nglobal:\n    accept_port: 0\n    accept: all\n";
