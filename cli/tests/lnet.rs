@@ -2679,3 +2679,50 @@ fn one_entry_with_two_interfaces_is_two_nis_as_sanity_lnet_checks_it() {
     n.fails(&["net", "show", "--net", "tcp1"], "no local NI on net tcp1");
     assert!(n.ok(&["net", "show"]).contains(nid0));
 }
+
+/// sanity-lnet 217 and 218: `discover 0@lo` answers the loopback peer;
+/// an NI whose sends to itself fail recovers through the other NI of its
+/// net, which its recovery pings may take.
+#[test]
+fn local_recovery_pings_take_any_path_as_sanity_lnet_checks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nid1, nid2) = ("127.0.89.51@tcp", "127.0.89.52@tcp");
+    let port = common_free_port(&[ip_of(nid1), ip_of(nid2)]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{}", ni("tcp", nid1), global(port)),
+    );
+    let lo = n.json(&["discover", "0@lo"]);
+    assert_eq!(lo["discover"][0]["primary nid"], "0@lo", "{lo}");
+    n.ok(&["ping", nid1]);
+    n.ok(&["net", "add", "--nid", nid2]);
+    n.ok(&["ping", nid2]);
+    n.ok(&[
+        "fault",
+        "drop",
+        "add",
+        "-s",
+        nid1,
+        "-d",
+        nid1,
+        "-e",
+        "local_error",
+        "-r",
+        "1",
+    ]);
+    let o = lnet(
+        Some(&n.ctl),
+        &["ping", "--source", nid1, nid1, "--timeout", "2"],
+    );
+    assert_ne!(o.code, Some(0), "the ping should fail: {}", o.stdout);
+    let healthy = || {
+        let v = n.json(&["net", "show", "-v", "2"]);
+        v.to_string().matches("\"health value\":1000").count()
+    };
+    wait_for(Duration::from_secs(5), "both NIs healthy again", || {
+        let h = healthy();
+        (h == 2).then_some(()).ok_or(h)
+    });
+    n.ok(&["fault", "drop", "del", "--all"]);
+}

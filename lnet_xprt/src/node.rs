@@ -890,7 +890,7 @@ pub struct OutMsg {
     t_start: Time,
     /// Path chosen for the current attempt: (local NI, next hop).
     path: Option<(Nid, Nid)>,
-    /// Send through the LND even to a local NID (local recovery pings).
+    /// Skip the discovery gate (local recovery pings, to our own NIDs).
     via_lnd: bool,
     /// Never resend (recovery pings).
     no_resend: bool,
@@ -2435,12 +2435,16 @@ impl Node {
             msg.exact_dst = true;
         }
         if let PingPurpose::Recovery(side) = purpose {
-            // Recovery pings use exactly this NID, are never resent, and a
-            // local NI is pinged through itself (lnet.md 7.3).
+            // Recovery pings use exactly this NID, are never resent and
+            // start no discovery. A local NI is pinged at its own NID from
+            // whichever of our NIs selection picks (Lustre's
+            // `lnet_send_ping` with no source): a healthy NI beside it
+            // takes the ping, so a path that fails only from the NI to
+            // itself still lets it recover (sanity-lnet 218), and a dead
+            // NI, which nothing reaches, stays unhealthy.
             msg.no_resend = true;
             if side == NiSide::Local {
                 msg.via_lnd = true;
-                msg.src_nid = Some(nid);
             }
         }
         self.launch(now, msg);
