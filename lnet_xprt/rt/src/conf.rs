@@ -490,7 +490,7 @@ impl NodeConf {
     ///   on each interface; a net without any takes the first interface
     ///   that is up and not `lo`;
     /// * `ip2nets`: rules as `net add --ip2net` takes them
-    ///   ([`Ip2netsRule::parse_list`]); not with `networks`, as LNet
+    ///   (`Ip2netsRule::parse_list`); not with `networks`, as LNet
     ///   refuses both at once;
     /// * `routes`: routes separated by `;`, each a remote net, a hop count
     ///   if any, then gateways, each a NID or a NID range with its
