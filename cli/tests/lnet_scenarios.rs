@@ -390,14 +390,16 @@ fn multi_rail_spreads_and_fails_over() {
     let hurt = ni_counts(&client, &[c1, c2]);
     assert!(hurt[1].1 < 1000, "c2's health went down: {hurt:?}");
     assert_eq!(hurt[0].1, 1000, "c1 healthy: {hurt:?}");
+    // `net show -v` counts the failures on the NI they happened on, as
+    // Lustre's `health stats: dropped` (every drop of the rule failed a
+    // send from c2 with LOCAL_DROPPED; none on c1). The rule's count is
+    // read after the NI's: c2 keeps trying (its recovery ping's REPLY
+    // leaves from it), so a count read first could be passed.
+    let v = client.json(&["net", "show", "--verbose"]);
+    let on_c2 = num(local_ni(&v, c2), &["health stats", "dropped"]);
     let f = client.json(&["fault", "drop", "show"]);
     let ruled = num(&f["fault"][0], &["statistics", "dropped"]);
     assert!(ruled > 0, "{f}");
-    // `net show -v` counts the failures on the NI they happened on, as
-    // Lustre's `health stats: dropped` (every drop of the rule failed a
-    // send from c2 with LOCAL_DROPPED; none on c1).
-    let v = client.json(&["net", "show", "--verbose"]);
-    let on_c2 = num(local_ni(&v, c2), &["health stats", "dropped"]);
     assert!(on_c2 > 0 && on_c2 <= ruled, "{on_c2} of {ruled}: {v}");
     assert_eq!(num(local_ni(&v, c1), &["health stats", "dropped"]), 0);
     let stats = client.json(&["stats", "show"]);
