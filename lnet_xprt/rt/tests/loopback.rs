@@ -292,7 +292,15 @@ fn bind_start_moves_the_bytes_as_bind_and_put_do() {
         )
         .unwrap();
     let evs = until_final(&lnet, md);
-    assert_eq!(kinds(&evs, md), vec![EventKind::Send, EventKind::Ack]);
+    // One SEND and one ACK. To our own NID the PUT takes the socket LND,
+    // so the ACK may be read before the SEND's completion is reported,
+    // as on any network path (Lustre's too).
+    let mine = kinds(&evs, md);
+    assert_eq!(mine.len(), 2, "{mine:?}");
+    assert!(
+        mine.contains(&EventKind::Send) && mine.contains(&EventKind::Ack),
+        "{mine:?}"
+    );
     let more = events_until(&lnet, |e| {
         evs.iter()
             .chain(e)
