@@ -449,16 +449,7 @@ fn net_add_with_tunables_makes_them_effective() {
         assert!(y.contains(want), "{want} in {y}");
     }
     // The tcp NI keeps the defaults.
-    let y0 = run(
-        &a,
-        Command::NetShow {
-            net: Some("tcp".into()),
-            verbose: true,
-            detail: 0,
-        },
-    )
-    .unwrap()
-    .to_yaml();
+    let y0 = net_show_v(&a, "tcp");
     assert!(
         y0.contains("conns_per_peer: 1")
             && y0.contains("credits: 256")
@@ -600,20 +591,24 @@ fn an_ni_whose_link_goes_down_is_fatal_and_pushed_down() {
     wait_for("b to hear a2 is up", || seen_by_b() == Some(NiStatus::Up));
 }
 
-/// `(status: up, fatal_error: 1)` of one NI of net tcp, as `net show -v`
-/// prints them.
-fn link_shown(d: &Daemon, nid: &str) -> (bool, bool) {
-    let y = run(
+/// `net show --net NET -v` as YAML.
+fn net_show_v(d: &Daemon, net: &str) -> String {
+    run(
         d,
         Command::NetShow {
-            net: Some("tcp".into()),
+            net: Some(net.into()),
             verbose: true,
             detail: 0,
         },
     )
     .unwrap()
-    .to_yaml();
-    let mine = y
+    .to_yaml()
+}
+
+/// `(status: up, fatal_error: 1)` of one NI of net tcp, as `net show -v`
+/// prints them.
+fn link_shown(d: &Daemon, nid: &str) -> (bool, bool) {
+    let mine = net_show_v(d, "tcp")
         .split(&format!("nid: {nid}"))
         .nth(1)
         .unwrap_or("")
