@@ -164,6 +164,54 @@ enum LnetCmd {
     /// Measure LNet between nodes, in the spirit of `lst`.
     #[command(subcommand)]
     Selftest(SelftestCmd),
+    /// Convert LNet's legacy module parameters (`networks=`, `ip2nets=`,
+    /// `routes=`) into YAML for `import`, as Lustre's `lnet_legacy2yaml`.
+    /// No node is needed.
+    ///
+    /// Sources, read in this order: `--modprobe` files (their `options
+    /// lnet ...` lines), `--ip2nets`, `--routes`, `--networks` files, then
+    /// the inline text or, without one and without files, standard input
+    /// when it is not a terminal. The inline text is assignments
+    /// (`options lnet 'ip2nets="tcp0 10.0.0.*" routes="..."'`,
+    /// `networks=tcp0(eth0)`) or, with none, `ip2nets` rules. Routes are
+    /// `NET [HOPS] GATEWAY[:PRIORITY]` or `NET: { gateway: GW, hop: H,
+    /// priority: P }`.
+    ///
+    /// Exit status: 0 converted, 1 nothing to convert, 2 a source that
+    /// does not read or convert (the message says which entry and why).
+    ///
+    /// Example:
+    ///   colibri lnet legacy2yaml -m /etc/modprobe.d/lustre.conf -o lnet.yaml
+    #[command(verbatim_doc_comment)]
+    Legacy2yaml(Legacy2yamlArgs),
+}
+
+/// `legacy2yaml`.
+#[derive(Debug, clap::Args)]
+struct Legacy2yamlArgs {
+    /// An inline legacy string or `options lnet ...` line.
+    inline: Option<String>,
+    /// A file of `ip2nets` rules (separated by `;` or new lines); may be
+    /// repeated.
+    #[arg(short = 'i', long = "ip2nets", value_name = "FILE")]
+    ip2nets: Vec<PathBuf>,
+    /// A file of routes (separated by `;` or new lines); may be repeated.
+    #[arg(short = 'r', long = "routes", value_name = "FILE")]
+    routes: Vec<PathBuf>,
+    /// A file of `networks` entries (separated by commas or new lines);
+    /// may be repeated.
+    #[arg(short = 'n', long = "networks", value_name = "FILE")]
+    networks: Vec<PathBuf>,
+    /// A modprobe configuration file; may be repeated.
+    #[arg(short = 'm', long = "modprobe", value_name = "FILE")]
+    modprobe: Vec<PathBuf>,
+    /// Write the YAML to FILE instead of standard output.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Give routes without a hop count this one (1 to 255; 1 when the
+    /// value is left out). Explicit hop counts stay.
+    #[arg(long, num_args = 0..=1, default_missing_value = "1", value_name = "HOP")]
+    default_hop: Option<u32>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -730,6 +778,9 @@ pub(crate) fn lnet_main(a: &LnetArgs) -> ExitCode {
     {
         return import_exec(a, file.as_deref());
     }
+    if let LnetCmd::Legacy2yaml(l) = &a.cmd {
+        return legacy2yaml(l, a.json);
+    }
     let cmd = match command(&a.cmd) {
         Ok(c) => c,
         Err(f) => return fail(&f, a.json),
@@ -782,6 +833,101 @@ pub(crate) fn lnet_main(a: &LnetArgs) -> ExitCode {
     }
 }
 
+/// `legacy2yaml`: the sources in Lustre's order, the document to
+/// standard output or `--output`.
+fn legacy2yaml(l: &Legacy2yamlArgs, json: bool) -> ExitCode {
+    use colibri_lnet_rt::legacy::{Legacy, LegacyError, Param};
+    let fail = |what: String| {
+        eprintln!("error: {what}");
+        ExitCode::from(2)
+    };
+    let read = |f: &Path| {
+        std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))
+    };
+    let mut doc = Legacy::default();
+    let files = l
+        .modprobe
+        .iter()
+        .map(|f| (f, "modprobe", None))
+        .chain(
+            l.ip2nets
+                .iter()
+                .map(|f| (f, "ip2nets", Some(Param::Ip2nets))),
+        )
+        .chain(l.routes.iter().map(|f| (f, "routes", Some(Param::Routes))))
+        .chain(
+            l.networks
+                .iter()
+                .map(|f| (f, "networks", Some(Param::Networks))),
+        );
+    let mut any_file = false;
+    for (f, kind, param) in files {
+        any_file = true;
+        let text = match read(f) {
+            Ok(t) => t,
+            Err(e) => return fail(e),
+        };
+        let res: Result<(), LegacyError> = match param {
+            None => doc.add_modprobe(&text),
+            Some(p) => doc.add_param(p, &text),
+        };
+        if let Err(e) = res {
+            return fail(format!("{kind} file {}: {e}", f.display()));
+        }
+    }
+    let inline = match &l.inline {
+        Some(s) => Some(s.clone()),
+        // Standard input only when nothing else was given, so that a
+        // caller whose input stays open does not wait forever.
+        None if !any_file && !std::io::IsTerminal::is_terminal(&std::io::stdin()) => {
+            match read_stdin("legacy2yaml") {
+                Ok(s) => Some(s),
+                Err(f) => return fail(f.descr),
+            }
+        }
+        None => None,
+    };
+    if let Some(text) = inline.filter(|t| !t.trim().is_empty())
+        && let Err(e) = doc.add_inline(&text)
+    {
+        return fail(e.to_string());
+    }
+    if doc.is_empty() {
+        eprintln!(
+            "error: no ip2nets, routes, or networks data provided (give -m/-i/-r/-n files, an inline string or standard input)"
+        );
+        return ExitCode::from(1);
+    }
+    if let Some(h) = l.default_hop
+        && let Err(e) = doc.set_default_hop(h)
+    {
+        return fail(e.to_string());
+    }
+    let text = if json {
+        format!("{}\n", doc.to_doc().to_json())
+    } else {
+        doc.to_yaml()
+    };
+    match &l.output {
+        Some(f) => {
+            if let Err(e) = std::fs::write(f, text) {
+                return fail(format!("cannot write {}: {e}", f.display()));
+            }
+        }
+        None => {
+            let mut out = std::io::stdout();
+            if out
+                .write_all(text.as_bytes())
+                .and_then(|()| out.flush())
+                .is_err()
+            {
+                return ExitCode::from(2);
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 /// The node's control socket: `--ctl`, else the only one found.
 fn ctl_path(a: &LnetArgs) -> Result<PathBuf, Failure> {
     match &a.ctl {
@@ -819,7 +965,7 @@ fn import_exec(a: &LnetArgs, file: Option<&Path>) -> ExitCode {
 
 fn command(c: &LnetCmd) -> Result<Command, Failure> {
     Ok(match c {
-        LnetCmd::Run(_) => unreachable!("handled by lnet_main"),
+        LnetCmd::Run(_) | LnetCmd::Legacy2yaml(_) => unreachable!("handled by lnet_main"),
         LnetCmd::Net(n) => match n {
             NetCmd::Add {
                 nid,

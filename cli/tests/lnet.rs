@@ -2726,3 +2726,334 @@ fn local_recovery_pings_take_any_path_as_sanity_lnet_checks_them() {
     });
     n.ok(&["fault", "drop", "del", "--all"]);
 }
+
+/// sanity-lnet 600-629: `legacy2yaml` converts LNet's legacy module
+/// parameters as Lustre's `lnet_legacy2yaml` does, from inline strings,
+/// files, modprobe files and standard input, with its exit codes (2: a
+/// parse error, 1: nothing to convert). The expected documents are the
+/// tests' own, which are in lnetctl's layout.
+#[test]
+fn legacy2yaml_converts_module_parameters_as_sanity_lnet_checks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, text).unwrap();
+        f.to_str().unwrap().to_owned()
+    };
+    let conv = |args: &[&str]| {
+        let mut all = vec!["legacy2yaml"];
+        all.extend_from_slice(args);
+        lnet(None, &all)
+    };
+    let same = |args: &[&str], want: &str| {
+        let o = conv(args);
+        assert_eq!(o.code, Some(0), "{args:?}: {}", o.stderr);
+        assert_eq!(o.stdout, want, "{args:?}");
+    };
+    let fails = |args: &[&str], code: i32, want: &str| {
+        let o = conv(args);
+        assert_eq!(o.code, Some(code), "{args:?}: {}{}", o.stdout, o.stderr);
+        assert!(o.stdout.is_empty(), "{args:?}: {}", o.stdout);
+        assert!(
+            o.stderr.to_lowercase().contains(&want.to_lowercase()),
+            "{args:?}: {}",
+            o.stderr
+        );
+    };
+    let route1 = "route:\n    - net: tcp0\n      gateway: 10.0.0.1@o2ib0\n      hop: 1\n";
+    // 600, 605, 613, 614.
+    same(
+        &["tcp0(eth0,eth1) 10.0.0.*; o2ib0 192.168.[1-2].*"],
+        "ip2nets:\n    - net-spec: tcp0\n      interfaces:\n          0: eth0\n          1: eth1\n      ip-range:\n          0: 10.0.0.*\n    - net-spec: o2ib0\n      ip-range:\n          0: 192.168.[1-2].*\n",
+    );
+    same(
+        &["tcp *.*.*.*"],
+        "ip2nets:\n    - net-spec: tcp\n      ip-range:\n          0: \"*.*.*.*\"\n",
+    );
+    same(
+        &["tcp0(eth0,eth1) 10.0.0.* 10.0.1.*"],
+        "ip2nets:\n    - net-spec: tcp0\n      interfaces:\n          0: eth0\n          1: eth1\n      ip-range:\n          0: 10.0.0.*\n          1: 10.0.1.*\n",
+    );
+    // 601-604: hops, priorities, --default-hop with and without a value.
+    same(&["routes='tcp0 1 10.0.0.1@o2ib0'"], route1);
+    same(
+        &["routes='tcp0 2 10.0.0.1@o2ib0:7'"],
+        "route:\n    - net: tcp0\n      gateway: 10.0.0.1@o2ib0\n      hop: 2\n      priority: 7\n",
+    );
+    same(&["routes='tcp0 10.0.0.1@o2ib0'", "--default-hop"], route1);
+    same(
+        &["--default-hop", "3", "routes='tcp0 10.0.0.1@o2ib0'"],
+        "route:\n    - net: tcp0\n      gateway: 10.0.0.1@o2ib0\n      hop: 3\n",
+    );
+    same(
+        &["routes='tcp0 10.0.0.1@o2ib0'"],
+        "route:\n    - net: tcp0\n      gateway: 10.0.0.1@o2ib0\n",
+    );
+    // 606, 610: files, several of a kind, inline last.
+    let ip1 = file("ip1.rules", "tcp0 10.0.0.*\n");
+    let ip2 = file("ip2.rules", "o2ib0 192.168.0.*\n");
+    let r1 = file("r1.rules", "tcp0 1 10.0.0.1@o2ib0\n");
+    same(
+        &[
+            "-i",
+            &ip1,
+            "-i",
+            &ip2,
+            "-r",
+            &r1,
+            "routes='o2ib0 1 192.168.0.1@tcp0'",
+        ],
+        "ip2nets:\n    - net-spec: tcp0\n      ip-range:\n          0: 10.0.0.*\n    - net-spec: o2ib0\n      ip-range:\n          0: 192.168.0.*\nroute:\n    - net: tcp0\n      gateway: 10.0.0.1@o2ib0\n      hop: 1\n    - net: o2ib0\n      gateway: 192.168.0.1@tcp0\n      hop: 1\n",
+    );
+    // 607: one options line with both.
+    same(
+        &[r#"options lnet 'ip2nets="tcp0 10.0.0.*" routes="tcp0 1 10.0.0.2@o2ib0"'"#],
+        "ip2nets:\n    - net-spec: tcp0\n      ip-range:\n          0: 10.0.0.*\nroute:\n    - net: tcp0\n      gateway: 10.0.0.2@o2ib0\n      hop: 1\n",
+    );
+    // 615, 616, 626: modprobe files (comments, continuations), first.
+    let modprobe = file(
+        "lnet.conf",
+        "# Modprobe configuration file for LNet\noptions lnet ip2nets=\"tcp0(eth0) 10.1.0.*\"\n\n# Routes\noptions lnet routes=\"tcp0 1 10.1.0.1@o2ib0:9\"\n\n# Line continuation\noptions lnet \\\n  ip2nets=\"o2ib0 192.168.1.*\"\noptions lnet networks=tcp3(eth0),o2ib(ib0)\n",
+    );
+    let ip3 = file("ip3.rules", "tcp5 172.16.0.*\n");
+    same(
+        &["-i", &ip3, "-m", &modprobe],
+        "net:\n    - net type: tcp3\n      local NI(s):\n        - interfaces:\n              0: eth0\n    - net type: o2ib\n      local NI(s):\n        - interfaces:\n              0: ib0\nip2nets:\n    - net-spec: tcp0\n      interfaces:\n          0: eth0\n      ip-range:\n          0: 10.1.0.*\n    - net-spec: o2ib0\n      ip-range:\n          0: 192.168.1.*\n    - net-spec: tcp5\n      ip-range:\n          0: 172.16.0.*\nroute:\n    - net: tcp0\n      gateway: 10.1.0.1@o2ib0\n      hop: 1\n      priority: 9\n",
+    );
+    // 618-620, 622: the alternative route form, mixed with the legacy one.
+    let routes = file(
+        "routes.conf",
+        "# Mixed route formats\ntcp1: { gateway: 10.1.1.2@tcp0, priority: 3 }  # High priority route\ntcp0 1 10.2.2.3@tcp1\ntcp5: { gateway: 10.5.5.5@tcp0 }\ntcp7: { gateway: 10.3.3.[6-12]@tcp, priority: 20, hop: 8 }\ntcp2 2 10.4.4.5@tcp0:7\n",
+    );
+    same(
+        &["-r", &routes, "--default-hop", "3"],
+        "route:\n    - net: tcp1\n      gateway: 10.1.1.2@tcp0\n      hop: 3\n      priority: 3\n    - net: tcp0\n      gateway: 10.2.2.3@tcp1\n      hop: 1\n    - net: tcp5\n      gateway: 10.5.5.5@tcp0\n      hop: 3\n    - net: tcp7\n      gateway: 10.3.3.[6-12]@tcp\n      hop: 8\n      priority: 20\n    - net: tcp2\n      gateway: 10.4.4.5@tcp0\n      hop: 2\n      priority: 7\n",
+    );
+    // 623-625: networks.
+    same(
+        &["options lnet networks=tcp"],
+        "net:\n    - net type: tcp\n",
+    );
+    same(
+        &["options lnet networks=tcp0(eth0),o2ib(ib0)"],
+        "net:\n    - net type: tcp0\n      local NI(s):\n        - interfaces:\n              0: eth0\n    - net type: o2ib\n      local NI(s):\n        - interfaces:\n              0: ib0\n",
+    );
+    let nets = file("networks", "tcp0(eth0,eth1)\no2ib\n");
+    same(
+        &["-n", &nets],
+        "net:\n    - net type: tcp0\n      local NI(s):\n        - interfaces:\n              0: eth0\n              1: eth1\n    - net type: o2ib\n",
+    );
+    // Standard input, and --output.
+    let o = lnet_stdin(
+        None,
+        &["legacy2yaml"],
+        "tcp(eth0) 192.168.0.[2,4]; tcp 192.168.0.*\n",
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(o.stdout.contains("0: 192.168.0.[2,4]\n"), "{}", o.stdout);
+    let out = dir.path().join("out.yaml");
+    same(&["-r", &r1, "-o", out.to_str().unwrap()], "");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), route1);
+    // 608, 611, 612, 621, 627-629: parse errors, exit code 2.
+    fails(&["tcp0"], 2, "error");
+    fails(&["routes='tcp0 0 10.0.0.1@o2ib0'"], 2, "hopcount");
+    fails(&["tcp0 10.0.0"], 2, "invalid IP pattern");
+    let bad_hop = file("bad-hop", "tcp0: { gateway: 10.0.0.1@o2ib0, hop: 0 }\n");
+    fails(&["-r", &bad_hop], 2, "hopcount 0 out of range");
+    fails(
+        &["options lnet networks=tcp0(eth0"],
+        2,
+        "invalid network specification",
+    );
+    fails(
+        &["tcp0(eth0) 10.0.0.* tcp1(eth1) 192.168.1.*"],
+        2,
+        "multiple network rules must be separated",
+    );
+    fails(
+        &[r#"options lnet routes="tcp0 1 10.0.0.1@o2ib0 10.0.0.2@o2ib0""#],
+        2,
+        "multiple gateway specifications found",
+    );
+    fails(
+        &["--default-hop", "256", "routes='tcp0 10.0.0.1@o2ib0'"],
+        2,
+        "out of range",
+    );
+    fails(&["-i", "/nonexistent/ip2nets"], 2, "cannot read");
+    fails(&["-m", &bad_hop, "-r", &bad_hop], 2, "routes file");
+    // 609: nothing to convert, exit code 1.
+    let o = lnet_stdin(None, &["legacy2yaml"], "");
+    assert_eq!(o.code, Some(1), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("no ip2nets, routes, or networks data"),
+        "{}",
+        o.stderr
+    );
+    fails(&[], 1, "no ip2nets, routes, or networks data");
+}
+
+/// sanity-lnet 617 on a veth pair: a node's NI made by `net add --net
+/// --if`, written as a modprobe `ip2nets=` line, converted by
+/// `legacy2yaml` and imported into the node reinitialised gives the same
+/// export; `networks=` with and without an interface imports too.
+#[test]
+fn legacy2yaml_output_imports_back_as_sanity_lnet_checks_it() {
+    let ip = "127.0.97.110";
+    let Some(veth) = Veth::new(ip.parse().unwrap()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let nid0 = "127.0.97.111@tcp9";
+    let port = common_free_port(&[ip_of(nid0), ip.parse().unwrap()]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{}", ni("tcp9", nid0), global(port)),
+    );
+    n.ok(&["lnet", "unconfigure"]);
+    n.ok(&["lnet", "configure"]);
+    n.ok(&["net", "add", "--net", "tcp", "--if", &veth.a]);
+    let expected = n.ok(&["export", "--backup"]);
+    assert!(expected.contains(&format!("{ip}@tcp")), "{expected}");
+
+    let modprobe = dir.path().join("lnet.conf");
+    std::fs::write(
+        &modprobe,
+        format!("options lnet ip2nets=\"tcp({}) 127.0.97.*\"\n", veth.a),
+    )
+    .unwrap();
+    let o = lnet(None, &["legacy2yaml", "-m", modprobe.to_str().unwrap()]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    n.ok(&["lnet", "unconfigure"]);
+    n.ok(&["lnet", "configure"]);
+    let o = lnet_stdin(Some(&n.ctl), &["import"], &o.stdout);
+    assert_eq!(o.code, Some(0), "{}{}", o.stdout, o.stderr);
+    assert_eq!(n.ok(&["export", "--backup"]), expected);
+
+    // networks=tcp1(IF): an NI on the interface.
+    let o = lnet(
+        None,
+        &["legacy2yaml", &format!("networks=tcp1({})", veth.a)],
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let o = lnet_stdin(Some(&n.ctl), &["import"], &o.stdout);
+    assert_eq!(o.code, Some(0), "{}{}", o.stdout, o.stderr);
+    let v = n.json(&["net", "show", "--net", "tcp1"]);
+    assert_eq!(
+        v["net"][0]["local NI(s)"][0]["nid"],
+        format!("{ip}@tcp1"),
+        "{v}"
+    );
+    // networks=tcp2 alone: the first interface that is up and not a
+    // loopback, as the module parameter (and `net add --net tcp2`) takes.
+    let o = lnet(None, &["legacy2yaml", "networks=tcp2"]);
+    assert_eq!(o.stdout, "net:\n    - net type: tcp2\n");
+    let o = lnet_stdin(Some(&n.ctl), &["import"], &o.stdout);
+    let v = n.json(&["net", "show"]);
+    let first_up = v["net"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|net| net["net type"] == "tcp2")
+        .count();
+    if o.code == Some(0) {
+        assert_eq!(first_up, 1, "{v}");
+    } else {
+        // No interface but lo is up on this machine.
+        assert!(o.stderr.contains("no interface is up"), "{}", o.stderr);
+        assert_eq!(first_up, 0, "{v}");
+    }
+}
+
+/// sanity-lnet 158-162 on a veth pair whose end holds an IPv6 address
+/// too (a unique-local one, `nodad`: nothing is sent to it): an `ip2nets`
+/// rule whose range is that address, with or without a prefix length,
+/// imports the same NI as `net add --if` (its NID the interface's IPv4
+/// address); a second rule for the same net changes nothing, one for
+/// another net applies; a range no address is in fails the import.
+#[test]
+fn ipv6_ip2nets_ranges_as_sanity_lnet_checks_them() {
+    let ip = "127.0.97.120";
+    let Some(veth) = Veth::new(ip.parse().unwrap()) else {
+        return;
+    };
+    let v6 = "fd00:97:120::5";
+    let added = Command::new("ip")
+        .args([
+            "-6",
+            "addr",
+            "add",
+            &format!("{v6}/64"),
+            "dev",
+            &veth.a,
+            "nodad",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !added {
+        eprintln!("skipped: this machine cannot give a veth an IPv6 address");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let nid0 = "127.0.97.121@tcp9";
+    let port = common_free_port(&[ip_of(nid0), ip.parse().unwrap()]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{}", ni("tcp9", nid0), global(port)),
+    );
+    let reinit = || {
+        n.ok(&["lnet", "unconfigure"]);
+        n.ok(&["lnet", "configure"]);
+    };
+    let import = |rules: &str| {
+        reinit();
+        let o = lnet_stdin(Some(&n.ctl), &["import"], &format!("ip2nets:\n{rules}"));
+        assert_eq!(o.code, Some(0), "{rules}: {}{}", o.stdout, o.stderr);
+        n.ok(&["export", "--backup"])
+    };
+    let rule = |net: &str, range: &str| {
+        format!(
+            "  - net-spec: {net}\n    interfaces:\n        0: {}\n    ip-range:\n        0: {range}\n",
+            veth.a
+        )
+    };
+    reinit();
+    n.ok(&["net", "add", "--net", "tcp", "--if", &veth.a]);
+    let expected = n.ok(&["export", "--backup"]);
+    assert!(expected.contains(&format!("{ip}@tcp")), "{expected}");
+    // 158, 159, 161.
+    for range in [
+        v6.to_owned(),
+        format!("{v6}/128"),
+        format!("{v6}/64"),
+        format!("{v6}/32"),
+        format!("{v6}/16"),
+        format!("{v6}/8"),
+    ] {
+        assert_eq!(import(&rule("tcp", &range)), expected, "{range}");
+    }
+    // 160: later rules for the same net change nothing; one for another
+    // net applies.
+    let more = format!(
+        "{}  - net-spec: tcp\n    interfaces:\n        0: {}\n",
+        rule("tcp", v6),
+        veth.a
+    );
+    assert_eq!(import(&more), expected);
+    reinit();
+    n.ok(&["net", "add", "--net", "tcp", "--if", &veth.a]);
+    n.ok(&["net", "add", "--net", "tcp2", "--if", &veth.a]);
+    let expected2 = n.ok(&["export", "--backup"]);
+    assert_eq!(import(&format!("{more}{}", rule("tcp2", v6))), expected2);
+    // 162: no address in the range.
+    reinit();
+    let o = lnet_stdin(
+        Some(&n.ctl),
+        &["import"],
+        &format!("ip2nets:\n{}", rule("tcp", "2001:db8:dead:beef::1")),
+    );
+    assert_ne!(o.code, Some(0), "{}", o.stdout);
+    assert!(o.stderr.contains("no rule matches"), "{}", o.stderr);
+}

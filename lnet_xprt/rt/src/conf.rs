@@ -526,7 +526,7 @@ impl NodeConf {
             let t = ifaces()?;
             for rule in parse_networks(n)? {
                 let chosen = rule
-                    .choose(&t)
+                    .choose(&t, &[])
                     .map_err(|why| ConfError::invalid(&rule.at, why))?;
                 for (name, ip) in chosen {
                     let nid = rule.net.nid_ipv4(ip);
@@ -590,7 +590,14 @@ impl NodeConf {
             }
             check_net_type(net_type, &at)?;
             let Some(nis) = nis else {
-                return Err(ConfError::invalid(&at, "missing 'local NI(s)'"));
+                // `networks=tcp` as `legacy2yaml` writes it: as the module
+                // parameter (and `net add --net tcp`), an NI on the first
+                // interface that is up and not a loopback.
+                let rule = Ip2netsRule::new(&at, net_type, Vec::new(), &[])?;
+                let have: Vec<Nid> = self.nis.iter().map(|n| n.nid).collect();
+                let chosen = resolve_ip2nets(&[rule], &have, warn)?;
+                self.nis.extend(chosen);
+                continue;
             };
             for (j, ni) in seq(nis, &at_key(&at, "local NI(s)"))?
                 .into_iter()
@@ -1194,6 +1201,89 @@ fn texts(v: &Doc) -> Vec<String> {
     }
 }
 
+/// An `ip2nets` IP range (`192.168.*.[1-9/2,20]`) as an expression
+/// matching NIDs on `net`: four dotted parts, each `*`, a number or a
+/// bracketed list of `n`, `n-m`, `n-m/step`, numbers 0 to 255 (as
+/// `cfs_ip_addr_parse` reads them).
+pub(crate) fn ipv4_range(r: &str, net: Net) -> Option<colibri_lnet::udsp::Expr> {
+    let parts = split_outside_brackets(r).filter(|p| !p.is_empty()).count();
+    let byte_sized = r
+        .split(|c: char| !c.is_ascii_digit())
+        .all(|n| n.is_empty() || n.parse::<u8>().is_ok());
+    if parts != 4 || !byte_sized {
+        return None;
+    }
+    colibri_lnet::udsp::Expr::parse(&format!("{r}@{net}"))
+        .ok()
+        .filter(|e| !e.is_net())
+}
+
+/// One `ip-range` of an `ip2nets` rule.
+#[derive(Clone, Debug)]
+pub(crate) enum IpRange {
+    /// An IPv4 pattern ([`ipv4_range`]) over the rule's net.
+    V4(colibri_lnet::udsp::Expr),
+    /// An IPv6 address with a prefix length (`fd00::5`, `fd00::/64`; 128
+    /// when none is given), matched against the interfaces' IPv6
+    /// addresses, as Lustre 2.16's rules take them. The NI still takes the
+    /// interface's IPv4 address: NIDs here are IPv4.
+    V6 {
+        /// The address.
+        addr: std::net::Ipv6Addr,
+        /// How many leading bits must match, 0 to 128.
+        prefix: u8,
+    },
+}
+
+impl IpRange {
+    /// An IPv4 pattern on `net` or an IPv6 address or prefix.
+    pub(crate) fn parse(r: &str, net: Net) -> Option<Self> {
+        if let Some(e) = ipv4_range(r, net) {
+            return Some(Self::V4(e));
+        }
+        let (addr, prefix) = match r.split_once('/') {
+            Some((a, p)) => (a, p.parse::<u8>().ok().filter(|p| *p <= 128)?),
+            None => (r, 128),
+        };
+        Some(Self::V6 {
+            addr: addr.parse().ok()?,
+            prefix,
+        })
+    }
+
+    /// Whether the interface `name`, holding `ip` and the IPv6 addresses
+    /// of `v6` (all interfaces'), is in this range on `net`.
+    fn holds(
+        &self,
+        net: Net,
+        name: &str,
+        ip: std::net::Ipv4Addr,
+        v6: &[(String, std::net::Ipv6Addr)],
+    ) -> bool {
+        match self {
+            Self::V4(e) => e.matches(net.nid_ipv4(ip)),
+            Self::V6 { addr, prefix } => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(*prefix)).unwrap_or(0);
+                v6.iter()
+                    .any(|(n, a)| n == name && u128::from(*a) & mask == u128::from(*addr) & mask)
+            }
+        }
+    }
+}
+
+/// The dotted parts of `r`, dots inside brackets not splitting.
+fn split_outside_brackets(r: &str) -> impl Iterator<Item = &str> {
+    let mut depth = 0_i32;
+    r.split(move |c: char| {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            _ => {}
+        }
+        c == '.' && depth == 0
+    })
+}
+
 /// The interfaces an `ip2nets` rule chose, `(name, IPv4 address)` in
 /// order, or why it matches none.
 type Chosen = Result<Vec<(String, std::net::Ipv4Addr)>, String>;
@@ -1210,7 +1300,7 @@ pub(crate) struct Ip2netsRule {
     at: String,
     net: Net,
     names: Vec<String>,
-    ranges: Vec<colibri_lnet::udsp::Expr>,
+    ranges: Vec<IpRange>,
 }
 
 impl Ip2netsRule {
@@ -1219,15 +1309,12 @@ impl Ip2netsRule {
         let ranges = ranges
             .iter()
             .map(|r| {
-                colibri_lnet::udsp::Expr::parse(&format!("{r}@{net}"))
-                    .ok()
-                    .filter(|e| !e.is_net())
-                    .ok_or_else(|| {
-                        ConfError::invalid(
-                            &at_key(at, "ip-range"),
-                            format!("'{r}' is not an IPv4 range"),
-                        )
-                    })
+                IpRange::parse(r, net).ok_or_else(|| {
+                    ConfError::invalid(
+                        &at_key(at, "ip-range"),
+                        format!("'{r}' is not an IPv4 range or an IPv6 address"),
+                    )
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
@@ -1327,9 +1414,13 @@ impl Ip2netsRule {
     /// * interfaces: each of them, which must exist, be up and (with
     ///   ranges) have an address in one: one that does not makes the
     ///   whole rule match nothing.
-    fn choose(&self, ifaces: &[crate::sock::link::IfAddr]) -> Chosen {
-        let in_range = |ip: std::net::Ipv4Addr| {
-            self.ranges.is_empty() || self.ranges.iter().any(|e| e.matches(self.net.nid_ipv4(ip)))
+    fn choose(
+        &self,
+        ifaces: &[crate::sock::link::IfAddr],
+        v6: &[(String, std::net::Ipv6Addr)],
+    ) -> Chosen {
+        let in_range = |name: &str, ip: std::net::Ipv4Addr| {
+            self.ranges.is_empty() || self.ranges.iter().any(|r| r.holds(self.net, name, ip, v6))
         };
         if self.names.is_empty() && self.ranges.is_empty() {
             return ifaces
@@ -1340,7 +1431,7 @@ impl Ip2netsRule {
         }
         if self.names.is_empty() {
             let mut out: Vec<(String, std::net::Ipv4Addr)> = Vec::new();
-            for i in ifaces.iter().filter(|i| i.up && in_range(i.addr)) {
+            for i in ifaces.iter().filter(|i| i.up && in_range(&i.name, i.addr)) {
                 if !out.iter().any(|(n, _)| *n == i.name) {
                     out.push((i.name.clone(), i.addr));
                 }
@@ -1362,7 +1453,7 @@ impl Ip2netsRule {
                     return Err(format!("interface {name} is not up"));
                 }
                 mine.iter()
-                    .find(|i| i.up && in_range(i.addr))
+                    .find(|i| i.up && in_range(&i.name, i.addr))
                     .map(|i| (name.clone(), i.addr))
                     .ok_or_else(|| format!("interface {name} has no address in the IP ranges"))
             })
@@ -1505,12 +1596,16 @@ pub(crate) fn resolve_ip2nets(
             format!("cannot read this machine's interfaces: {e}"),
         )
     })?;
-    resolve_ip2nets_in(rules, &ifaces, have, warn)
+    // An IPv6 table that cannot be read (no IPv6 in this kernel) leaves
+    // IPv6 ranges matching nothing.
+    let v6 = crate::sock::link::read_ipv6_addrs().unwrap_or_default();
+    resolve_ip2nets_in(rules, &ifaces, &v6, have, warn)
 }
 
 fn resolve_ip2nets_in(
     rules: &[Ip2netsRule],
     ifaces: &[crate::sock::link::IfAddr],
+    v6: &[(String, std::net::Ipv6Addr)],
     have: &[Nid],
     warn: &mut Vec<String>,
 ) -> Result<Vec<NiConf>, ConfError> {
@@ -1526,7 +1621,7 @@ fn resolve_ip2nets_in(
             ));
             continue;
         }
-        let chosen = match rule.choose(ifaces) {
+        let chosen = match rule.choose(ifaces, v6) {
             Ok(c) => c,
             Err(why) => {
                 warn.push(format!("{at}: no match: {why}"));
@@ -2093,7 +2188,7 @@ global:
             let d = Doc::from_yaml(y).unwrap();
             Ip2netsRule::from_doc(&d, "ip2nets[0]", &mut Vec::new())
         };
-        let chosen = |y: &str| rule(y).unwrap().choose(&set);
+        let chosen = |y: &str| rule(y).unwrap().choose(&set, &[]);
         let got = |pairs: &[(&str, &str)]| {
             Ok(pairs
                 .iter()
@@ -2158,6 +2253,82 @@ global:
         }
     }
 
+    /// sanity-lnet 158-162: IPv6 ranges (an address, or an address and a
+    /// prefix length) choose interfaces by their IPv6 addresses; the NI
+    /// takes the interface's IPv4 address.
+    #[test]
+    fn ipv6_ranges_choose_interfaces_by_their_ipv6_addresses() {
+        use crate::sock::link::tests::ifa;
+        let set = [
+            ifa("lo", "127.0.0.1", "255.0.0.0", true, true),
+            ifa("eth1", "10.2.0.5", "255.255.0.0", true, false),
+            ifa("eth2", "10.3.0.7", "255.255.0.0", true, false),
+        ];
+        let v6: Vec<(String, std::net::Ipv6Addr)> = [
+            ("lo", "::1"),
+            ("eth1", "fe80::1"),
+            ("eth1", "fd00:97:1::5"),
+            ("eth2", "fd00:97:2::7"),
+        ]
+        .iter()
+        .map(|(n, a)| ((*n).to_owned(), a.parse().unwrap()))
+        .collect();
+        let nis = |spec: &str| {
+            let rules = Ip2netsRule::parse_list(spec)?;
+            resolve_ip2nets_in(&rules, &set, &v6, &[], &mut Vec::new()).map(|v| {
+                v.into_iter()
+                    .map(|n| format!("{} {}", n.nid, n.interface.unwrap_or_default()))
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(
+            nis("tcp(eth1) fd00:97:1::5").unwrap(),
+            ["10.2.0.5@tcp eth1"]
+        );
+        assert_eq!(
+            nis("tcp(eth1) fd00:97:1::5/128").unwrap(),
+            ["10.2.0.5@tcp eth1"]
+        );
+        for prefix in [64, 32, 16, 8] {
+            assert_eq!(
+                nis(&format!("tcp(eth1) fd00:97:1::5/{prefix}")).unwrap(),
+                ["10.2.0.5@tcp eth1"],
+                "/{prefix}"
+            );
+        }
+        // Without interfaces, every interface up with an address in range.
+        assert_eq!(
+            nis("tcp1 fd00:97::/32").unwrap(),
+            ["10.2.0.5@tcp1 eth1", "10.3.0.7@tcp1 eth2"]
+        );
+        assert_eq!(nis("tcp1 ::/0").unwrap().len(), 3);
+        // Two interfaces, each with its own range (sanity-lnet 160).
+        assert_eq!(
+            nis("tcp(eth1,eth2) fd00:97:1::5 fd00:97:2::7").unwrap(),
+            ["10.2.0.5@tcp eth1", "10.3.0.7@tcp eth2"]
+        );
+        // A range no address is in (162), on eth2 only, or the wrong
+        // interface: no match.
+        for spec in [
+            "tcp(eth1) 2001:db8:dead:beef::1",
+            "tcp(eth2) fd00:97:1::5",
+            "tcp(eth1) fd00:97:1::6",
+        ] {
+            let e = nis(spec).unwrap_err().to_string();
+            assert!(e.contains("no rule matches"), "{spec}: {e}");
+        }
+        for bad in ["fd00::1/129", "fd00::1/x", "fd00:::1", "fd00::1/"] {
+            let e = Ip2netsRule::parse_list(&format!("tcp {bad}"))
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("not an IPv4 range or an IPv6 address"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
     #[test]
     fn ip2net_strings_are_rules_as_the_module_parameter_writes_them() {
         use crate::sock::link::tests::ifa;
@@ -2168,7 +2339,7 @@ global:
         ];
         let nis = |spec: &str, have: &[Nid]| {
             let rules = Ip2netsRule::parse_list(spec)?;
-            resolve_ip2nets_in(&rules, &set, have, &mut Vec::new()).map(|v| {
+            resolve_ip2nets_in(&rules, &set, &[], have, &mut Vec::new()).map(|v| {
                 v.into_iter()
                     .map(|n| format!("{} {}", n.nid, n.interface.unwrap_or_default()))
                     .collect::<Vec<_>>()

@@ -128,6 +128,7 @@ mod config;
 mod core;
 pub mod ctl;
 mod error;
+pub mod legacy;
 mod mem;
 mod sock;
 #[allow(unsafe_code)]

@@ -258,12 +258,21 @@ fn scalar_text(v: &Doc) -> String {
 /// `lnetctl` writes strings as they are; we write plain what YAML reads
 /// back as the same string (NIDs, names, words) and double-quote the rest
 /// (so that export → import is exact).
+/// Inside a plain scalar, `*`, brackets and commas are ordinary
+/// characters (NID ranges `10.0.0.[1-3]@tcp`, IP patterns `10.0.*.*`):
+/// only at the start would they mean an alias or a flow collection.
 fn quote_if_needed(s: &str) -> String {
-    let safe = |c: char| c.is_ascii_alphanumeric() || " ._@/+=()-".contains(c) || c == '_';
+    let safe = |c: char| c.is_ascii_alphanumeric() || " ._@/+=()-*[],".contains(c);
     let first = s.chars().next();
-    let plain_ok = first
-        .is_some_and(|c| c.is_ascii_alphabetic() || (c.is_ascii_digit() && s.contains('@')))
-        && s.chars().all(safe)
+    // A digit first: a NID, or text no YAML reader takes for a number.
+    let reads_as_text = || {
+        yaml_rust2::YamlLoader::load_from_str(s)
+            .is_ok_and(|d| d.len() == 1 && d[0] == yaml_rust2::Yaml::String(s.to_owned()))
+    };
+    let plain_ok = s.chars().all(safe)
+        && first.is_some_and(|c| {
+            c.is_ascii_alphabetic() || (c.is_ascii_digit() && (s.contains('@') || reads_as_text()))
+        })
         && !s.ends_with(' ')
         && !matches!(
             s.to_ascii_lowercase().as_str(),

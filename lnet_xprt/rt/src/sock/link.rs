@@ -81,18 +81,15 @@ pub(crate) fn default_interface(ifaces: &[IfAddr]) -> Option<&IfAddr> {
     ifaces.iter().find(|i| i.running && !i.loopback)
 }
 
-/// The system's IPv4 interface addresses.
-///
-/// # Errors
-/// `getifaddrs` failed.
-pub(crate) fn read_ifaddrs() -> std::io::Result<Vec<IfAddr>> {
+/// Calls `f` with each entry of the system's interface address list
+/// (`getifaddrs`) that has an address: its name, flags and address.
+fn walk_ifaddrs(mut f: impl FnMut(&str, u32, &libc::ifaddrs)) -> std::io::Result<()> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: `head` is a valid out-pointer; on success it holds a list
     // that we free with `freeifaddrs` below, once.
     if unsafe { libc::getifaddrs(&raw mut head) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let mut out = Vec::new();
     let mut cur = head;
     while !cur.is_null() {
         // SAFETY: `cur` is a node of the list getifaddrs returned, not yet
@@ -102,11 +99,28 @@ pub(crate) fn read_ifaddrs() -> std::io::Result<Vec<IfAddr>> {
         if ifa.ifa_addr.is_null() {
             continue;
         }
-        // SAFETY: `ifa_addr` is non-null and points to a sockaddr of the
-        // family it names.
+        // SAFETY: `ifa_name` is a NUL-terminated string of the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
+        f(&name, ifa.ifa_flags, ifa);
+    }
+    // SAFETY: `head` came from a successful getifaddrs and is freed once;
+    // `f` borrowed entries only for the length of its calls.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(())
+}
+
+/// The system's IPv4 interface addresses.
+///
+/// # Errors
+/// `getifaddrs` failed.
+pub(crate) fn read_ifaddrs() -> std::io::Result<Vec<IfAddr>> {
+    let mut out = Vec::new();
+    walk_ifaddrs(|name, flags, ifa| {
+        // SAFETY: `walk_ifaddrs` passes entries whose `ifa_addr` is
+        // non-null; it points to a sockaddr of the family it names.
         let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
         if family != libc::AF_INET {
-            continue;
+            return;
         }
         let v4 = |p: *const libc::sockaddr| -> Option<Ipv4Addr> {
             if p.is_null() {
@@ -118,27 +132,42 @@ pub(crate) fn read_ifaddrs() -> std::io::Result<Vec<IfAddr>> {
             Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
         };
         let Some(addr) = v4(ifa.ifa_addr) else {
-            continue;
+            return;
         };
         let mask = v4(ifa.ifa_netmask).unwrap_or(Ipv4Addr::BROADCAST);
-        // SAFETY: `ifa_name` is a NUL-terminated string of the list.
-        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
-        let flags = ifa.ifa_flags;
         let want = (libc::IFF_UP | libc::IFF_RUNNING) as u32;
         out.push(IfAddr {
-            name,
+            name: name.to_owned(),
             addr,
             mask,
             up: flags & libc::IFF_UP as u32 != 0,
             running: flags & want == want,
             loopback: flags & libc::IFF_LOOPBACK as u32 != 0,
         });
-    }
-    // SAFETY: `head` came from a successful getifaddrs and is freed once;
-    // nothing borrowed from it is kept (names were copied).
-    unsafe { libc::freeifaddrs(head) };
+    })?;
+    Ok(out)
+}
+
+/// The system's IPv6 interface addresses, `(interface, address)`: what
+/// an `ip2nets` IPv6 range is matched against (NIDs stay IPv4).
+///
+/// # Errors
+/// `getifaddrs` failed.
+pub(crate) fn read_ipv6_addrs() -> std::io::Result<Vec<(String, std::net::Ipv6Addr)>> {
+    let mut out = Vec::new();
+    walk_ifaddrs(|name, _, ifa| {
+        // SAFETY: as in `read_ifaddrs`.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        if family != libc::AF_INET6 {
+            return;
+        }
+        // SAFETY: an AF_INET6 entry's address is a `sockaddr_in6`.
+        let sin6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+        out.push((
+            name.to_owned(),
+            std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+        ));
+    })?;
     Ok(out)
 }
 
