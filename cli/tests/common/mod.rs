@@ -491,65 +491,6 @@ pub(crate) fn lnet_serve(config: &Path, listen: &str) -> Guard {
     }
 }
 
-/// A veth pair made for one test (`ip link add ... type veth`), its first
-/// end `a` holding `ip`/32 (a loopback address: the kernel still delivers
-/// it locally, through lo's 127/8, whatever the pair's state); deleted
-/// when dropped, on every path. `None` where the machine cannot make one
-/// (no `ip`, no privilege, no veth driver), having said the test skips.
-pub(crate) struct Veth {
-    pub(crate) a: String,
-    pub(crate) b: String,
-}
-
-impl Veth {
-    pub(crate) fn new(ip: Ipv4Addr) -> Option<Self> {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        // At most 15 bytes: "cv" + 5 + "x" + 1 + "a".
-        let base = format!(
-            "cv{}x{}",
-            std::process::id() % 100_000,
-            N.fetch_add(1, Ordering::Relaxed) % 10
-        );
-        let v = Self {
-            a: format!("{base}a"),
-            b: format!("{base}b"),
-        };
-        let made = Command::new("ip")
-            .args(["link", "add", &v.a, "type", "veth", "peer", "name", &v.b])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !made {
-            eprintln!(
-                "skipped: this machine cannot make a veth pair (`ip link add ... type veth`)"
-            );
-            return None;
-        }
-        // From here `v` deletes the pair however the set-up ends.
-        ip_cmd(&["addr", "add", &format!("{ip}/32"), "dev", &v.a]);
-        v.set(&v.b, true);
-        v.set(&v.a, true);
-        Some(v)
-    }
-
-    /// `ip link set dev END up|down`.
-    pub(crate) fn set(&self, end: &str, up: bool) {
-        ip_cmd(&["link", "set", "dev", end, if up { "up" } else { "down" }]);
-    }
-}
-
-impl Drop for Veth {
-    fn drop(&mut self) {
-        // Deleting one end deletes its peer.
-        let _ = Command::new("ip").args(["link", "del", &self.a]).output();
-    }
-}
-
-fn ip_cmd(args: &[&str]) {
-    let o = Command::new("ip").args(args).output().unwrap();
-    assert!(
-        o.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
+/// Not every test binary that includes this module makes veth pairs.
+#[allow(unused_imports)]
+pub(crate) use colibri_lnet_rt::testing::Veth;

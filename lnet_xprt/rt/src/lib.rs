@@ -134,6 +134,9 @@ mod sock;
 #[allow(unsafe_code)]
 mod splice;
 mod stats;
+#[cfg(feature = "test-util")]
+#[doc(hidden)]
+pub mod testing;
 pub mod yaml;
 
 use std::net::SocketAddr;

@@ -619,72 +619,7 @@ fn link_shown(d: &Daemon, nid: &str) -> (bool, bool) {
     (mine.contains("status: up"), mine.contains("fatal_error: 1"))
 }
 
-/// A veth pair made for one test (`ip link add ... type veth`), its first
-/// end holding `ip`/32; deleted when dropped, on every path. `None` where
-/// the machine cannot make one (no `ip`, no privilege, no veth driver),
-/// having said the test skips.
-struct Veth {
-    a: String,
-    b: String,
-}
-
-impl Veth {
-    fn new(ip: &str) -> Option<Self> {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        // Interface names are at most 15 bytes: "clv" + 5 + 1 + 1 + "a".
-        let base = format!(
-            "clv{}x{}",
-            std::process::id() % 100_000,
-            N.fetch_add(1, Ordering::Relaxed) % 10
-        );
-        let v = Self {
-            a: format!("{base}a"),
-            b: format!("{base}b"),
-        };
-        let made = std::process::Command::new("ip")
-            .args(["link", "add", &v.a, "type", "veth", "peer", "name", &v.b])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if !made {
-            eprintln!(
-                "skipped: this machine cannot make a veth pair (`ip link add ... type veth`)"
-            );
-            return None;
-        }
-        // From here, `v` deletes the pair however the set-up ends.
-        run_ip(&["addr", "add", &format!("{ip}/32"), "dev", &v.a]);
-        v.set(&v.b, true);
-        v.set(&v.a, true);
-        Some(v)
-    }
-
-    fn set(&self, end: &str, up: bool) {
-        run_ip(&["link", "set", "dev", end, if up { "up" } else { "down" }]);
-    }
-}
-
-impl Drop for Veth {
-    fn drop(&mut self) {
-        // Deleting one end deletes its peer.
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", &self.a])
-            .output();
-    }
-}
-
-fn run_ip(args: &[&str]) {
-    let o = std::process::Command::new("ip")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
+use colibri_lnet_rt::testing::Veth;
 
 #[test]
 fn an_ni_on_an_interface_that_goes_down_is_down_at_once() {
@@ -693,7 +628,7 @@ fn an_ni_on_an_interface_that_goes_down_is_down_at_once() {
     // the kernel's link events must do it here, not the next tick (set to
     // a minute, so that only an event can explain a change in time).
     init_tracing();
-    let Some(veth) = Veth::new("127.0.97.1") else {
+    let Some(veth) = Veth::new("127.0.97.1".parse().unwrap()) else {
         return;
     };
     let y = "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 127.0.97.1@tcp\n        - nid: 127.0.97.2@tcp\nglobal:\n    accept_port: 0\n    accept: all\n";
