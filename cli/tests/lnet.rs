@@ -3057,3 +3057,58 @@ fn ipv6_ip2nets_ranges_as_sanity_lnet_checks_them() {
     assert_ne!(o.code, Some(0), "{}", o.stdout);
     assert!(o.stderr.contains("no rule matches"), "{}", o.stderr);
 }
+
+/// sanity-lnet 208 on two veth pairs: the `ip2nets` module parameter
+/// (`colibri lnet run --ip2nets`) as the kernel reads it: one rule, two
+/// rules on two nets, two rules on one net (both NIs, where lnetctl's
+/// `ip2nets:` takes the first rule of a net only), one rule naming both
+/// interfaces with bracketed ranges; naming an interface that is gone
+/// stops the start.
+#[test]
+fn kernel_ip2nets_configurations_as_sanity_lnet_checks_them() {
+    let (ip0, ip1) = ("127.0.97.130", "127.0.97.131");
+    let Some(if0) = Veth::new(ip0.parse().unwrap()) else {
+        return;
+    };
+    let Some(if1) = Veth::new(ip1.parse().unwrap()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = common_free_port(&[ip0.parse().unwrap(), ip1.parse().unwrap()]);
+    let nids = |ip2nets: &str| {
+        let n = Node::start_args(dir.path(), "n", &global(port), &["--ip2nets", ip2nets]);
+        let v = n.json(&["net", "show"]);
+        let mut got: Vec<String> = v["net"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|net| net["local NI(s)"].as_array().cloned().unwrap_or_default())
+            .filter_map(|ni| ni["nid"].as_str().map(str::to_owned))
+            .filter(|nid| nid != "0@lo")
+            .collect();
+        got.sort();
+        got
+    };
+    let (a, b) = (&if0.a, &if1.a);
+    assert_eq!(nids(&format!("tcp({a}) {ip0}")), [format!("{ip0}@tcp")]);
+    assert_eq!(
+        nids(&format!("tcp({a}) {ip0}; tcp1({b}) {ip1}")),
+        [format!("{ip0}@tcp"), format!("{ip1}@tcp1")]
+    );
+    assert_eq!(
+        nids(&format!("tcp({a}) {ip0}; tcp({b}) {ip1}")),
+        [format!("{ip0}@tcp"), format!("{ip1}@tcp")]
+    );
+    let both = format!("tcp({a},{b}) [127,127].[0,0].[97,97].[130,131]");
+    assert_eq!(nids(&both), [format!("{ip0}@tcp"), format!("{ip1}@tcp")]);
+    drop(if1);
+    let cfg = dir.path().join("g.yaml");
+    std::fs::write(&cfg, global(port)).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_colibri"));
+    cmd.args(["lnet", "run", "--config"])
+        .arg(&cfg)
+        .arg("--ctl")
+        .arg(dir.path().join("gone.sock"))
+        .args(["--ip2nets", &both]);
+    assert_fails(&run_bounded(&mut cmd), "no interface");
+}

@@ -489,9 +489,10 @@ impl NodeConf {
     ///   interfaces in parentheses (`tcp0(eth0,eth1),tcp1(eth2)`): an NI
     ///   on each interface; a net without any takes the first interface
     ///   that is up and not `lo`;
-    /// * `ip2nets`: rules as `net add --ip2net` takes them
-    ///   (`Ip2netsRule::parse_list`); not with `networks`, as LNet
-    ///   refuses both at once;
+    /// * `ip2nets`: rules `NETS RANGE...` separated by `;`, as the kernel
+    ///   reads them (`kernel_ip2nets`): the nets of every rule matching an
+    ///   address of this machine, as `networks`; not with `networks`, as
+    ///   LNet refuses both at once;
     /// * `routes`: routes separated by `;`, each a remote net, a hop count
     ///   if any, then gateways, each a NID or a NID range with its
     ///   priority after a colon (`tcp2 2 10.0.0.[1-2]@tcp:1`).
@@ -507,7 +508,7 @@ impl NodeConf {
         ip2nets: Option<&str>,
         routes: Option<&str>,
     ) -> Result<Vec<String>, ConfError> {
-        let mut warn = Vec::new();
+        let warn = Vec::new();
         if networks.is_some() && ip2nets.is_some() {
             return Err(ConfError::invalid(
                 "networks",
@@ -522,9 +523,22 @@ impl NodeConf {
                 )
             })
         };
-        if let Some(n) = networks {
-            let t = ifaces()?;
-            for rule in parse_networks(n)? {
+        // The nets `networks` names, or those of the `ip2nets` rules that
+        // match an address of this machine, as the kernel turns ip2nets
+        // into a networks string.
+        let nets = match (networks, ip2nets) {
+            (Some(n), _) => Some((parse_networks(n)?, ifaces()?)),
+            (None, Some(s)) => {
+                let t = ifaces()?;
+                // No IPv6 table (no IPv6 in this kernel): IPv6 ranges match
+                // nothing.
+                let v6 = crate::sock::link::read_ipv6_addrs().unwrap_or_default();
+                Some((kernel_ip2nets(s, &t, &v6)?, t))
+            }
+            (None, None) => None,
+        };
+        if let Some((rules, t)) = nets {
+            for rule in rules {
                 let chosen = rule
                     .choose(&t, &[])
                     .map_err(|why| ConfError::invalid(&rule.at, why))?;
@@ -538,12 +552,6 @@ impl NodeConf {
                     self.nis.push(ni);
                 }
             }
-        }
-        if let Some(s) = ip2nets {
-            let rules = Ip2netsRule::parse_list(s)?;
-            let have: Vec<Nid> = self.nis.iter().map(|n| n.nid).collect();
-            let nis = resolve_ip2nets(&rules, &have, &mut warn)?;
-            self.nis.extend(nis);
         }
         if let Some(r) = routes {
             self.routes.extend(parse_routes(r)?);
@@ -1522,6 +1530,87 @@ fn parse_networks(s: &str) -> Result<Vec<Ip2netsRule>, ConfError> {
         .collect()
 }
 
+/// The `ip2nets` module parameter as the kernel reads it
+/// (`lnet_match_networks`): rules separated by `;` or new lines, each a
+/// list of nets in the `networks` form (`tcp(eth0),tcp1`) then IP ranges.
+/// A rule matches when an address of an interface that is up is in one
+/// of its ranges (a rule without ranges never does), and the nets of
+/// every rule that matches are configured, in order: unlike lnetctl's
+/// `ip2nets:` rules, two rules may each add NIs on one net (sanity-lnet
+/// 208). The nets are returned as `networks` rules. Unlike the kernel,
+/// which enumerates no loopback interface, `lo`'s addresses count here,
+/// as an NI may be on `lo` (a machine with nothing but loopback can run
+/// a node).
+///
+/// # Errors
+/// A rule that does not parse, a net twice in one rule, no rule matching.
+fn kernel_ip2nets(
+    s: &str,
+    ifaces: &[crate::sock::link::IfAddr],
+    v6: &[(String, std::net::Ipv6Addr)],
+) -> Result<Vec<Ip2netsRule>, ConfError> {
+    let mut out = Vec::new();
+    let mut matched = false;
+    for (i, rule) in s
+        .split([';', '\n'])
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .enumerate()
+    {
+        let at = format!("ip2nets rule {} ('{rule}')", i + 1);
+        // The nets end at the first blank outside parentheses.
+        let mut depth = 0_i32;
+        let end = rule
+            .char_indices()
+            .find(|&(_, c)| {
+                match c {
+                    '(' => depth += 1,
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+                depth == 0 && c.is_whitespace()
+            })
+            .map_or(rule.len(), |(j, _)| j);
+        let (spec, rest) = rule.split_at(end);
+        let nets = parse_networks(spec).map_err(|e| ConfError::invalid(&at, e.to_string()))?;
+        for (j, n) in nets.iter().enumerate() {
+            if nets[..j].iter().any(|m| m.net == n.net) {
+                return Err(ConfError::invalid(
+                    &at,
+                    format!("{} twice in one rule", n.net),
+                ));
+            }
+        }
+        let net = nets[0].net;
+        let ranges = rest
+            .split_whitespace()
+            .map(|r| {
+                IpRange::parse(r, net).ok_or_else(|| {
+                    ConfError::invalid(
+                        &at,
+                        format!("'{r}' is not an IPv4 range or an IPv6 address"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let hit = ifaces
+            .iter()
+            .filter(|i| i.up)
+            .any(|i| ranges.iter().any(|r| r.holds(net, &i.name, i.addr, v6)));
+        if hit {
+            matched = true;
+            out.extend(nets);
+        }
+    }
+    if !matched {
+        return Err(ConfError::invalid(
+            "ip2nets",
+            "the rules match no address of an interface that is up",
+        ));
+    }
+    Ok(out)
+}
+
 /// The `routes` module parameter: `NET [HOPS] GATEWAY[:PRIORITY] ...`,
 /// routes separated by `;`, a gateway a NID or a NID range
 /// (`10.0.0.[1-3]@tcp`).
@@ -2373,6 +2462,54 @@ global:
         ] {
             let e = nis(spec, &[]).unwrap_err().to_string();
             assert!(e.contains(want), "{spec}: {e}");
+        }
+    }
+
+    /// sanity-lnet 208: the `ip2nets` module parameter configures the
+    /// nets of every rule that matches an address of this machine (two
+    /// rules may each put an NI on one net), a rule matching any address
+    /// even through an interface it does not name.
+    #[test]
+    fn the_ip2nets_module_parameter_is_read_as_the_kernel_reads_it() {
+        use crate::sock::link::tests::ifa;
+        let set = [
+            ifa("lo", "127.0.0.1", "255.0.0.0", true, true),
+            ifa("eth1", "10.2.0.5", "255.255.0.0", true, false),
+            ifa("eth2", "10.3.0.7", "255.255.0.0", true, false),
+            ifa("eth3", "10.4.0.9", "255.255.0.0", false, false),
+        ];
+        let nets = |s: &str| {
+            kernel_ip2nets(s, &set, &[]).map(|v| {
+                v.iter()
+                    .map(|r| format!("{}({})", r.net, r.names.join(",")))
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(
+            nets("tcp(eth1) 10.2.0.5; tcp(eth2) 10.3.0.7").unwrap(),
+            ["tcp(eth1)", "tcp(eth2)"]
+        );
+        assert_eq!(
+            nets("tcp(eth1,eth2) [10,10].[2,3].0.[5,7]").unwrap(),
+            ["tcp(eth1,eth2)"]
+        );
+        assert_eq!(
+            nets("tcp(eth1),tcp1 10.3.*.*\ntcp2 10.9.*.*; tcp3 10.9.0.1 10.2.0.[1-9]").unwrap(),
+            ["tcp(eth1)", "tcp1()", "tcp3()"]
+        );
+        // An interface that is down has no address to match; a rule
+        // without ranges matches nothing.
+        for s in ["tcp 10.4.0.9", "tcp(eth1)", "tcp 10.9.9.9"] {
+            let e = nets(s).unwrap_err().to_string();
+            assert!(e.contains("match no address"), "{s}: {e}");
+        }
+        for (s, want) in [
+            ("tcp,tcp(eth1) 10.2.0.5", "tcp twice in one rule"),
+            ("tcp(eth1 10.2.0.5", "unbalanced"),
+            ("tcp 10.2.0", "not an IPv4 range"),
+        ] {
+            let e = nets(s).unwrap_err().to_string();
+            assert!(e.contains(want), "{s}: {e}");
         }
     }
 
