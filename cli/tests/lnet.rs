@@ -3112,3 +3112,94 @@ fn kernel_ip2nets_configurations_as_sanity_lnet_checks_them() {
         .args(["--ip2nets", &both]);
     assert_fails(&run_bounded(&mut cmd), "no interface");
 }
+
+/// The TCP sockets (`/proc/net/tcp`) in `state` (`01` established, `0A`
+/// listening) whose local end is `ip:port`.
+fn sockets_at(ip: std::net::Ipv4Addr, port: u16, state: &str) -> usize {
+    let want = format!("{:08X}:{port:04X}", u32::from(ip).swap_bytes());
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1] == want && f[3] == state
+        })
+        .count()
+}
+
+/// sanity-lnet 291: with `accept_port_bulk` (Lustre 2.17's module
+/// parameter, here `global: accept_port_bulk:`) a node listens on both
+/// ports and its BULK_IN and BULK_OUT connections go to the bulk port,
+/// CONTROL ones to `accept_port`; a node pinging itself and another
+/// node both work, `global show` and `export` show the port.
+#[test]
+fn bulk_connections_use_accept_port_bulk_as_sanity_lnet_checks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nid1, nid2) = ("127.0.86.1@tcp", "127.0.86.2@tcp");
+    let (ip1, ip2) = (ip_of(nid1), ip_of(nid2));
+    let port = common_free_port(&[ip1, ip2]);
+    let bulk = common_free_port(&[ip1, ip2]);
+    assert_ne!(port, bulk);
+    let yaml = |nid: &str| {
+        format!(
+            "net:\n{}{}    accept_port_bulk: {bulk}\n",
+            ni("tcp", nid),
+            global(port)
+        )
+    };
+    let a = Node::start(dir.path(), "a", &yaml(nid1));
+    let b = Node::start(dir.path(), "b", &yaml(nid2));
+    assert!(
+        a.ok(&["global", "show"])
+            .contains(&format!("accept_port_bulk: {bulk}\n")),
+        "{}",
+        a.ok(&["global", "show"])
+    );
+    assert!(
+        a.ok(&["export"])
+            .contains(&format!("accept_port_bulk: {bulk}\n"))
+    );
+    for ip in [ip1, ip2] {
+        assert_eq!(sockets_at(ip, port, "0A"), 1, "listening at {ip}:{port}");
+        assert_eq!(sockets_at(ip, bulk, "0A"), 1, "listening at {ip}:{bulk}");
+    }
+    // Itself (through the loopback LND here), then the other node: a
+    // CONTROL connection at its port, a BULK_IN and a BULK_OUT at its
+    // bulk port.
+    a.ok(&["ping", nid1]);
+    a.ok(&["ping", nid2]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sockets_at(ip2, bulk, "01") < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        sockets_at(ip2, bulk, "01"),
+        2,
+        "bulk connections at {ip2}:{bulk}"
+    );
+    assert_eq!(
+        sockets_at(ip2, port, "01"),
+        1,
+        "control connection at {ip2}:{port}"
+    );
+    // Data moves over them: 1 MiB selftest writes.
+    let o = a.ok(&[
+        "--json",
+        "selftest",
+        "brw",
+        "--to",
+        nid2,
+        "--size",
+        "1M",
+        "--duration",
+        "1",
+        "--write",
+    ]);
+    let last: serde_json::Value =
+        serde_json::from_str(o.lines().last().unwrap_or_default()).unwrap();
+    let s = &last["selftest"];
+    assert!(s["rpcs"].as_u64().unwrap_or(0) > 0, "{o}");
+    assert_eq!(s["errors"].as_u64(), Some(0), "{o}");
+    b.ok(&["ping", nid1]);
+}

@@ -259,6 +259,9 @@ pub struct NodeConf {
     pub global: BTreeMap<String, i64>,
     /// `global: accept_port:` (988).
     pub accept_port: Option<u16>,
+    /// `global: accept_port_bulk:` (Lustre 2.17's module parameter: the
+    /// port of bulk connections; none: `accept_port`).
+    pub accept_port_bulk: Option<u16>,
     /// `global: accept:` `secure|all|none` (Lustre's module parameter).
     pub accept: Option<AcceptPolicy>,
     /// `udsp:` selection policies, in index order.
@@ -422,6 +425,7 @@ impl NodeConf {
             buffers: [None; 3],
             global: BTreeMap::new(),
             accept_port: None,
+            accept_port_bulk: None,
             accept: None,
             udsp: Vec::new(),
         }
@@ -805,6 +809,10 @@ impl NodeConf {
                     self.accept_port =
                         Some(u16::try_from(uint(v, &at, u64::from(u16::MAX))?).unwrap_or(0));
                 }
+                "accept_port_bulk" => {
+                    self.accept_port_bulk =
+                        Some(u16::try_from(uint(v, &at, u64::from(u16::MAX))?).unwrap_or(0));
+                }
                 "accept" => {
                     self.accept = Some(match text(v, &at)?.as_str() {
                         "secure" => AcceptPolicy::Secure,
@@ -851,6 +859,7 @@ impl NodeConf {
         let mut cfg = LnetConfig::new(&nids);
         cfg.node.nis = self.nis.iter().map(NiConf::to_ni_config).collect();
         cfg.accept_port = self.accept_port.unwrap_or(DEFAULT_ACCEPT_PORT);
+        cfg.accept_port_bulk = self.accept_port_bulk;
         if let Some(a) = self.accept {
             cfg.accept = a;
         }
@@ -1025,6 +1034,8 @@ impl NodeConf {
             buffers: [Some(rb.tiny), Some(rb.small), Some(rb.large)],
             global,
             accept_port: Some(accept_port),
+            // The daemon knows it (`Daemon::export`).
+            accept_port_bulk: None,
             accept: Some(accept),
             udsp: node.udsp().rules().to_vec(),
         }
@@ -1126,6 +1137,9 @@ impl NodeConf {
         }
         if let Some(p) = self.accept_port {
             g.push("accept_port", p);
+        }
+        if let Some(p) = self.accept_port_bulk {
+            g.push("accept_port_bulk", p);
         }
         if let Some(a) = self.accept {
             g.push("accept", accept_name(a));
@@ -2107,7 +2121,10 @@ global:
                 prop::option::of(1u32..5000),
             ],
             prop::collection::btree_map(0usize..GLOBALS.len(), 1i64..100, 0..5),
-            prop::option::of(any::<u16>()),
+            (
+                prop::option::of(any::<u16>()),
+                prop::option::of(any::<u16>()),
+            ),
             prop::option::of(prop_oneof![
                 Just(AcceptPolicy::Secure),
                 Just(AcceptPolicy::All),
@@ -2115,7 +2132,8 @@ global:
             ]),
         )
             .prop_map(
-                move |(nis, peers, routes, routing, buffers, global, accept_port, accept)| {
+                move |(nis, peers, routes, routing, buffers, global, ports, accept)| {
+                    let (accept_port, accept_port_bulk) = ports;
                     let mut used = std::collections::HashSet::new();
                     NodeConf {
                         nis: nis
@@ -2180,6 +2198,7 @@ global:
                             })
                             .collect(),
                         accept_port,
+                        accept_port_bulk,
                         accept,
                         // A priority rule on a net of each NI, and a
                         // pair rule: the export writes them back.

@@ -39,6 +39,15 @@ pub struct LnetConfig {
     /// [`crate::Lnet::listen_addr`]); peers are then reached through
     /// [`LnetConfig::peers`] or [`crate::Lnet::set_peer_addr`].
     pub accept_port: u16,
+    /// `accept_port_bulk` (Lustre 2.17): the port BULK_IN and BULK_OUT
+    /// connections are made to and accepted on, CONTROL ones staying on
+    /// `accept_port`; an NI then listens on both. `None` (the default):
+    /// `accept_port` for every connection, one listener. (Lustre's
+    /// default is 988 whatever `accept_port` is: with both at their
+    /// defaults, the same.) Peers given an address
+    /// ([`LnetConfig::peers`], [`crate::Lnet::set_peer_addr`]) are
+    /// connected there for every type.
+    pub accept_port_bulk: Option<u16>,
     /// Listen address per NI, overriding `ip:accept_port`.
     pub listen: HashMap<Nid, SocketAddr>,
     /// Where to connect to a peer NID, overriding `ip:accept_port`.
@@ -107,6 +116,7 @@ impl LnetConfig {
             tcp: Tunables::default(),
             accept: AcceptPolicy::Secure,
             accept_port: DEFAULT_ACCEPT_PORT,
+            accept_port_bulk: None,
             listen: HashMap::new(),
             peers: HashMap::new(),
             reserved_ports: true,

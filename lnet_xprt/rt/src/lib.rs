@@ -376,6 +376,7 @@ impl Lnet {
             tun: cfg.tcp.clone(),
             accept: cfg.accept,
             accept_port: cfg.accept_port,
+            accept_port_bulk: cfg.accept_port_bulk,
             accept_timeout: cfg.accept_timeout,
             reserved_ports: cfg.reserved_ports,
             pid: cfg.node.pid,

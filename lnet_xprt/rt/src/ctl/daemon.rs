@@ -74,6 +74,7 @@ struct State {
     /// Global settings recorded without effect here.
     extra: BTreeMap<String, i64>,
     accept_port: u16,
+    accept_port_bulk: Option<u16>,
     accept: AcceptPolicy,
     conns_per_peer: u32,
     faults: Vec<FaultEntry>,
@@ -441,8 +442,9 @@ impl Daemon {
         }
         let mut cfg = conf.to_lnet_config();
         tune(&mut cfg);
-        let (accept_port, accept, cpp) = (
+        let (accept_port, accept_port_bulk, accept, cpp) = (
             cfg.accept_port,
+            cfg.accept_port_bulk,
             cfg.accept,
             cfg.tcp.conns_per_peer_for_speed(None),
         );
@@ -477,6 +479,7 @@ impl Daemon {
             st: Mutex::new(State {
                 extra,
                 accept_port,
+                accept_port_bulk,
                 accept,
                 conns_per_peer: cpp,
                 faults: Vec::new(),
@@ -521,16 +524,18 @@ impl Daemon {
     #[must_use]
     pub fn export(&self) -> NodeConf {
         let st = self.st.lock();
-        let (extra, cpp, port, acc) = (
+        let (extra, cpp, port, bulk, acc) = (
             st.extra.clone(),
             st.conns_per_peer,
             st.accept_port,
+            st.accept_port_bulk,
             st.accept,
         );
         drop(st);
         let mut conf = self
             .lnet
             .with_node(|n| NodeConf::of_node(n, cpp, port, acc, &extra));
+        conf.accept_port_bulk = bulk;
         // The socket LND's, which `net set --conns-per-peer` changes.
         let interfaces = self.interfaces();
         for ni in &mut conf.nis {
@@ -1460,6 +1465,8 @@ impl Daemon {
             "accept_port",
             conf.accept_port.unwrap_or(conf::DEFAULT_ACCEPT_PORT),
         );
+        let port = conf.accept_port.unwrap_or(conf::DEFAULT_ACCEPT_PORT);
+        g.push("accept_port_bulk", conf.accept_port_bulk.unwrap_or(port));
         g.push("accept", conf::accept_name(conf.accept.unwrap_or_default()));
         Doc::map().with("global", g)
     }
@@ -1864,10 +1871,12 @@ impl Daemon {
         }
         if c.accept_port
             .is_some_and(|p| p != self.st.lock().accept_port)
+            || c.accept_port_bulk
+                .is_some_and(|p| Some(p) != self.st.lock().accept_port_bulk)
             || c.accept.is_some_and(|a| a != self.st.lock().accept)
         {
             warn.push(
-                "global: accept_port and accept are set when the node starts; unchanged".into(),
+                "global: accept_port, accept_port_bulk and accept are set when the node starts; unchanged".into(),
             );
         }
         for p in &c.peers {

@@ -477,7 +477,7 @@ fn connect_one(
     peer: Nid,
     ctype: ConnType,
 ) -> Result<(TcpStream, ReceivedHello), Fail> {
-    let Some(to) = lnd.peer_addr(peer) else {
+    let Some(to) = lnd.peer_addr(peer, ctype) else {
         return Err(Fail::Sock(
             SocketError::HostUnreachable,
             format!("no address for {peer}"),

@@ -53,6 +53,8 @@ pub(crate) struct SockCfg {
     pub(crate) tun: Tunables,
     pub(crate) accept: AcceptPolicy,
     pub(crate) accept_port: u16,
+    /// `LnetConfig::accept_port_bulk`.
+    pub(crate) accept_port_bulk: Option<u16>,
     pub(crate) accept_timeout: Duration,
     pub(crate) reserved_ports: bool,
     pub(crate) pid: Pid,
@@ -193,10 +195,14 @@ pub(crate) struct SockNi {
     pub(crate) local: LocalEnd,
     pub(crate) listen: Option<SocketAddr>,
     peers: Mutex<NidMap<Peer>>,
-    /// The listener it accepts on, shared with the other NIs on the same
-    /// address (`tcp` and `tcp1` on one interface: Lustre's one acceptor
+    /// Where it accepts bulk connections, when that is another port
+    /// (`accept_port_bulk`).
+    pub(crate) bulk_listen: Option<SocketAddr>,
+    /// The listeners it accepts on (its port, then its bulk port if that
+    /// is another), each shared with the other NIs on the same address
+    /// (`tcp` and `tcp1` on one interface: Lustre's one acceptor
     /// dispatches by the connection request's NID).
-    listener: Option<Arc<Listener>>,
+    listeners: Vec<Arc<Listener>>,
     /// The NI was deleted.
     pub(crate) deleted: AtomicBool,
     /// `conns_per_peer` of this NI (BULK_IN/BULK_OUT pairs per peer),
@@ -240,6 +246,9 @@ pub(crate) struct Listener {
     /// socket, so that the address can be bound again at once.
     closed: (Sender<()>, Receiver<()>),
 }
+
+/// A listener just bound: what its acceptor thread takes.
+type NewAcceptor = (mio::Poll, std::net::TcpListener, Arc<Listener>);
 
 /// A scheduler as seen from outside.
 pub(crate) struct SchedHandle {
@@ -450,9 +459,52 @@ impl SockLnd {
         })
     }
 
+    /// The listener on `addr`: the one another NI bound there (two nets
+    /// on one interface), or a new one with what its acceptor thread
+    /// needs, entered in `listeners` unless its port is any (0).
+    fn listener_at(
+        listeners: &mut HashMap<SocketAddr, Arc<Listener>>,
+        addr: SocketAddr,
+        nid: Nid,
+    ) -> Result<(Arc<Listener>, Option<NewAcceptor>), LnetError> {
+        if let Some(l) = listeners.get(&addr).filter(|_| addr.port() != 0) {
+            l.users.fetch_add(1, Ordering::AcqRel);
+            return Ok((l.clone(), None));
+        }
+        let l = handshake::listener(addr)?;
+        let bound = l.local_addr().map_err(|source| LnetError::Io {
+            what: format!("listener of {nid}"),
+            source,
+        })?;
+        let poll = mio::Poll::new().map_err(|source| LnetError::Io {
+            what: "creating a poll instance".into(),
+            source,
+        })?;
+        let waker = Arc::new(
+            mio::Waker::new(poll.registry(), handshake::ACCEPT_WAKER).map_err(|source| {
+                LnetError::Io {
+                    what: "creating a waker".into(),
+                    source,
+                }
+            })?,
+        );
+        let shared = Arc::new(Listener {
+            addr: bound,
+            waker,
+            users: AtomicUsize::new(1),
+            stop: AtomicBool::new(false),
+            closed: crossbeam_channel::bounded(1),
+        });
+        if addr.port() != 0 {
+            listeners.insert(addr, shared.clone());
+        }
+        Ok((shared.clone(), Some((poll, l, shared))))
+    }
+
     /// Adds a `tcp` NI: binds its listener (unless `accept=none`), or
     /// shares the one already bound to its address by another NI (two
-    /// nets on one interface).
+    /// nets on one interface), and its bulk listener if
+    /// `accept_port_bulk` is another port.
     pub(crate) fn add_ni(
         self: &Arc<Self>,
         nid: Nid,
@@ -464,46 +516,38 @@ impl SockLnd {
         let ip = Ipv4Addr::from(nid.addr());
         let addr =
             listen.unwrap_or_else(|| SocketAddr::V4(SocketAddrV4::new(ip, self.cfg.accept_port)));
-        let mut new_acceptor = None;
+        // Bulk connections on a port of their own (Lustre's
+        // `accept_port_bulk`), on the same IP.
+        let bulk_addr = self
+            .cfg
+            .accept_port_bulk
+            .filter(|p| *p != addr.port() || *p == 0)
+            .map(|p| SocketAddr::new(addr.ip(), p));
+        let mut new_acceptors = Vec::new();
         // Held until the NI is in the table, so that a delete of the
         // last NI on a listener cannot stop it under a new user.
         let mut listeners = self.listeners.lock();
-        let listener = if !self.cfg.accept.listens() {
-            None
-        } else if let Some(l) = listeners.get(&addr).filter(|_| addr.port() != 0) {
-            l.users.fetch_add(1, Ordering::AcqRel);
-            Some(l.clone())
-        } else {
-            let l = handshake::listener(addr)?;
-            let bound = l.local_addr().map_err(|source| LnetError::Io {
-                what: format!("listener of {nid}"),
-                source,
-            })?;
-            let poll = mio::Poll::new().map_err(|source| LnetError::Io {
-                what: "creating a poll instance".into(),
-                source,
-            })?;
-            let waker = Arc::new(
-                mio::Waker::new(poll.registry(), handshake::ACCEPT_WAKER).map_err(|source| {
-                    LnetError::Io {
-                        what: "creating a waker".into(),
-                        source,
+        let mut mine: Vec<Arc<Listener>> = Vec::new();
+        if self.cfg.accept.listens() {
+            for at in std::iter::once(addr).chain(bulk_addr) {
+                match Self::listener_at(&mut listeners, at, nid) {
+                    Ok((l, new)) => {
+                        mine.push(l);
+                        new_acceptors.extend(new);
                     }
-                })?,
-            );
-            let shared = Arc::new(Listener {
-                addr: bound,
-                waker,
-                users: AtomicUsize::new(1),
-                stop: AtomicBool::new(false),
-                closed: crossbeam_channel::bounded(1),
-            });
-            if addr.port() != 0 {
-                listeners.insert(addr, shared.clone());
+                    Err(e) => {
+                        // The control listener taken above is given back.
+                        for l in mine {
+                            if l.users.fetch_sub(1, Ordering::AcqRel) == 1 {
+                                listeners.retain(|_, x| !Arc::ptr_eq(x, &l));
+                            }
+                        }
+                        return Err(e);
+                    }
+                }
             }
-            new_acceptor = Some((poll, l, shared.clone()));
-            Some(shared)
-        };
+        }
+        let listener = mine.first().cloned();
         let bound = listener.as_ref().map_or(addr, |l| l.addr);
         let ni = Arc::new(SockNi {
             nid,
@@ -513,8 +557,9 @@ impl SockLnd {
                 incarnation,
             },
             listen: listener.as_ref().map(|l| l.addr),
+            bulk_listen: mine.get(1).map(|l| l.addr),
             peers: Mutex::new(NidMap::default()),
-            listener,
+            listeners: mine,
             deleted: AtomicBool::new(false),
             conns_per_peer: AtomicU32::new(if conns_per_peer == 0 {
                 self.cfg.conns_per_peer
@@ -530,17 +575,20 @@ impl SockLnd {
         });
         self.nis.write().insert(nid, ni);
         drop(listeners);
-        if let Some((poll, l, shared)) = new_acceptor {
+        let fresh = !new_acceptors.is_empty();
+        for (poll, l, shared) in new_acceptors {
             self.poll_wakers.lock().push(shared.waker.clone());
             let me = self.clone();
+            let at = shared.addr;
             let t = spawn(&format!("acceptor_{ip}"), move || {
                 // It owns the socket: closed when it returns.
                 handshake::acceptor(&me, &shared, poll, l);
                 let _ = shared.closed.0.try_send(());
             })?;
             self.threads.lock().push(t);
-            tracing::info!(target: TARGET, %nid, %bound, "socket LND listening");
-        } else if self.cfg.accept.listens() {
+            tracing::info!(target: TARGET, %nid, %at, "socket LND listening");
+        }
+        if !fresh && self.cfg.accept.listens() {
             tracing::info!(target: TARGET, %nid, %bound,
                 "socket LND listening (a listener shared with another NI)");
         }
@@ -553,7 +601,7 @@ impl SockLnd {
             return;
         };
         ni.deleted.store(true, Ordering::Release);
-        if let Some(l) = &ni.listener {
+        for l in &ni.listeners {
             let mut listeners = self.listeners.lock();
             if l.users.fetch_sub(1, Ordering::AcqRel) == 1 {
                 l.stop.store(true, Ordering::Release);
@@ -611,20 +659,28 @@ impl SockLnd {
         self.peer_addrs.write().insert(nid, addr);
     }
 
-    /// Where to connect to `peer`.
-    pub(crate) fn peer_addr(&self, peer: Nid) -> Option<SocketAddr> {
+    /// Where to connect to `peer` for a connection of type `ctype`: a
+    /// CONTROL connection at `accept_port`, the others at
+    /// `accept_port_bulk` (the same unless set), as Lustre's
+    /// `lnet_connect`. An address given for the peer
+    /// ([`SockLnd::set_peer_addr`]) serves every type.
+    pub(crate) fn peer_addr(&self, peer: Nid, ctype: ConnType) -> Option<SocketAddr> {
         if let Some(a) = self.peer_addrs.read().get(&peer) {
             return Some(*a);
         }
+        let control = ctype == ConnType::Control;
         // One of our own NIs (a node talking to itself, as Lustre's does
         // through its LND): where it listens, whatever the port.
-        if let Some(a) = self.ni(peer).and_then(|n| n.listen) {
-            return Some(a);
+        if let Some(n) = self.ni(peer) {
+            let at = if control { None } else { n.bulk_listen };
+            if let Some(a) = at.or(n.listen) {
+                return Some(a);
+            }
         }
-        let port = if self.cfg.accept_port == 0 {
-            colibri_lnet::socklnd::acceptor::DEFAULT_ACCEPT_PORT
-        } else {
-            self.cfg.accept_port
+        let port = match self.cfg.accept_port_bulk {
+            Some(p) if !control && p != 0 => p,
+            _ if self.cfg.accept_port == 0 => colibri_lnet::socklnd::acceptor::DEFAULT_ACCEPT_PORT,
+            _ => self.cfg.accept_port,
         };
         Some(SocketAddr::V4(SocketAddrV4::new(
             Ipv4Addr::from(peer.addr()),
