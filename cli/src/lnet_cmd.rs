@@ -157,6 +157,10 @@ enum LnetCmd {
         /// --exec`.
         #[arg(short = 'e', long, conflicts_with_all = ["add", "del"])]
         exec: bool,
+        /// lnetctl's "do not use netlink" (for its tests): accepted, no
+        /// effect (there is one control protocol here).
+        #[arg(short = 'o', long = "old-api")]
+        old_api: bool,
     },
     /// Fault injection rules (`lctl net_drop_*`, `net_delay_*`).
     #[command(subcommand)]

@@ -3203,3 +3203,116 @@ fn bulk_connections_use_accept_port_bulk_as_sanity_lnet_checks_it() {
     assert_eq!(s["errors"].as_u64(), Some(0), "{o}");
     b.ok(&["ping", nid1]);
 }
+
+/// sanity-lnet 170 on lo and a veth: the LND tunables of a file are each
+/// NI's own, the LNet tunables (`tunables:`) are the net's, taken from
+/// its first NI (a later NI bringing others gets the net's, with
+/// Lustre's warning), and `tunables:`/`lnd tunables:` beside `local
+/// NI(s)` serve every NI that gives none. `import --old-api` is taken.
+#[test]
+fn tunables_of_a_net_as_sanity_lnet_checks_them() {
+    let ip = "127.0.97.140";
+    let Some(veth) = Veth::new(ip.parse().unwrap()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let nid0 = "127.0.97.141@tcp9";
+    let port = common_free_port(&[
+        ip_of(nid0),
+        ip.parse().unwrap(),
+        "127.0.0.1".parse().unwrap(),
+    ]);
+    let n = Node::start(
+        dir.path(),
+        "n",
+        &format!("net:\n{}{}", ni("tcp9", nid0), global(port)),
+    );
+    let import = |yaml: &str| {
+        n.ok(&["lnet", "unconfigure"]);
+        n.ok(&["lnet", "configure"]);
+        let o = lnet_stdin(Some(&n.ctl), &["import", "--old-api"], yaml);
+        assert_eq!(o.code, Some(0), "{yaml}: {}{}", o.stdout, o.stderr);
+        (n.ok(&["export", "--backup"]), o.stderr)
+    };
+    let count = |text: &str, what: &str| text.matches(what).count();
+    let ni2 = |a: &str, b: &str| {
+        format!(
+            "net:\n-     net type: tcp\n      local NI(s):\n        - interfaces:\n                0: lo\n{a}        - interfaces:\n                0: {}\n{b}",
+            veth.a
+        )
+    };
+    let lnd = |c: u32| {
+        format!(
+            "          lnd tunables:\n                conns_per_peer: {c}\n                tos: -1\n"
+        )
+    };
+    let tun = |t: u32| {
+        format!(
+            "          tunables:\n                peer_timeout: {t}\n                peer_credits: 8\n                peer_buffer_credits: 0\n                credits: 256\n"
+        )
+    };
+    // LND tunables per NI.
+    let (e, _) = import(&ni2(&lnd(5), &lnd(3)));
+    assert_eq!(
+        (
+            count(&e, "conns_per_peer: 5"),
+            count(&e, "conns_per_peer: 3")
+        ),
+        (1, 1),
+        "{e}"
+    );
+    // The first NI gives none: the net's are the defaults; the second's
+    // LND tunables are its own, its LNet tunables the net's, with a
+    // warning.
+    let (e, warn) = import(&ni2("", &format!("{}{}", tun(181), lnd(3))));
+    assert_eq!(count(&e, "peer_timeout: 181"), 0, "{e}");
+    assert_eq!(count(&e, "peer_timeout: 180"), 2, "{e}");
+    assert_eq!(count(&e, "conns_per_peer: 3"), 1, "{e}");
+    assert!(
+        warn.contains("all tunables of NIs of a net should be the same"),
+        "{warn}"
+    );
+    // Given beside the NIs: both take them.
+    let net_level = format!(
+        "{}{}",
+        ni2("", ""),
+        "      tunables:\n            peer_timeout: 182\n            peer_credits: 8\n            peer_buffer_credits: 0\n            credits: 256\n      lnd tunables:\n            conns_per_peer: 3\n            tos: -1\n"
+    );
+    let (e, _) = import(&net_level);
+    assert_eq!(count(&e, "peer_timeout: 182"), 2, "{e}");
+    assert_eq!(count(&e, "conns_per_peer: 3"), 2, "{e}");
+    // Different LNet tunables on the two: the first's, and the warning.
+    let (e, warn) = import(&ni2(&tun(182), &tun(183)));
+    assert_eq!(count(&e, "peer_timeout: 182"), 2, "{e}");
+    assert!(warn.contains("should be the same"), "{warn}");
+    // `net add` to a net that exists: the net's tunables too.
+    n.ok(&[
+        "net",
+        "add",
+        "--net",
+        "tcp2",
+        "--if",
+        "lo",
+        "--peer-timeout",
+        "190",
+    ]);
+    n.ok(&[
+        "net",
+        "add",
+        "--net",
+        "tcp2",
+        "--if",
+        &veth.a,
+        "--peer-timeout",
+        "191",
+    ]);
+    let e = n.ok(&["export", "--backup"]);
+    assert_eq!(
+        (
+            count(&e, "peer_timeout: 190"),
+            count(&e, "peer_timeout: 191")
+        ),
+        (2, 0),
+        "{e}"
+    );
+}

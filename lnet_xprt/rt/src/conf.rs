@@ -140,6 +140,34 @@ pub struct NiConf {
 }
 
 impl NiConf {
+    /// Gives `other` (an NI of the same net) this NI's LNet tunables
+    /// (`credits`, `peer_credits`, `peer_buffer_credits`,
+    /// `peer_timeout`): Lustre keeps them per net, from the net's first
+    /// NI, and warns that "all tunables of NIs of a net should be the
+    /// same" when a later NI brings others. The LND's (`conns_per_peer`,
+    /// `tos`) stay the NI's own. Returns whether `other`'s changed.
+    pub fn take_net_tunables(&self, other: &mut Self) -> bool {
+        let mine = (
+            self.credits,
+            self.peer_credits,
+            self.peer_buffer_credits,
+            self.peer_timeout,
+        );
+        let theirs = (
+            other.credits,
+            other.peer_credits,
+            other.peer_buffer_credits,
+            other.peer_timeout,
+        );
+        (
+            other.credits,
+            other.peer_credits,
+            other.peer_buffer_credits,
+            other.peer_timeout,
+        ) = mine;
+        mine != theirs
+    }
+
     /// An NI with Lustre's default tunables (the node's, [`NiConfig::new`])
     /// and no interface named.
     #[must_use]
@@ -589,10 +617,15 @@ impl NodeConf {
             let at = at_idx("", "net", i);
             let mut net_type = None;
             let mut nis = None;
+            let mut defaults = NetDefaults::default();
             for (k, v) in entries(net, &at)? {
                 match k.as_str() {
                     "net type" => net_type = Some(parse_net(&text(v, &at_key(&at, k))?, &at)?),
                     "local NI(s)" => nis = Some(v),
+                    // Tunables of the net: those of each NI that gives
+                    // none of its own (sanity-lnet 170).
+                    "tunables" => defaults.tunables = Some((v, at_key(&at, k))),
+                    "lnd tunables" => defaults.lnd = Some((v, at_key(&at, k))),
                     other => return Err(unknown(&at, other)),
                 }
             }
@@ -616,9 +649,17 @@ impl NodeConf {
                 .enumerate()
             {
                 let at = at_idx(&at, "local NI(s)", j);
-                for n in read_ni(ni, &at, net_type, warn)? {
+                for mut n in read_ni(ni, &at, net_type, &defaults, warn)? {
                     if self.nis.iter().any(|x| x.nid == n.nid) {
                         return Err(ConfError::invalid(&at, format!("{} given twice", n.nid)));
+                    }
+                    if let Some(first) = self.nis.iter().find(|x| x.nid.net() == net_type)
+                        && first.take_net_tunables(&mut n)
+                    {
+                        warn.push(format!(
+                            "{at}: all tunables of NIs of a net should be the same: {} takes those of {} (the net's)",
+                            n.nid, first.nid
+                        ));
                     }
                     self.nis.push(n);
                 }
@@ -1756,6 +1797,14 @@ fn resolve_ip2nets_in(
     Ok(out)
 }
 
+/// The tunables a `net` entry gives its NIs (`tunables:`, `lnd
+/// tunables:` beside `local NI(s)`), with where they were read.
+#[derive(Default)]
+struct NetDefaults<'a> {
+    tunables: Option<(&'a Doc, String)>,
+    lnd: Option<(&'a Doc, String)>,
+}
+
 /// One entry of `local NI(s)`: one NI, or, given by `interfaces` alone,
 /// one NI on each interface named (sanity-lnet 450), the tunables the
 /// same for all.
@@ -1763,13 +1812,36 @@ fn read_ni(
     ni: &Doc,
     at: &str,
     net_type: Net,
+    defaults: &NetDefaults<'_>,
     warn: &mut Vec<String>,
 ) -> Result<Vec<NiConf>, ConfError> {
     let mut n = NiConf::new(Nid::ANY);
     let mut have_nid = false;
     let mut interfaces: Option<Vec<String>> = None;
-    for (k, v) in entries(ni, at)? {
-        let kat = at_key(at, k);
+    let own = |key: &str| ni.get(key).is_some();
+    let mut items: Vec<(String, &Doc)> = entries(ni, at)?
+        .iter()
+        .map(|(k, v)| (k.clone(), v))
+        .collect();
+    // The net's tunables where the NI gives none.
+    let mut net_at = Vec::new();
+    for (key, d) in [
+        ("tunables", &defaults.tunables),
+        ("lnd tunables", &defaults.lnd),
+    ] {
+        if let Some((v, kat)) = d
+            && !own(key)
+        {
+            items.push((key.to_owned(), v));
+            net_at.push((key, kat.clone()));
+        }
+    }
+    for (k, v) in items {
+        let k = &k;
+        let kat = net_at
+            .iter()
+            .find(|(key, _)| *key == k.as_str())
+            .map_or_else(|| at_key(at, k), |(_, kat)| kat.clone());
         match k.as_str() {
             "nid" => {
                 n.nid = parse_nid(&text(v, &kat)?, &kat)?;
@@ -2136,26 +2208,28 @@ global:
                     let (accept_port, accept_port_bulk) = ports;
                     let mut used = std::collections::HashSet::new();
                     NodeConf {
-                        nis: nis
-                            .into_iter()
-                            .enumerate()
-                            .map(
-                                |(i, (second, credits, peer_credits, conns_per_peer))| NiConf {
-                                    peer_buffer_credits: credits % 3,
-                                    nid: nid(
-                                        u8::try_from(i).unwrap(),
-                                        if second { "tcp1" } else { "tcp" },
-                                    ),
-                                    credits,
-                                    peer_credits,
-                                    conns_per_peer,
-                                    tos: (credits % 5 == 0)
-                                        .then(|| i32::try_from(credits % 256).unwrap_or(0)),
-                                    peer_timeout: credits % 200,
-                                    interface: None,
-                                },
-                            )
-                            .collect(),
+                        // A net's LNet tunables are its first NI's.
+                        nis: per_net_tunables(
+                            nis.into_iter()
+                                .enumerate()
+                                .map(|(i, (second, credits, peer_credits, conns_per_peer))| {
+                                    NiConf {
+                                        peer_buffer_credits: credits % 3,
+                                        nid: nid(
+                                            u8::try_from(i).unwrap(),
+                                            if second { "tcp1" } else { "tcp" },
+                                        ),
+                                        credits,
+                                        peer_credits,
+                                        conns_per_peer,
+                                        tos: (credits % 5 == 0)
+                                            .then(|| i32::try_from(credits % 256).unwrap_or(0)),
+                                        peer_timeout: credits % 200,
+                                        interface: None,
+                                    }
+                                })
+                                .collect(),
+                        ),
                         peers: peers
                             .into_iter()
                             .filter(|p| used.insert(p.0))
@@ -2230,6 +2304,17 @@ global:
             v.push(Rule::parse(Some("tcp1"), Some("tcp[2-4]"), None, None).unwrap());
         }
         v
+    }
+
+    /// `nis` with each net's LNet tunables those of its first NI.
+    fn per_net_tunables(mut nis: Vec<NiConf>) -> Vec<NiConf> {
+        for i in 1..nis.len() {
+            let (before, rest) = nis.split_at_mut(i);
+            if let Some(first) = before.iter().find(|x| x.nid.net() == rest[0].nid.net()) {
+                first.take_net_tunables(&mut rest[0]);
+            }
+        }
+        nis
     }
 
     proptest::proptest! {

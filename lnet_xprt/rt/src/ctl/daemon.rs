@@ -662,6 +662,11 @@ impl Daemon {
                     }
                     ni.conns_per_peer = c;
                 }
+                // A net that exists keeps its tunables (Lustre's are the
+                // net's, from its first NI; its warning goes to the log).
+                if let Some(w) = self.net_tunables(&mut ni) {
+                    tracing::warn!(target: "colibri_lnet_rt::ctl", "{w}");
+                }
                 // All the interfaces' NIs, or none: one that fails takes
                 // back those added before it.
                 for (i, (nid, _)) in nis.iter().enumerate() {
@@ -1837,6 +1842,45 @@ impl Daemon {
         Ok(warnings(warn))
     }
 
+    /// Gives `ni`, about to be added, the LNet tunables (`credits`,
+    /// `peer_credits`, `peer_buffer_credits`, `peer_timeout`) of the NIs
+    /// its net has already, as Lustre keeps them per net; the warning
+    /// Lustre logs when they differed.
+    fn net_tunables(&self, ni: &mut NiConfig) -> Option<String> {
+        let net = ni.nid.net();
+        let first = self.lnet.with_node(|n| {
+            n.config()
+                .nis
+                .iter()
+                .find(|x| x.nid.net() == net && x.nid != ni.nid)
+                .cloned()
+        })?;
+        let theirs = (
+            first.credits,
+            first.peer_credits,
+            first.peer_buffer_credits,
+            first.peer_timeout,
+        );
+        let mine = (
+            ni.credits,
+            ni.peer_credits,
+            ni.peer_buffer_credits,
+            ni.peer_timeout,
+        );
+        (
+            ni.credits,
+            ni.peer_credits,
+            ni.peer_buffer_credits,
+            ni.peer_timeout,
+        ) = theirs;
+        (mine != theirs).then(|| {
+            format!(
+                "net: all tunables of NIs of a net should be the same: {} takes those of {net} (credits {}, peer_credits {}, peer_buffer_credits {}, peer_timeout {})",
+                ni.nid, theirs.0, theirs.1, theirs.2, theirs.3
+            )
+        })
+    }
+
     fn import(&self, yaml: &str) -> Result<Doc, Failure> {
         let (c, mut warn) =
             NodeConf::from_yaml(yaml).map_err(|e| conf_fail("import", "config", &e))?;
@@ -1864,8 +1908,13 @@ impl Daemon {
                 }
                 continue;
             }
+            let mut cfg = ni.to_ni_config();
+            if let Some(w) = self.net_tunables(&mut cfg) {
+                tracing::warn!(target: "colibri_lnet_rt::ctl", "{w}");
+                warn.push(w);
+            }
             self.lnet
-                .add_ni(ni.to_ni_config())
+                .add_ni(cfg)
                 .map_err(|e| lnet_fail("import", "net", &e))?;
             self.note_interface(ni.nid, ni.interface.clone());
         }
