@@ -229,6 +229,29 @@ impl NiConfig {
             peer_timeout: DEFAULT_PEER_TIMEOUT,
         }
     }
+
+    /// The tunables Lustre keeps per net rather than per NI (its
+    /// `net_tunables`): `[credits, peer_credits, peer_buffer_credits,
+    /// peer_timeout]`. (`conns_per_peer` and `tos` are the LND's, per NI.)
+    #[must_use]
+    pub const fn net_tunables(&self) -> [u32; 4] {
+        [
+            self.credits,
+            self.peer_credits,
+            self.peer_buffer_credits,
+            self.peer_timeout,
+        ]
+    }
+
+    /// Sets what [`NiConfig::net_tunables`] returns.
+    pub const fn set_net_tunables(&mut self, t: [u32; 4]) {
+        [
+            self.credits,
+            self.peer_credits,
+            self.peer_buffer_credits,
+            self.peer_timeout,
+        ] = t;
+    }
 }
 
 /// Lustre's `DEFAULT_PEER_TIMEOUT` (seconds): an NI's `peer_timeout` when

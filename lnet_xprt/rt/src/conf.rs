@@ -147,25 +147,16 @@ impl NiConf {
     /// same" when a later NI brings others. The LND's (`conns_per_peer`,
     /// `tos`) stay the NI's own. Returns whether `other`'s changed.
     pub fn take_net_tunables(&self, other: &mut Self) -> bool {
-        let mine = (
-            self.credits,
-            self.peer_credits,
-            self.peer_buffer_credits,
-            self.peer_timeout,
-        );
-        let theirs = (
+        let mut theirs = other.to_ni_config();
+        let changed = theirs.net_tunables() != self.to_ni_config().net_tunables();
+        theirs.set_net_tunables(self.to_ni_config().net_tunables());
+        [
             other.credits,
             other.peer_credits,
             other.peer_buffer_credits,
             other.peer_timeout,
-        );
-        (
-            other.credits,
-            other.peer_credits,
-            other.peer_buffer_credits,
-            other.peer_timeout,
-        ) = mine;
-        mine != theirs
+        ] = theirs.net_tunables();
+        changed
     }
 
     /// An NI with Lustre's default tunables (the node's, [`NiConfig::new`])

@@ -1855,28 +1855,12 @@ impl Daemon {
                 .find(|x| x.nid.net() == net && x.nid != ni.nid)
                 .cloned()
         })?;
-        let theirs = (
-            first.credits,
-            first.peer_credits,
-            first.peer_buffer_credits,
-            first.peer_timeout,
-        );
-        let mine = (
-            ni.credits,
-            ni.peer_credits,
-            ni.peer_buffer_credits,
-            ni.peer_timeout,
-        );
-        (
-            ni.credits,
-            ni.peer_credits,
-            ni.peer_buffer_credits,
-            ni.peer_timeout,
-        ) = theirs;
+        let (mine, theirs) = (ni.net_tunables(), first.net_tunables());
+        ni.set_net_tunables(theirs);
         (mine != theirs).then(|| {
             format!(
                 "net: all tunables of NIs of a net should be the same: {} takes those of {net} (credits {}, peer_credits {}, peer_buffer_credits {}, peer_timeout {})",
-                ni.nid, theirs.0, theirs.1, theirs.2, theirs.3
+                ni.nid, theirs[0], theirs[1], theirs[2], theirs[3]
             )
         })
     }
@@ -1888,17 +1872,8 @@ impl Daemon {
         for ni in &c.nis {
             if let Some(h) = have.iter().find(|h| h.nid == ni.nid) {
                 let cpp = self.lnet.conns_per_peer(h.nid).unwrap_or(0);
-                if (
-                    h.credits,
-                    h.peer_credits,
-                    h.peer_buffer_credits,
-                    h.peer_timeout,
-                ) != (
-                    ni.credits,
-                    ni.peer_credits,
-                    ni.peer_buffer_credits,
-                    ni.peer_timeout,
-                ) || ni.conns_per_peer.is_some_and(|c| c != cpp)
+                if h.net_tunables() != ni.to_ni_config().net_tunables()
+                    || ni.conns_per_peer.is_some_and(|c| c != cpp)
                     || ni.tos.unwrap_or(-1) != h.tos
                 {
                     warn.push(format!(
