@@ -416,16 +416,16 @@ fn net_word(s: &str) -> Option<(&str, &str)> {
 }
 
 /// The interface names of `(a,b)` at the start of `s`, and the rest:
-/// `Ok(None)` when `s` does not start with `(`; an error for a list that
-/// does not close, or with no name in it.
-fn interface_list(s: &str) -> Result<Option<(Vec<String>, &str)>, ()> {
+/// `Ok(None)` when `s` does not start with `(`; why not for a list that
+/// does not close or holds a blank or a `(`.
+fn interface_list(s: &str) -> Result<Option<(Vec<String>, &str)>, &'static str> {
     let Some(inner) = s.strip_prefix('(') else {
         return Ok(None);
     };
-    let close = inner.find(')').ok_or(())?;
+    let close = inner.find(')').ok_or("the interface list does not close")?;
     let list = &inner[..close];
     if list.contains('(') || list.chars().any(char::is_whitespace) {
-        return Err(());
+        return Err("an interface list holds names separated by commas, without blanks");
     }
     let names: Vec<String> = list
         .split(',')
@@ -451,7 +451,7 @@ fn parse_rule(rule: &str) -> Result<RuleSpec, LegacyError> {
         rule: rule.to_owned(),
     };
     let (net, rest) = net_word(rule).ok_or_else(header)?;
-    let (interfaces, rest) = match interface_list(rest).map_err(|()| header())? {
+    let (interfaces, rest) = match interface_list(rest).map_err(|_| header())? {
         Some((names, _)) if names.is_empty() => {
             return Err(LegacyError::EmptyInterfaces {
                 rule: rule.to_owned(),
@@ -502,7 +502,7 @@ fn parse_network(spec: &str) -> Result<NetSpec, LegacyError> {
     };
     let (net, rest) = net_word(spec).ok_or_else(|| bad("expected NET[(IF,...)]"))?;
     let (interfaces, rest) = match interface_list(rest) {
-        Err(()) => return Err(bad("the interface list does not close")),
+        Err(why) => return Err(bad(why)),
         Ok(Some((names, _))) if names.is_empty() => return Err(bad("empty interface list")),
         Ok(Some((names, rest))) => (names, rest),
         Ok(None) => (Vec::new(), rest),
@@ -889,6 +889,7 @@ mod tests {
         assert!(err("routes='tcp0: { gateway: 10.0.0.1@tcp'").contains("without its '}'"));
         assert!(err("options lnet networks=tcp0(eth0").contains("invalid network specification"));
         assert!(err("networks=tcp0(),tcp1").contains("empty interface list"));
+        assert!(err("networks='tcp0(eth0, eth1)'").contains("without blanks"));
         assert!(err("networks='tcp0 x'").contains("invalid network specification"));
         assert!(err("routes=\"tcp0 1 10.0.0.1@tcp").contains("does not close"));
         assert!(err("options lnet networks=").contains("no value"));
