@@ -3164,20 +3164,27 @@ fn bulk_connections_use_accept_port_bulk_as_sanity_lnet_checks_it() {
         assert_eq!(sockets_at(ip, port, "0A"), 1, "listening at {ip}:{port}");
         assert_eq!(sockets_at(ip, bulk, "0A"), 1, "listening at {ip}:{bulk}");
     }
-    // Itself (through the loopback LND here), then the other node: a
-    // CONTROL connection at its port, a BULK_IN and a BULK_OUT at its
-    // bulk port.
+    // Itself: a CONTROL connection at its port and one bulk connection at
+    // its bulk port, whose two ends are its BULK_IN and its BULK_OUT (as
+    // Lustre's `conn_list` shows a node pinging itself: one entry on the
+    // bulk port). Then the other node: a CONTROL connection at its port,
+    // a BULK_IN and a BULK_OUT at its bulk port.
+    let settled = |ip, p, n| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sockets_at(ip, p, "01") < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        sockets_at(ip, p, "01")
+    };
     a.ok(&["ping", nid1]);
-    a.ok(&["ping", nid2]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sockets_at(ip2, bulk, "01") < 2 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
     assert_eq!(
-        sockets_at(ip2, bulk, "01"),
-        2,
-        "bulk connections at {ip2}:{bulk}"
+        settled(ip1, port, 1),
+        1,
+        "control connection at {ip1}:{port}"
     );
+    assert_eq!(settled(ip1, bulk, 1), 1, "bulk connection at {ip1}:{bulk}");
+    a.ok(&["ping", nid2]);
+    assert_eq!(settled(ip2, bulk, 2), 2, "bulk connections at {ip2}:{bulk}");
     assert_eq!(
         sockets_at(ip2, port, "01"),
         1,
