@@ -1355,6 +1355,10 @@ pub(crate) struct Ip2netsRule {
     net: Net,
     names: Vec<String>,
     ranges: Vec<IpRange>,
+    /// The tunables of the NIs it makes (`tunables:` and `lnd
+    /// tunables:` of the rule, as liblnetconfig reads them; defaults
+    /// otherwise).
+    template: NiConf,
 }
 
 impl Ip2netsRule {
@@ -1376,6 +1380,7 @@ impl Ip2netsRule {
             net,
             names,
             ranges,
+            template: NiConf::new(Nid::ANY),
         })
     }
 
@@ -1390,12 +1395,15 @@ impl Ip2netsRule {
         let mut net = None;
         let mut names: Vec<String> = Vec::new();
         let mut ranges: Vec<String> = Vec::new();
+        let mut template = NiConf::new(Nid::ANY);
         for (k, v) in entries(rule, at)? {
             let kat = at_key(at, k);
             match k.as_str() {
                 "net-spec" => net = Some(parse_net(&text(v, &kat)?, &kat)?),
                 "interfaces" => names = texts(v),
                 "ip-range" => ranges = texts(v),
+                "tunables" => read_tunables(&mut template, v, &kat)?,
+                "lnd tunables" => read_lnd_tunables(&mut template, v, &kat, warn)?,
                 "seq_no" => {}
                 "CPT" | "cpt" => warn.push(format!(
                     "{kat}: CPTs have no meaning here (one partition), ignored"
@@ -1404,7 +1412,10 @@ impl Ip2netsRule {
             }
         }
         let net = net.ok_or_else(|| ConfError::invalid(at, "missing 'net-spec'"))?;
-        Self::new(at, net, names, &ranges)
+        check_credits(&template, at)?;
+        let mut rule = Self::new(at, net, names, &ranges)?;
+        rule.template = template;
+        Ok(rule)
     }
 
     /// Rules in the string form of LNet's `ip2nets` module parameter,
@@ -1771,7 +1782,8 @@ fn resolve_ip2nets_in(
                 warn.push(format!("{at}: {nid} is configured already"));
                 continue;
             }
-            let mut n = NiConf::new(nid);
+            let mut n = rule.template.clone();
+            n.nid = nid;
             n.interface = Some(name);
             out.push(n);
         }
@@ -1786,6 +1798,86 @@ fn resolve_ip2nets_in(
         ));
     }
     Ok(out)
+}
+
+/// `tunables:` (`credits`, `peer_credits`, `peer_buffer_credits`,
+/// `peer_timeout`) into `n`.
+fn read_tunables(n: &mut NiConf, v: &Doc, kat: &str) -> Result<(), ConfError> {
+    for (tk, tv) in entries(v, kat)? {
+        let tat = at_key(kat, tk);
+        match tk.as_str() {
+            "credits" => {
+                n.credits = u32::try_from(uint(tv, &tat, 1 << 20)?).unwrap_or(256);
+            }
+            "peer_credits" => {
+                n.peer_credits = u32::try_from(uint(tv, &tat, 1 << 20)?).unwrap_or(8);
+            }
+            "peer_buffer_credits" => {
+                n.peer_buffer_credits = u32::try_from(uint(tv, &tat, 1 << 20)?).unwrap_or(0);
+            }
+            "peer_timeout" => {
+                // -1: the LND's default, as Lustre's
+                // `lct_peer_timeout`.
+                n.peer_timeout = match int(tv, &tat)? {
+                    -1 => DEFAULT_PEER_TIMEOUT,
+                    t => u32::try_from(t).map_err(|_| {
+                        ConfError::invalid(
+                            &tat,
+                            format!("{t} is not a peer timeout (-1, 0 or seconds)"),
+                        )
+                    })?,
+                };
+            }
+            other => return Err(unknown(kat, other)),
+        }
+    }
+    Ok(())
+}
+
+/// `lnd tunables:` (`conns_per_peer`, `tos`) into `n`.
+fn read_lnd_tunables(
+    n: &mut NiConf,
+    v: &Doc,
+    kat: &str,
+    warn: &mut Vec<String>,
+) -> Result<(), ConfError> {
+    for (tk, tv) in entries(v, kat)? {
+        let tat = at_key(kat, tk);
+        match tk.as_str() {
+            "conns_per_peer" => {
+                let c = uint(tv, &tat, 127)?;
+                n.conns_per_peer = Some(u32::try_from(c).unwrap_or(1).max(1));
+            }
+            "tos" => {
+                let t = int(tv, &tat)?;
+                if !(-1..=255).contains(&t) {
+                    return Err(ConfError::invalid(
+                        &tat,
+                        format!("invalid value {t} (-1 to 255)"),
+                    ));
+                }
+                n.tos = i32::try_from(t).ok().filter(|t| *t >= 0);
+            }
+            "lnd_timeout" | "timeout" => {
+                warn.push(format!(
+                    "{tat}: not settable per NI here (`net set --net NET --lnd-timeout`), ignored"
+                ));
+            }
+            other => return Err(unknown(kat, other)),
+        }
+    }
+    Ok(())
+}
+
+/// Credits an NI cannot do without.
+fn check_credits(n: &NiConf, at: &str) -> Result<(), ConfError> {
+    if n.credits == 0 || n.peer_credits == 0 {
+        return Err(ConfError::invalid(
+            &at_key(at, "tunables"),
+            "credits and peer_credits must be at least 1",
+        ));
+    }
+    Ok(())
 }
 
 /// The tunables a `net` entry gives its NIs (`tunables:`, `lnd
@@ -1844,76 +1936,15 @@ fn read_ni(
                     "{kat}: CPTs have no meaning here (one partition), ignored"
                 ));
             }
-            "tunables" => {
-                for (tk, tv) in entries(v, &kat)? {
-                    let tat = at_key(&kat, tk);
-                    match tk.as_str() {
-                        "credits" => {
-                            n.credits = u32::try_from(uint(tv, &tat, 1 << 20)?).unwrap_or(256);
-                        }
-                        "peer_credits" => {
-                            n.peer_credits = u32::try_from(uint(tv, &tat, 1 << 20)?).unwrap_or(8);
-                        }
-                        "peer_buffer_credits" => {
-                            n.peer_buffer_credits =
-                                u32::try_from(uint(tv, &tat, 1 << 20)?).unwrap_or(0);
-                        }
-                        "peer_timeout" => {
-                            // -1: the LND's default, as Lustre's
-                            // `lct_peer_timeout`.
-                            n.peer_timeout = match int(tv, &tat)? {
-                                -1 => DEFAULT_PEER_TIMEOUT,
-                                t => u32::try_from(t).map_err(|_| {
-                                    ConfError::invalid(
-                                        &tat,
-                                        format!("{t} is not a peer timeout (-1, 0 or seconds)"),
-                                    )
-                                })?,
-                            };
-                        }
-                        other => return Err(unknown(&kat, other)),
-                    }
-                }
-            }
-            "lnd tunables" => {
-                for (tk, tv) in entries(v, &kat)? {
-                    let tat = at_key(&kat, tk);
-                    match tk.as_str() {
-                        "conns_per_peer" => {
-                            let c = uint(tv, &tat, 127)?;
-                            n.conns_per_peer = Some(u32::try_from(c).unwrap_or(1).max(1));
-                        }
-                        "tos" => {
-                            let t = int(tv, &tat)?;
-                            if !(-1..=255).contains(&t) {
-                                return Err(ConfError::invalid(
-                                    &tat,
-                                    format!("invalid value {t} (-1 to 255)"),
-                                ));
-                            }
-                            n.tos = i32::try_from(t).ok().filter(|t| *t >= 0);
-                        }
-                        "lnd_timeout" | "timeout" => {
-                            warn.push(format!(
-                                "{tat}: not settable per NI here (`net set --net NET --lnd-timeout`), ignored"
-                            ));
-                        }
-                        other => return Err(unknown(&kat, other)),
-                    }
-                }
-            }
+            "tunables" => read_tunables(&mut n, v, &kat)?,
+            "lnd tunables" => read_lnd_tunables(&mut n, v, &kat, warn)?,
             // `net show` state, not configuration.
             "status" | "statistics" | "sent_stats" | "received_stats" | "dropped_stats"
             | "health stats" | "ni_state" => {}
             other => return Err(unknown(at, other)),
         }
     }
-    if n.credits == 0 || n.peer_credits == 0 {
-        return Err(ConfError::invalid(
-            &at_key(at, "tunables"),
-            "credits and peer_credits must be at least 1",
-        ));
-    }
+    check_credits(&n, at)?;
     let names = interfaces.unwrap_or_default();
     if !have_nid {
         // The NID of each is its interface's IP on this net, as socklnd
@@ -2673,6 +2704,42 @@ global:
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(want), "{n:?} {i:?} {r:?}: {e}");
+        }
+    }
+
+    /// A rule's `tunables:` and `lnd tunables:` are its NIs', as
+    /// liblnetconfig's `handle_yaml_config_ip2nets` reads them.
+    #[test]
+    fn ip2nets_rules_carry_their_tunables() {
+        // lo holds 127.0.0.1 on every Linux machine.
+        let (c, _) = NodeConf::from_yaml(
+            "ip2nets:\n  - net-spec: tcp5\n    interfaces:\n        0: lo\n    tunables:\n        peer_credits: 16\n        peer_timeout: 0\n    lnd tunables:\n        conns_per_peer: 4\n        tos: 3\n",
+        )
+        .unwrap();
+        let n = &c.nis[0];
+        assert_eq!(n.nid.to_string(), "127.0.0.1@tcp5");
+        assert_eq!(
+            (
+                n.peer_credits,
+                n.peer_timeout,
+                n.credits,
+                n.conns_per_peer,
+                n.tos
+            ),
+            (16, 0, 256, Some(4), Some(3))
+        );
+        for (y, want) in [
+            ("    tunables:\n        colour: 1\n", "colour"),
+            ("    tunables:\n        credits: 0\n", "at least 1"),
+            ("    lnd tunables:\n        tos: 300\n", "invalid value 300"),
+        ] {
+            let e = NodeConf::from_yaml(&format!(
+                "ip2nets:\n  - net-spec: tcp5\n    interfaces:\n        0: lo\n{y}"
+            ))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(want), "{y}: {e}");
         }
     }
 
