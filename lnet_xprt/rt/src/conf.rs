@@ -147,15 +147,14 @@ impl NiConf {
     /// same" when a later NI brings others. The LND's (`conns_per_peer`,
     /// `tos`) stay the NI's own. Returns whether `other`'s changed.
     pub fn take_net_tunables(&self, other: &mut Self) -> bool {
-        let mut theirs = other.to_ni_config();
-        let changed = theirs.net_tunables() != self.to_ni_config().net_tunables();
-        theirs.set_net_tunables(self.to_ni_config().net_tunables());
+        let net = self.to_ni_config().net_tunables();
+        let changed = other.to_ni_config().net_tunables() != net;
         [
             other.credits,
             other.peer_credits,
             other.peer_buffer_credits,
             other.peer_timeout,
-        ] = theirs.net_tunables();
+        ] = net;
         changed
     }
 
@@ -1901,30 +1900,19 @@ fn read_ni(
     let mut n = NiConf::new(Nid::ANY);
     let mut have_nid = false;
     let mut interfaces: Option<Vec<String>> = None;
-    let own = |key: &str| ni.get(key).is_some();
-    let mut items: Vec<(String, &Doc)> = entries(ni, at)?
-        .iter()
-        .map(|(k, v)| (k.clone(), v))
-        .collect();
     // The net's tunables where the NI gives none.
-    let mut net_at = Vec::new();
-    for (key, d) in [
-        ("tunables", &defaults.tunables),
-        ("lnd tunables", &defaults.lnd),
-    ] {
-        if let Some((v, kat)) = d
-            && !own(key)
-        {
-            items.push((key.to_owned(), v));
-            net_at.push((key, kat.clone()));
-        }
+    if let Some((v, kat)) = &defaults.tunables
+        && ni.get("tunables").is_none()
+    {
+        read_tunables(&mut n, v, kat)?;
     }
-    for (k, v) in items {
-        let k = &k;
-        let kat = net_at
-            .iter()
-            .find(|(key, _)| *key == k.as_str())
-            .map_or_else(|| at_key(at, k), |(_, kat)| kat.clone());
+    if let Some((v, kat)) = &defaults.lnd
+        && ni.get("lnd tunables").is_none()
+    {
+        read_lnd_tunables(&mut n, v, kat, warn)?;
+    }
+    for (k, v) in entries(ni, at)? {
+        let kat = at_key(at, k);
         match k.as_str() {
             "nid" => {
                 n.nid = parse_nid(&text(v, &kat)?, &kat)?;

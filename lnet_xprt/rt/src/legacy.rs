@@ -146,11 +146,7 @@ pub enum Param {
 }
 
 impl Param {
-    const ALL: [(&'static str, Self); 3] = [
-        ("networks", Self::Networks),
-        ("ip2nets", Self::Ip2nets),
-        ("routes", Self::Routes),
-    ];
+    const ALL: [Self; 3] = [Self::Networks, Self::Ip2nets, Self::Routes];
 
     const fn name(self) -> &'static str {
         match self {
@@ -658,8 +654,8 @@ fn assignments(text: &str) -> Result<Vec<(Param, String)>, LegacyError> {
             .next_back()
             .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
         if word_start {
-            for (name, param) in Param::ALL {
-                let Some(after) = text[i..].strip_prefix(name) else {
+            for param in Param::ALL {
+                let Some(after) = text[i..].strip_prefix(param.name()) else {
                     continue;
                 };
                 let Some(value) = after.trim_start().strip_prefix('=') else {
