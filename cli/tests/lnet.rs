@@ -1616,6 +1616,49 @@ fn two_nets_on_one_interface_are_one_peer() {
     assert_fails(&o, "invalid key 'peer'");
 }
 
+/// Lustre's sanity-lnet test 525 ("keep reachable peer on local net
+/// delete"): a node discovers its own NID on `tcp` and knows it as one
+/// peer with `tcp2`; deleting the net `tcp` keeps that peer, its primary
+/// NID moved to `tcp2`, and, once its push says `tcp` is gone, no peer
+/// lists `tcp`, as `lnet_peer_tables_cleanup` and discovery leave it in
+/// Lustre. A route through a gateway on the deleted net goes with it; a
+/// deleted peer is no longer shown.
+#[test]
+fn a_deleted_net_keeps_its_reachable_peer_as_sanity_lnet_checks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (n, nid1, nid2, _) = two_net_node(dir.path(), "127.0.82.2", "tcp2");
+    n.ok(&["discover", &nid1]);
+    let show = n.ok(&["peer", "show", "--nid", &nid1]);
+    assert!(show.contains(&nid2), "{show}");
+    n.ok(&[
+        "route",
+        "add",
+        "--net",
+        "tcp9",
+        "--gateway",
+        "127.0.82.9@tcp",
+    ]);
+    n.ok(&["net", "del", "--net", "tcp"]);
+    let want = format!(
+        "peer:\n    - primary nid: {nid2}\n      Multi-Rail: True\n      peer ni:\n        - nid: {nid2}\n          state: up\n"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let show = n.ok(&["peer", "show"]);
+        if show == want {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{show}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!n.ok(&["route", "show"]).contains("tcp9"));
+    // `peer del` of a peer we exchanged messages with: it is gone, not
+    // shown again as a peer known from its traffic.
+    n.ok(&["peer", "del", "--prim_nid", &nid2]);
+    assert!(!n.ok(&["peer", "show"]).contains(&nid2));
+    n.stop();
+}
+
 /// Selection policies as Lustre's sanity-lnet tests 400 to 404 use them
 /// (`udsp add|del|show`, `udsp info` in `net show -v 4` and `peer show -v
 /// 4`, export and import), and a node started from a file with rules.

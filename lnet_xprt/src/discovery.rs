@@ -90,8 +90,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
-use crate::ids::Nid;
-use crate::peer::{PeerError, PeerId, PeerTable};
+use crate::ids::{Net, Nid};
+use crate::peer::{Peer, PeerError, PeerId, PeerTable};
 use crate::time::Time;
 use crate::wire::{NiStatus, PingFeatures, PingInfo};
 
@@ -255,6 +255,10 @@ pub enum DiscoveryError {
     /// The ping could not be sent (the node reported a send failure).
     #[error("discovery ping to {0} could not be sent")]
     PingSendFailed(Nid),
+    /// The peer was deleted with the last local net it could be reached on
+    /// ([`Discovery::local_net_removed`]).
+    #[error("local net {0} deleted")]
+    NetDeleted(Net),
     /// The ping REPLY was malformed (`-EPROTO`).
     #[error("invalid ping reply from {nid}: {error}")]
     InvalidReply {
@@ -542,7 +546,7 @@ impl<M> Discovery<M> {
             .table
             .peer_of(primary)
             .filter(|p| p.primary_nid() == primary)
-            .map(crate::peer::Peer::id)
+            .map(Peer::id)
             .ok_or(PeerError::NotFound(primary))?;
         self.table.set_primary_locked(id, locked)
     }
@@ -1418,6 +1422,81 @@ impl<M> Discovery<M> {
             if push {
                 out.push(self.push_action(id, now, primary, None, PeerEvent::DlcLocalNiCfgUpdate));
             }
+        }
+        out
+    }
+
+    /// The NIDs that left their peer since the last call and belong to no
+    /// peer now ([`PeerTable::take_left`]).
+    pub fn take_left_nis(&mut self) -> Vec<Nid> {
+        self.table.take_left()
+    }
+
+    /// The node's last NI on `net` was deleted (`lnetctl net del`): Lustre's
+    /// `lnet_peer_tables_cleanup(net)`, run when a local net is torn down.
+    /// `local_nets` are the nets the node still has NIs on. Every peer with
+    /// NIs on `net`:
+    /// - that has an NI on one of `local_nets` stays whole, as it is still
+    ///   reachable (Lustre's "keep reachable peer on local net delete"): its
+    ///   NIs on `net` become remote ones, and its primary NID, if it was on
+    ///   `net` and is not locked, becomes that reachable NI (so that pushes
+    ///   and discovery go where the peer can still be reached);
+    /// - otherwise loses its NIs on `net` (they are forgotten); losing its
+    ///   primary NID deletes the whole peer, locked or not, and the
+    ///   messages parked on it fail ([`DiscoveryError::NetDeleted`]).
+    ///
+    /// Detached peer NIs on `net` are forgotten too.
+    ///
+    /// Returns the failed messages' actions.
+    pub fn local_net_removed(&mut self, net: Net, local_nets: &[Net]) -> Vec<Action<M>> {
+        let mut out = Vec::new();
+        let hit: Vec<PeerId> = self
+            .table
+            .peers()
+            .filter(|p| p.net(net).is_some())
+            .map(Peer::id)
+            .collect();
+        for id in hit {
+            let Some(peer) = self.table.peer(id) else {
+                continue;
+            };
+            let primary = peer.primary_nid();
+            let keep = peer
+                .nids()
+                .find(|n| n.net() != net && local_nets.contains(&n.net()));
+            if let Some(keep) = keep {
+                if primary.net() == net && !peer.is_primary_locked() {
+                    // `set_primary` only fails for a NID not in the peer.
+                    let _ = self.table.set_primary(id, keep);
+                    tracing::info!(target: TARGET, peer = %id, old = %primary, new = %keep,
+                        "local net deleted: primary NID moved to a reachable NI");
+                }
+                continue;
+            }
+            let on_net: Vec<Nid> = peer.nids().filter(|n| n.net() == net).collect();
+            if primary.net() != net {
+                let _ = self.table.delete_nids(id, &on_net, false);
+                tracing::info!(target: TARGET, peer = %id, nids = ?on_net,
+                    "local net deleted: peer NIs forgotten");
+                continue;
+            }
+            // The primary goes, and with it the peer (`lnet_peer_del_locked`
+            // does not spare a locked primary).
+            let _ = self.table.set_primary_locked(id, false);
+            self.fail_parked(id, &DiscoveryError::NetDeleted(net), &mut out);
+            let _ = self.table.delete_nids(id, &[], false);
+            if let Some(gone) = self.disc.remove(&id)
+                && let Some(t) = gone.deadline
+            {
+                self.due.remove(&(t, id));
+            }
+            tracing::info!(target: TARGET, peer = %id, %primary, "local net deleted: peer deleted");
+        }
+        // Peer NIs of no peer on `net` (senders never discovered, NIs a
+        // peer no longer lists) go too: Lustre frees every peer NI there.
+        let detached = self.table.forget_detached_on(net);
+        if !detached.is_empty() {
+            tracing::debug!(target: TARGET, nids = ?detached, "local net deleted: detached peer NIs forgotten");
         }
         out
     }
@@ -2353,12 +2432,16 @@ mod tests {
         assert_eq!(d.state_of(nid(A)), PeerState::Active);
         assert_eq!(d.peers().peer_of(nid(A)).unwrap().ni_count(), 1);
         assert!(d.peers().ni(nid(A_IB)).unwrap().is_detached());
+        // The node is told, once, that it left.
+        assert_eq!(d.take_left_nis(), vec![nid(A_IB)]);
+        assert!(d.take_left_nis().is_empty());
         // The same sequence number again, from a peer that restarted with
-        // its o2ib NI back: taken.
+        // its o2ib NI back: taken (and so not reported as gone).
         assert!(
             d.handle_push(t(5), nid(A), mr_info(6, &[A, A_IB]))
                 .is_empty()
         );
+        assert!(d.take_left_nis().is_empty());
         assert!(!d.peers().ni(nid(A_IB)).unwrap().is_detached());
         assert_eq!(d.peers().peer_of(nid(A)).unwrap().ni_count(), 2);
         // An older one is not taken, but the peer is pinged: its reply
@@ -2776,6 +2859,77 @@ mod tests {
             d.discover(t(5), Nid::ANY, true),
             Err(PeerError::InvalidNid(Nid::ANY))
         );
+        ok(&d);
+    }
+
+    /// `lnet_peer_tables_cleanup(net)`: the peers of a deleted local net.
+    #[test]
+    fn a_deleted_local_net_keeps_reachable_peers_and_drops_the_rest() {
+        let (tcp, ib): (Net, Net) = ("tcp".parse().unwrap(), "o2ib".parse().unwrap());
+        // A (primary on tcp) also has an NI on o2ib, still a local net:
+        // it stays whole, its primary moved to the reachable NI.
+        let mut d = dd();
+        in_active(&mut d);
+        assert!(d.local_net_removed(tcp, &[ib]).is_empty());
+        let p = d.peers().peer_of(nid(A)).unwrap();
+        assert_eq!(p.primary_nid(), nid(A_IB));
+        assert!(p.contains(nid(A)) && p.is_multi_rail());
+        assert_eq!(d.state_of(nid(A_IB)), PeerState::Active);
+        ok(&d);
+        // A locked primary stays where it is.
+        let mut d = dd();
+        in_verify(&mut d);
+        d.set_primary_locked(nid(A), true).unwrap();
+        assert!(d.local_net_removed(tcp, &[ib]).is_empty());
+        assert_eq!(d.peers().peer_of(nid(A_IB)).unwrap().primary_nid(), nid(A));
+        ok(&d);
+        // No other local net: the peer goes with its primary, and the
+        // messages parked on it fail.
+        let mut d = dd();
+        in_discovery(&mut d);
+        assert!(d.handle_send(t(2), nid(A), 2, SendClass::Normal).is_empty());
+        let a = d.local_net_removed(tcp, &[]);
+        assert_eq!(
+            a,
+            [1, 2]
+                .map(|msg| Action::Fail {
+                    target: nid(A),
+                    msg,
+                    error: DiscoveryError::NetDeleted(tcp),
+                })
+                .into_iter()
+                .collect::<Vec<_>>()
+        );
+        assert!(d.peers().peer_of(nid(A)).is_none());
+        assert_eq!(d.parked_total(), 0);
+        assert_eq!(d.state_of(nid(A)), PeerState::Init);
+        // A ping reply for the deleted peer finds nothing.
+        assert!(
+            d.handle_ping_reply(t(3), nid(A), nid(ME), mr_info(5, &[A]))
+                .is_empty()
+        );
+        ok(&d);
+        // A locked primary on the deleted net goes too, with its NIs on a
+        // net that is not local.
+        let mut d = dd();
+        in_verify(&mut d);
+        d.set_primary_locked(nid(A), true).unwrap();
+        assert!(d.local_net_removed(tcp, &[]).is_empty());
+        assert!(d.peers().peer_of(nid(A_IB)).is_none());
+        assert!(d.peers().ni(nid(A_IB)).is_none());
+        ok(&d);
+        // A peer whose primary is on a remote net only loses its NIs on the
+        // deleted net; peers without NIs there are untouched.
+        let mut d = dd();
+        d.dlc_add_peer_nis(t(1), nid(A_IB), &[nid(A)], true)
+            .unwrap();
+        d.dlc_add_peer_nis(t(1), nid("10.9.9.9@tcp9"), &[], false)
+            .unwrap();
+        assert!(d.local_net_removed(tcp, &[]).is_empty());
+        let p = d.peers().peer_of(nid(A_IB)).unwrap();
+        assert!(!p.contains(nid(A)));
+        assert!(d.peers().ni(nid(A)).is_none());
+        assert!(d.peers().peer_of(nid("10.9.9.9@tcp9")).is_some());
         ok(&d);
     }
 

@@ -1683,9 +1683,55 @@ impl Node {
         self.health.remove_local_ni(nid);
         if !self.is_local_net(nid.net()) {
             self.net_alive.retain(|&(n, _)| n != nid.net());
+            self.local_net_removed(now, nid.net());
         }
         self.refresh_ni_check();
         self.local_config_changed(now)
+    }
+
+    /// The last NI of `net` is gone, so the net is (Lustre's
+    /// `lnet_shutdown_lndnet` → `lnet_peer_tables_cleanup(net)`): the routes
+    /// through a gateway with an NI on `net` go (every route through that
+    /// gateway, as `lnet_del_route(LNET_NET_ANY, gateway)` removes them),
+    /// then the peers on `net` are cleaned up as
+    /// [`Discovery::local_net_removed`] says: a peer still reachable over
+    /// another local net stays whole (its primary NID moved off `net`),
+    /// the others lose their NIs there, or go, and so do peer NIs known
+    /// from traffic alone on `net`. This runs before the push of the new
+    /// ping buffer, so the push goes to the moved primary.
+    fn local_net_removed(&mut self, now: Time, net: Net) {
+        let peers = self.disc.peers();
+        let doomed: Vec<(Net, Nid)> = self
+            .routes
+            .routes()
+            .filter(|r| {
+                let gw = r.gateway();
+                gw.net() == net || peers.peer_of(gw).is_some_and(|p| p.net(net).is_some())
+            })
+            .map(|r| (r.net(), r.gateway()))
+            .collect();
+        for (to, gateway) in doomed {
+            if self.routes.del_route(to, gateway).is_ok() {
+                tracing::info!(target: "colibri_lnet::node", net = %to, %gateway, gone = %net,
+                    "route deleted with the local net of its gateway");
+            }
+        }
+        let nets: Vec<Net> = self.nis.iter().map(|n| n.cfg.nid.net()).collect();
+        let actions = self.disc.local_net_removed(net, &nets);
+        self.run_actions(now, actions);
+        // What is known of NIDs on `net` from traffic alone (a gateway
+        // pinged, a sender) goes too, as Lustre deletes their peers; NIs
+        // of the peers kept stay.
+        let table = self.disc.peers();
+        let traffic: Vec<Nid> = self
+            .peer_ni_stats
+            .keys()
+            .copied()
+            .filter(|n| n.net() == net && table.peer_of(*n).is_none())
+            .collect();
+        for nid in traffic {
+            self.forget_peer_ni(nid);
+        }
     }
 
     fn local_config_changed(&mut self, now: Time) -> Result<(), NodeError> {
@@ -4763,7 +4809,23 @@ impl Node {
             }
             self.deliver_delayed_puts(now, delayed);
         }
+        for nid in self.disc.take_left_nis() {
+            self.forget_peer_ni(nid);
+        }
         self.note_msgs();
+    }
+
+    /// `nid` left its peer (deleted by `peer del` or with its local net,
+    /// or no longer listed by the peer's own ping data) and belongs to no
+    /// peer: what the node kept about it goes, as Lustre frees a deleted
+    /// `lnet_peer_ni` with its health, recovery and counters. So `peer
+    /// show` no longer lists it, until traffic with it makes it known
+    /// again (Lustre then creates a new peer for it).
+    fn forget_peer_ni(&mut self, nid: Nid) {
+        self.peer_ni_stats.remove(&nid);
+        self.peer_down.remove(&nid);
+        self.health.remove_peer_ni(nid);
+        self.selector.forget_peer_ni(nid);
     }
 
     /// Keeps `msgs_max` (called wherever messages are created).
@@ -4780,6 +4842,10 @@ mod tests {
     use super::*;
 
     fn nid(s: &str) -> Nid {
+        s.parse().unwrap()
+    }
+
+    fn net(s: &str) -> Net {
         s.parse().unwrap()
     }
 
@@ -5143,6 +5209,48 @@ mod tests {
         assert_eq!(n.ping_seq(), seq + 2);
     }
 
+    /// `lnetctl net del` of a net's last NI cleans the peer table and
+    /// the routes as Lustre's `lnet_peer_tables_cleanup(net)` does
+    /// (sanity-lnet 525): routes through gateways on the net go, peers
+    /// reachable only there go, a peer still reachable over another local
+    /// net stays with its primary NID moved there.
+    #[test]
+    fn deleting_a_local_net_cleans_its_peers_and_routes() {
+        let mut n = node(&["10.0.0.1@tcp", "10.0.0.1@tcp2"], true);
+        let now = Time::ZERO;
+        n.dlc_add_peer(now, nid("10.0.0.5@tcp"), &[], false)
+            .unwrap();
+        n.dlc_add_peer(now, nid("10.0.0.6@tcp"), &[nid("10.0.0.6@tcp2")], true)
+            .unwrap();
+        n.dlc_add_peer(now, nid("10.0.0.7@tcp2"), &[], false)
+            .unwrap();
+        n.add_route(now, net("o2ib9"), nid("10.0.0.5@tcp"), None, 0)
+            .unwrap();
+        n.add_route(now, net("o2ib8"), nid("10.0.0.7@tcp2"), None, 0)
+            .unwrap();
+        // A second NI on tcp keeps the net: nothing changes.
+        n.add_ni(now, NiConfig::new(nid("10.0.0.2@tcp"))).unwrap();
+        n.del_ni(now, nid("10.0.0.2@tcp")).unwrap();
+        let peers = n.discovery().peers();
+        assert_eq!(peers.len(), 3);
+        assert_eq!(n.routes().routes().count(), 2);
+        // The net's last NI: the route through 10.0.0.5@tcp goes, then the
+        // peer, whose only NI was there; 10.0.0.6 stays, reachable on tcp2.
+        n.del_ni(now, nid("10.0.0.1@tcp")).unwrap();
+        let peers = n.discovery().peers();
+        assert!(peers.peer_of(nid("10.0.0.5@tcp")).is_none());
+        let p = peers.peer_of(nid("10.0.0.6@tcp")).unwrap();
+        assert_eq!(p.primary_nid(), nid("10.0.0.6@tcp2"));
+        assert!(peers.peer_of(nid("10.0.0.7@tcp2")).is_some());
+        let routes: Vec<(Net, Nid)> = n
+            .routes()
+            .routes()
+            .map(|r| (r.net(), r.gateway()))
+            .collect();
+        assert_eq!(routes, vec![(net("o2ib8"), nid("10.0.0.7@tcp2"))]);
+        assert_eq!(n.discovery().invariant_violation(), None);
+    }
+
     /// Lustre's graceful routing changes (`LNET_ROUTING_STARTING` and
     /// `_STOPPING`, sanity-lnet 257): forwarding starts before it is
     /// advertised and stops after it no longer is; a start while stopping
@@ -5438,6 +5546,13 @@ mod tests {
         assert_eq!(n.stats(), NodeStats::default());
         assert_eq!(*n.health().stats(), crate::health::HealthStats::default());
         assert_eq!(n.ni_info(me).unwrap().send_count, 0);
+        // `peer del`: the peer NI and its counters go, as Lustre frees
+        // the peer NI, so no peer shows it any more.
+        assert!(n.discovery().peers().peer_of(peer).is_some());
+        n.dlc_del_peer(Time::ZERO, peer, &[]).unwrap();
+        assert_eq!(n.peer_ni_stats(peer), None);
+        assert!(n.untabled_peer_nis().is_empty());
+        assert_eq!(n.traffic_peer_nis().count(), 0);
     }
 
     #[test]

@@ -382,6 +382,8 @@ pub struct PeerTable {
     next_id: u64,
     /// The next [`Peer::lock_seq`].
     next_lock_seq: u64,
+    /// NIDs that left a peer since [`PeerTable::take_left`] last ran.
+    left: Vec<Nid>,
 }
 
 /// The flags of a peer that `lnetctl peer set --state` may set
@@ -459,6 +461,20 @@ impl PeerTable {
         let mut v: Vec<&PeerNi> = self.nis.values().filter(|ni| ni.peer.is_none()).collect();
         v.sort_unstable_by_key(|ni| ni.nid);
         v.into_iter()
+    }
+
+    /// Forgets the detached peer NIs on `net`; returns their NIDs.
+    pub fn forget_detached_on(&mut self, net: Net) -> Vec<Nid> {
+        let gone: Vec<Nid> = self
+            .nis
+            .values()
+            .filter(|ni| ni.peer.is_none() && ni.nid.net() == net)
+            .map(|ni| ni.nid)
+            .collect();
+        for nid in &gone {
+            self.nis.remove(nid);
+        }
+        gone
     }
 
     /// The primary NID of the peer owning `nid`, or `nid` itself when no peer
@@ -601,6 +617,9 @@ impl PeerTable {
     /// NID primary.
     fn unlink(&mut self, nid: Nid, keep_detached: bool) -> Option<PeerId> {
         let owner = self.nis.get(&nid).and_then(|ni| ni.peer);
+        if owner.is_some() {
+            self.left.push(nid);
+        }
         if keep_detached {
             if let Some(ni) = self.nis.get_mut(&nid) {
                 ni.peer = None;
@@ -632,6 +651,7 @@ impl PeerTable {
     pub fn delete_peer(&mut self, id: PeerId) -> Result<Vec<Nid>, PeerError> {
         let peer = self.peers.remove(&id).ok_or(PeerError::NoSuchPeer(id))?;
         let nids: Vec<Nid> = peer.nids().collect();
+        self.left.extend_from_slice(&nids);
         for nid in &nids {
             if let Some(ni) = self.nis.get_mut(nid) {
                 ni.peer = None;
@@ -639,6 +659,26 @@ impl PeerTable {
             }
         }
         Ok(nids)
+    }
+
+    /// The NIDs that left their peer (deleted, detached, or with their
+    /// peer) since the last call and belong to no peer now, in the order
+    /// they left: a node forgets what it kept about them (health,
+    /// counters, selection), as Lustre frees a deleted `lnet_peer_ni`.
+    /// A NID moved to another peer is not among them.
+    pub fn take_left(&mut self) -> Vec<Nid> {
+        if self.left.is_empty() {
+            return Vec::new();
+        }
+        let mut left = std::mem::take(&mut self.left);
+        left.retain(|&n| self.peer_of(n).is_none());
+        let mut seen = Vec::with_capacity(left.len());
+        left.retain(|&n| {
+            let new = !seen.contains(&n);
+            seen.push(n);
+            new
+        });
+        left
     }
 
     /// Locks or unlocks peer `id`'s primary NID
