@@ -2959,6 +2959,8 @@ mod tests {
             Toggle,
             Discover(usize),
             Tick(u64),
+            /// A local net deleted; `true`: o2ib (tcp stays local), else tcp.
+            NetRemoved(bool),
         }
 
         fn ev() -> impl Strategy<Value = Ev> {
@@ -2977,6 +2979,7 @@ mod tests {
                 1 => Just(Ev::Toggle),
                 1 => i.prop_map(Ev::Discover),
                 3 => (0..200u64).prop_map(Ev::Tick),
+                1 => any::<bool>().prop_map(Ev::NetRemoved),
             ]
         }
 
@@ -3038,7 +3041,14 @@ mod tests {
                         }
                         Ev::Discover(i) => { let _ = d.discover(now, nid(NIDS[i]), true); Vec::new() }
                         Ev::Tick(s) => { now += Duration::from_secs(s); d.handle_timeout(now) }
+                        Ev::NetRemoved(ib) => {
+                            let (tcp, o2ib): (Net, Net) = ("tcp".parse().unwrap(), "o2ib".parse().unwrap());
+                            if ib { d.local_net_removed(o2ib, &[tcp]) } else { d.local_net_removed(tcp, &[o2ib]) }
+                        }
                     };
+                    for n in d.take_left_nis() {
+                        prop_assert!(d.peers().peer_of(n).is_none());
+                    }
                     collect(acts, &mut out);
                     prop_assert_eq!(d.invariant_violation(), None);
                     let parked: usize = d.peers().peers().map(|p| d.parked_count(p.primary_nid())).sum();
