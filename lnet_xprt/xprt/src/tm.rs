@@ -1884,9 +1884,9 @@ impl TmShared {
             return;
         };
         let parts = chunks(len);
-        let Some(&(off, n)) = parts.get(k) else {
+        if k >= parts.len() {
             return;
-        };
+        }
         let unit = if children.is_empty() {
             Arc::clone(op)
         } else {
@@ -1906,21 +1906,14 @@ impl TmShared {
             s.superseded.push(old);
             old
         };
-        let (start, threshold) = transfer_start(
-            false,
-            (peer.proc_, peer.portal),
-            bits + k as u64,
-            self.from(),
-            xid,
-            k + 1 == parts.len(),
-        );
-        let r = bind_and_start(
+        let r = self.start_chunk(
             e,
             &unit,
-            MemRef::new(key, off as u64, n as u32),
-            threshold,
-            start,
-            |s, md| s.md = Some(md),
+            false,
+            (peer.proc_, peer.portal),
+            (key, &parts, k),
+            bits,
+            xid,
         );
         match r {
             Ok(()) => {
@@ -2045,27 +2038,17 @@ impl TmShared {
         xid: u64,
         put: bool,
     ) -> std::result::Result<(), colibri_lnet_rt::LnetError> {
-        let from = self.from();
         {
             let mut s = op.st.lock();
             s.stage = Stage::Live;
             s.left = parts.len();
         }
-        for (k, &(off, len)) in parts.iter().enumerate() {
+        for (k, &(_, len)) in parts.iter().enumerate() {
             let c = self.new_chunk(e, op);
             c.st.lock().len = len;
             e.add_op(&c);
             op.st.lock().children.push(Arc::clone(&c));
-            let last = k + 1 == parts.len();
-            let (start, threshold) = transfer_start(put, to, bits + k as u64, from, xid, last);
-            let r = bind_and_start(
-                e,
-                &c,
-                MemRef::new(key, off as u64, len as u32),
-                threshold,
-                start,
-                |s, md| s.md = Some(md),
-            );
+            let r = self.start_chunk(e, &c, put, to, (key, parts, k), bits, xid);
             if let Err(err) = r {
                 e.remove_op(c.id);
                 if k == 0 {
@@ -2092,6 +2075,34 @@ impl TmShared {
             }
         }
         Ok(())
+    }
+
+    /// Binds chunk `k` of a transfer (the bytes `parts[k]` names of memory
+    /// `key`) to `unit` and starts its PUT or GET against the requester's
+    /// match bits `bits + k` at `to`: the passive side's transfers
+    /// (`start_chunks`) and their GETs again (`get_again`).
+    #[allow(clippy::too_many_arguments)]
+    fn start_chunk(
+        &self,
+        e: &Engine,
+        unit: &Arc<Op>,
+        put: bool,
+        to: (ProcessId, u32),
+        (key, parts, k): (MemKey, &[(usize, usize)], usize),
+        bits: u64,
+        xid: u64,
+    ) -> std::result::Result<(), colibri_lnet_rt::LnetError> {
+        let (off, len) = parts[k];
+        let last = k + 1 == parts.len();
+        let (start, threshold) = transfer_start(put, to, bits + k as u64, self.from(), xid, last);
+        bind_and_start(
+            e,
+            unit,
+            MemRef::new(key, off as u64, len as u32),
+            threshold,
+            start,
+            |s, md| s.md = Some(md),
+        )
     }
 
     /// Attaches an active buffer's MEs and MDs (one per MiB, consecutive
