@@ -154,6 +154,13 @@ pub struct Plan {
     /// raw ping-pong; `None`: no target) and the 1 MiB bulk target (at
     /// least this times the raw stream).
     pub tcp_targets: (Option<f64>, f64),
+    /// With `tcp`: the pair is routed (a router node between client and
+    /// server), so each bulk figure is also compared with a raw user-space
+    /// relay measured in the same runs ([`baseline::tcp_relay_stream`]):
+    /// the ceiling a router that moves the bytes through user space
+    /// reaches on this machine (rows `bulk-read-relay`, `bulk-write-relay`,
+    /// no target).
+    pub relay: bool,
 }
 
 impl Plan {
@@ -179,6 +186,7 @@ impl Plan {
             mem_targets: true,
             tcp: false,
             tcp_targets: (Some(1.3), 0.9),
+            relay: false,
         }
     }
 
@@ -333,7 +341,8 @@ pub fn run_plan(
                 let iters = (plan.bulk_bytes / size.max(1)).max(4) as u64;
                 let mut w = Bulk::new(xprt, &cfg, size, dir)?;
                 w.run(2)?;
-                let (mut ours, mut base) = (Vec::new(), Vec::new());
+                let (mut ours, mut base, mut relay) = (Vec::new(), Vec::new(), Vec::new());
+                let relayed = plan.tcp && plan.relay;
                 for _ in 0..runs {
                     let bytes = size as f64 * iters as f64;
                     ours.push(bytes / secs(w.run(iters)?) / 1e9);
@@ -343,6 +352,9 @@ pub fn run_plan(
                         baseline::memcpy(size, iters)
                     };
                     base.push(bytes / secs(b) / 1e9);
+                    if relayed {
+                        relay.push(bytes / secs(baseline::tcp_relay_stream(size, iters)) / 1e9);
+                    }
                 }
                 w.finish();
                 let target = match (plan.mem_targets, plan.tcp) {
@@ -361,6 +373,21 @@ pub fn run_plan(
                 rows.push(row(
                     name, size, "GB/s", &ours, &base, base_name, true, target,
                 ));
+                if relayed {
+                    rows.push(row(
+                        &format!("{name}-relay"),
+                        size,
+                        "GB/s",
+                        &ours,
+                        &relay,
+                        format!(
+                            "raw loopback TCP relay: writer -> relay (a reading and a writing thread, {} buffers) -> reader, the same bytes",
+                            baseline::RELAY_BUFS
+                        ),
+                        true,
+                        None,
+                    ));
+                }
             }
         }
     }
@@ -588,7 +615,7 @@ pub fn row(
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<14} {:>6} {:>8} {:>24} {:>24} {:>7}  {}\n",
+        "{:<17} {:>6} {:>8} {:>24} {:>24} {:>7}  {}\n",
         "test",
         "size",
         "unit",
@@ -608,7 +635,7 @@ pub fn table(rows: &[Row]) -> String {
             _ => String::new(),
         };
         out.push_str(&format!(
-            "{:<14} {:>6} {:>8} {:>24} {:>24} {:>7.3}  {}\n",
+            "{:<17} {:>6} {:>8} {:>24} {:>24} {:>7.3}  {}\n",
             r.test,
             fmt_size(r.size),
             r.unit,

@@ -519,6 +519,7 @@ fn bench_plan(a: &BenchArgs, polling: bool, pinned: Option<(usize, usize)>) -> P
         } else {
             (Some(1.3), 0.85)
         };
+        plan.relay = a.routed;
     }
     plan.mem_targets &= !plan.tcp;
     plan

@@ -549,6 +549,16 @@ fn bench_lnet_routed_smoke() {
         .expect("a 1 MiB bulk row");
     assert_eq!(mib["target"]["RatioAtLeast"], 0.7, "{mib}");
     assert!(mib["ours"]["median"].as_f64().unwrap() > 0.0);
+    // The same figures against a raw user-space relay, without a target.
+    for name in ["bulk-read-relay", "bulk-write-relay"] {
+        let relay = rows
+            .iter()
+            .find(|r| r["test"] == name && r["size"] == 1 << 20)
+            .unwrap_or_else(|| panic!("a 1 MiB {name} row"));
+        assert!(relay["target"].is_null(), "{relay}");
+        assert!(relay["baseline"]["median"].as_f64().unwrap() > 0.0);
+        assert!(relay["baseline_name"].as_str().unwrap().contains("relay"));
+    }
     let rtt = rows
         .iter()
         .find(|r| r["test"] == "rtt")
