@@ -30,6 +30,10 @@ enum Op {
     /// Takes back what LNet has not sent of the k-th MD made so far
     /// (`Node::withdraw`), and unlinks it too when the flag says so.
     Cancel(u8, bool),
+    /// The client deletes its o2ib NI, its last on that net (`lnetctl net
+    /// del`): what was on its way there ends, peers and routes are cleaned
+    /// up; later sends use tcp.
+    DelNet,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -43,10 +47,11 @@ struct Faults {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (any::<bool>(), 0u8..40).prop_map(|(ack, len)| Op::Put { ack, len }),
-        (0u8..40).prop_map(|len| Op::Get { len }),
-        (0u16..2000).prop_map(Op::Wait),
-        (any::<u8>(), any::<bool>()).prop_map(|(k, unlink)| Op::Cancel(k, unlink)),
+        3 => (any::<bool>(), 0u8..40).prop_map(|(ack, len)| Op::Put { ack, len }),
+        3 => (0u8..40).prop_map(|len| Op::Get { len }),
+        3 => (0u16..2000).prop_map(Op::Wait),
+        3 => (any::<u8>(), any::<bool>()).prop_map(|(k, unlink)| Op::Cancel(k, unlink)),
+        1 => Just(Op::DelNet),
     ]
 }
 
@@ -144,6 +149,7 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
     }
     let target = ProcessId::lustre(nid("10.0.0.2@tcp"));
     let mut created = Vec::new();
+    let mut ib_gone = false;
     for (i, o) in ops.iter().enumerate() {
         match *o {
             Op::Put { ack, len } => {
@@ -177,6 +183,13 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
                     .unwrap();
             }
             Op::Wait(us) => sim.run_for(Duration::from_micros(u64::from(us))).unwrap(),
+            Op::DelNet => {
+                if !ib_gone {
+                    sim.with_node("c", |n, now| n.del_ni(now, nid("192.168.0.1@o2ib")))
+                        .unwrap();
+                    ib_gone = true;
+                }
+            }
             Op::Cancel(k, unlink) => {
                 if let Some(&md) = created.get(usize::from(k) % created.len().max(1)) {
                     sim.with_node("c", |n, now| {
@@ -218,13 +231,38 @@ fn run(seed: u64, ops: &[Op], f: Faults) -> Outcome {
         assert_eq!(sim.node(n).rx_pending(), 0, "{n}: messages pending");
         assert_eq!(sim.stalled(n), 0, "{n}: stalled connections");
     }
-    // Every credit is back.
-    for to in ["10.0.0.2@tcp", "192.168.0.2@o2ib"] {
+    // Every credit is back (those of the client's o2ib NI, and towards
+    // the server's o2ib NI, only while that net is the client's).
+    let (to, ni): (&[&str], &[&str]) = if ib_gone {
+        (&["10.0.0.2@tcp"], &["10.0.0.1@tcp"])
+    } else {
+        (
+            &["10.0.0.2@tcp", "192.168.0.2@o2ib"],
+            &["10.0.0.1@tcp", "192.168.0.1@o2ib"],
+        )
+    };
+    for to in to {
         let q = sim.node("c").tx_credits().peer_ni_credits(nid(to));
         assert_eq!(q, 8, "peer NI credits to {to}");
     }
-    for ni in ["10.0.0.1@tcp", "192.168.0.1@o2ib"] {
+    for ni in ni {
         assert_eq!(sim.node("c").tx_credits().ni_credits(nid(ni)), 256);
+    }
+    assert_eq!(
+        sim.node("c").discovery().invariant_violation(),
+        None,
+        "peer table"
+    );
+    if ib_gone {
+        // No peer of the client keeps a NID on the deleted net as its
+        // primary, and no route goes through it.
+        let peers = sim.node("c").discovery().peers();
+        assert!(
+            peers
+                .peers()
+                .all(|p| p.primary_nid().net() != nid("192.168.0.2@o2ib").net()),
+            "a peer's primary on the deleted net"
+        );
     }
     Outcome {
         trace: sim.trace().to_vec(),
