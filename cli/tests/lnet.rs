@@ -1656,6 +1656,9 @@ fn a_deleted_net_keeps_its_reachable_peer_as_sanity_lnet_checks_it() {
     // shown again as a peer known from its traffic.
     n.ok(&["peer", "del", "--prim_nid", &nid2]);
     assert!(!n.ok(&["peer", "show"]).contains(&nid2));
+    // Traffic with it makes it known again, as Lustre creates a new peer.
+    n.ok(&["ping", &nid2]);
+    assert!(n.ok(&["peer", "show"]).contains(&nid2));
     n.stop();
 }
 
