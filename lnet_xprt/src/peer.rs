@@ -662,9 +662,9 @@ impl PeerTable {
     }
 
     /// The NIDs that left their peer (deleted, detached, or with their
-    /// peer) since the last call and belong to no peer now, in the order
-    /// they left: a node forgets what it kept about them (health,
-    /// counters, selection), as Lustre frees a deleted `lnet_peer_ni`.
+    /// peer) since the last call and belong to no peer now, sorted: a node
+    /// forgets what it kept about them (health, counters, selection), as
+    /// Lustre frees a deleted `lnet_peer_ni`.
     /// A NID moved to another peer is not among them.
     pub fn take_left(&mut self) -> Vec<Nid> {
         if self.left.is_empty() {
@@ -672,12 +672,8 @@ impl PeerTable {
         }
         let mut left = std::mem::take(&mut self.left);
         left.retain(|&n| self.peer_of(n).is_none());
-        let mut seen = Vec::with_capacity(left.len());
-        left.retain(|&n| {
-            let new = !seen.contains(&n);
-            seen.push(n);
-            new
-        });
+        left.sort_unstable();
+        left.dedup();
         left
     }
 
